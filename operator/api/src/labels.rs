@@ -1,0 +1,14 @@
+//! Names muster puts on the objects it creates and recognises on objects it adopts.
+
+/// Scheduling gate that holds a gang's pods until muster has reserved the whole gang.
+pub const GANG_GATE: &str = "muster.dev/gang";
+/// Label: name of the Workload a pod or claim belongs to.
+pub const WORKLOAD: &str = "muster.dev/workload";
+/// Label: name of the pod group a pod belongs to.
+pub const POD_GROUP: &str = "muster.dev/pod-group";
+/// Label: index of a pod within its pod group, from 0.
+pub const POD_INDEX: &str = "muster.dev/pod-index";
+/// Label on claims: the claim name the pods use for it (`spec.resourceClaims[].name`).
+pub const CLAIM_NAME: &str = "muster.dev/claim";
+/// Field manager for every write muster makes.
+pub const FIELD_MANAGER: &str = "muster";

@@ -1,0 +1,300 @@
+//! `muster.dev/v1alpha1`: the Workload custom resource.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Upper bound on a pod group's replicas. Pod indexes stay within four digits, which
+/// the name-length rules below rely on.
+pub const MAX_REPLICAS: i32 = 10_000;
+/// Upper bound on pod groups per Workload.
+pub const MAX_POD_GROUPS: usize = 16;
+/// Upper bound on gang-shared claims per Workload.
+pub const MAX_SHARED_CLAIMS: usize = 32;
+/// Longest `<workload>` + `<group>` so that `<workload>-<group>-<index>` (index up to
+/// 9999) is a valid DNS label (63 characters): pod names double as hostnames.
+pub const MAX_WORKLOAD_AND_GROUP_NAME: usize = 63 - 2 - 4;
+
+/// A gang of pods that is placed, reserved and started as one unit.
+///
+/// muster creates the pods of every pod group with a scheduling gate, plans the whole gang
+/// (nodes and DRA devices), reserves every ResourceClaim of the gang at once and only then
+/// releases the pods to kube-scheduler, pinned to the planned nodes.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "muster.dev",
+    version = "v1alpha1",
+    kind = "Workload",
+    plural = "workloads",
+    shortname = "mw",
+    category = "muster",
+    namespaced,
+    status = "WorkloadStatus",
+    derive = "PartialEq",
+    doc = "Workload is a gang of pods that muster places, reserves and starts as one unit.",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Lifecycle phase of the gang"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyPods","description":"Pods that are ready"}"#,
+    printcolumn = r#"{"name":"Pods","type":"integer","jsonPath":".status.pods","description":"Pods the gang asks for"}"#,
+    printcolumn = r#"{"name":"Restarts","type":"integer","jsonPath":".status.restarts","description":"Gang restarts so far"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter): it names the gang's headless Service"),
+    validation = Rule::new("self.spec.podGroups.all(g, size(self.metadata.name) + size(g.name) <= 57)").message("metadata.name and each pod group name may have at most 57 characters together, so that pod names <workload>-<group>-<index> stay valid DNS labels (63 characters)"),
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.successPolicy) || !has(self.successPolicy.podGroups) || self.successPolicy.podGroups.all(n, self.podGroups.exists(g, g.name == n))").message("successPolicy.podGroups may only name pod groups of this Workload"),
+    validation = Rule::new("!has(self.resourceClaims) || self.resourceClaims.all(c, !has(c.podGroups) || c.podGroups.all(n, self.podGroups.exists(g, g.name == n)))").message("resourceClaims[].podGroups may only name pod groups of this Workload"),
+)]
+pub struct WorkloadSpec {
+    /// When true, the gang holds nothing: no pods run and every device reservation is
+    /// released. Setting it back to false queues the gang again. Queue controllers such as
+    /// Kueue use this field to admit a Workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+
+    /// PriorityClass of the gang's pods. Higher priority gangs are admitted first; the
+    /// class is also set on every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+
+    /// Where the whole gang must land, expressed as node label keys. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("topology is immutable; delete and recreate the Workload to change it"))]
+    pub topology: Option<Topology>,
+
+    /// The groups of pods that make up the gang. Immutable once created.
+    #[schemars(length(min = 1, max = 16))]
+    #[x_kube(
+        validation = Rule::new("self.all(g, self.exists_one(h, h.name == g.name))").message("pod group names must be unique within a Workload"),
+        validation = Rule::new("self == oldSelf").message("podGroups are immutable; delete and recreate the Workload to change them"),
+    )]
+    pub pod_groups: Vec<PodGroup>,
+
+    /// ResourceClaims shared by the whole gang: muster creates one claim per Workload for
+    /// each entry (named `<workload>-<name>`) and adds it to the pods of the listed pod
+    /// groups. Containers use it by listing `name` in `resources.claims`. Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = Rule::new("self.all(c, self.exists_one(d, d.name == c.name))").message("shared resource claim names must be unique within a Workload"),
+        validation = Rule::new("self == oldSelf").message("resourceClaims are immutable; delete and recreate the Workload to change them"),
+    )]
+    pub resource_claims: Vec<SharedResourceClaim>,
+
+    /// What happens when a pod of the gang fails or its node is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
+
+    /// When the Workload counts as succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_policy: Option<SuccessPolicy>,
+
+    /// Seconds after the Workload finished (Succeeded or Failed) when muster deletes it.
+    /// Unset: the Workload is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+}
+
+/// Topology constraints for the whole gang, as node label keys.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Topology {
+    /// Node label key, for example `example.com/rack`: every pod of the gang lands on nodes
+    /// that share one value of this label. Nodes without the label are not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317))]
+    pub required: Option<String>,
+
+    /// Node label key of a finer level, for example `example.com/nvlink-domain`: muster
+    /// prefers placements within one value of this label and falls back to several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317))]
+    pub preferred: Option<String>,
+}
+
+/// A group of identical pods within the gang.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.minCount) || self.minCount <= self.replicas").message("minCount must not exceed replicas"),
+)]
+pub struct PodGroup {
+    /// Name of the group, a DNS label. Pods are named `<workload>-<name>-<index>`.
+    #[schemars(length(min = 1, max = 56), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+
+    /// Number of pods in the group (1 to 10000).
+    #[schemars(range(min = 1, max = 10_000))]
+    pub replicas: i32,
+
+    /// How many pods of this group must be placed together for the gang to start; the
+    /// remaining pods start when they fit. Defaults to replicas (all-or-nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub min_count: Option<i32>,
+
+    /// Template of the group's pods. Without a template, muster creates no pods for the
+    /// group: pods created by another controller (for example a Job) join it by carrying
+    /// the `muster.dev/gang` scheduling gate and the `muster.dev/workload` and
+    /// `muster.dev/pod-group` labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplateSpec>,
+}
+
+impl PodGroup {
+    /// The gang threshold of this group: `minCount`, defaulting to `replicas`.
+    pub fn min_count(&self) -> i32 {
+        self.min_count.unwrap_or(self.replicas)
+    }
+}
+
+/// A ResourceClaim shared by the pods of the gang.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.resourceClaimTemplateName) != has(self.resourceClaimName)").message("exactly one of resourceClaimTemplateName and resourceClaimName must be set"),
+)]
+pub struct SharedResourceClaim {
+    /// Name by which containers refer to the claim in `resources.claims`; a DNS label
+    /// unique among the pod's claims.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+
+    /// ResourceClaimTemplate in the Workload's namespace from which muster creates the
+    /// shared claim `<workload>-<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub resource_claim_template_name: Option<String>,
+
+    /// An existing ResourceClaim in the Workload's namespace to share instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub resource_claim_name: Option<String>,
+
+    /// Pod groups whose pods get the claim. Unset: every pod group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub pod_groups: Option<Vec<String>>,
+}
+
+/// Gang restart behaviour.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailurePolicy {
+    /// How many times the gang is restarted as a unit after a pod fails or its node is
+    /// lost, before the Workload fails. Default 0.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_restarts: i32,
+}
+
+/// Completion behaviour.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SuccessPolicy {
+    /// The Workload succeeds when every pod of these groups has succeeded; the remaining
+    /// pods are then stopped. Unset or empty: all pod groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub pod_groups: Option<Vec<String>>,
+}
+
+/// Lifecycle phase of a Workload.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+pub enum WorkloadPhase {
+    /// Pods and claims are being created, or the gang waits for admission.
+    #[default]
+    Pending,
+    /// The gang is queued for admission but does not fit yet.
+    Queued,
+    /// Every claim of the gang is reserved and its pods are released to the scheduler.
+    Admitted,
+    /// At least minCount pods of every group are running.
+    Running,
+    /// The gang finished successfully.
+    Succeeded,
+    /// The gang failed and will not be restarted.
+    Failed,
+    /// `spec.suspend` is true: the gang holds nothing.
+    Suspended,
+}
+
+/// Observed state of a Workload.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Lifecycle phase of the gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<WorkloadPhase>,
+
+    /// Latest observations: Admitted, PodsReady, Restarting, Succeeded, Failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// Pods the gang asks for (sum of replicas).
+    #[serde(default)]
+    pub pods: i32,
+
+    /// Pods of the gang that are ready.
+    #[serde(default)]
+    pub ready_pods: i32,
+
+    /// Per pod group counts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_groups: Vec<PodGroupStatus>,
+
+    /// Where the gang was placed, once admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementStatus>,
+
+    /// How many times the gang was restarted as a unit.
+    #[serde(default)]
+    pub restarts: i32,
+}
+
+/// Counts for one pod group.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGroupStatus {
+    /// Name of the pod group.
+    pub name: String,
+    /// Pods the group asks for.
+    pub replicas: i32,
+    /// Pods of the group that exist.
+    #[serde(default)]
+    pub created: i32,
+    /// Pods still held by the muster scheduling gate.
+    #[serde(default)]
+    pub gated: i32,
+    /// Pods that are ready.
+    #[serde(default)]
+    pub ready: i32,
+    /// Pods that succeeded.
+    #[serde(default)]
+    pub succeeded: i32,
+    /// Pods that failed.
+    #[serde(default)]
+    pub failed: i32,
+}
+
+/// The placement muster chose for an admitted gang.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementStatus {
+    /// Value of the required topology label shared by every node of the gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_value: Option<String>,
+    /// Nodes used by the gang, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// Number of devices reserved for the gang.
+    #[serde(default)]
+    pub devices: i32,
+}

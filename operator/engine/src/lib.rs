@@ -1,0 +1,4 @@
+//! muster's placement engine: pure and synchronous. It holds its own model of the
+//! cluster, takes a gang request and returns a plan or the reasons it does not fit.
+//! It never talks to Kubernetes and never reads the clock.
+#![forbid(unsafe_code)]

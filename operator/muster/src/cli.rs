@@ -1,0 +1,130 @@
+//! Command-line interface: `muster run`, `muster crd`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::controller;
+
+/// muster runs a group of pods as one unit: it reserves every DRA device of a gang
+/// before any of its pods starts.
+#[derive(Parser, Debug)]
+#[command(name = "muster", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the operator against a cluster (kubeconfig or in-cluster service account).
+    Run(RunArgs),
+    /// Print the CustomResourceDefinitions muster serves, or write them to a directory.
+    Crd {
+        /// Write one file per CRD into this directory instead of printing.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long)]
+    context: Option<String>,
+    /// Parallel create requests per Workload.
+    #[arg(long, default_value_t = 32)]
+    create_parallelism: usize,
+    /// Workloads reconciled at the same time.
+    #[arg(long, default_value_t = 8)]
+    concurrency: u16,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "MUSTER_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Entry point of the `muster` binary.
+pub fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd { dir } => print_crds(dir),
+        Command::Run(args) => {
+            init_logging(args.log_format);
+            let runtime = tokio::runtime::Runtime::new()?;
+            runtime.block_on(run(args))
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MUSTER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let client = client(args.kubeconfig.as_deref(), args.context.clone()).await?;
+    let settings = controller::Settings {
+        create_parallelism: args.create_parallelism,
+        concurrency: args.concurrency,
+    };
+    check_crd_installed(&client).await?;
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "muster operator starting");
+    controller::run(client, settings).await;
+    Ok(())
+}
+
+/// A client from an explicit kubeconfig, or the usual inference (in-cluster included).
+pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<String>) -> Result<kube::Client> {
+    let options = KubeConfigOptions {
+        context,
+        ..KubeConfigOptions::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &options).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and not running in a cluster")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn check_crd_installed(client: &kube::Client) -> Result<()> {
+    let api: kube::Api<muster_api::Workload> = kube::Api::all(client.clone());
+    api.list(&kube::api::ListParams::default().limit(1)).await.context(
+        "cannot list workloads.muster.dev: is the CRD installed? (muster crd | kubectl apply --server-side -f -)",
+    )?;
+    Ok(())
+}
+
+fn print_crds(dir: Option<PathBuf>) -> Result<()> {
+    for crd in muster_api::crd::crds() {
+        let yaml = muster_api::crd::to_yaml(&crd)?;
+        match &dir {
+            Some(dir) => {
+                let path = dir.join(muster_api::crd::file_name(&crd));
+                std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+            }
+            None => print!("---\n{yaml}"),
+        }
+    }
+    Ok(())
+}

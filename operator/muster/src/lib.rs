@@ -1,0 +1,8 @@
+//! The muster operator: conversions between Kubernetes objects and the engine, the
+//! controllers, and the command-line interface.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod controller;
+pub mod gang;
+pub mod status;
