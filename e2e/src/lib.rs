@@ -2,6 +2,7 @@
 //! modules, a fake GPU fleet published the way a DRA driver would, and helpers to run
 //! the operator against it.
 
+pub mod apply;
 pub mod controlplane;
 pub mod fleet;
 pub mod operator;

@@ -37,13 +37,24 @@ pub struct Operator {
 impl Operator {
     /// Starts `muster run` against the cluster of `kubeconfig`, logging into `log_dir`.
     pub fn start(kubeconfig: &Path, log_dir: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        Self::start_binary(&muster_binary()?, kubeconfig, log_dir, extra_args, env)
+    }
+
+    /// Like [`Operator::start`], with the given `muster` binary.
+    pub fn start_binary(
+        binary: &Path,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         std::fs::create_dir_all(log_dir)?;
         let log = log_dir.join("muster.log");
         let mut args = vec!["run".to_string(), format!("--kubeconfig={}", kubeconfig.display())];
         args.extend(extra_args.iter().map(|a| a.to_string()));
         let mut processes = ProcessGroup::new()?;
         processes
-            .spawn_with_env("muster", &muster_binary()?, &args, &log, env)
+            .spawn_with_env("muster", binary, &args, &log, env)
             .context("starting the operator")?;
         Ok(Operator { processes, log })
     }
@@ -51,6 +62,11 @@ impl Operator {
     /// Fails with the operator's log if it has exited.
     pub fn check_running(&mut self) -> Result<()> {
         self.processes.check_running()
+    }
+
+    /// Path of the operator's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     /// The operator's log so far.

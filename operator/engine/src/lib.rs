@@ -2,3 +2,7 @@
 //! cluster, takes a gang request and returns a plan or the reasons it does not fit.
 //! It never talks to Kubernetes and never reads the clock.
 #![forbid(unsafe_code)]
+
+pub mod cel;
+pub mod device;
+pub mod quantity;

@@ -21,6 +21,10 @@ pub struct Cli {
 enum Command {
     /// Run the operator against a cluster (kubeconfig or in-cluster service account).
     Run(RunArgs),
+    /// Start a local control plane with fake GPU nodes, run the operator and an example
+    /// training gang, and show it progress.
+    #[cfg(feature = "demo")]
+    Demo(crate::demo::DemoArgs),
     /// Print the CustomResourceDefinitions muster serves, or write them to a directory.
     Crd {
         /// Write one file per CRD into this directory instead of printing.
@@ -59,6 +63,8 @@ pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd { dir } => print_crds(dir),
+        #[cfg(feature = "demo")]
+        Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::demo::run(args)),
         Command::Run(args) => {
             init_logging(args.log_format);
             let runtime = tokio::runtime::Runtime::new()?;

@@ -4,5 +4,7 @@
 
 pub mod cli;
 pub mod controller;
+#[cfg(feature = "demo")]
+pub mod demo;
 pub mod gang;
 pub mod status;

@@ -1,0 +1,1 @@
+//! CEL device selectors, evaluated as kube-scheduler evaluates them.

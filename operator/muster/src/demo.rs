@@ -1,0 +1,178 @@
+//! `muster demo`: a local control plane with a fake GPU fleet, the operator, and an
+//! example training gang, shown as it progresses.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use muster_api::labels;
+use muster_api::v1alpha1::Workload;
+use muster_e2e::fleet::FleetSpec;
+use muster_e2e::operator::Operator;
+use muster_e2e::{ControlPlane, Options, apply, install_crds};
+
+const EXAMPLE: &str = include_str!("../../../examples/training-gang.yaml");
+const EXAMPLE_NAME: &str = "llama-pretrain";
+const NAMESPACE: &str = "demo";
+
+/// Options of `muster demo`.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Fake GPU nodes to create (8 GPUs each, 4 nodes per rack).
+    #[arg(long, default_value_t = 16)]
+    nodes: usize,
+    /// Stop the cluster once the gang has progressed, instead of leaving it up.
+    #[arg(long)]
+    teardown: bool,
+    /// How long to follow the gang before giving up.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    timeout: Duration,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 90s or 5m"))?;
+    match unit {
+        "" | "s" => Ok(Duration::from_secs(value)),
+        "m" => Ok(Duration::from_secs(value * 60)),
+        _ => Err(format!("{text:?} is not a duration such as 90s or 5m")),
+    }
+}
+
+pub async fn run(args: DemoArgs) -> Result<()> {
+    let started = Instant::now();
+    println!("muster demo: starting a local control plane (etcd, kube-apiserver, kube-scheduler,");
+    println!("kube-controller-manager, kwok). The first run builds it from the Kubernetes Go modules,");
+    println!("which takes about 15-25 minutes on 2 cores; later runs reuse the cache.");
+    let control_plane = ControlPlane::start(Options {
+        keep_run_dir: !args.teardown,
+        ..Options::default()
+    })
+    .await?;
+    let client = control_plane.client().await?;
+    println!(
+        "[{:>6.1}s] control plane ready at {}",
+        started.elapsed().as_secs_f64(),
+        control_plane.server()
+    );
+
+    install_crds(&client).await?;
+    let fleet = FleetSpec {
+        nodes: args.nodes,
+        nodes_per_rack: 4,
+        ..FleetSpec::default()
+    };
+    let nodes = fleet.create(&client).await?;
+    let racks = nodes
+        .iter()
+        .map(|n| n.rack.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    println!(
+        "[{:>6.1}s] {} fake nodes in {racks} racks, {} GPUs each, published as DRA ResourceSlices",
+        started.elapsed().as_secs_f64(),
+        nodes.len(),
+        fleet.gpus_per_node
+    );
+
+    let binary = std::env::current_exe().context("locating the muster binary")?;
+    let log_dir = control_plane.run_dir().join("logs");
+    let operator = Operator::start_binary(&binary, control_plane.kubeconfig(), &log_dir, &[], &[])?;
+    println!(
+        "[{:>6.1}s] operator running (log: {})",
+        started.elapsed().as_secs_f64(),
+        operator.log_path().display()
+    );
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
+    namespaces
+        .patch(NAMESPACE, &PatchParams::apply("muster-demo"), &Patch::Apply(&ns))
+        .await?;
+    let applied = apply::apply_yaml(&client, NAMESPACE, EXAMPLE, "muster-demo").await?;
+    println!(
+        "[{:>6.1}s] applied examples/training-gang.yaml: {}",
+        started.elapsed().as_secs_f64(),
+        applied.join(", ")
+    );
+
+    follow(&client, started, args.timeout).await?;
+
+    if args.teardown {
+        operator.stop();
+        control_plane.stop();
+        println!("cluster stopped");
+        return Ok(());
+    }
+    let kubectl = muster_e2e::paths::control_plane_binaries()?.join("kubectl");
+    println!();
+    println!("The cluster stays up until you press Ctrl-C. Try:");
+    println!("  export KUBECONFIG={}", control_plane.kubeconfig().display());
+    println!("  {} get workloads,pods -n {NAMESPACE}", kubectl.display());
+    println!(
+        "  {} describe workload {EXAMPLE_NAME} -n {NAMESPACE}",
+        kubectl.display()
+    );
+    tokio::signal::ctrl_c().await?;
+    operator.stop();
+    control_plane.stop();
+    Ok(())
+}
+
+/// Prints the gang's state each time it changes, until it stops progressing.
+async fn follow(client: &kube::Client, started: Instant, timeout: Duration) -> Result<()> {
+    let workloads: Api<Workload> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let selector = ListParams::default().labels(&format!("{}={EXAMPLE_NAME}", labels::WORKLOAD));
+    let mut last = String::new();
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let workload = workloads.get(EXAMPLE_NAME).await?;
+        let status = workload.status.clone().unwrap_or_default();
+        let admitted = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == muster_api::conditions::ADMITTED);
+        let gang_pods = pods.list(&selector).await?.items;
+        let gated = gang_pods.iter().filter(|p| crate::status::is_gated(p)).count();
+        let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in &gang_pods {
+            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                *by_node.entry(node).or_default() += 1;
+            }
+        }
+        let line = format!(
+            "{:<9} {:<22} pods {}/{} created, {gated} gated, {} ready{}",
+            status.phase.map(|p| format!("{p:?}")).unwrap_or_else(|| "-".into()),
+            admitted.map(|c| c.reason.as_str()).unwrap_or("-"),
+            gang_pods.len(),
+            status.pods,
+            status.ready_pods,
+            if by_node.is_empty() {
+                String::new()
+            } else {
+                format!(" on {by_node:?}")
+            },
+        );
+        if line != last {
+            println!("[{:>6.1}s] {EXAMPLE_NAME}: {line}", started.elapsed().as_secs_f64());
+            if let Some(c) = admitted {
+                println!("          {}", c.message);
+            }
+            last = line;
+        }
+        let settled = admitted.is_some_and(|c| c.reason == muster_api::conditions::REASON_WAITING_FOR_ADMISSION)
+            && gang_pods.len() as i32 == status.pods;
+        if settled {
+            println!("The gang's pods exist and wait behind the muster.dev/gang gate; admission (plan, reserve,");
+            println!("release) is the next step of muster's development.");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    anyhow::bail!("the gang did not settle within {timeout:?}")
+}
