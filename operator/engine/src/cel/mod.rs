@@ -19,6 +19,8 @@ mod parser;
 mod semver;
 mod value;
 
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
