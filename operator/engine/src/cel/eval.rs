@@ -264,7 +264,10 @@ impl<'a> Evaluator<'a> {
         };
         let found = match &target {
             Value::Device(_) => DeviceField::from_name(field).map(|f| self.device_field(f)),
-            m if m.is_map() => m.map_get(&Value::str(field))?,
+            m if m.is_map() => {
+                self.budget.charge(m.lookup_cost())?;
+                m.map_get(&Value::str(field))?
+            }
             other => return Err(select_error(other, field)),
         };
         match (found, optional) {
@@ -285,7 +288,10 @@ impl<'a> Evaluator<'a> {
             Value::Device(_) => Ok(Value::Bool(DeviceField::from_name(field).is_some())),
             // Any domain is present: upstream's lookup never fails on this map.
             Value::Domains(..) => Ok(Value::Bool(true)),
-            m if m.is_map() => Ok(Value::Bool(m.map_contains(&Value::str(field))?)),
+            m if m.is_map() => {
+                self.budget.charge(m.lookup_cost())?;
+                Ok(Value::Bool(m.map_contains(&Value::str(field))?))
+            }
             other => Err(select_error(other, field)),
         }
     }
@@ -307,7 +313,10 @@ impl<'a> Evaluator<'a> {
                 (None, true) => Ok(Value::Optional(None)),
                 (None, false) => Err(out_of_range(items, k)),
             },
-            m if m.is_map() => match (m.map_get(k)?, optional) {
+            m if m.is_map() => match (
+                self.budget.charge(m.lookup_cost()).and_then(|_| m.map_get(k))?,
+                optional,
+            ) {
                 (Some(v), false) => Ok(v),
                 (Some(v), true) => Ok(Value::some(v)),
                 (None, true) => Ok(Value::Optional(None)),
@@ -558,6 +567,7 @@ impl<'a> Evaluator<'a> {
                         return Err(Error::no_overload_for("transformMapEntry", &[&value]));
                     }
                     for (k, v) in value.map_entries()? {
+                        self.budget.charge(1 + out.len() as u64 / 16)?;
                         if out.iter().any(|(existing, _)| key_eq(existing, &k)) {
                             return Err(Error::new(format!(
                                 "insert failed: key {} already exists",

@@ -230,7 +230,7 @@ pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Resul
                 return Ok(false);
             }
             for key in x.map_keys() {
-                budget.charge(1)?;
+                budget.charge(1 + x.lookup_cost() + y.lookup_cost())?;
                 match (x.map_get(&key), y.map_get(&key)) {
                     (Ok(Some(p)), Ok(Some(q))) => {
                         if !equals(&p, &q, budget)? {
@@ -257,7 +257,10 @@ pub(crate) fn contains<'a>(elem: &Value<'a>, container: &Value<'a>, budget: &mut
             }
             Ok(false)
         }
-        c if c.is_map() => c.map_contains(elem),
+        c if c.is_map() => {
+            budget.charge(c.lookup_cost())?;
+            c.map_contains(elem)
+        }
         _ => Err(Error::no_overload()),
     }
 }

@@ -853,6 +853,15 @@ fn limits() {
     assert_eq!(outcome(&deep, &device), "false");
     let deep_calls = format!("{}true{}", "!(".repeat(120), ")".repeat(120));
     assert_eq!(outcome(&deep_calls, &device), "true");
+    let nested = |open: &dyn Fn(usize) -> String, n: usize| (0..n).map(open).collect::<String>();
+    let comprehensions = format!("{}true{}", nested(&|i| format!("[1].all(x{i}, "), 240), ")".repeat(240));
+    assert_eq!(outcome(&comprehensions, &device), "true");
+    let binds = format!(
+        "{}true{}",
+        nested(&|i| format!("cel.bind(x{i}, 1, "), 240),
+        ")".repeat(240)
+    );
+    assert_eq!(outcome(&binds, &device), "true");
 }
 
 #[test]
@@ -874,6 +883,19 @@ fn cost_limit() {
             "true",
         ),
         ("lists.range(100000).map(i, \"x\").join().size() == 100000", "true"),
+        // Lookups in large computed maps are linear scans and are charged as such.
+        (
+            "cel.bind(m, lists.range(20000).transformMap(i, v, v), lists.range(20000).all(i, m[i] == i))",
+            "err:actual cost limit exceeded",
+        ),
+        (
+            "lists.range(100000).transformMapEntry(i, v, {v: i}).size() > 0",
+            "err:actual cost limit exceeded",
+        ),
+        (
+            "cel.bind(m, lists.range(100).transformMap(i, v, v), lists.range(100).all(i, m[i] == i))",
+            "true",
+        ),
     ]);
     // Repeated doubling of a string is stopped by the per-byte cost.
     let mut expr = String::from("\"0123456789\"");

@@ -282,6 +282,14 @@ impl<'a> Value<'a> {
         }
     }
 
+    /// Cost of one key lookup: computed maps are scanned linearly.
+    pub(crate) fn lookup_cost(&self) -> u64 {
+        match self {
+            Value::Map(entries) => entries.len() as u64 / 16,
+            _ => 0,
+        }
+    }
+
     /// Keys of a map value, in a stable order.
     pub(crate) fn map_keys(&self) -> Vec<Value<'a>> {
         match self {
