@@ -3,6 +3,16 @@
 //! It never talks to Kubernetes and never reads the clock.
 #![forbid(unsafe_code)]
 
+pub mod allocator;
 pub mod cel;
+pub mod claim;
+pub mod cluster;
 pub mod device;
+pub mod fixtures;
+mod fxhash;
+pub mod placement;
+pub mod pools;
 pub mod quantity;
+pub mod request;
+pub mod resources;
+pub mod selector;

@@ -1,0 +1,86 @@
+//! Planning gangs on a synthetic 5,000-node, 40,000-device cluster: racks of 16 nodes,
+//! blocks of 80 racks (1,280 nodes), 8 GPUs per node, about a fifth of the GPUs already
+//! taken. Goals (DESIGN.md): 4 pods ≤ 1 ms, 1,024 pods ≤ 200 ms.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use muster_engine::claim::DeviceResult;
+use muster_engine::cluster::ClusterState;
+use muster_engine::fixtures::{GPU, gpu_cluster, gpu_gang};
+use muster_engine::placement::{Outcome, PlanOptions, plan};
+
+const NODES: usize = 5_000;
+const RACK: &str = "example.com/rack";
+const BLOCK: &str = "example.com/block";
+
+fn cluster() -> ClusterState {
+    let mut cluster = gpu_cluster(NODES, 8, 16, 80);
+    // Every fifth node has half its GPUs taken, as other workloads would.
+    for i in (0..NODES).step_by(5) {
+        let node = format!("node-{i:05}");
+        let devices = (0..4)
+            .map(|g| DeviceResult {
+                request: "r".into(),
+                driver: GPU.into(),
+                pool: node.clone(),
+                device: format!("gpu-{g}"),
+                admin_access: None,
+                tolerations: vec![],
+                binding_conditions: vec![],
+                binding_failure_conditions: vec![],
+                share_id: None,
+                consumed_capacity: Default::default(),
+            })
+            .collect();
+        cluster.set_claim_allocation(&format!("load/{node}"), Some(devices));
+    }
+    cluster
+}
+
+fn bench(c: &mut Criterion) {
+    let cluster = cluster();
+    let options = PlanOptions::default();
+    let cases = [
+        ("4 pods, rack, feasible", gpu_gang("g4", 4, 8, Some(RACK), None), true),
+        (
+            "4 pods, rack, infeasible (17 pods)",
+            gpu_gang("g17", 17, 8, Some(RACK), None),
+            false,
+        ),
+        (
+            "64 pods, block+rack, feasible",
+            gpu_gang("g64", 64, 8, Some(BLOCK), Some(RACK)),
+            true,
+        ),
+        (
+            "64 pods, rack, infeasible",
+            gpu_gang("g64r", 64, 8, Some(RACK), None),
+            false,
+        ),
+        (
+            "1024 pods, block+rack, feasible",
+            gpu_gang("g1024", 1024, 8, Some(BLOCK), Some(RACK)),
+            true,
+        ),
+        (
+            "1024 pods, block+rack, infeasible (1300 pods)",
+            gpu_gang("g1300", 1300, 8, Some(BLOCK), Some(RACK)),
+            false,
+        ),
+    ];
+    let mut group = c.benchmark_group("plan 5000 nodes 40000 devices");
+    group.sample_size(20);
+    for (name, gang, feasible) in &cases {
+        // Check the outcome once, outside the timing.
+        let outcome = plan(&cluster, gang, &options);
+        assert_eq!(matches!(outcome, Outcome::Placed(_)), *feasible, "{name}: {outcome:?}");
+        group.bench_function(*name, |b| {
+            b.iter(|| black_box(plan(&cluster, black_box(gang), &options)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,741 @@
+//! The engine's picture of the cluster: nodes, the resources pods use on them,
+//! ResourceSlices, DeviceClasses and the devices claims hold. Kept up to date
+//! incrementally (`upsert_*` / `remove_*`), so a decision never rebuilds it.
+//!
+//! Plans not yet visible in the cluster are *assumed*: their pods and allocations are
+//! entered under the same keys the watch will later report, so assuming and then seeing
+//! the real objects never counts anything twice, and `forget` undoes an assumption.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
+use crate::device::{Attributes, Capacities};
+use crate::fxhash::FxHashMap;
+use crate::quantity::Quantity;
+use crate::resources::Resources;
+use crate::selector::{NodeSelector, Taint};
+
+/// A node.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Node {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub unschedulable: bool,
+    pub allocatable: Resources,
+}
+
+/// Which nodes a slice's devices are available on.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SliceNodes {
+    /// `nodeName`: devices local to one node.
+    Node(String),
+    /// `nodeSelector` (one term).
+    Selector(NodeSelector),
+    /// `allNodes: true`.
+    All,
+    /// `perDeviceNodeSelection: true`: each device says.
+    PerDevice,
+}
+
+/// Per-device node selection, with `perDeviceNodeSelection`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DeviceNodes {
+    Node(String),
+    Selector(NodeSelector),
+    All,
+}
+
+/// A set of counters a pool shares among partitionable devices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterSet {
+    pub name: String,
+    pub counters: BTreeMap<String, Quantity>,
+}
+
+/// Counters a device consumes from one counter set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CounterConsumption {
+    pub counter_set: String,
+    pub counters: BTreeMap<String, Quantity>,
+}
+
+/// A device as published in a slice.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Device {
+    pub name: String,
+    pub attributes: Attributes,
+    pub capacity: Capacities,
+    pub consumes_counters: Vec<CounterConsumption>,
+    /// Only with [`SliceNodes::PerDevice`].
+    pub nodes: Option<DeviceNodes>,
+    pub taints: Vec<DeviceTaint>,
+    pub binds_to_node: bool,
+    pub binding_conditions: Vec<String>,
+    pub binding_failure_conditions: Vec<String>,
+    pub allow_multiple_allocations: bool,
+}
+
+/// A ResourceSlice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slice {
+    pub name: String,
+    pub driver: String,
+    pub pool: String,
+    pub generation: i64,
+    pub resource_slice_count: i64,
+    pub nodes: SliceNodes,
+    pub devices: Vec<Device>,
+    pub shared_counters: Vec<CounterSet>,
+}
+
+/// A DeviceClass.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct DeviceClass {
+    pub name: String,
+    pub selectors: Vec<String>,
+    pub config: Vec<OpaqueConfig>,
+}
+
+/// Devices one claim holds.
+#[derive(Clone, Debug, PartialEq, Default)]
+struct HeldDevices {
+    devices: Vec<DeviceResult>,
+}
+
+/// Whether a device matched a selector set, or the evaluation error.
+pub(crate) type MatchOutcome = Result<bool, String>;
+
+/// How a slice's devices matched selectors before; cleared when the slice changes.
+#[derive(Default, Debug)]
+pub(crate) struct MatchCache {
+    /// Selector set → slice name → per device: matches, or the evaluation error.
+    entries: HashMap<usize, HashMap<String, Vec<Option<MatchOutcome>>>>,
+    /// Interned selector sets.
+    sets: HashMap<Vec<String>, usize>,
+}
+
+impl MatchCache {
+    pub(crate) fn set_id(&mut self, selectors: &[String]) -> usize {
+        if let Some(id) = self.sets.get(selectors) {
+            return *id;
+        }
+        let id = self.sets.len();
+        self.sets.insert(selectors.to_vec(), id);
+        id
+    }
+
+    pub(crate) fn get(&self, set: usize, slice: &str, device: usize) -> Option<Result<bool, String>> {
+        self.entries.get(&set)?.get(slice)?.get(device)?.clone()
+    }
+
+    pub(crate) fn put(&mut self, set: usize, slice: &str, devices: usize, device: usize, result: Result<bool, String>) {
+        let by_slice = self.entries.entry(set).or_default();
+        if !by_slice.contains_key(slice) {
+            by_slice.insert(slice.to_string(), vec![None; devices]);
+        }
+        if let Some(slot) = by_slice.get_mut(slice).and_then(|v| v.get_mut(device)) {
+            *slot = Some(result);
+        }
+    }
+
+    fn forget_slice(&mut self, slice: &str) {
+        for by_slice in self.entries.values_mut() {
+            by_slice.remove(slice);
+        }
+    }
+}
+
+/// Counts per device, looked up by borrowed names (no allocation on the hot path).
+#[derive(Debug, Default)]
+struct DeviceCounts(HashMap<String, HashMap<String, HashMap<String, u32>>>);
+
+impl DeviceCounts {
+    fn get(&self, driver: &str, pool: &str, device: &str) -> u32 {
+        self.0
+            .get(driver)
+            .and_then(|p| p.get(pool))
+            .and_then(|d| d.get(device))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn increment(&mut self, id: &DeviceId) {
+        let devices = self
+            .0
+            .entry(id.driver.clone())
+            .or_default()
+            .entry(id.pool.clone())
+            .or_default();
+        *devices.entry(id.device.clone()).or_default() += 1;
+    }
+
+    fn decrement(&mut self, id: &DeviceId) {
+        let Some(pools) = self.0.get_mut(&id.driver) else {
+            return;
+        };
+        let Some(devices) = pools.get_mut(&id.pool) else { return };
+        if let Some(count) = devices.get_mut(&id.device) {
+            *count -= 1;
+            if *count == 0 {
+                devices.remove(&id.device);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.values().flat_map(|p| p.values()).map(HashMap::len).sum()
+    }
+}
+
+/// What the planner learned about a node for one pod shape, valid while the node's
+/// version is unchanged.
+#[derive(Clone, Debug)]
+pub(crate) struct CachedRoom {
+    pub(crate) version: (u64, u64),
+    pub(crate) room: usize,
+    pub(crate) free_devices: usize,
+    pub(crate) rejection: Option<String>,
+}
+
+/// Change counters: a node's own, and one for everything shared by all nodes.
+#[derive(Debug, Default)]
+struct Versions {
+    tick: u64,
+    nodes: FxHashMap<String, u64>,
+    shared: u64,
+}
+
+/// Nodes grouped by the value of a label.
+pub(crate) type NodeIndex = Vec<(String, Vec<Arc<Node>>)>;
+
+/// The cluster as the engine knows it.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    nodes: BTreeMap<String, Arc<Node>>,
+    /// Requests of pods bound or nominated to each node.
+    node_usage: HashMap<String, Resources>,
+    pods: HashMap<String, (String, Resources)>,
+    slices: BTreeMap<String, Arc<Slice>>,
+    slices_by_node: HashMap<String, BTreeSet<String>>,
+    shared_slices: BTreeSet<String>,
+    slices_by_pool: HashMap<(String, String), BTreeSet<String>>,
+    classes: BTreeMap<String, DeviceClass>,
+    claims: HashMap<String, HeldDevices>,
+    /// Claims holding each device exclusively (not admin access, not shared).
+    dedicated: DeviceCounts,
+    /// Capacity consumed by shared allocations of devices that allow several.
+    consumed: HashMap<DeviceId, BTreeMap<String, Quantity>>,
+    /// Shared allocations per device (with or without consumed capacity).
+    shared: HashMap<DeviceId, u32>,
+    pub(crate) match_cache: RefCell<MatchCache>,
+    /// Compiled CEL selectors by expression text.
+    programs: RefCell<HashMap<String, Result<crate::cel::Program, String>>>,
+    /// Claims assumed by plans, and the pods they placed.
+    assumed: HashMap<String, AssumedPlan>,
+    versions: Versions,
+    /// Pod shape → node → room, see [`CachedRoom`].
+    pub(crate) room_cache: RefCell<HashMap<String, FxHashMap<String, CachedRoom>>>,
+    /// Label key → value → nodes with it, for topology domains; with the node-set
+    /// version it was built at.
+    label_index: RefCell<HashMap<String, (u64, Arc<NodeIndex>)>>,
+    node_set_version: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct AssumedPlan {
+    pods: Vec<String>,
+    claims: Vec<String>,
+}
+
+impl ClusterState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    // ---- nodes ----
+
+    pub fn upsert_node(&mut self, node: Node) {
+        if self.nodes.get(&node.name).is_some_and(|old| **old == node) {
+            return;
+        }
+        self.bump_node(&node.name);
+        self.node_set_version += 1;
+        self.nodes.insert(node.name.clone(), Arc::new(node));
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        self.bump_node(name);
+        if self.nodes.remove(name).is_some() {
+            self.node_set_version += 1;
+        }
+    }
+
+    fn bump_node(&mut self, node: &str) {
+        self.versions.tick += 1;
+        self.versions.nodes.insert(node.to_string(), self.versions.tick);
+    }
+
+    fn bump_shared(&mut self) {
+        self.versions.tick += 1;
+        self.versions.shared = self.versions.tick;
+    }
+
+    /// Changes when anything that decides what fits on `node` changes.
+    pub(crate) fn node_version(&self, node: &str) -> (u64, u64) {
+        (
+            self.versions.nodes.get(node).copied().unwrap_or(0),
+            self.versions.shared,
+        )
+    }
+
+    /// Nodes by value of a label (sorted by value, then name), built once per change of
+    /// the nodes. `None` as key: every node, in one group.
+    pub(crate) fn nodes_by_label(&self, key: Option<&str>) -> Arc<NodeIndex> {
+        let cache_key = key.unwrap_or("").to_string();
+        if let Some((version, index)) = self.label_index.borrow().get(&cache_key)
+            && *version == self.node_set_version
+        {
+            return index.clone();
+        }
+        let mut groups: BTreeMap<&str, Vec<Arc<Node>>> = BTreeMap::new();
+        for node in self.nodes.values() {
+            match key {
+                Some(key) => {
+                    if let Some(value) = node.labels.get(key) {
+                        groups.entry(value).or_default().push(node.clone());
+                    }
+                }
+                None => groups.entry("").or_default().push(node.clone()),
+            }
+        }
+        let index = Arc::new(
+            groups
+                .into_iter()
+                .map(|(v, nodes)| (v.to_string(), nodes))
+                .collect::<NodeIndex>(),
+        );
+        self.label_index
+            .borrow_mut()
+            .insert(cache_key, (self.node_set_version, index.clone()));
+        index
+    }
+
+    /// Nodes whose devices or resources a device of this pool affects.
+    fn bump_pool(&mut self, driver: &str, pool: &str) {
+        let mut nodes = Vec::new();
+        let mut shared = false;
+        for slice in self.pool_slices(driver, pool) {
+            match &slice.nodes {
+                SliceNodes::Node(node) => nodes.push(node.clone()),
+                _ => shared = true,
+            }
+        }
+        for node in nodes {
+            self.bump_node(&node);
+        }
+        if shared {
+            self.bump_shared();
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(name).map(Arc::as_ref)
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values().map(Arc::as_ref)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Resources requested by pods on `node`.
+    pub fn node_usage(&self, node: &str) -> Option<&Resources> {
+        self.node_usage.get(node)
+    }
+
+    /// Allocatable minus requested.
+    pub fn free_resources(&self, node: &Node) -> Resources {
+        let mut free = node.allocatable.clone();
+        if let Some(used) = self.node_usage.get(&node.name) {
+            free.sub(used);
+        }
+        free
+    }
+
+    // ---- pods ----
+
+    /// A pod bound or nominated to `node` uses `requests` there. `key` identifies the
+    /// pod (for example `namespace/name`).
+    pub fn upsert_pod(&mut self, key: &str, node: &str, requests: Resources) {
+        self.remove_pod(key);
+        self.bump_node(node);
+        self.node_usage.entry(node.to_string()).or_default().add(&requests);
+        self.pods.insert(key.to_string(), (node.to_string(), requests));
+    }
+
+    pub fn remove_pod(&mut self, key: &str) {
+        if let Some((node, requests)) = self.pods.remove(key) {
+            if let Some(usage) = self.node_usage.get_mut(&node) {
+                usage.sub(&requests);
+            }
+            self.bump_node(&node);
+        }
+    }
+
+    /// The node a pod uses resources on.
+    pub fn pod_node(&self, key: &str) -> Option<&str> {
+        self.pods.get(key).map(|(node, _)| node.as_str())
+    }
+
+    // ---- slices ----
+
+    pub fn upsert_slice(&mut self, slice: Slice) {
+        self.remove_slice(&slice.name);
+        match &slice.nodes {
+            SliceNodes::Node(node) => {
+                self.bump_node(node);
+                self.slices_by_node
+                    .entry(node.clone())
+                    .or_default()
+                    .insert(slice.name.clone());
+            }
+            _ => {
+                self.bump_shared();
+                self.shared_slices.insert(slice.name.clone());
+            }
+        }
+        self.slices_by_pool
+            .entry((slice.driver.clone(), slice.pool.clone()))
+            .or_default()
+            .insert(slice.name.clone());
+        self.slices.insert(slice.name.clone(), Arc::new(slice));
+    }
+
+    pub fn remove_slice(&mut self, name: &str) {
+        let Some(old) = self.slices.remove(name) else { return };
+        if let SliceNodes::Node(node) = &old.nodes {
+            if let Some(set) = self.slices_by_node.get_mut(node) {
+                set.remove(name);
+            }
+            self.bump_node(node);
+        } else {
+            self.bump_shared();
+        }
+        self.shared_slices.remove(name);
+        if let Some(set) = self.slices_by_pool.get_mut(&(old.driver.clone(), old.pool.clone())) {
+            set.remove(name);
+        }
+        self.match_cache.get_mut().forget_slice(name);
+    }
+
+    pub fn slice(&self, name: &str) -> Option<&Arc<Slice>> {
+        self.slices.get(name)
+    }
+
+    pub fn slices(&self) -> impl Iterator<Item = &Arc<Slice>> {
+        self.slices.values()
+    }
+
+    /// Slices that may offer devices on `node`: its own, and every shared one.
+    pub(crate) fn slices_for_node(&self, node: &str) -> impl Iterator<Item = &Arc<Slice>> {
+        self.slices_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .chain(self.shared_slices.iter())
+            .filter_map(|name| self.slices.get(name))
+    }
+
+    /// Every slice of a pool, any generation.
+    pub(crate) fn pool_slices(&self, driver: &str, pool: &str) -> impl Iterator<Item = &Arc<Slice>> {
+        self.slices_by_pool
+            .get(&(driver.to_string(), pool.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.slices.get(name))
+    }
+
+    // ---- classes ----
+
+    /// Cached selector matches stay valid when a class changes: they are keyed by the
+    /// selector text.
+    pub fn upsert_class(&mut self, class: DeviceClass) {
+        if self.classes.get(&class.name) != Some(&class) {
+            self.bump_shared();
+        }
+        self.classes.insert(class.name.clone(), class);
+    }
+
+    pub fn remove_class(&mut self, name: &str) {
+        if self.classes.remove(name).is_some() {
+            self.bump_shared();
+        }
+    }
+
+    pub fn class(&self, name: &str) -> Option<&DeviceClass> {
+        self.classes.get(name)
+    }
+
+    /// The compiled selector for `expression` (compiled once, errors included).
+    pub(crate) fn program(&self, expression: &str) -> Result<crate::cel::Program, String> {
+        if let Some(cached) = self.programs.borrow().get(expression) {
+            return cached.clone();
+        }
+        let compiled = crate::cel::compile(expression).map_err(|e| e.message);
+        self.programs
+            .borrow_mut()
+            .insert(expression.to_string(), compiled.clone());
+        compiled
+    }
+
+    // ---- claims ----
+
+    /// Records the devices an allocated claim holds (`None`: not allocated, or gone).
+    pub fn set_claim_allocation(&mut self, key: &str, devices: Option<Vec<DeviceResult>>) {
+        if let Some(old) = self.claims.remove(key) {
+            for device in &old.devices {
+                self.release(device);
+            }
+        }
+        if let Some(devices) = devices {
+            for device in &devices {
+                self.hold(device);
+            }
+            self.claims.insert(key.to_string(), HeldDevices { devices });
+        }
+    }
+
+    /// Whether the engine knows `key` as allocated.
+    pub fn claim_allocated(&self, key: &str) -> bool {
+        self.claims.contains_key(key)
+    }
+
+    fn hold(&mut self, device: &DeviceResult) {
+        if device.admin_access == Some(true) {
+            return;
+        }
+        self.bump_pool(&device.driver, &device.pool);
+        let id = device.device_id();
+        if device.share_id.is_some() {
+            *self.shared.entry(id.clone()).or_default() += 1;
+            let consumed = self.consumed.entry(id).or_default();
+            for (name, value) in &device.consumed_capacity {
+                let total = consumed.entry(name.clone()).or_insert(Quantity::ZERO);
+                *total = total.checked_add(value).unwrap_or(*total);
+            }
+        } else {
+            self.dedicated.increment(&id);
+        }
+    }
+
+    fn release(&mut self, device: &DeviceResult) {
+        if device.admin_access == Some(true) {
+            return;
+        }
+        self.bump_pool(&device.driver, &device.pool);
+        let id = device.device_id();
+        if device.share_id.is_some() {
+            if let Some(count) = self.shared.get_mut(&id) {
+                *count -= 1;
+                if *count == 0 {
+                    self.shared.remove(&id);
+                }
+            }
+            if let Some(consumed) = self.consumed.get_mut(&id) {
+                for (name, value) in &device.consumed_capacity {
+                    if let Some(total) = consumed.get_mut(name) {
+                        *total = total.checked_sub(value).unwrap_or(*total);
+                    }
+                }
+                if !self.shared.contains_key(&id) {
+                    self.consumed.remove(&id);
+                }
+            }
+        } else {
+            self.dedicated.decrement(&id);
+        }
+    }
+
+    /// Held exclusively by some claim.
+    pub fn device_allocated(&self, id: &DeviceId) -> bool {
+        self.dedicated.get(&id.driver, &id.pool, &id.device) > 0
+    }
+
+    /// [`ClusterState::device_allocated`] by names.
+    pub fn device_allocated_by_name(&self, driver: &str, pool: &str, device: &str) -> bool {
+        self.dedicated.get(driver, pool, device) > 0
+    }
+
+    /// Held in any way (exclusively, shared, or with consumed capacity): the test
+    /// upstream uses for counter accounting.
+    pub fn device_in_any_use(&self, id: &DeviceId) -> bool {
+        self.device_allocated(id) || self.shared.contains_key(id) || self.consumed.contains_key(id)
+    }
+
+    /// Capacity consumed by shared allocations of a device.
+    pub fn consumed_capacity(&self, id: &DeviceId) -> Option<&BTreeMap<String, Quantity>> {
+        self.consumed.get(id)
+    }
+
+    /// Shared allocations of a device exist.
+    pub fn device_shared(&self, id: &DeviceId) -> bool {
+        self.shared.contains_key(id) || self.consumed.contains_key(id)
+    }
+
+    /// Number of devices held exclusively.
+    pub fn allocated_device_count(&self) -> usize {
+        self.dedicated.len()
+    }
+
+    // ---- assumed plans ----
+
+    /// Enters a plan's pods and allocations before the cluster shows them. `plan_key`
+    /// names the plan for [`ClusterState::forget`].
+    pub fn assume(
+        &mut self,
+        plan_key: &str,
+        pods: &[(String, String, Resources)],
+        claims: &[(String, Vec<DeviceResult>)],
+    ) {
+        self.forget(plan_key);
+        for (pod, node, requests) in pods {
+            self.upsert_pod(pod, node, requests.clone());
+        }
+        for (claim, devices) in claims {
+            self.set_claim_allocation(claim, Some(devices.clone()));
+        }
+        self.assumed.insert(
+            plan_key.to_string(),
+            AssumedPlan {
+                pods: pods.iter().map(|(p, _, _)| p.clone()).collect(),
+                claims: claims.iter().map(|(c, _)| c.clone()).collect(),
+            },
+        );
+    }
+
+    /// Undoes [`ClusterState::assume`].
+    pub fn forget(&mut self, plan_key: &str) {
+        if let Some(plan) = self.assumed.remove(plan_key) {
+            for pod in &plan.pods {
+                self.remove_pod(pod);
+            }
+            for claim in &plan.claims {
+                self.set_claim_allocation(claim, None);
+            }
+        }
+    }
+
+    /// Drops the record of an assumption once the cluster shows its objects, keeping
+    /// what it entered (now owned by the watch).
+    pub fn confirm(&mut self, plan_key: &str) {
+        self.assumed.remove(plan_key);
+    }
+
+    pub fn assumed_plans(&self) -> impl Iterator<Item = &str> {
+        self.assumed.keys().map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(device: &str, share: Option<&str>, consumed: &[(&str, &str)]) -> DeviceResult {
+        DeviceResult {
+            request: "r".into(),
+            driver: "d".into(),
+            pool: "p".into(),
+            device: device.into(),
+            admin_access: None,
+            tolerations: vec![],
+            binding_conditions: vec![],
+            binding_failure_conditions: vec![],
+            share_id: share.map(Into::into),
+            consumed_capacity: consumed
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity::parse(v).unwrap()))
+                .collect(),
+        }
+    }
+
+    fn id(device: &str) -> DeviceId {
+        DeviceId {
+            driver: "d".into(),
+            pool: "p".into(),
+            device: device.into(),
+        }
+    }
+
+    #[test]
+    fn claims_hold_and_release_devices() {
+        let mut c = ClusterState::new();
+        c.set_claim_allocation(
+            "ns/a",
+            Some(vec![
+                result("g0", None, &[]),
+                result("g1", Some("s1"), &[("mem", "10Gi")]),
+            ]),
+        );
+        assert!(c.device_allocated(&id("g0")));
+        assert!(!c.device_allocated(&id("g1")));
+        assert!(c.device_shared(&id("g1")));
+        c.set_claim_allocation("ns/b", Some(vec![result("g1", Some("s2"), &[("mem", "5Gi")])]));
+        assert_eq!(
+            c.consumed_capacity(&id("g1")).unwrap()["mem"],
+            Quantity::parse("15Gi").unwrap()
+        );
+        c.set_claim_allocation("ns/a", None);
+        assert!(!c.device_allocated(&id("g0")));
+        assert_eq!(
+            c.consumed_capacity(&id("g1")).unwrap()["mem"],
+            Quantity::parse("5Gi").unwrap()
+        );
+        c.set_claim_allocation("ns/b", None);
+        assert!(!c.device_in_any_use(&id("g1")));
+        let mut admin = result("g2", None, &[]);
+        admin.admin_access = Some(true);
+        c.set_claim_allocation("ns/c", Some(vec![admin]));
+        assert!(!c.device_in_any_use(&id("g2")), "admin access holds nothing");
+    }
+
+    #[test]
+    fn pods_use_node_resources_once_per_key() {
+        let mut c = ClusterState::new();
+        let node = Node {
+            name: "n".into(),
+            allocatable: Resources {
+                cpu_millis: 8000,
+                pods: 10,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        c.upsert_node(node.clone());
+        let req = Resources {
+            cpu_millis: 2000,
+            pods: 1,
+            ..Default::default()
+        };
+        c.upsert_pod("ns/p", "n", req.clone());
+        c.upsert_pod("ns/p", "n", req.clone());
+        assert_eq!(c.free_resources(&node).cpu_millis, 6000);
+        c.assume(
+            "plan",
+            &[("ns/q".into(), "n".into(), req.clone())],
+            &[("ns/claim".into(), vec![result("g0", None, &[])])],
+        );
+        assert_eq!(c.free_resources(&node).cpu_millis, 4000);
+        assert!(c.device_allocated(&id("g0")));
+        // The watch reports the same pod: still counted once.
+        c.upsert_pod("ns/q", "n", req);
+        assert_eq!(c.free_resources(&node).cpu_millis, 4000);
+        c.forget("plan");
+        assert_eq!(c.free_resources(&node).cpu_millis, 6000);
+        assert!(!c.device_allocated(&id("g0")));
+    }
+}

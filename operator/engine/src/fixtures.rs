@@ -1,0 +1,151 @@
+//! Builders for tests and benchmarks: nodes, GPU slices, classes and claims in a few
+//! lines each.
+
+use std::collections::BTreeMap;
+
+use crate::claim::{AllocationMode, ClaimSpec, ConstraintKind, DeviceConstraint, DeviceRequest, DeviceRequestSpec};
+use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
+use crate::device::{AttributeValue, Capacity};
+use crate::quantity::Quantity;
+use crate::request::{GangRequest, GroupRequest, PodShape, TopologyRequest};
+use crate::resources::Resources;
+
+/// The test DRA driver (and its DeviceClass).
+pub const GPU: &str = "gpu.example.com";
+
+/// A node with CPU (cores), memory (GiB), pods 110, and labels.
+pub fn node(name: &str, cpu: i64, memory_gib: i64, labels: &[(&str, &str)]) -> Node {
+    Node {
+        name: name.into(),
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        taints: vec![],
+        unschedulable: false,
+        allocatable: Resources {
+            cpu_millis: cpu * 1000,
+            memory: memory_gib << 30,
+            pods: 110,
+            ..Default::default()
+        },
+    }
+}
+
+/// A GPU device with `index`, `model` and `nvlinkDomain` attributes and memory capacity.
+pub fn gpu(index: usize, model: &str) -> Device {
+    Device {
+        name: format!("gpu-{index}"),
+        attributes: BTreeMap::from([
+            ("index".to_string(), AttributeValue::Int(index as i64)),
+            ("model".to_string(), AttributeValue::String(model.into())),
+            ("nvlinkDomain".to_string(), AttributeValue::Int(index as i64 / 4)),
+        ]),
+        capacity: BTreeMap::from([(
+            "memory".to_string(),
+            Capacity::new(Quantity::from_units(80 << 30, crate::quantity::Format::BinarySI)),
+        )]),
+        ..Device::default()
+    }
+}
+
+/// A node-local slice of the test driver with the given devices (pool = node name).
+pub fn node_slice(node: &str, devices: Vec<Device>) -> Slice {
+    Slice {
+        name: format!("{node}-{GPU}"),
+        driver: GPU.into(),
+        pool: node.into(),
+        generation: 1,
+        resource_slice_count: 1,
+        nodes: SliceNodes::Node(node.into()),
+        devices,
+        shared_counters: vec![],
+    }
+}
+
+/// The DeviceClass selecting every device of the test driver.
+pub fn gpu_class() -> DeviceClass {
+    DeviceClass {
+        name: GPU.into(),
+        selectors: vec![format!("device.driver == '{GPU}'")],
+        config: vec![],
+    }
+}
+
+/// A request for `count` devices of the test class.
+pub fn request(name: &str, count: u32) -> DeviceRequestSpec {
+    DeviceRequestSpec {
+        name: name.into(),
+        device_class_name: GPU.into(),
+        count,
+        allocation_mode: AllocationMode::ExactCount,
+        ..DeviceRequestSpec::default()
+    }
+}
+
+/// A claim with one `exactly` request for `count` GPUs.
+pub fn gpu_claim(count: u32) -> ClaimSpec {
+    ClaimSpec {
+        requests: vec![DeviceRequest::Exactly(request("gpus", count))],
+        ..ClaimSpec::default()
+    }
+}
+
+/// A claim's constraint that all its devices share an attribute value.
+pub fn match_attribute(attribute: &str) -> DeviceConstraint {
+    DeviceConstraint {
+        requests: vec![],
+        kind: ConstraintKind::MatchAttribute(attribute.into()),
+    }
+}
+
+/// A cluster of `nodes` GPU nodes with `gpus` devices each, labelled with `rack`
+/// (nodes_per_rack per rack) and `block` (racks_per_block racks per block).
+pub fn gpu_cluster(nodes: usize, gpus: usize, nodes_per_rack: usize, racks_per_block: usize) -> ClusterState {
+    let mut cluster = ClusterState::new();
+    cluster.upsert_class(gpu_class());
+    for i in 0..nodes {
+        let name = format!("node-{i:05}");
+        let rack = i / nodes_per_rack.max(1);
+        let block = rack / racks_per_block.max(1);
+        let labels = [
+            ("example.com/rack", format!("rack-{rack:04}")),
+            ("example.com/block", format!("block-{block:03}")),
+        ];
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        cluster.upsert_node(node(&name, 64, 512, &labels));
+        cluster.upsert_slice(node_slice(&name, (0..gpus).map(|g| gpu(g, "H100")).collect()));
+    }
+    cluster
+}
+
+/// The shape of a pod with `gpus` GPUs in one claim (none: no claim), `cpu` cores and
+/// `memory_gib` GiB.
+pub fn gpu_pod(gpus: u32, cpu: i64, memory_gib: i64) -> PodShape {
+    PodShape {
+        requests: Resources {
+            cpu_millis: cpu * 1000,
+            memory: memory_gib << 30,
+            pods: 1,
+            ..Default::default()
+        },
+        claims: if gpus > 0 { vec![gpu_claim(gpus)] } else { vec![] },
+        ..PodShape::default()
+    }
+}
+
+/// A gang of one group of `pods` pods with `gpus` GPUs each, all required.
+pub fn gpu_gang(name: &str, pods: usize, gpus: u32, required: Option<&str>, preferred: Option<&str>) -> GangRequest {
+    GangRequest {
+        name: format!("ns/{name}"),
+        groups: vec![GroupRequest::uniform(
+            &format!("{name}-workers"),
+            "ns",
+            pods,
+            pods,
+            gpu_pod(gpus, 8, 64),
+        )],
+        shared_claims: vec![],
+        topology: TopologyRequest {
+            required: required.map(Into::into),
+            preferred: preferred.map(Into::into),
+        },
+    }
+}

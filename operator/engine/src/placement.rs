@@ -1,0 +1,946 @@
+//! Gang placement: at least `minCount` pods of every group, or nothing, within one value
+//! of the required topology label, preferably within one value of the preferred label,
+//! and otherwise where the gang fits most tightly, so that large holes stay free for
+//! large gangs. Every pod's claims are allocated with the DRA allocator on its node,
+//! claims shared by several pods once.
+//!
+//! The search runs in two stages. A cheap upper bound of how many pods of each group
+//! every node can take (free resources, free matching devices) ranks the topology
+//! domains; then exact placement (real allocations, first fit over nodes ordered
+//! tightest first) runs on the best domains until one holds the gang. Everything is
+//! ordered deterministically: the same input gives the same plan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::allocator::{self, AllocationError, ClaimRef, Matcher, NoFit, WorkingSet};
+use crate::claim::{Allocation, AllocationMode, ClaimSpec, DeviceRequest};
+use crate::cluster::{CachedRoom, ClusterState, Node};
+use crate::pools;
+use crate::request::{GangRequest, PodShape};
+use crate::resources::Resources;
+use crate::selector::{self, NodeTaintEffect, Taint};
+
+/// Limits of one planning call.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// Allocator search steps for the whole call.
+    pub step_budget: u64,
+    /// Topology domains tried with exact placement before giving up.
+    pub max_domains: usize,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            step_budget: 20_000_000,
+            max_domains: 32,
+        }
+    }
+}
+
+/// A pod and its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodPlacement {
+    pub group: String,
+    pub pod: String,
+    pub node: String,
+}
+
+/// A new allocation for a claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimAllocation {
+    pub claim: String,
+    pub allocation: Allocation,
+}
+
+/// Where the gang goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub gang: String,
+    /// The value of the required topology label shared by every node.
+    pub topology_value: Option<String>,
+    /// Values of the preferred label used, sorted.
+    pub preferred_values: Vec<String>,
+    /// Placed pods, groups in request order, pods in index order.
+    pub pods: Vec<PodPlacement>,
+    /// New allocations, shared claims first.
+    pub claims: Vec<ClaimAllocation>,
+    /// Pods beyond `minCount` that did not fit.
+    pub unplaced: Vec<String>,
+}
+
+impl Plan {
+    /// Number of devices the plan allocates.
+    pub fn device_count(&self) -> usize {
+        self.claims.iter().map(|c| c.allocation.devices.len()).sum()
+    }
+
+    /// Nodes used, sorted and deduplicated.
+    pub fn nodes(&self) -> Vec<String> {
+        self.pods
+            .iter()
+            .map(|p| p.node.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+}
+
+/// The gang does not fit now; the reasons say why, with numbers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unschedulable {
+    pub reasons: Vec<String>,
+}
+
+impl std::fmt::Display for Unschedulable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.reasons.join("; "))
+    }
+}
+
+/// The result of planning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Placed(Plan),
+    Unschedulable(Unschedulable),
+}
+
+impl Outcome {
+    pub fn plan(&self) -> Option<&Plan> {
+        match self {
+            Outcome::Placed(plan) => Some(plan),
+            Outcome::Unschedulable(_) => None,
+        }
+    }
+}
+
+fn unschedulable(reasons: Vec<String>) -> Outcome {
+    Outcome::Unschedulable(Unschedulable { reasons })
+}
+
+/// Plans `gang` against `cluster`.
+pub fn plan(cluster: &ClusterState, gang: &GangRequest, options: &PlanOptions) -> Outcome {
+    match Planner::new(cluster, gang, options).and_then(|p| p.run()) {
+        Ok(outcome) => outcome,
+        Err(e) => unschedulable(vec![e.message]),
+    }
+}
+
+/// A node's room for each group (upper bound), by group index.
+type Room = Vec<usize>;
+
+struct Candidate {
+    node: std::sync::Arc<Node>,
+    /// Index of the node's value of the required label in the node index.
+    domain: usize,
+    room: Room,
+    /// Free matching devices, per group, for tightest-first ordering.
+    free_devices: Vec<usize>,
+}
+
+struct Domain<'a> {
+    value: Option<String>,
+    nodes: Vec<usize>,
+    capacity: Vec<usize>,
+    leftover: u64,
+    _marker: std::marker::PhantomData<&'a ()>,
+}
+
+struct Planner<'a> {
+    cluster: &'a ClusterState,
+    gang: &'a GangRequest,
+    options: &'a PlanOptions,
+    candidates: Vec<Candidate>,
+    index: std::sync::Arc<crate::cluster::NodeIndex>,
+    /// Why nodes were left out, with counts, for explanations.
+    rejections: BTreeMap<String, usize>,
+    /// Devices per pod, per group (weights for tightness).
+    weights: Vec<u64>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(
+        cluster: &'a ClusterState,
+        gang: &'a GangRequest,
+        options: &'a PlanOptions,
+    ) -> Result<Self, AllocationError> {
+        validate(cluster, gang)?;
+        let weights = gang
+            .groups
+            .iter()
+            .map(|g| devices_per_pod(&g.shape).max(1) as u64)
+            .collect();
+        let index = cluster.nodes_by_label(gang.topology.required.as_deref());
+        let mut planner = Planner {
+            cluster,
+            gang,
+            options,
+            candidates: Vec::new(),
+            index,
+            rejections: BTreeMap::new(),
+            weights,
+        };
+        planner.find_candidates()?;
+        Ok(planner)
+    }
+
+    fn reject(&mut self, reason: String) {
+        *self.rejections.entry(reason).or_default() += 1;
+    }
+
+    /// Nodes that can take at least one pod of some group, with their room. What a
+    /// node offers one pod shape is cached until something about the node changes.
+    fn find_candidates(&mut self) -> Result<(), AllocationError> {
+        let cluster = self.cluster;
+        let gang = self.gang;
+        let signatures: Vec<String> = gang.groups.iter().map(|g| self.signature(g)).collect();
+        let matchers: Vec<Vec<Vec<RequestMatcher<'a>>>> = gang
+            .groups
+            .iter()
+            .map(|g| request_matchers(cluster, &g.shape))
+            .collect::<Result<_, _>>()?;
+        if let Some(key) = &gang.topology.required {
+            let labelled: usize = self.index.iter().map(|(_, nodes)| nodes.len()).sum();
+            let missing = cluster.node_count() - labelled;
+            if missing > 0 {
+                *self.rejections.entry(format!("no {key} label")).or_default() += missing;
+            }
+        }
+        let index = self.index.clone();
+        let mut cache = cluster.room_cache.borrow_mut();
+        if cache.len() > 64 {
+            cache.clear();
+        }
+        let mut by_shape: Vec<crate::fxhash::FxHashMap<String, CachedRoom>> =
+            signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect();
+        let result = (|| {
+            for (domain, node) in index
+                .iter()
+                .enumerate()
+                .flat_map(|(d, (_, nodes))| nodes.iter().map(move |n| (d, n)))
+            {
+                let name = node.name.as_str();
+                let version = cluster.node_version(name);
+                let mut room = Vec::with_capacity(gang.groups.len());
+                let mut free_devices = Vec::with_capacity(gang.groups.len());
+                let mut why_not = None;
+                for (g, group) in gang.groups.iter().enumerate() {
+                    let entry = match by_shape[g].get(name) {
+                        Some(entry) if entry.version == version => entry,
+                        _ => {
+                            let entry = self.assess(node, &group.shape, group.pods.len(), &matchers[g], version)?;
+                            by_shape[g].insert(name.to_string(), entry);
+                            &by_shape[g][name]
+                        }
+                    };
+                    if let Some(reason) = &entry.rejection {
+                        why_not.get_or_insert_with(|| reason.clone());
+                    }
+                    room.push(entry.room);
+                    free_devices.push(entry.free_devices);
+                }
+                if room.iter().all(|r| *r == 0) {
+                    self.reject(why_not.unwrap_or_else(|| "no room".into()));
+                    continue;
+                }
+                self.candidates.push(Candidate {
+                    node: node.clone(),
+                    domain,
+                    room,
+                    free_devices,
+                });
+            }
+            Ok(())
+        })();
+        for (signature, map) in signatures.into_iter().zip(by_shape) {
+            cache.insert(signature, map);
+        }
+        result
+    }
+
+    /// What `node` offers pods of `shape`: filters, free resources, free devices.
+    fn assess(
+        &self,
+        node: &Node,
+        shape: &PodShape,
+        limit: usize,
+        matchers: &[Vec<RequestMatcher<'a>>],
+        version: (u64, u64),
+    ) -> Result<CachedRoom, AllocationError> {
+        let rejected = |reason: String| CachedRoom {
+            version,
+            room: 0,
+            free_devices: 0,
+            rejection: Some(reason),
+        };
+        if let Err(reason) = self.node_filter(shape, node) {
+            return Ok(rejected(reason));
+        }
+        let free = self.cluster.free_resources(node);
+        let by_resources = free.copies_of(&shape.requests, limit);
+        if by_resources == 0 {
+            let short = free.shortfall(&shape.requests).map(|s| s.resource).unwrap_or_default();
+            return Ok(rejected(format!("insufficient {short}")));
+        }
+        let (by_devices, free_devices) = device_room(self.cluster, node, matchers, limit)?;
+        let rejection = (by_devices == 0).then(|| "not enough free matching devices".to_string());
+        Ok(CachedRoom {
+            version,
+            room: by_resources.min(by_devices),
+            free_devices,
+            rejection,
+        })
+    }
+
+    /// Everything about a group that decides what a node offers it.
+    fn signature(&self, group: &crate::request::GroupRequest) -> String {
+        let shared: Vec<_> = group
+            .shape
+            .shared
+            .iter()
+            .map(|s| &self.gang.shared_claims[*s].allocation)
+            .collect();
+        format!("{:?}|{}|{:?}", group.shape, group.pods.len(), shared)
+    }
+
+    /// The scheduler's node filters for a pod of `shape` (resources aside).
+    fn node_filter(&self, shape: &PodShape, node: &Node) -> Result<(), String> {
+        if node.unschedulable {
+            let unschedulable = Taint {
+                key: "node.kubernetes.io/unschedulable".into(),
+                value: String::new(),
+                effect: NodeTaintEffect::NoSchedule,
+            };
+            if !shape.tolerations.iter().any(|t| t.tolerates(&unschedulable)) {
+                return Err("unschedulable".into());
+            }
+        }
+        if let Some(taint) = selector::untolerated(&shape.tolerations, &node.taints) {
+            return Err(format!(
+                "untolerated taint {}={}:{:?}",
+                taint.key, taint.value, taint.effect
+            ));
+        }
+        if shape.node_selector.iter().any(|(k, v)| node.labels.get(k) != Some(v)) {
+            return Err("node selector does not match".into());
+        }
+        if shape
+            .affinity
+            .as_ref()
+            .is_some_and(|a| !a.matches(&node.name, &node.labels))
+        {
+            return Err("node affinity does not match".into());
+        }
+        for index in &shape.shared {
+            let claim = &self.gang.shared_claims[*index];
+            if let Some(selector) = claim.allocation.as_ref().and_then(|a| a.node_selector.as_ref())
+                && !selector.matches(&node.name, &node.labels)
+            {
+                return Err(format!("claim {} is allocated elsewhere", claim.key));
+            }
+        }
+        Ok(())
+    }
+
+    fn run(self) -> Result<Outcome, AllocationError> {
+        if self.gang.groups.iter().all(|g| g.pods.is_empty()) {
+            let empty = Domain {
+                value: None,
+                nodes: vec![],
+                capacity: vec![],
+                leftover: 0,
+                _marker: Default::default(),
+            };
+            let mut budget = 0;
+            return Ok(self
+                .place_on(&empty, &[], &mut budget)?
+                .map_or_else(|e| unschedulable(vec![e]), Outcome::Placed));
+        }
+        let mut domains = self.domains();
+        if domains.is_empty() {
+            return Ok(unschedulable(self.explain_no_domain(&[])));
+        }
+        let feasible: Vec<usize> = (0..domains.len())
+            .filter(|i| {
+                domains[*i]
+                    .capacity
+                    .iter()
+                    .zip(&self.gang.groups)
+                    .all(|(c, g)| *c >= g.min_count)
+            })
+            .collect();
+        if feasible.is_empty() {
+            return Ok(unschedulable(self.explain_no_domain(&domains)));
+        }
+        let mut order = feasible;
+        order.sort_by(|a, b| {
+            let (a, b) = (&domains[*a], &domains[*b]);
+            a.leftover.cmp(&b.leftover).then_with(|| a.value.cmp(&b.value))
+        });
+        let mut budget = self.options.step_budget;
+        let mut first_failure: Option<String> = None;
+        for index in order.into_iter().take(self.options.max_domains.max(1)) {
+            let domain = std::mem::replace(
+                &mut domains[index],
+                Domain {
+                    value: None,
+                    nodes: vec![],
+                    capacity: vec![],
+                    leftover: 0,
+                    _marker: Default::default(),
+                },
+            );
+            match self.place_in_domain(&domain, &mut budget)? {
+                Ok(plan) => return Ok(Outcome::Placed(plan)),
+                Err(failure) => {
+                    first_failure.get_or_insert(match &domain.value {
+                        Some(value) => format!(
+                            "{}={value}: {failure}",
+                            self.gang.topology.required.as_deref().unwrap_or_default()
+                        ),
+                        None => failure,
+                    });
+                }
+            }
+            if budget == 0 {
+                break;
+            }
+        }
+        let mut reasons = vec![format!(
+            "gang {} does not fit: the bounds allowed it, but exact placement failed",
+            self.gang.name
+        )];
+        reasons.extend(first_failure);
+        if budget == 0 {
+            reasons.push(format!("search budget of {} steps exhausted", self.options.step_budget));
+        }
+        Ok(unschedulable(reasons))
+    }
+
+    /// Candidates grouped by the required label (or all in one domain), with the room
+    /// for each group and how much would be left over.
+    fn domains(&self) -> Vec<Domain<'a>> {
+        // Candidates come in index order: consecutive runs share a domain.
+        let mut by_value: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+        for (i, candidate) in self.candidates.iter().enumerate() {
+            let value = self
+                .gang
+                .topology
+                .required
+                .as_ref()
+                .map(|_| self.index[candidate.domain].0.as_str());
+            match by_value.last_mut() {
+                Some((v, nodes)) if *v == value => nodes.push(i),
+                _ => by_value.push((value, vec![i])),
+            }
+        }
+        by_value
+            .into_iter()
+            .map(|(value, nodes)| {
+                let capacity: Vec<usize> = (0..self.gang.groups.len())
+                    .map(|g| nodes.iter().map(|n| self.candidates[*n].room[g]).sum())
+                    .collect();
+                let leftover = capacity
+                    .iter()
+                    .zip(&self.gang.groups)
+                    .zip(&self.weights)
+                    .map(|((c, g), w)| (c.saturating_sub(g.min_count) as u64) * w)
+                    .sum();
+                Domain {
+                    value: value.map(str::to_string),
+                    nodes,
+                    capacity,
+                    leftover,
+                    _marker: Default::default(),
+                }
+            })
+            .collect()
+    }
+
+    /// Exact placement within one domain; `Err(message)` when it does not fit there.
+    fn place_in_domain(&self, domain: &Domain<'a>, budget: &mut u64) -> Result<Result<Plan, String>, AllocationError> {
+        let Some(preferred) = &self.gang.topology.preferred else {
+            return self.place_on(domain, &domain.nodes, budget);
+        };
+        // Sub-domains by the preferred label; nodes without it come last.
+        let mut by_value: BTreeMap<Option<String>, Vec<usize>> = BTreeMap::new();
+        for n in &domain.nodes {
+            by_value
+                .entry(self.candidates[*n].node.labels.get(preferred).cloned())
+                .or_default()
+                .push(*n);
+        }
+        let sub_capacity = |nodes: &[usize]| -> Vec<usize> {
+            (0..self.gang.groups.len())
+                .map(|g| nodes.iter().map(|n| self.candidates[*n].room[g]).sum())
+                .collect()
+        };
+        let fits = |capacity: &[usize]| capacity.iter().zip(&self.gang.groups).all(|(c, g)| *c >= g.min_count);
+        let mut whole: Vec<(u64, Option<String>)> = Vec::new();
+        for (value, nodes) in &by_value {
+            let capacity = sub_capacity(nodes);
+            if value.is_some() && fits(&capacity) {
+                let leftover = capacity
+                    .iter()
+                    .zip(&self.gang.groups)
+                    .zip(&self.weights)
+                    .map(|((c, g), w)| (c.saturating_sub(g.min_count) as u64) * w)
+                    .sum();
+                whole.push((leftover, value.clone()));
+            }
+        }
+        whole.sort();
+        for (_, value) in whole.iter().take(4) {
+            if let Ok(plan) = self.place_on(domain, &by_value[value], budget)? {
+                return Ok(Ok(plan));
+            }
+        }
+        // Spread over as few sub-domains as possible: the roomiest first.
+        let mut spread: Vec<(Option<String>, Vec<usize>)> = by_value.into_iter().collect();
+        spread.sort_by(|(va, a), (vb, b)| {
+            let (ca, cb) = (sub_capacity(a), sub_capacity(b));
+            let total = |c: &[usize]| c.iter().zip(&self.weights).map(|(c, w)| *c as u64 * w).sum::<u64>();
+            (va.is_none(), std::cmp::Reverse(total(&ca)), va).cmp(&(vb.is_none(), std::cmp::Reverse(total(&cb)), vb))
+        });
+        let nodes: Vec<usize> = spread.into_iter().flat_map(|(_, nodes)| nodes).collect();
+        self.place_on(domain, &nodes, budget)
+    }
+
+    /// First-fit placement of every pod over `nodes`, ordered tightest first per group.
+    fn place_on(
+        &self,
+        domain: &Domain<'a>,
+        nodes: &[usize],
+        budget: &mut u64,
+    ) -> Result<Result<Plan, String>, AllocationError> {
+        let gang = self.gang;
+        let mut usage = WorkingSet::default();
+        let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
+        let mut shared: Vec<Option<Allocation>> = gang.shared_claims.iter().map(|c| c.allocation.clone()).collect();
+        let mut new_claims: Vec<(usize, crate::placement::ClaimAllocation)> = Vec::new();
+        let mut placed: Vec<Vec<Option<String>>> = gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect();
+
+        // Per group: nodes with room, tightest first (least room, fewest free devices).
+        let orders: Vec<Vec<usize>> = (0..gang.groups.len())
+            .map(|g| {
+                let mut order: Vec<usize> = nodes
+                    .iter()
+                    .copied()
+                    .filter(|n| self.candidates[*n].room[g] > 0)
+                    .collect();
+                order.sort_by(|a, b| {
+                    let (ca, cb) = (&self.candidates[*a], &self.candidates[*b]);
+                    (ca.room[g], ca.free_devices[g], &ca.node.name).cmp(&(
+                        cb.room[g],
+                        cb.free_devices[g],
+                        &cb.node.name,
+                    ))
+                });
+                order
+            })
+            .collect();
+        // Big pods first: they are the hardest to fit.
+        let mut group_order: Vec<usize> = (0..gang.groups.len()).collect();
+        group_order.sort_by_key(|g| {
+            let shape = &gang.groups[*g].shape;
+            (
+                std::cmp::Reverse(self.weights[*g]),
+                std::cmp::Reverse(shape.requests.cpu_millis),
+                *g,
+            )
+        });
+
+        let mut full: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); gang.groups.len()];
+        for phase in 0..2 {
+            for &g in &group_order {
+                let group = &gang.groups[g];
+                let range = if phase == 0 {
+                    0..group.min_count
+                } else {
+                    group.min_count..group.pods.len()
+                };
+                for index in range {
+                    let pod = &group.pods[index];
+                    let mut outcome = None;
+                    for &n in &orders[g] {
+                        if full[g].contains(&n) {
+                            continue;
+                        }
+                        let node: &Node = &self.candidates[n].node;
+                        let mut free = self.cluster.free_resources(node);
+                        if let Some(u) = used.get(node.name.as_str()) {
+                            free.sub(u);
+                        }
+                        if !group.shape.requests.fits_in(&free) {
+                            full[g].insert(n);
+                            continue;
+                        }
+                        if !fixed_allocations_allow(pod, node) {
+                            continue;
+                        }
+                        let shared_now: Vec<usize> = group
+                            .shape
+                            .shared
+                            .iter()
+                            .copied()
+                            .filter(|s| shared[*s].is_none())
+                            .collect();
+                        if group.shape.shared.iter().any(|s| {
+                            shared[*s]
+                                .as_ref()
+                                .and_then(|a| a.node_selector.as_ref())
+                                .is_some_and(|sel| !sel.matches(&node.name, &node.labels))
+                        }) {
+                            continue;
+                        }
+                        // This pod's claims that still need devices, then shared ones.
+                        let own: Vec<usize> = (0..group.shape.claims.len())
+                            .filter(|c| pod.allocations[*c].is_none())
+                            .collect();
+                        let mut refs: Vec<ClaimRef<'_>> = own
+                            .iter()
+                            .map(|c| ClaimRef {
+                                key: &pod.claims[*c],
+                                spec: &group.shape.claims[*c],
+                            })
+                            .collect();
+                        refs.extend(shared_now.iter().map(|s| ClaimRef {
+                            key: &gang.shared_claims[*s].key,
+                            spec: &gang.shared_claims[*s].spec,
+                        }));
+                        let result = if refs.is_empty() {
+                            Ok(Vec::new())
+                        } else {
+                            match allocator::allocate(self.cluster, &usage, node, &refs, budget)? {
+                                Ok(allocations) => Ok(allocations),
+                                Err(NoFit::BudgetExhausted) => {
+                                    return Ok(Err(format!("search budget exhausted while placing pod {}", pod.name)));
+                                }
+                                Err(NoFit::NoSolution) => Err(()),
+                            }
+                        };
+                        match result {
+                            Ok(allocations) => {
+                                for (i, allocation) in allocations.into_iter().enumerate() {
+                                    usage.hold(&allocation.devices);
+                                    if i < own.len() {
+                                        new_claims.push((
+                                            1,
+                                            ClaimAllocation {
+                                                claim: pod.claims[own[i]].clone(),
+                                                allocation,
+                                            },
+                                        ));
+                                    } else {
+                                        let s = shared_now[i - own.len()];
+                                        new_claims.push((
+                                            0,
+                                            ClaimAllocation {
+                                                claim: gang.shared_claims[s].key.clone(),
+                                                allocation: allocation.clone(),
+                                            },
+                                        ));
+                                        shared[s] = Some(allocation);
+                                    }
+                                }
+                                if !shared_now.is_empty() {
+                                    // Nodes that failed with the shared claims may fit without them.
+                                    full.iter_mut().for_each(BTreeSet::clear);
+                                }
+                                used.entry(node.name.as_str()).or_default().add(&group.shape.requests);
+                                outcome = Some(node.name.clone());
+                                break;
+                            }
+                            Err(()) => {
+                                full[g].insert(n);
+                            }
+                        }
+                    }
+                    match outcome {
+                        Some(node) => placed[g][index] = Some(node),
+                        None if phase == 0 => {
+                            let done = placed[g].iter().filter(|p| p.is_some()).count();
+                            return Ok(Err(format!(
+                                "placed {done} of {} pods of group {} ({}); pod {} fits on none of the {} candidate nodes",
+                                group.min_count,
+                                group.name,
+                                describe_shape(&group.shape),
+                                pod.name,
+                                orders[g].len()
+                            )));
+                        }
+                        None => break,
+                    }
+                }
+            }
+        }
+
+        let mut pods = Vec::new();
+        let mut unplaced = Vec::new();
+        for (g, group) in gang.groups.iter().enumerate() {
+            for (i, pod) in group.pods.iter().enumerate() {
+                match &placed[g][i] {
+                    Some(node) => pods.push(PodPlacement {
+                        group: group.name.clone(),
+                        pod: pod.name.clone(),
+                        node: node.clone(),
+                    }),
+                    None => unplaced.push(pod.name.clone()),
+                }
+            }
+        }
+        new_claims.sort_by_key(|(order, _)| *order);
+        let preferred_values = match &gang.topology.preferred {
+            Some(key) => pods
+                .iter()
+                .filter_map(|p| self.cluster.node(&p.node).and_then(|n| n.labels.get(key)).cloned())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            None => vec![],
+        };
+        Ok(Ok(Plan {
+            gang: gang.name.clone(),
+            topology_value: domain.value.clone(),
+            preferred_values,
+            pods,
+            claims: new_claims.into_iter().map(|(_, c)| c).collect(),
+            unplaced,
+        }))
+    }
+
+    fn explain_no_domain(&self, domains: &[Domain<'a>]) -> Vec<String> {
+        let gang = self.gang;
+        let total_nodes = self.cluster.node_count();
+        let mut reasons = Vec::new();
+        let scope = match &gang.topology.required {
+            Some(key) => format!("in one {key}"),
+            None => "in the cluster".to_string(),
+        };
+        for (g, group) in gang.groups.iter().enumerate() {
+            let best = domains
+                .iter()
+                .max_by(|a, b| a.capacity[g].cmp(&b.capacity[g]).then_with(|| b.value.cmp(&a.value)));
+            let best_room = best.map(|d| d.capacity[g]).unwrap_or(0);
+            if best_room >= group.min_count {
+                continue;
+            }
+            let where_ = match best.and_then(|d| d.value.as_ref()) {
+                Some(value) => format!("the best, {value}, has room for {best_room}"),
+                None => format!("there is room for {best_room}"),
+            };
+            reasons.push(format!(
+                "group {} needs {} pods ({}) {scope}; {where_}",
+                group.name,
+                group.min_count,
+                describe_shape(&group.shape)
+            ));
+        }
+        if reasons.is_empty() {
+            reasons.push(format!("gang {} does not fit {scope}", gang.name));
+        }
+        let rejected: usize = self.rejections.values().sum();
+        if rejected > 0 {
+            let details: Vec<String> = self.rejections.iter().map(|(why, n)| format!("{n} {why}")).collect();
+            reasons.push(format!(
+                "{rejected} of {total_nodes} nodes cannot take any pod of the gang: {}",
+                details.join(", ")
+            ));
+        }
+        reasons
+    }
+}
+
+/// Pre-existing allocations of the pod's own claims pin it to their nodes.
+fn fixed_allocations_allow(pod: &crate::request::PodInstance, node: &Node) -> bool {
+    pod.allocations
+        .iter()
+        .flatten()
+        .filter_map(|a| a.node_selector.as_ref())
+        .all(|s| s.matches(&node.name, &node.labels))
+}
+
+fn devices_per_pod(shape: &PodShape) -> usize {
+    shape
+        .claims
+        .iter()
+        .flat_map(|c| &c.requests)
+        .map(|r| match r {
+            DeviceRequest::Exactly(spec) => spec.count.max(1) as usize,
+            DeviceRequest::FirstAvailable { subrequests, .. } => {
+                subrequests.iter().map(|s| s.count.max(1) as usize).min().unwrap_or(0)
+            }
+        })
+        .sum()
+}
+
+/// "8 devices of gpu.example.com, 16 CPU, 128Gi memory" for messages.
+fn describe_shape(shape: &PodShape) -> String {
+    let mut parts = Vec::new();
+    let mut devices: BTreeMap<&str, usize> = BTreeMap::new();
+    for request in shape.claims.iter().flat_map(|c| &c.requests) {
+        match request {
+            DeviceRequest::Exactly(spec) => {
+                *devices.entry(&spec.device_class_name).or_default() += spec.count.max(1) as usize
+            }
+            DeviceRequest::FirstAvailable { subrequests, .. } => {
+                if let Some(first) = subrequests.first() {
+                    *devices.entry(&first.device_class_name).or_default() += first.count.max(1) as usize;
+                }
+            }
+        }
+    }
+    for (class, count) in devices {
+        parts.push(format!(
+            "{count} {class} device{} each",
+            if count == 1 { "" } else { "s" }
+        ));
+    }
+    if shape.requests.cpu_millis > 0 {
+        let cpu = shape.requests.cpu_millis;
+        parts.push(if cpu % 1000 == 0 {
+            format!("{} CPU", cpu / 1000)
+        } else {
+            format!("{cpu}m CPU")
+        });
+    }
+    if shape.requests.memory > 0 {
+        parts.push(format!("{}Mi memory", shape.requests.memory >> 20));
+    }
+    if parts.is_empty() {
+        "no resources".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The compiled selectors of one request spec (or subrequest) of a pod shape.
+struct RequestMatcher<'a> {
+    spec: &'a crate::claim::DeviceRequestSpec,
+    matcher: Matcher,
+}
+
+/// Per claim, per request: the matchers of its spec or of each `firstAvailable` option.
+fn request_matchers<'a>(
+    cluster: &ClusterState,
+    shape: &'a PodShape,
+) -> Result<Vec<Vec<RequestMatcher<'a>>>, AllocationError> {
+    let mut all = Vec::new();
+    for claim in &shape.claims {
+        for request in &claim.requests {
+            let specs: Vec<&crate::claim::DeviceRequestSpec> = match request {
+                DeviceRequest::Exactly(spec) => vec![spec],
+                DeviceRequest::FirstAvailable { subrequests, .. } => subrequests.iter().collect(),
+            };
+            let mut options = Vec::with_capacity(specs.len());
+            for spec in specs {
+                let (matcher, _) = Matcher::new(cluster, "", request.name(), spec)?;
+                options.push(RequestMatcher { spec, matcher });
+            }
+            all.push(options);
+        }
+    }
+    Ok(all)
+}
+
+/// Upper bound of how many pods the node's devices allow (at most `limit`), and how many
+/// matching devices are free (for ordering).
+fn device_room(
+    cluster: &ClusterState,
+    node: &Node,
+    requests: &[Vec<RequestMatcher<'_>>],
+    limit: usize,
+) -> Result<(usize, usize), AllocationError> {
+    if requests.is_empty() {
+        return Ok((limit, 0));
+    }
+    let pools = pools::gather(cluster, node);
+    let mut room = limit;
+    let mut free_total = 0;
+    for options in requests {
+        let mut best = 0;
+        for RequestMatcher { spec, matcher } in options {
+            if spec.admin_access {
+                best = limit;
+                continue;
+            }
+            let (mut matching, mut free) = (0usize, 0usize);
+            for pool in pools.iter().filter(|p| !p.incomplete && p.invalid.is_none()) {
+                for slice in &pool.slices {
+                    for (index, device) in slice.devices.iter().enumerate() {
+                        if !matcher.matches(cluster, "", slice, index, node)? {
+                            continue;
+                        }
+                        matching += 1;
+                        if device.allow_multiple_allocations
+                            || !cluster.device_allocated_by_name(&slice.driver, &slice.pool, &device.name)
+                        {
+                            free += 1;
+                        }
+                    }
+                }
+            }
+            free_total += free;
+            let copies = match spec.allocation_mode {
+                AllocationMode::All => usize::from(matching > 0 && free == matching),
+                AllocationMode::ExactCount => free / spec.count.max(1) as usize,
+            };
+            best = best.max(copies);
+        }
+        room = room.min(best);
+    }
+    Ok((room, free_total))
+}
+
+/// Problems with the gang itself: unknown classes and selectors that do not compile.
+fn validate(cluster: &ClusterState, gang: &GangRequest) -> Result<(), AllocationError> {
+    let specs = gang
+        .groups
+        .iter()
+        .flat_map(|g| {
+            g.shape
+                .claims
+                .iter()
+                .map(move |c| (g.pods.first().and_then(|p| p.claims.first()).cloned(), c))
+        })
+        .chain(gang.shared_claims.iter().map(|c| (Some(c.key.clone()), &c.spec)));
+    for (key, claim) in specs {
+        check_claim(cluster, key.as_deref().unwrap_or(&gang.name), claim)?;
+    }
+    for group in &gang.groups {
+        if group.min_count > group.pods.len() {
+            return Err(AllocationError {
+                message: format!(
+                    "group {}: minCount {} exceeds its {} pods",
+                    group.name,
+                    group.min_count,
+                    group.pods.len()
+                ),
+            });
+        }
+        for s in &group.shape.shared {
+            if *s >= gang.shared_claims.len() {
+                return Err(AllocationError {
+                    message: format!("group {}: unknown shared claim #{s}", group.name),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_claim(cluster: &ClusterState, key: &str, claim: &ClaimSpec) -> Result<(), AllocationError> {
+    for request in &claim.requests {
+        let specs: Vec<&crate::claim::DeviceRequestSpec> = match request {
+            DeviceRequest::Exactly(spec) => vec![spec],
+            DeviceRequest::FirstAvailable { subrequests, .. } => subrequests.iter().collect(),
+        };
+        for spec in specs {
+            Matcher::new(cluster, key, request.name(), spec)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,362 @@
+use super::*;
+use crate::claim::{DeviceId, DeviceResult};
+use crate::fixtures::*;
+use crate::request::{GroupRequest, SharedClaim, TopologyRequest};
+use crate::selector::Toleration;
+
+const RACK: &str = "example.com/rack";
+const BLOCK: &str = "example.com/block";
+
+fn placed(outcome: &Outcome) -> &Plan {
+    match outcome {
+        Outcome::Placed(plan) => plan,
+        Outcome::Unschedulable(u) => panic!("expected a plan, got: {u}"),
+    }
+}
+
+fn reasons(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Placed(plan) => panic!("expected no fit, got a plan on {:?}", plan.nodes()),
+        Outcome::Unschedulable(u) => u.to_string(),
+    }
+}
+
+fn all_devices(plan: &Plan) -> Vec<DeviceId> {
+    plan.claims
+        .iter()
+        .flat_map(|c| c.allocation.devices.iter().map(DeviceResult::device_id))
+        .collect()
+}
+
+/// Takes `count` GPUs of `node` with a claim, as another workload would.
+fn occupy(cluster: &mut ClusterState, node: &str, count: usize) {
+    let devices = (0..count)
+        .map(|i| DeviceResult {
+            request: "x".into(),
+            driver: GPU.into(),
+            pool: node.into(),
+            device: format!("gpu-{i}"),
+            admin_access: None,
+            tolerations: vec![],
+            binding_conditions: vec![],
+            binding_failure_conditions: vec![],
+            share_id: None,
+            consumed_capacity: Default::default(),
+        })
+        .collect();
+    cluster.set_claim_allocation(&format!("other/{node}"), Some(devices));
+}
+
+#[test]
+fn a_gang_lands_in_one_rack_with_distinct_devices() {
+    // 8 nodes, 2 per rack, 8 GPUs each.
+    let cluster = gpu_cluster(8, 8, 2, 2);
+    let outcome = plan(
+        &cluster,
+        &gpu_gang("g", 2, 8, Some(RACK), None),
+        &PlanOptions::default(),
+    );
+    let plan = placed(&outcome);
+    assert_eq!(plan.pods.len(), 2);
+    assert_eq!(plan.topology_value.as_deref(), Some("rack-0000"));
+    assert_eq!(plan.nodes(), ["node-00000", "node-00001"]);
+    let devices = all_devices(plan);
+    assert_eq!(devices.len(), 16);
+    assert_eq!(devices.iter().collect::<BTreeSet<_>>().len(), 16, "no device twice");
+    for (pod, claim) in plan.pods.iter().zip(&plan.claims) {
+        assert!(
+            claim.allocation.devices.iter().all(|d| d.pool == pod.node),
+            "devices on the pod's node"
+        );
+        assert_eq!(
+            claim.allocation.node_selector,
+            Some(crate::selector::NodeSelector::for_node(&pod.node))
+        );
+    }
+}
+
+#[test]
+fn a_gang_too_big_for_any_rack_is_explained_with_numbers() {
+    let cluster = gpu_cluster(8, 8, 2, 2);
+    let outcome = plan(
+        &cluster,
+        &gpu_gang("big", 3, 8, Some(RACK), None),
+        &PlanOptions::default(),
+    );
+    let why = reasons(&outcome);
+    assert!(
+        why.contains("group big-workers needs 3 pods (8 gpu.example.com devices each, 8 CPU, 65536Mi memory) in one example.com/rack; the best, rack-0000, has room for 2"),
+        "{why}"
+    );
+    // Without the rack constraint it fits.
+    assert!(
+        plan(&cluster, &gpu_gang("big", 3, 8, None, None), &PlanOptions::default())
+            .plan()
+            .is_some()
+    );
+}
+
+#[test]
+fn tightest_rack_wins_and_keeps_big_holes_free() {
+    let mut cluster = gpu_cluster(8, 8, 2, 2);
+    // rack-0001 has 4 GPUs taken on one node; rack-0002 has 7 taken on one node.
+    occupy(&mut cluster, "node-00002", 4);
+    occupy(&mut cluster, "node-00004", 7);
+    // 2 pods of 4 GPUs: fits in every rack; the tightest is rack-0001 (one partial node
+    // with 4 free + a full one → leftover 8) vs rack-0002 (1 + 8 free → leftover 4... but
+    // the partial node fits no pod, so its room is 2 pods: leftover 0).
+    let outcome = plan(
+        &cluster,
+        &gpu_gang("small", 2, 4, Some(RACK), None),
+        &PlanOptions::default(),
+    );
+    let plan = placed(&outcome);
+    assert_eq!(plan.topology_value.as_deref(), Some("rack-0002"));
+    assert_eq!(plan.nodes(), ["node-00005"], "both pods share the free node");
+}
+
+#[test]
+fn preferred_level_keeps_the_gang_together_when_it_can() {
+    // Blocks of 2 racks of 2 nodes; a 2-pod gang must stay in a block, preferably a rack.
+    let mut cluster = gpu_cluster(8, 8, 2, 2);
+    occupy(&mut cluster, "node-00000", 8);
+    occupy(&mut cluster, "node-00003", 8);
+    // block-000: rack-0000 has node-00001, rack-0001 has node-00002 → must spread.
+    // block-001: racks 2 and 3 are free → one rack possible, but leftover is larger.
+    let outcome = plan(
+        &cluster,
+        &gpu_gang("g", 2, 8, Some(BLOCK), Some(RACK)),
+        &PlanOptions::default(),
+    );
+    let first = placed(&outcome);
+    assert_eq!(first.topology_value.as_deref(), Some("block-000"), "tightest block");
+    assert_eq!(first.preferred_values, ["rack-0000", "rack-0001"]);
+
+    // With block-000 too full, block-001 is used and one rack suffices.
+    occupy(&mut cluster, "node-00001", 8);
+    let outcome = plan(
+        &cluster,
+        &gpu_gang("g", 2, 8, Some(BLOCK), Some(RACK)),
+        &PlanOptions::default(),
+    );
+    let plan = placed(&outcome);
+    assert_eq!(plan.topology_value.as_deref(), Some("block-001"));
+    assert_eq!(plan.preferred_values.len(), 1, "{:?}", plan.preferred_values);
+}
+
+#[test]
+fn mixed_shapes_launcher_and_workers() {
+    let cluster = gpu_cluster(8, 8, 2, 2);
+    let mut gang = gpu_gang("train", 2, 8, Some(RACK), None);
+    gang.groups
+        .insert(0, GroupRequest::uniform("launcher", "ns", 1, 1, gpu_pod(0, 2, 4)));
+    let plan = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
+    assert_eq!(plan.pods.len(), 3);
+    let rack = plan.topology_value.clone().unwrap();
+    for pod in &plan.pods {
+        assert_eq!(
+            cluster.node(&pod.node).unwrap().labels[RACK],
+            rack,
+            "every pod in the rack"
+        );
+    }
+    assert_eq!(plan.pods[0].group, "launcher", "groups in request order");
+    assert_eq!(plan.claims.len(), 2, "only workers have claims");
+}
+
+#[test]
+fn cpu_shortage_is_respected_and_explained() {
+    let mut cluster = gpu_cluster(4, 8, 2, 2);
+    // node-00000 has its CPU used up by another pod.
+    cluster.upsert_pod(
+        "other/hog",
+        "node-00000",
+        Resources {
+            cpu_millis: 60_000,
+            pods: 1,
+            ..Default::default()
+        },
+    );
+    let outcome = plan(
+        &cluster,
+        &gpu_gang("g", 2, 8, Some(RACK), None),
+        &PlanOptions::default(),
+    );
+    assert_eq!(placed(&outcome).topology_value.as_deref(), Some("rack-0001"));
+    cluster.upsert_pod(
+        "other/hog2",
+        "node-00002",
+        Resources {
+            cpu_millis: 60_000,
+            pods: 1,
+            ..Default::default()
+        },
+    );
+    let why = reasons(&plan(
+        &cluster,
+        &gpu_gang("g", 2, 8, Some(RACK), None),
+        &PlanOptions::default(),
+    ));
+    assert!(why.contains("has room for 1"), "{why}");
+    assert!(
+        why.contains("2 of 4 nodes cannot take any pod of the gang: 2 insufficient cpu"),
+        "{why}"
+    );
+}
+
+#[test]
+fn taints_and_selectors_filter_nodes() {
+    let mut cluster = gpu_cluster(4, 8, 4, 1);
+    for name in ["node-00000", "node-00001"] {
+        let mut n = cluster.node(name).unwrap().clone();
+        n.taints.push(Taint {
+            key: "maintenance".into(),
+            value: "true".into(),
+            effect: NodeTaintEffect::NoSchedule,
+        });
+        cluster.upsert_node(n);
+    }
+    let outcome = plan(&cluster, &gpu_gang("g", 2, 8, None, None), &PlanOptions::default());
+    assert_eq!(placed(&outcome).nodes(), ["node-00002", "node-00003"]);
+    let why = reasons(&plan(
+        &cluster,
+        &gpu_gang("g", 3, 8, None, None),
+        &PlanOptions::default(),
+    ));
+    assert!(why.contains("2 untolerated taint maintenance=true:NoSchedule"), "{why}");
+    let mut gang = gpu_gang("g", 3, 8, None, None);
+    gang.groups[0].shape.tolerations.push(Toleration {
+        key: "maintenance".into(),
+        exists: true,
+        value: String::new(),
+        effect: None,
+    });
+    assert!(plan(&cluster, &gang, &PlanOptions::default()).plan().is_some());
+    gang.groups[0]
+        .shape
+        .node_selector
+        .insert("example.com/rack".into(), "rack-9999".into());
+    let why = reasons(&plan(&cluster, &gang, &PlanOptions::default()));
+    assert!(why.contains("4 node selector does not match"), "{why}");
+}
+
+#[test]
+fn min_count_below_replicas_places_extras_that_fit() {
+    let cluster = gpu_cluster(4, 8, 2, 2);
+    let mut gang = gpu_gang("elastic", 3, 8, Some(RACK), None);
+    gang.groups[0].min_count = 2;
+    let plan = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
+    assert_eq!(plan.pods.len(), 2, "the rack holds two");
+    assert_eq!(plan.unplaced, ["ns/elastic-workers-2"]);
+    gang.topology.required = None;
+    let plan = placed(&crate::placement::plan(&cluster, &gang, &PlanOptions::default())).clone();
+    assert_eq!(plan.pods.len(), 3);
+    assert!(plan.unplaced.is_empty());
+}
+
+#[test]
+fn shared_claims_are_allocated_once_for_the_gang() {
+    let mut cluster = gpu_cluster(4, 8, 4, 1);
+    let mut fabric = node_slice("fabric", vec![gpu(0, "IMEX")]);
+    fabric.nodes = crate::cluster::SliceNodes::All;
+    fabric.driver = "imex.example.com".into();
+    fabric.name = "fabric".into();
+    cluster.upsert_slice(fabric);
+    cluster.upsert_class(crate::cluster::DeviceClass {
+        name: "imex.example.com".into(),
+        selectors: vec!["device.driver == 'imex.example.com'".into()],
+        config: vec![],
+    });
+    let mut gang = gpu_gang("g", 3, 8, None, None);
+    let mut spec = gpu_claim(1);
+    if let DeviceRequest::Exactly(r) = &mut spec.requests[0] {
+        r.device_class_name = "imex.example.com".into();
+    }
+    gang.shared_claims.push(SharedClaim {
+        key: "ns/g-fabric".into(),
+        spec,
+        allocation: None,
+    });
+    gang.groups[0].shape.shared.push(0);
+    let plan = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
+    let fabric: Vec<_> = plan.claims.iter().filter(|c| c.claim == "ns/g-fabric").collect();
+    assert_eq!(fabric.len(), 1, "allocated once");
+    assert_eq!(plan.claims[0].claim, "ns/g-fabric", "shared claims first");
+    assert_eq!(fabric[0].allocation.node_selector, None, "an all-nodes device");
+    assert_eq!(plan.pods.len(), 3);
+}
+
+#[test]
+fn the_same_input_gives_the_same_plan() {
+    let mut cluster = gpu_cluster(32, 8, 4, 2);
+    occupy(&mut cluster, "node-00005", 3);
+    occupy(&mut cluster, "node-00013", 5);
+    let gang = gpu_gang("g", 6, 4, Some(BLOCK), Some(RACK));
+    let first = plan(&cluster, &gang, &PlanOptions::default());
+    for _ in 0..3 {
+        assert_eq!(plan(&cluster, &gang, &PlanOptions::default()), first);
+    }
+    // A fresh cluster state (no warm caches) gives the same plan too.
+    let mut again = gpu_cluster(32, 8, 4, 2);
+    occupy(&mut again, "node-00005", 3);
+    occupy(&mut again, "node-00013", 5);
+    assert_eq!(plan(&again, &gang, &PlanOptions::default()), first);
+}
+
+#[test]
+fn bad_requests_are_reported_not_panicked() {
+    let cluster = gpu_cluster(2, 8, 2, 1);
+    let mut gang = gpu_gang("g", 1, 8, None, None);
+    if let DeviceRequest::Exactly(r) = &mut gang.groups[0].shape.claims[0].requests[0] {
+        r.device_class_name = "missing.example.com".into();
+    }
+    let why = reasons(&plan(&cluster, &gang, &PlanOptions::default()));
+    assert!(
+        why.contains("could not retrieve device class missing.example.com"),
+        "{why}"
+    );
+    let mut gang = gpu_gang("g", 1, 8, None, None);
+    gang.groups[0].min_count = 5;
+    assert!(reasons(&plan(&cluster, &gang, &PlanOptions::default())).contains("minCount 5 exceeds its 1 pods"));
+    let empty = crate::request::GangRequest {
+        name: "ns/empty".into(),
+        topology: TopologyRequest::default(),
+        ..Default::default()
+    };
+    assert!(
+        plan(&cluster, &empty, &PlanOptions::default())
+            .plan()
+            .is_some_and(|p| p.pods.is_empty())
+    );
+}
+
+#[test]
+fn an_assumed_plan_is_seen_by_the_next_plan() {
+    let mut cluster = gpu_cluster(8, 8, 2, 2);
+    let gang = gpu_gang("g", 2, 8, Some(RACK), None);
+    let first = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
+    let pods: Vec<(String, String, Resources)> = first
+        .pods
+        .iter()
+        .map(|p| (p.pod.clone(), p.node.clone(), gang.groups[0].shape.requests.clone()))
+        .collect();
+    let claims: Vec<(String, Vec<DeviceResult>)> = first
+        .claims
+        .iter()
+        .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
+        .collect();
+    cluster.assume("ns/g", &pods, &claims);
+    let second = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
+    assert_ne!(second.topology_value, first.topology_value, "the first rack is taken");
+    let overlap: Vec<_> = all_devices(&second)
+        .into_iter()
+        .filter(|d| all_devices(&first).contains(d))
+        .collect();
+    assert!(overlap.is_empty(), "no device twice: {overlap:?}");
+    cluster.forget("ns/g");
+    assert_eq!(
+        placed(&plan(&cluster, &gang, &PlanOptions::default())),
+        &first,
+        "forgotten: the rack is free again"
+    );
+}

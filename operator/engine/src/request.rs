@@ -1,0 +1,99 @@
+//! What a gang asks for, in the engine's terms: pod groups of identical pods, their
+//! node requirements and claims, claims shared by several pods, and topology.
+
+use std::collections::BTreeMap;
+
+use crate::claim::{Allocation, ClaimSpec};
+use crate::resources::Resources;
+use crate::selector::{NodeSelector, Toleration};
+
+/// A gang to place.
+#[derive(Clone, Debug, Default)]
+pub struct GangRequest {
+    /// Names the gang in plans and messages, for example `namespace/workload`.
+    pub name: String,
+    pub groups: Vec<GroupRequest>,
+    /// Claims used by more than one pod (gang-shared claims, or an existing claim the
+    /// pods refer to by name). Allocated once.
+    pub shared_claims: Vec<SharedClaim>,
+    pub topology: TopologyRequest,
+}
+
+/// Topology constraints as node label keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopologyRequest {
+    /// Every pod on nodes sharing one value of this label.
+    pub required: Option<String>,
+    /// Prefer one value of this (finer) label.
+    pub preferred: Option<String>,
+}
+
+/// A claim several pods use.
+#[derive(Clone, Debug)]
+pub struct SharedClaim {
+    /// `namespace/name` of the ResourceClaim.
+    pub key: String,
+    pub spec: ClaimSpec,
+    /// Already allocated: the allocation stands and constrains the nodes.
+    pub allocation: Option<Allocation>,
+}
+
+/// A group of identical pods.
+#[derive(Clone, Debug, Default)]
+pub struct GroupRequest {
+    pub name: String,
+    /// Pods that must be placed for the gang to start.
+    pub min_count: usize,
+    pub shape: PodShape,
+    /// The group's pods, in index order; the first `min_count` are the gang's core.
+    pub pods: Vec<PodInstance>,
+}
+
+/// What every pod of a group needs from a node.
+#[derive(Clone, Debug, Default)]
+pub struct PodShape {
+    pub requests: Resources,
+    /// `spec.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity.
+    pub affinity: Option<NodeSelector>,
+    pub tolerations: Vec<Toleration>,
+    /// Claims each pod has for itself, in the pod's order.
+    pub claims: Vec<ClaimSpec>,
+    /// Indices into [`GangRequest::shared_claims`] of the shared claims the pods use.
+    pub shared: Vec<usize>,
+}
+
+/// One pod of a group.
+#[derive(Clone, Debug, Default)]
+pub struct PodInstance {
+    /// `namespace/name`.
+    pub name: String,
+    /// Keys of the pod's own claims, aligned with [`PodShape::claims`].
+    pub claims: Vec<String>,
+    /// Allocations those claims already have (kept, and constraining the node).
+    pub allocations: Vec<Option<Allocation>>,
+}
+
+impl GroupRequest {
+    /// A group of `replicas` pods named `<prefix>-<index>` whose claims are named
+    /// `<pod>-<claim index>`.
+    pub fn uniform(name: &str, namespace: &str, replicas: usize, min_count: usize, shape: PodShape) -> Self {
+        let pods = (0..replicas)
+            .map(|i| {
+                let pod = format!("{namespace}/{name}-{i}");
+                PodInstance {
+                    claims: (0..shape.claims.len()).map(|c| format!("{pod}-claim-{c}")).collect(),
+                    allocations: vec![None; shape.claims.len()],
+                    name: pod,
+                }
+            })
+            .collect();
+        GroupRequest {
+            name: name.to_string(),
+            min_count,
+            shape,
+            pods,
+        }
+    }
+}
