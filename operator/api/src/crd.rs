@@ -47,8 +47,28 @@ fn workload_crd() -> CustomResourceDefinition {
                 strip_descriptions(child);
             }
         }
+        if let Some(root) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+            unwrap_descriptions(root);
+        }
     }
     crd
+}
+
+/// Doc comments wrap lines; `kubectl explain` wraps again. Keep only paragraph breaks.
+fn unwrap_descriptions(schema: &mut JSONSchemaProps) {
+    if let Some(text) = schema.description.as_mut() {
+        *text = text
+            .split("\n\n")
+            .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join("\n\n");
+    }
+    for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        unwrap_descriptions(child);
+    }
+    if let Some(JSONSchemaPropsOrArray::Schema(item)) = schema.items.as_mut() {
+        unwrap_descriptions(item);
+    }
 }
 
 fn strip_descriptions(schema: &mut JSONSchemaProps) {

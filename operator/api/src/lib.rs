@@ -6,5 +6,6 @@ pub mod conditions;
 pub mod crd;
 pub mod labels;
 pub mod v1alpha1;
+pub mod validation;
 
 pub use v1alpha1::{Workload, WorkloadSpec, WorkloadStatus};

@@ -99,7 +99,7 @@ pub struct WorkloadSpec {
 }
 
 /// Topology constraints for the whole gang, as node label keys.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Topology {
     /// Node label key, for example `example.com/rack`: every pod of the gang lands on nodes

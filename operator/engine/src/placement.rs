@@ -730,7 +730,7 @@ impl<'a> Planner<'a> {
                 None => format!("there is room for {best_room}"),
             };
             reasons.push(format!(
-                "group {} needs {} pods ({}) {scope}; {where_}",
+                "group {} needs {} pods ({}) {scope}, but {where_}",
                 group.name,
                 group.min_count,
                 describe_shape(&group.shape)

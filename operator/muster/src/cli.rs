@@ -25,6 +25,9 @@ enum Command {
     /// training gang, and show it progress.
     #[cfg(feature = "demo")]
     Demo(crate::demo::DemoArgs),
+    /// Plan Workloads against a cluster snapshot without a cluster: where would they go,
+    /// or why would they not fit.
+    Plan(PlanArgs),
     /// Print the CustomResourceDefinitions muster serves, or write them to a directory.
     Crd {
         /// Write one file per CRD into this directory instead of printing.
@@ -52,6 +55,29 @@ struct RunArgs {
     log_format: LogFormat,
 }
 
+#[derive(clap::Args, Debug)]
+struct PlanArgs {
+    /// The cluster: what `kubectl get nodes,pods,resourceslices,deviceclasses,resourceclaims -A -o yaml`
+    /// prints (a v1 List, or several YAML documents).
+    #[arg(long, value_name = "SNAPSHOT.yaml")]
+    cluster: PathBuf,
+    /// Files with Workloads and their ResourceClaimTemplates, planned in order.
+    #[arg(value_name = "WORKLOAD.yaml", required = true)]
+    workloads: Vec<PathBuf>,
+    /// Namespace of objects that do not name one.
+    #[arg(short, long, default_value = "default")]
+    namespace: String,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = PlanOutput::Human)]
+    output: PlanOutput,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum PlanOutput {
+    Human,
+    Json,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum LogFormat {
     Text,
@@ -63,6 +89,7 @@ pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd { dir } => print_crds(dir),
+        Command::Plan(args) => plan(args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::demo::run(args)),
         Command::Run(args) => {
@@ -118,6 +145,35 @@ async fn check_crd_installed(client: &kube::Client) -> Result<()> {
     api.list(&kube::api::ListParams::default().limit(1)).await.context(
         "cannot list workloads.muster.dev: is the CRD installed? (muster crd | kubectl apply --server-side -f -)",
     )?;
+    Ok(())
+}
+
+fn read_objects(path: &std::path::Path) -> Result<crate::objects::Objects> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(crate::objects::Objects::parse(&path.display().to_string(), &text)?)
+}
+
+fn plan(args: PlanArgs) -> Result<()> {
+    let snapshot = read_objects(&args.cluster)?;
+    let mut workloads = crate::objects::Objects::default();
+    for path in &args.workloads {
+        workloads.extend(read_objects(path)?);
+    }
+    if workloads.workloads.is_empty() {
+        anyhow::bail!(
+            "no Workload in {}",
+            args.workloads
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let (report, details) = crate::plan::plan(&snapshot, &workloads, &args.namespace)?;
+    match args.output {
+        PlanOutput::Human => print!("{}", crate::plan::human(&report, &details)),
+        PlanOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
     Ok(())
 }
 

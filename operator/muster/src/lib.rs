@@ -4,7 +4,11 @@
 
 pub mod cli;
 pub mod controller;
+pub mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod gang;
+pub mod objects;
+pub mod plan;
+pub mod request;
 pub mod status;

@@ -85,7 +85,7 @@ fn a_gang_too_big_for_any_rack_is_explained_with_numbers() {
     );
     let why = reasons(&outcome);
     assert!(
-        why.contains("group big-workers needs 3 pods (8 gpu.example.com devices each, 8 CPU, 65536Mi memory) in one example.com/rack; the best, rack-0000, has room for 2"),
+        why.contains("group big-workers needs 3 pods (8 gpu.example.com devices each, 8 CPU, 65536Mi memory) in one example.com/rack, but the best, rack-0000, has room for 2"),
         "{why}"
     );
     // Without the rack constraint it fits.

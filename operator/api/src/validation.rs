@@ -1,0 +1,135 @@
+//! The Workload's validation rules, checked in Rust for objects that do not pass through
+//! an API server (files given to `muster plan`). The API server enforces the same rules
+//! through the CRD schema; the messages are the same.
+
+use crate::v1alpha1::{MAX_POD_GROUPS, MAX_REPLICAS, MAX_SHARED_CLAIMS, MAX_WORKLOAD_AND_GROUP_NAME, Workload};
+
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// Every rule the Workload breaks, or `Ok`.
+pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let name = workload.metadata.name.as_deref().unwrap_or_default();
+    let spec = &workload.spec;
+    if !is_dns_label(name) || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        problems.push("metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter): it names the gang's headless Service".to_string());
+    }
+    if spec.pod_groups.is_empty() {
+        problems.push("spec.podGroups: at least one pod group is required".into());
+    }
+    if spec.pod_groups.len() > MAX_POD_GROUPS {
+        problems.push(format!(
+            "spec.podGroups: at most {MAX_POD_GROUPS} pod groups are allowed"
+        ));
+    }
+    for (i, group) in spec.pod_groups.iter().enumerate() {
+        let at = format!("spec.podGroups[{i}]");
+        if !is_dns_label(&group.name) || group.name.len() > 56 {
+            problems.push(format!(
+                "{at}.name: {:?} must be a DNS label of at most 56 characters",
+                group.name
+            ));
+        }
+        if spec.pod_groups.iter().filter(|g| g.name == group.name).count() > 1
+            && spec.pod_groups.iter().position(|g| g.name == group.name) == Some(i)
+        {
+            problems.push("pod group names must be unique within a Workload".into());
+        }
+        if !(1..=MAX_REPLICAS).contains(&group.replicas) {
+            problems.push(format!("{at}.replicas: must be between 1 and {MAX_REPLICAS}"));
+        }
+        if let Some(min) = group.min_count {
+            if min < 1 {
+                problems.push(format!("{at}.minCount: must be at least 1"));
+            }
+            if min > group.replicas {
+                problems.push(format!("{at}: minCount must not exceed replicas"));
+            }
+        }
+        if name.len() + group.name.len() > MAX_WORKLOAD_AND_GROUP_NAME {
+            problems.push(format!("metadata.name and each pod group name may have at most {MAX_WORKLOAD_AND_GROUP_NAME} characters together, so that pod names <workload>-<group>-<index> stay valid DNS labels (63 characters)"));
+        }
+    }
+    if spec.resource_claims.len() > MAX_SHARED_CLAIMS {
+        problems.push(format!(
+            "spec.resourceClaims: at most {MAX_SHARED_CLAIMS} shared claims are allowed"
+        ));
+    }
+    for (i, claim) in spec.resource_claims.iter().enumerate() {
+        if claim.resource_claim_template_name.is_some() == claim.resource_claim_name.is_some() {
+            problems.push(format!(
+                "spec.resourceClaims[{i}]: exactly one of resourceClaimTemplateName and resourceClaimName must be set"
+            ));
+        }
+        if spec.resource_claims.iter().filter(|c| c.name == claim.name).count() > 1
+            && spec.resource_claims.iter().position(|c| c.name == claim.name) == Some(i)
+        {
+            problems.push("shared resource claim names must be unique within a Workload".into());
+        }
+        if claim
+            .pod_groups
+            .iter()
+            .flatten()
+            .any(|g| !spec.pod_groups.iter().any(|p| &p.name == g))
+        {
+            problems.push("resourceClaims[].podGroups may only name pod groups of this Workload".into());
+        }
+    }
+    let names_unknown_group = |groups: &Option<Vec<String>>| {
+        groups
+            .iter()
+            .flatten()
+            .any(|g| !spec.pod_groups.iter().any(|p| &p.name == g))
+    };
+    if spec
+        .success_policy
+        .as_ref()
+        .is_some_and(|p| names_unknown_group(&p.pod_groups))
+    {
+        problems.push("successPolicy.podGroups may only name pod groups of this Workload".into());
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(yaml: &str) -> Workload {
+        serde_saphyr::from_str(yaml).expect("test workload parses")
+    }
+
+    #[test]
+    fn accepts_a_good_workload_and_lists_every_problem_of_a_bad_one() {
+        let good = workload(
+            "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2, minCount: 1}\n",
+        );
+        assert_eq!(validate(&good), Ok(()));
+        let bad = workload(
+            "kind: Workload\nmetadata: {name: 9w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2, minCount: 3}\n  - {name: a, replicas: 0}\n  resourceClaims:\n  - {name: c, podGroups: [nope]}\n  successPolicy: {podGroups: [zzz]}\n",
+        );
+        let problems = validate(&bad).unwrap_err();
+        for expected in [
+            "DNS-1035 label",
+            "spec.podGroups[0]: minCount must not exceed replicas",
+            "pod group names must be unique",
+            "spec.podGroups[1].replicas: must be between 1 and 10000",
+            "exactly one of resourceClaimTemplateName and resourceClaimName",
+            "resourceClaims[].podGroups may only name pod groups",
+            "successPolicy.podGroups may only name pod groups",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.contains(expected)),
+                "missing {expected:?} in {problems:?}"
+            );
+        }
+    }
+}

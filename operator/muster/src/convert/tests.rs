@@ -1,0 +1,160 @@
+use super::*;
+use serde_json::json;
+
+fn pod_spec(value: serde_json::Value) -> PodSpec {
+    serde_json::from_value(value).expect("valid pod spec")
+}
+
+#[test]
+fn pod_requests_count_sidecars_init_containers_and_overhead() {
+    let spec = pod_spec(json!({
+        "containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+            {"name": "b", "resources": {"limits": {"cpu": "500m", "example.com/nic": "1"}}},
+        ],
+        "initContainers": [
+            {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "250m"}}},
+            {"name": "init", "resources": {"requests": {"cpu": "4", "memory": "512Mi"}}},
+        ],
+        "overhead": {"cpu": "100m"},
+    }));
+    let r = pod_requests("Pod ns/p", &spec).unwrap();
+    // Init phase: 4 + 0.25 (sidecar running) = 4.25 > 1 + 0.5 + 0.25 = 1.75; plus overhead.
+    assert_eq!(r.cpu_millis, 4350);
+    assert_eq!(r.memory, 1 << 30);
+    assert_eq!(r.other["example.com/nic"], 1, "requests default to limits");
+    assert_eq!(r.pods, 1);
+}
+
+#[test]
+fn pod_level_requests_replace_cpu_and_memory() {
+    let spec = pod_spec(json!({
+        "containers": [{"name": "a", "resources": {"requests": {"cpu": "1"}}}],
+        "resources": {"requests": {"cpu": "3", "memory": "2Gi"}},
+    }));
+    let r = pod_requests("Pod ns/p", &spec).unwrap();
+    assert_eq!((r.cpu_millis, r.memory), (3000, 2 << 30));
+}
+
+#[test]
+fn bad_quantities_name_the_object_and_field() {
+    let spec = pod_spec(json!({"containers": [{"name": "a", "resources": {"requests": {"cpu": "lots"}}}]}));
+    let e = pod_requests("Pod ns/p", &spec).unwrap_err();
+    assert_eq!(e.object, "Pod ns/p");
+    assert!(
+        e.message.starts_with("container a.cpu: quantities must match"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn nodes_keep_labels_taints_and_allocatable() {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "n1", "labels": {"rack": "r1"}},
+        "spec": {"unschedulable": true, "taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}},
+    }))
+    .unwrap();
+    let n = super::node(&node).unwrap();
+    assert_eq!(n.labels["rack"], "r1");
+    assert!(n.unschedulable);
+    assert_eq!(n.taints[0].effect, NodeTaintEffect::NoSchedule);
+    assert_eq!(
+        (
+            n.allocatable.cpu_millis,
+            n.allocatable.pods,
+            n.allocatable.other["nvidia.com/gpu"]
+        ),
+        (64000, 110, 8)
+    );
+}
+
+#[test]
+fn slices_and_claims_convert_every_field_the_allocator_uses() {
+    let slice: resource::ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "n1-gpu"},
+        "spec": {
+            "driver": "gpu.example.com",
+            "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 3, "resourceSliceCount": 1},
+            "devices": [{
+                "name": "gpu-0",
+                "attributes": {"model": {"string": "H100"}, "index": {"int": 0}, "driverVersion": {"version": "1.2.3"}, "ok": {"bool": true}},
+                "capacity": {"memory": {"value": "80Gi", "requestPolicy": {"default": "10Gi", "validRange": {"min": "10Gi", "step": "10Gi"}}}},
+                "taints": [{"key": "k", "value": "v", "effect": "NoExecute"}],
+                "allowMultipleAllocations": true,
+            }],
+        },
+    }))
+    .unwrap();
+    let s = super::slice(&slice).unwrap();
+    assert_eq!((s.generation, s.nodes.clone()), (3, SliceNodes::Node("n1".into())));
+    let d = &s.devices[0];
+    assert_eq!(d.attributes["driverVersion"], AttributeValue::Version("1.2.3".into()));
+    assert_eq!(d.attributes["ok"], AttributeValue::Bool(true));
+    assert_eq!(
+        d.capacity["memory"]
+            .request_policy
+            .as_ref()
+            .unwrap()
+            .valid_range
+            .as_ref()
+            .unwrap()
+            .step,
+        Some(Quantity::parse("10Gi").unwrap())
+    );
+    assert_eq!(d.taints[0].effect, TaintEffect::NoExecute);
+    assert!(d.allow_multiple_allocations);
+
+    let spec: resource::ResourceClaimSpec = serde_json::from_value(json!({
+        "devices": {
+            "requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.example.com", "count": 4, "selectors": [{"cel": {"expression": "true"}}]}},
+                {"name": "nic", "firstAvailable": [
+                    {"name": "fast", "deviceClassName": "nic", "allocationMode": "All"},
+                    {"name": "slow", "deviceClassName": "nic", "tolerations": [{"operator": "Exists"}]},
+                ]},
+            ],
+            "constraints": [{"requests": ["gpus"], "matchAttribute": "gpu.example.com/nvlinkDomain"}],
+            "config": [{"requests": ["gpus"], "opaque": {"driver": "gpu.example.com", "parameters": {"mode": "fast"}}}],
+        },
+    }))
+    .unwrap();
+    let c = claim_spec("ResourceClaim ns/c", &spec).unwrap();
+    let DeviceRequest::Exactly(gpus) = &c.requests[0] else {
+        panic!("exactly")
+    };
+    assert_eq!((gpus.count, gpus.selectors.len()), (4, 1));
+    let DeviceRequest::FirstAvailable { subrequests, .. } = &c.requests[1] else {
+        panic!("firstAvailable")
+    };
+    assert_eq!(subrequests[0].allocation_mode, AllocationMode::All);
+    assert_eq!(subrequests[1].tolerations[0].operator, TolerationOperator::Exists);
+    assert_eq!(
+        c.constraints[0].kind,
+        ConstraintKind::MatchAttribute("gpu.example.com/nvlinkDomain".into())
+    );
+    assert_eq!(c.config[0].opaque.parameters, r#"{"mode":"fast"}"#);
+}
+
+#[test]
+fn allocations_round_trip() {
+    let kube: resource::AllocationResult = serde_json::from_value(json!({
+        "devices": {
+            "results": [{"request": "gpus", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0",
+                         "shareID": "0c3f", "consumedCapacity": {"memory": "10Gi"}}],
+            "config": [{"source": "FromClass", "opaque": {"driver": "gpu.example.com", "parameters": {"a": 1}}}],
+        },
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]},
+    }))
+    .unwrap();
+    let engine = allocation("ResourceClaim ns/c", &kube).unwrap();
+    assert_eq!(engine.node_selector, Some(NodeSelector::for_node("n1")));
+    assert_eq!(
+        engine.devices[0].consumed_capacity["memory"],
+        Quantity::parse("10Gi").unwrap()
+    );
+    let back = allocation_to_kube(&engine);
+    assert_eq!(back, kube);
+}

@@ -1,0 +1,211 @@
+//! Kubernetes objects read from YAML files — a `v1 List` as `kubectl get -o yaml`
+//! prints it, or several YAML documents — sorted by kind, and the engine's cluster state
+//! built from them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use muster_api::Workload;
+use muster_engine::cluster::ClusterState;
+use serde::de::DeserializeOwned;
+
+use crate::convert::{self, ConvertError};
+
+/// A file that cannot be read as Kubernetes objects.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{file}: {message}")]
+    Syntax { file: String, message: String },
+    #[error("{file}: document {document} ({object}): {message}")]
+    Object {
+        file: String,
+        document: usize,
+        object: String,
+        message: String,
+    },
+}
+
+/// The objects muster understands, by kind.
+#[derive(Debug, Default, Clone)]
+pub struct Objects {
+    pub nodes: Vec<Node>,
+    pub pods: Vec<Pod>,
+    pub slices: Vec<ResourceSlice>,
+    pub classes: Vec<DeviceClass>,
+    pub claims: Vec<ResourceClaim>,
+    pub templates: Vec<ResourceClaimTemplate>,
+    pub workloads: Vec<Workload>,
+    /// Objects of other kinds, counted by kind.
+    pub ignored: BTreeMap<String, usize>,
+}
+
+impl Objects {
+    /// Reads every object of a YAML text. `file` names the source in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Self, LoadError> {
+        let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(text).map_err(|e| LoadError::Syntax {
+            file: file.to_string(),
+            message: e.to_string(),
+        })?;
+        let mut objects = Objects::default();
+        for (index, document) in documents.into_iter().enumerate() {
+            objects.add(file, index + 1, document)?;
+        }
+        Ok(objects)
+    }
+
+    /// Adds the objects of another file.
+    pub fn extend(&mut self, other: Objects) {
+        self.nodes.extend(other.nodes);
+        self.pods.extend(other.pods);
+        self.slices.extend(other.slices);
+        self.classes.extend(other.classes);
+        self.claims.extend(other.claims);
+        self.templates.extend(other.templates);
+        self.workloads.extend(other.workloads);
+        for (kind, n) in other.ignored {
+            *self.ignored.entry(kind).or_default() += n;
+        }
+    }
+
+    fn add(&mut self, file: &str, document: usize, value: serde_json::Value) -> Result<(), LoadError> {
+        if value.is_null() {
+            return Ok(());
+        }
+        let kind = value
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let name = value
+            .pointer("/metadata/name")
+            .and_then(|n| n.as_str())
+            .unwrap_or("<unnamed>")
+            .to_string();
+        let object = format!("{kind} {name}");
+        let bad = |message: String| LoadError::Object {
+            file: file.to_string(),
+            document,
+            object: object.clone(),
+            message,
+        };
+        if kind.is_empty() {
+            return Err(bad("no kind: not a Kubernetes object".into()));
+        }
+        match kind.as_str() {
+            "List"
+            | "NodeList"
+            | "PodList"
+            | "ResourceSliceList"
+            | "DeviceClassList"
+            | "ResourceClaimList"
+            | "ResourceClaimTemplateList"
+            | "WorkloadList" => {
+                let items = value
+                    .get("items")
+                    .and_then(|i| i.as_array())
+                    .cloned()
+                    .unwrap_or_default();
+                for item in items {
+                    self.add(file, document, item)?;
+                }
+            }
+            "Node" => self.nodes.push(typed(value).map_err(bad)?),
+            "Pod" => self.pods.push(typed(value).map_err(bad)?),
+            "ResourceSlice" => self.slices.push(typed(value).map_err(bad)?),
+            "DeviceClass" => self.classes.push(typed(value).map_err(bad)?),
+            "ResourceClaim" => self.claims.push(typed(value).map_err(bad)?),
+            "ResourceClaimTemplate" => self.templates.push(typed(value).map_err(bad)?),
+            "Workload" => {
+                let workload: Workload = typed(value).map_err(bad)?;
+                if let Err(problems) = muster_api::validation::validate(&workload) {
+                    return Err(bad(problems.join("; ")));
+                }
+                self.workloads.push(workload);
+            }
+            other => *self.ignored.entry(other.to_string()).or_default() += 1,
+        }
+        Ok(())
+    }
+
+    /// The engine's picture of a cluster holding these objects.
+    pub fn cluster_state(&self) -> Result<ClusterState, ConvertError> {
+        let mut cluster = ClusterState::new();
+        for node in &self.nodes {
+            cluster.upsert_node(convert::node(node)?);
+        }
+        for class in &self.classes {
+            cluster.upsert_class(convert::device_class(class));
+        }
+        for slice in &self.slices {
+            cluster.upsert_slice(convert::slice(slice)?);
+        }
+        for pod in &self.pods {
+            let (Some(node), Some(spec)) = (convert::pod_node(pod), pod.spec.as_ref()) else {
+                continue;
+            };
+            let key = convert::key(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
+            cluster.upsert_pod(&key, &node, convert::pod_requests(&format!("Pod {key}"), spec)?);
+        }
+        for claim in &self.claims {
+            let key = convert::key(claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref());
+            if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+                let devices = convert::allocation_devices(&format!("ResourceClaim {key}"), allocation)?;
+                cluster.set_claim_allocation(&key, Some(devices));
+            }
+        }
+        Ok(cluster)
+    }
+}
+
+fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_lists_and_documents_and_names_bad_objects() {
+        let text = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: n1}, status: {allocatable: {cpu: "8"}}}
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.example.com}
+spec: {selectors: [{cel: {expression: "true"}}]}
+"#;
+        let objects = Objects::parse("snap.yaml", text).unwrap();
+        assert_eq!((objects.nodes.len(), objects.classes.len()), (1, 1));
+        assert_eq!(objects.ignored["ConfigMap"], 1);
+        let cluster = objects.cluster_state().unwrap();
+        assert_eq!(cluster.node("n1").unwrap().allocatable.cpu_millis, 8000);
+
+        let bad = "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {unschedulable: maybe}\n";
+        let e = Objects::parse("snap.yaml", bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with("snap.yaml: document 1 (Node n1): spec.unschedulable: invalid type"),
+            "{e}"
+        );
+
+        let e = Objects::parse("w.yaml", "kind: Workload\nmetadata: {name: w}\nspec: {podGroups: []}\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("(Workload w): spec.podGroups: at least one pod group is required"),
+            "{e}"
+        );
+        assert!(Objects::parse("x.yaml", "a: [").is_err());
+    }
+}

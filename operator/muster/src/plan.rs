@@ -1,0 +1,350 @@
+//! `muster plan`: the offline what-if. Plans Workloads against a cluster snapshot with
+//! the same engine the operator uses, one after the other (each fitting Workload's
+//! placement is assumed before the next is planned), and reports placements or reasons.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use muster_engine::placement::{self, Outcome, PlanOptions};
+use serde::Serialize;
+
+use crate::objects::Objects;
+use crate::request::{ClaimSources, gang_request};
+
+/// The report `muster plan -o json` prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub workloads: Vec<WorkloadReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WorkloadReport {
+    pub name: String,
+    pub feasible: bool,
+    /// Why it does not fit; `null` when it does.
+    pub reason: Option<String>,
+    pub pods: Vec<PodReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodReport {
+    pub name: String,
+    pub node: String,
+    pub devices: Vec<DeviceReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceReport {
+    pub claim: String,
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+/// Extra facts for the human output.
+#[derive(Debug, Clone, Default)]
+pub struct Details {
+    /// Per workload: `key=value` of the required topology level, and preferred values.
+    pub topology: BTreeMap<String, String>,
+    /// Per workload: pods beyond minCount that did not fit.
+    pub unplaced: BTreeMap<String, Vec<String>>,
+}
+
+/// Plans every Workload of `workloads` against `snapshot`. Objects without a namespace
+/// are taken to be in `namespace`.
+pub fn plan(snapshot: &Objects, workloads: &Objects, namespace: &str) -> Result<(Report, Details), anyhow::Error> {
+    let mut cluster = snapshot.cluster_state()?;
+    let mut templates = snapshot.templates.clone();
+    templates.extend(workloads.templates.iter().cloned());
+    let mut claims = snapshot.claims.clone();
+    claims.extend(workloads.claims.iter().cloned());
+    for meta in templates
+        .iter_mut()
+        .map(|t| &mut t.metadata)
+        .chain(claims.iter_mut().map(|c| &mut c.metadata))
+    {
+        meta.namespace.get_or_insert_with(|| namespace.to_string());
+    }
+    let sources = ClaimSources::new(&templates, &claims);
+
+    let mut report = Report { workloads: Vec::new() };
+    let mut details = Details::default();
+    for workload in &workloads.workloads {
+        let mut workload = workload.clone();
+        workload.metadata.namespace.get_or_insert_with(|| namespace.to_string());
+        // Pods and claims are owned by the Workload; a file has no uid yet.
+        workload.metadata.uid.get_or_insert_with(|| "planned".to_string());
+        let name = workload.metadata.name.clone().unwrap_or_default();
+        let request = match gang_request(&workload, &sources) {
+            Ok(request) => request,
+            Err(e) => {
+                report.workloads.push(WorkloadReport {
+                    name,
+                    feasible: false,
+                    reason: Some(e.to_string()),
+                    pods: vec![],
+                });
+                continue;
+            }
+        };
+        match placement::plan(&cluster, &request, &PlanOptions::default()) {
+            Outcome::Unschedulable(why) => report.workloads.push(WorkloadReport {
+                name,
+                feasible: false,
+                reason: Some(why.to_string()),
+                pods: vec![],
+            }),
+            Outcome::Placed(plan) => {
+                // Devices per claim key, shared claims included.
+                let by_claim: BTreeMap<&str, &muster_engine::claim::Allocation> =
+                    plan.claims.iter().map(|c| (c.claim.as_str(), &c.allocation)).collect();
+                let mut pods = Vec::new();
+                for placed in &plan.pods {
+                    let group = request.groups.iter().find(|g| g.name == placed.group);
+                    let instance = group.and_then(|g| g.pods.iter().find(|p| p.name == placed.pod));
+                    let mut claim_keys: Vec<&str> = instance
+                        .map(|p| p.claims.iter().map(String::as_str).collect())
+                        .unwrap_or_default();
+                    if let Some(group) = group {
+                        claim_keys.extend(
+                            group
+                                .shape
+                                .shared
+                                .iter()
+                                .map(|s| request.shared_claims[*s].key.as_str()),
+                        );
+                    }
+                    let devices = claim_keys
+                        .iter()
+                        .filter_map(|key| by_claim.get(key).map(|a| (key, a)))
+                        .flat_map(|(key, allocation)| {
+                            let claim = key.split_once('/').map_or(*key, |(_, n)| n).to_string();
+                            allocation.devices.iter().map(move |d| DeviceReport {
+                                claim: claim.clone(),
+                                request: d.request.clone(),
+                                driver: d.driver.clone(),
+                                pool: d.pool.clone(),
+                                device: d.device.clone(),
+                            })
+                        })
+                        .collect();
+                    let pod_name = placed
+                        .pod
+                        .split_once('/')
+                        .map_or(placed.pod.as_str(), |(_, n)| n)
+                        .to_string();
+                    pods.push(PodReport {
+                        name: pod_name,
+                        node: placed.node.clone(),
+                        devices,
+                    });
+                }
+                let mut topology = String::new();
+                if let (Some(key), Some(value)) = (&request.topology.required, &plan.topology_value) {
+                    topology = format!("{key}={value}");
+                }
+                if let Some(key) = &request.topology.preferred {
+                    let values = plan.preferred_values.join(",");
+                    if !topology.is_empty() {
+                        topology.push_str(", ");
+                    }
+                    let _ = write!(topology, "{key}: {values}");
+                }
+                details.topology.insert(name.clone(), topology);
+                if !plan.unplaced.is_empty() {
+                    details.unplaced.insert(name.clone(), plan.unplaced.clone());
+                }
+                // The next Workload sees this one as placed.
+                let requests: BTreeMap<&str, &muster_engine::resources::Resources> = request
+                    .groups
+                    .iter()
+                    .map(|g| (g.name.as_str(), &g.shape.requests))
+                    .collect();
+                let assumed_pods: Vec<_> = plan
+                    .pods
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.pod.clone(),
+                            p.node.clone(),
+                            requests.get(p.group.as_str()).map(|r| (*r).clone()).unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                let assumed_claims: Vec<_> = plan
+                    .claims
+                    .iter()
+                    .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
+                    .collect();
+                cluster.assume(&request.name, &assumed_pods, &assumed_claims);
+                report.workloads.push(WorkloadReport {
+                    name,
+                    feasible: true,
+                    reason: None,
+                    pods,
+                });
+            }
+        }
+    }
+    Ok((report, details))
+}
+
+/// The report for people: per Workload, the placement or the reasons.
+pub fn human(report: &Report, details: &Details) -> String {
+    let mut out = String::new();
+    for workload in &report.workloads {
+        if !workload.feasible {
+            let _ = writeln!(out, "{}: does not fit", workload.name);
+            for reason in workload.reason.iter().flat_map(|r| r.split("; ")) {
+                let _ = writeln!(out, "  - {reason}");
+            }
+            continue;
+        }
+        let topology = details.topology.get(&workload.name).filter(|t| !t.is_empty());
+        let _ = writeln!(
+            out,
+            "{}: fits{}",
+            workload.name,
+            topology.map(|t| format!(" ({t})")).unwrap_or_default()
+        );
+        let width = workload.pods.iter().map(|p| p.name.len()).max().unwrap_or(3).max(3);
+        let node_width = workload.pods.iter().map(|p| p.node.len()).max().unwrap_or(4).max(4);
+        let _ = writeln!(out, "  {:<width$}  {:<node_width$}  DEVICES", "POD", "NODE");
+        for pod in &workload.pods {
+            let _ = writeln!(
+                out,
+                "  {:<width$}  {:<node_width$}  {}",
+                pod.name,
+                pod.node,
+                summarize(&pod.devices)
+            );
+        }
+        if let Some(unplaced) = details.unplaced.get(&workload.name) {
+            let _ = writeln!(out, "  not placed (beyond minCount): {}", unplaced.join(", "));
+        }
+    }
+    out
+}
+
+/// "gpus: 8 × gpu.example.com on node-1 (gpu-0 … gpu-7)" per claim.
+fn summarize(devices: &[DeviceReport]) -> String {
+    if devices.is_empty() {
+        return "-".into();
+    }
+    let mut by_claim: BTreeMap<(&str, &str, &str), Vec<&str>> = BTreeMap::new();
+    for d in devices {
+        by_claim
+            .entry((&d.claim, &d.driver, &d.pool))
+            .or_default()
+            .push(&d.device);
+    }
+    by_claim
+        .into_iter()
+        .map(|((claim, driver, pool), names)| {
+            let list = if names.len() > 3 {
+                format!("{} … {}", names[0], names[names.len() - 1])
+            } else {
+                names.join(", ")
+            };
+            format!("{claim}: {} × {driver}/{pool} ({list})", names.len())
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SNAPSHOT: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: gpu.example.com}
+  spec: {selectors: [{cel: {expression: "device.driver == 'gpu.example.com'"}}]}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: n1, labels: {rack: r1}}
+  status: {allocatable: {cpu: "32", memory: 256Gi, pods: "110"}}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: n2, labels: {rack: r2}}
+  status: {allocatable: {cpu: "32", memory: 256Gi, pods: "110"}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: n1-gpus}
+  spec:
+    driver: gpu.example.com
+    nodeName: n1
+    pool: {name: n1, generation: 1, resourceSliceCount: 1}
+    devices: [{name: gpu-0}, {name: gpu-1}]
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: n2-gpus}
+  spec:
+    driver: gpu.example.com
+    nodeName: n2
+    pool: {name: n2, generation: 1, resourceSliceCount: 1}
+    devices: [{name: gpu-0}, {name: gpu-1}]
+"#;
+
+    const WORKLOADS: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two}
+spec: {spec: {devices: {requests: [{name: gpus, exactly: {deviceClassName: gpu.example.com, count: 2}}]}}}
+---
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: first}
+spec:
+  topology: {required: rack}
+  podGroups:
+  - name: w
+    replicas: 1
+    template: {spec: {containers: [{name: c}], resourceClaims: [{name: gpus, resourceClaimTemplateName: two}]}}
+---
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: second}
+spec:
+  topology: {required: rack}
+  podGroups:
+  - name: w
+    replicas: 2
+    template: {spec: {containers: [{name: c}], resourceClaims: [{name: gpus, resourceClaimTemplateName: two}]}}
+"#;
+
+    #[test]
+    fn plans_in_order_assuming_earlier_workloads() {
+        let snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
+        let workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
+        let (report, details) = plan(&snapshot, &workloads, "default").unwrap();
+        let first = &report.workloads[0];
+        assert!(first.feasible);
+        assert_eq!(first.pods[0].name, "first-w-0");
+        assert_eq!(first.pods[0].node, "n1");
+        assert_eq!(first.pods[0].devices[0].claim, "first-w-0-gpus");
+        assert_eq!(first.pods[0].devices.len(), 2);
+        let second = &report.workloads[1];
+        assert!(
+            !second.feasible,
+            "n1's GPUs are taken by the first, and one rack holds one pod"
+        );
+        assert!(
+            second.reason.as_deref().unwrap().contains("group w needs 2 pods"),
+            "{:?}",
+            second.reason
+        );
+        let text = human(&report, &details);
+        assert!(text.contains("first: fits (rack=r1)"), "{text}");
+        assert!(text.contains("gpus: 2 × gpu.example.com/n1 (gpu-0, gpu-1)"), "{text}");
+        assert!(text.contains("second: does not fit"), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["workloads"][0]["pods"][0]["devices"][0]["device"], "gpu-0");
+        assert_eq!(json["workloads"][0]["reason"], serde_json::Value::Null);
+    }
+}

@@ -1,0 +1,263 @@
+//! A Workload as the engine's gang request: its pods as [`crate::gang`] builds them,
+//! their node requirements, their claims (from existing claims where they exist, else
+//! from the ResourceClaimTemplates they will be created from) and the topology.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use muster_api::Workload;
+use muster_api::labels;
+use muster_engine::claim::{Allocation, ClaimSpec};
+use muster_engine::request::{GangRequest, GroupRequest, PodInstance, SharedClaim, TopologyRequest};
+
+use crate::convert::{self, ConvertError};
+use crate::gang::{self, ClaimSource};
+
+/// Why a Workload cannot be turned into a gang request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Spec(#[from] gang::SpecError),
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    #[error("ResourceClaimTemplate {0} does not exist")]
+    MissingTemplate(String),
+    #[error("ResourceClaim {0} does not exist")]
+    MissingClaim(String),
+}
+
+/// Claims and templates the gang may refer to, by `namespace/name`.
+#[derive(Debug, Default)]
+pub struct ClaimSources<'a> {
+    pub templates: BTreeMap<String, &'a ResourceClaimTemplate>,
+    pub claims: BTreeMap<String, &'a ResourceClaim>,
+}
+
+impl<'a> ClaimSources<'a> {
+    pub fn new(templates: &'a [ResourceClaimTemplate], claims: &'a [ResourceClaim]) -> Self {
+        let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            convert::key(m.namespace.as_deref(), m.name.as_deref())
+        };
+        ClaimSources {
+            templates: templates.iter().map(|t| (key(&t.metadata), t)).collect(),
+            claims: claims.iter().map(|c| (key(&c.metadata), c)).collect(),
+        }
+    }
+
+    /// The spec (and allocation, if any) of claim object `name`: the claim's own when it
+    /// exists, else its template's.
+    fn resolve(
+        &self,
+        namespace: &str,
+        name: &str,
+        template: Option<&str>,
+    ) -> Result<(ClaimSpec, Option<Allocation>), RequestError> {
+        let key = format!("{namespace}/{name}");
+        if let Some(claim) = self.claims.get(&key) {
+            let object = format!("ResourceClaim {key}");
+            let spec = convert::claim_spec(&object, &claim.spec.clone().unwrap_or_default())?;
+            let allocation = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .map(|a| convert::allocation(&object, a))
+                .transpose()?;
+            return Ok((spec, allocation));
+        }
+        let Some(template) = template else {
+            return Err(RequestError::MissingClaim(key));
+        };
+        let template_key = format!("{namespace}/{template}");
+        let found = self
+            .templates
+            .get(&template_key)
+            .ok_or(RequestError::MissingTemplate(template_key.clone()))?;
+        let spec = found.spec.clone().and_then(|s| s.spec).unwrap_or_default();
+        Ok((
+            convert::claim_spec(&format!("ResourceClaimTemplate {template_key}"), &spec)?,
+            None,
+        ))
+    }
+}
+
+/// The gang request for `workload`. Pod groups without a template are left out (their
+/// pods come from another controller).
+pub fn gang_request(workload: &Workload, sources: &ClaimSources<'_>) -> Result<GangRequest, RequestError> {
+    let gang = gang::build(workload)?;
+    let namespace = workload.metadata.namespace.clone().unwrap_or_default();
+    let name = workload.metadata.name.clone().unwrap_or_default();
+
+    // Which claim objects belong to one pod, and where the rest come from.
+    let per_pod: BTreeMap<&str, &gang::GangClaim> = gang
+        .claims
+        .iter()
+        .filter(|c| c.pod.is_some())
+        .map(|c| (c.object_name.as_str(), c))
+        .collect();
+    let gang_templates: BTreeMap<&str, &str> = gang
+        .claims
+        .iter()
+        .filter(|c| c.pod.is_none())
+        .filter_map(|c| match &c.source {
+            ClaimSource::Template(t) => Some((c.object_name.as_str(), t.as_str())),
+            ClaimSource::Existing => None,
+        })
+        .collect();
+
+    let mut shared: Vec<SharedClaim> = Vec::new();
+    let mut shared_index: BTreeMap<String, usize> = BTreeMap::new();
+    let mut groups: Vec<GroupRequest> = Vec::new();
+    for group in &workload.spec.pod_groups {
+        let pods: Vec<&k8s_openapi::api::core::v1::Pod> = gang
+            .pods
+            .iter()
+            .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP)) == Some(&group.name))
+            .collect();
+        let Some(first) = pods.first() else { continue };
+        let spec = first.spec.clone().unwrap_or_default();
+        let object = format!("Workload {namespace}/{name} pod group {}", group.name);
+        let mut shape = convert::pod_shape(&object, &spec)?;
+        // Claim order as in the pod: own claims feed `claims`, the rest `shared`.
+        let mut own_names: Vec<&str> = Vec::new();
+        for claim in spec.resource_claims.iter().flatten() {
+            let object_name = claim.resource_claim_name.as_deref().unwrap_or_default();
+            if let Some(gang_claim) = per_pod.get(object_name) {
+                let ClaimSource::Template(template) = &gang_claim.source else {
+                    continue;
+                };
+                let (claim_spec, _) = sources.resolve(&namespace, object_name, Some(template))?;
+                shape.claims.push(claim_spec);
+                own_names.push(claim.name.as_str());
+            } else {
+                let index = match shared_index.get(object_name) {
+                    Some(index) => *index,
+                    None => {
+                        let template = gang_templates.get(object_name).copied();
+                        let (spec, allocation) = sources.resolve(&namespace, object_name, template)?;
+                        shared.push(SharedClaim {
+                            key: format!("{namespace}/{object_name}"),
+                            spec,
+                            allocation,
+                        });
+                        shared_index.insert(object_name.to_string(), shared.len() - 1);
+                        shared.len() - 1
+                    }
+                };
+                shape.shared.push(index);
+            }
+        }
+        let instances = pods
+            .iter()
+            .map(|pod| {
+                let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                let mut claims = Vec::new();
+                let mut allocations = Vec::new();
+                for own in &own_names {
+                    let object_name = gang::pod_claim_object_name(&pod_name, own);
+                    let existing = sources.claims.get(&format!("{namespace}/{object_name}"));
+                    let allocation = existing
+                        .and_then(|c| c.status.as_ref()?.allocation.as_ref())
+                        .map(|a| convert::allocation(&format!("ResourceClaim {namespace}/{object_name}"), a))
+                        .transpose()?;
+                    claims.push(format!("{namespace}/{object_name}"));
+                    allocations.push(allocation);
+                }
+                Ok(PodInstance {
+                    name: format!("{namespace}/{pod_name}"),
+                    claims,
+                    allocations,
+                })
+            })
+            .collect::<Result<Vec<_>, RequestError>>()?;
+        groups.push(GroupRequest {
+            name: group.name.clone(),
+            min_count: usize::try_from(group.min_count()).unwrap_or(0).min(instances.len()),
+            shape,
+            pods: instances,
+        });
+    }
+    let topology = workload.spec.topology.clone().unwrap_or_default();
+    Ok(GangRequest {
+        name: format!("{namespace}/{name}"),
+        groups,
+        shared_claims: shared,
+        topology: TopologyRequest {
+            required: topology.required,
+            preferred: topology.preferred,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILES: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: eight-gpus, namespace: team}
+spec: {spec: {devices: {requests: [{name: gpus, exactly: {deviceClassName: gpu.example.com, count: 8}}]}}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: scratch, namespace: team}
+spec: {devices: {requests: [{name: disk, exactly: {deviceClassName: disk.example.com}}]}}
+---
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: llama, namespace: team, uid: u1}
+spec:
+  topology: {required: example.com/rack}
+  podGroups:
+  - name: launcher
+    replicas: 1
+    template: {spec: {containers: [{name: l, resources: {requests: {cpu: "2"}}}]}}
+  - name: workers
+    replicas: 3
+    minCount: 2
+    template:
+      spec:
+        tolerations: [{key: gpu, operator: Exists}]
+        containers: [{name: w, resources: {requests: {cpu: "16", memory: 64Gi}}}]
+        resourceClaims:
+        - {name: gpus, resourceClaimTemplateName: eight-gpus}
+        - {name: scratch, resourceClaimName: scratch}
+  resourceClaims:
+  - {name: fabric, resourceClaimTemplateName: eight-gpus, podGroups: [workers]}
+"#;
+
+    #[test]
+    fn workload_becomes_groups_with_own_and_shared_claims() {
+        let objects = crate::objects::Objects::parse("files.yaml", FILES).unwrap();
+        let sources = ClaimSources::new(&objects.templates, &objects.claims);
+        let request = gang_request(&objects.workloads[0], &sources).unwrap();
+        assert_eq!(request.name, "team/llama");
+        assert_eq!(request.topology.required.as_deref(), Some("example.com/rack"));
+        let names: Vec<_> = request
+            .groups
+            .iter()
+            .map(|g| (g.name.as_str(), g.pods.len(), g.min_count))
+            .collect();
+        assert_eq!(names, [("launcher", 1, 1), ("workers", 3, 2)]);
+        let workers = &request.groups[1];
+        assert_eq!(workers.shape.requests.cpu_millis, 16_000);
+        assert_eq!(workers.shape.tolerations.len(), 1);
+        assert_eq!(workers.shape.claims.len(), 1, "one claim per pod");
+        assert_eq!(workers.pods[2].claims, ["team/llama-workers-2-gpus"]);
+        let shared: Vec<_> = request.shared_claims.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(shared, ["team/scratch", "team/llama-fabric"]);
+        assert_eq!(workers.shape.shared, [0, 1]);
+        assert!(request.groups[0].shape.claims.is_empty() && request.groups[0].shape.shared.is_empty());
+    }
+
+    #[test]
+    fn missing_templates_and_claims_are_named() {
+        let objects = crate::objects::Objects::parse("files.yaml", FILES).unwrap();
+        let sources = ClaimSources::new(&[], &objects.claims);
+        let e = gang_request(&objects.workloads[0], &sources).unwrap_err();
+        assert_eq!(e.to_string(), "ResourceClaimTemplate team/eight-gpus does not exist");
+        let sources = ClaimSources::new(&objects.templates, &[]);
+        let e = gang_request(&objects.workloads[0], &sources).unwrap_err();
+        assert_eq!(e.to_string(), "ResourceClaim team/scratch does not exist");
+    }
+}
