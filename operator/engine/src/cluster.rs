@@ -200,16 +200,17 @@ pub(crate) struct CachedRoom {
     pub(crate) rejection: Option<String>,
 }
 
-/// Change counters: a node's own, and one for everything shared by all nodes.
+/// Change counters: a node's own (by node id), and one for everything shared by all
+/// nodes.
 #[derive(Debug, Default)]
 struct Versions {
     tick: u64,
-    nodes: FxHashMap<String, u64>,
+    nodes: Vec<u64>,
     shared: u64,
 }
 
-/// Nodes grouped by the value of a label.
-pub(crate) type NodeIndex = Vec<(String, Vec<Arc<Node>>)>;
+/// Nodes grouped by the value of a label, with their ids.
+pub(crate) type NodeIndex = Vec<(String, Vec<(usize, Arc<Node>)>)>;
 
 /// The cluster as the engine knows it.
 #[derive(Debug, Default)]
@@ -236,8 +237,10 @@ pub struct ClusterState {
     /// Claims assumed by plans, and the pods they placed.
     assumed: HashMap<String, AssumedPlan>,
     versions: Versions,
-    /// Pod shape → node → room, see [`CachedRoom`].
-    pub(crate) room_cache: RefCell<HashMap<String, FxHashMap<String, CachedRoom>>>,
+    /// Dense ids for node names, so hot per-node state lives in vectors.
+    node_ids: FxHashMap<String, usize>,
+    /// Pod shape → node id → room, see [`CachedRoom`].
+    pub(crate) room_cache: RefCell<HashMap<String, Vec<Option<CachedRoom>>>>,
     /// Label key → value → nodes with it, for topology domains; with the node-set
     /// version it was built at.
     label_index: RefCell<HashMap<String, (u64, Arc<NodeIndex>)>>,
@@ -273,9 +276,20 @@ impl ClusterState {
         }
     }
 
+    fn node_id(&mut self, node: &str) -> usize {
+        if let Some(id) = self.node_ids.get(node) {
+            return *id;
+        }
+        let id = self.node_ids.len();
+        self.node_ids.insert(node.to_string(), id);
+        self.versions.nodes.push(0);
+        id
+    }
+
     fn bump_node(&mut self, node: &str) {
+        let id = self.node_id(node);
         self.versions.tick += 1;
-        self.versions.nodes.insert(node.to_string(), self.versions.tick);
+        self.versions.nodes[id] = self.versions.tick;
     }
 
     fn bump_shared(&mut self) {
@@ -284,11 +298,8 @@ impl ClusterState {
     }
 
     /// Changes when anything that decides what fits on `node` changes.
-    pub(crate) fn node_version(&self, node: &str) -> (u64, u64) {
-        (
-            self.versions.nodes.get(node).copied().unwrap_or(0),
-            self.versions.shared,
-        )
+    pub(crate) fn node_version(&self, id: usize) -> (u64, u64) {
+        (self.versions.nodes.get(id).copied().unwrap_or(0), self.versions.shared)
     }
 
     /// Nodes by value of a label (sorted by value, then name), built once per change of
@@ -300,15 +311,16 @@ impl ClusterState {
         {
             return index.clone();
         }
-        let mut groups: BTreeMap<&str, Vec<Arc<Node>>> = BTreeMap::new();
+        let mut groups: BTreeMap<&str, Vec<(usize, Arc<Node>)>> = BTreeMap::new();
         for node in self.nodes.values() {
+            let id = self.node_ids[&node.name];
             match key {
                 Some(key) => {
                     if let Some(value) = node.labels.get(key) {
-                        groups.entry(value).or_default().push(node.clone());
+                        groups.entry(value).or_default().push((id, node.clone()));
                     }
                 }
-                None => groups.entry("").or_default().push(node.clone()),
+                None => groups.entry("").or_default().push((id, node.clone())),
             }
         }
         let index = Arc::new(

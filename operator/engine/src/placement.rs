@@ -126,16 +126,10 @@ pub fn plan(cluster: &ClusterState, gang: &GangRequest, options: &PlanOptions) -
     }
 }
 
-/// A node's room for each group (upper bound), by group index.
-type Room = Vec<usize>;
-
 struct Candidate {
     node: std::sync::Arc<Node>,
     /// Index of the node's value of the required label in the node index.
     domain: usize,
-    room: Room,
-    /// Free matching devices, per group, for tightest-first ordering.
-    free_devices: Vec<usize>,
 }
 
 struct Domain<'a> {
@@ -151,6 +145,10 @@ struct Planner<'a> {
     gang: &'a GangRequest,
     options: &'a PlanOptions,
     candidates: Vec<Candidate>,
+    /// Per candidate and group (row-major): room for pods of the group (an upper bound),
+    /// and free matching devices (for tightest-first ordering).
+    rooms: Vec<usize>,
+    free_devices: Vec<usize>,
     index: std::sync::Arc<crate::cluster::NodeIndex>,
     /// Why nodes were left out, with counts, for explanations.
     rejections: BTreeMap<String, usize>,
@@ -176,12 +174,18 @@ impl<'a> Planner<'a> {
             gang,
             options,
             candidates: Vec::new(),
+            rooms: Vec::new(),
+            free_devices: Vec::new(),
             index,
             rejections: BTreeMap::new(),
             weights,
         };
         planner.find_candidates()?;
         Ok(planner)
+    }
+
+    fn room(&self, candidate: usize, group: usize) -> usize {
+        self.rooms[candidate * self.gang.groups.len() + group]
     }
 
     fn reject(&mut self, reason: String) {
@@ -211,43 +215,46 @@ impl<'a> Planner<'a> {
         if cache.len() > 64 {
             cache.clear();
         }
-        let mut by_shape: Vec<crate::fxhash::FxHashMap<String, CachedRoom>> =
+        let mut by_shape: Vec<Vec<Option<CachedRoom>>> =
             signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect();
+        let groups = gang.groups.len();
         let result = (|| {
-            for (domain, node) in index
+            for (domain, (id, node)) in index
                 .iter()
                 .enumerate()
                 .flat_map(|(d, (_, nodes))| nodes.iter().map(move |n| (d, n)))
             {
-                let name = node.name.as_str();
-                let version = cluster.node_version(name);
-                let mut room = Vec::with_capacity(gang.groups.len());
-                let mut free_devices = Vec::with_capacity(gang.groups.len());
+                let version = cluster.node_version(*id);
+                let start = self.rooms.len();
                 let mut why_not = None;
                 for (g, group) in gang.groups.iter().enumerate() {
-                    let entry = match by_shape[g].get(name) {
+                    let slots = &mut by_shape[g];
+                    if slots.len() <= *id {
+                        slots.resize(*id + 1, None);
+                    }
+                    let entry = match &slots[*id] {
                         Some(entry) if entry.version == version => entry,
                         _ => {
                             let entry = self.assess(node, &group.shape, group.pods.len(), &matchers[g], version)?;
-                            by_shape[g].insert(name.to_string(), entry);
-                            &by_shape[g][name]
+                            slots[*id] = Some(entry);
+                            slots[*id].as_ref().expect("just set")
                         }
                     };
                     if let Some(reason) = &entry.rejection {
                         why_not.get_or_insert_with(|| reason.clone());
                     }
-                    room.push(entry.room);
-                    free_devices.push(entry.free_devices);
+                    self.rooms.push(entry.room);
+                    self.free_devices.push(entry.free_devices);
                 }
-                if room.iter().all(|r| *r == 0) {
+                if self.rooms[start..start + groups].iter().all(|r| *r == 0) {
+                    self.rooms.truncate(start);
+                    self.free_devices.truncate(start);
                     self.reject(why_not.unwrap_or_else(|| "no room".into()));
                     continue;
                 }
                 self.candidates.push(Candidate {
                     node: node.clone(),
                     domain,
-                    room,
-                    free_devices,
                 });
             }
             Ok(())
@@ -438,7 +445,7 @@ impl<'a> Planner<'a> {
             .into_iter()
             .map(|(value, nodes)| {
                 let capacity: Vec<usize> = (0..self.gang.groups.len())
-                    .map(|g| nodes.iter().map(|n| self.candidates[*n].room[g]).sum())
+                    .map(|g| nodes.iter().map(|n| self.room(*n, g)).sum())
                     .collect();
                 let leftover = capacity
                     .iter()
@@ -472,7 +479,7 @@ impl<'a> Planner<'a> {
         }
         let sub_capacity = |nodes: &[usize]| -> Vec<usize> {
             (0..self.gang.groups.len())
-                .map(|g| nodes.iter().map(|n| self.candidates[*n].room[g]).sum())
+                .map(|g| nodes.iter().map(|n| self.room(*n, g)).sum())
                 .collect()
         };
         let fits = |capacity: &[usize]| capacity.iter().zip(&self.gang.groups).all(|(c, g)| *c >= g.min_count);
@@ -523,18 +530,12 @@ impl<'a> Planner<'a> {
         // Per group: nodes with room, tightest first (least room, fewest free devices).
         let orders: Vec<Vec<usize>> = (0..gang.groups.len())
             .map(|g| {
-                let mut order: Vec<usize> = nodes
-                    .iter()
-                    .copied()
-                    .filter(|n| self.candidates[*n].room[g] > 0)
-                    .collect();
+                let mut order: Vec<usize> = nodes.iter().copied().filter(|n| self.room(*n, g) > 0).collect();
                 order.sort_by(|a, b| {
-                    let (ca, cb) = (&self.candidates[*a], &self.candidates[*b]);
-                    (ca.room[g], ca.free_devices[g], &ca.node.name).cmp(&(
-                        cb.room[g],
-                        cb.free_devices[g],
-                        &cb.node.name,
-                    ))
+                    let key = |n: usize| (self.room(n, g), self.free_devices[n * self.gang.groups.len() + g]);
+                    key(*a)
+                        .cmp(&key(*b))
+                        .then_with(|| self.candidates[*a].node.name.cmp(&self.candidates[*b].node.name))
                 });
                 order
             })
