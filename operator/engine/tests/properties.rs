@@ -1872,3 +1872,33 @@ proptest! {
         prop_assert_eq!(&placement::plan(&cluster, &b, &options), &b_alone, "b after forget");
     }
 }
+
+// ---- found by exploring the properties ----
+
+/// When no single value of the preferred label holds the gang, `place_in_domain` orders
+/// the nodes to spread over as few values as possible (roomiest first), but `place_on`
+/// sorts them again tightest first per group, so that order is lost. Here rack-0 has
+/// room for two of the three pods and any other rack for the third: two racks suffice,
+/// yet the gang lands on three.
+#[test]
+#[ignore = "engine bug: the preferred-label spread order is re-sorted tightest first, so a gang spans more values than needed"]
+fn a_gang_spread_over_preferred_values_uses_as_few_as_it_can() {
+    let mut cluster = ClusterState::new();
+    cluster.upsert_class(fixtures::gpu_class());
+    for (name, rack, gpus) in [("a", "rack-0", 8), ("b", "rack-1", 4), ("c", "rack-2", 4)] {
+        cluster.upsert_node(fixtures::node(name, 64, 512, &[(RACK, rack)]));
+        cluster.upsert_slice(fixtures::node_slice(
+            name,
+            (0..gpus).map(|g| fixtures::gpu(g, "H100")).collect(),
+        ));
+    }
+    let gang = fixtures::gpu_gang("g", 3, 4, None, Some(RACK));
+    let outcome = placement::plan(&cluster, &gang, &PlanOptions::default());
+    let plan = outcome.plan().expect("the gang fits");
+    assert_eq!(
+        plan.preferred_values.len(),
+        2,
+        "pods on {:?}",
+        plan.pods.iter().map(|p| &p.node).collect::<Vec<_>>()
+    );
+}
