@@ -27,7 +27,7 @@ use proptest::test_runner::TestCaseError;
 
 const RACK: &str = "example.com/rack";
 const BLOCK: &str = "example.com/block";
-/// A second class of the test driver: only H100 devices.
+/// A second class of the test driver: only devices of one model (H100 at first).
 const H100_CLASS: &str = "h100.example.com";
 const TAINT_KEY: &str = "example.com/dedicated";
 /// The pool of the slice shared by several nodes.
@@ -85,6 +85,8 @@ struct SharedSpec {
 struct ClusterSpec {
     nodes: Vec<NodeSpec>,
     shared: Option<SharedSpec>,
+    /// The model [`H100_CLASS`] selects: H100 unless a change made it another.
+    class_model: usize,
 }
 
 // ---- what the gang asks for ----
@@ -311,12 +313,12 @@ fn shared_slice(spec: &SharedSpec) -> Slice {
     }
 }
 
-fn h100_class() -> DeviceClass {
+fn model_class(model: usize) -> DeviceClass {
     DeviceClass {
         name: H100_CLASS.into(),
         selectors: vec![
             format!("device.driver == '{GPU}'"),
-            format!("{ATTRS}.model == \"H100\""),
+            format!("{ATTRS}.model == \"{}\"", MODELS[model]),
         ],
         config: vec![],
     }
@@ -354,7 +356,7 @@ fn build_cluster(spec: &ClusterSpec, reversed: bool) -> ClusterState {
     let mut cluster = ClusterState::new();
     let mut steps: Vec<Step<'_>> = Vec::new();
     steps.push(Box::new(|c| c.upsert_class(fixtures::gpu_class())));
-    steps.push(Box::new(|c| c.upsert_class(h100_class())));
+    steps.push(Box::new(|c| c.upsert_class(model_class(spec.class_model))));
     for (i, node) in spec.nodes.iter().enumerate() {
         steps.push(Box::new(move |c| c.upsert_node(engine_node(i, node))));
         steps.push(Box::new(move |c| {
@@ -600,7 +602,11 @@ fn cluster_spec(
         prop::collection::vec(node_spec(devices, mix), nodes),
         prop::option::weighted(0.4, shared_spec(devices.min(4), mix)),
     )
-        .prop_map(|(nodes, shared)| ClusterSpec { nodes, shared })
+        .prop_map(|(nodes, shared)| ClusterSpec {
+            nodes,
+            shared,
+            class_model: 0,
+        })
 }
 
 fn selector(mix: Mix) -> impl Strategy<Value = Sel> {
@@ -1439,6 +1445,7 @@ struct Verdict {
 }
 
 fn oracle_verdict(spec: &ClusterSpec, i: usize, gang: &GangSpec) -> Verdict {
+    assert_eq!(spec.class_model, 0, "the oracle knows the class as selecting H100");
     let node = &spec.nodes[i];
     let group = &gang.groups[0];
     let labels: BTreeMap<String, String> = labels_of(node.labels).into_iter().collect();
@@ -1539,6 +1546,26 @@ proptest! {
         let _ = placement::plan(&warmed, &build_gang("o", &other), &options);
         let _ = placement::plan(&warmed, &build_gang("g", &other), &options);
         prop_assert_eq!(&placement::plan(&warmed, &gang, &options), &first, "after other plans");
+    }
+
+    /// Property 7, continued: the search limits only cut the search short. A plan found
+    /// within a small step budget or few domains is valid, and is the plan found
+    /// without those limits.
+    #[test]
+    fn search_limits_only_cut_the_search_short(
+        (cluster_spec, gang_spec) in scenario(),
+        step_budget in prop_oneof![1u64..50, 50u64..2_000],
+        max_domains in 1usize..=3,
+    ) {
+        let cluster = build_cluster(&cluster_spec, false);
+        let gang = build_gang("g", &gang_spec);
+        let limited = placement::plan(&cluster, &gang, &PlanOptions { step_budget, max_domains });
+        if let Outcome::Placed(plan) = &limited {
+            let world = World::new(&cluster, &cluster_spec);
+            check_plan(&world, &gang, plan).map_err(fail)?;
+            let fresh = build_cluster(&cluster_spec, false);
+            prop_assert_eq!(&placement::plan(&fresh, &gang, &PlanOptions::default()), &limited);
+        }
     }
 
     /// The test's reading of its selectors agrees with the engine's CEL.
@@ -1668,6 +1695,14 @@ enum Change {
     },
     /// A node's slice is republished with other devices.
     Devices { node: usize, devices: Vec<DeviceSpec> },
+    /// A node's slice is deleted, and the other claim releases its devices.
+    DropSlice { node: usize },
+    /// A node is deleted and comes back as it was.
+    Recreate { node: usize },
+    /// A node is cordoned or uncordoned.
+    Cordon { node: usize, unschedulable: bool },
+    /// The one-model class selects another model.
+    Class { model: usize },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -1699,16 +1734,28 @@ fn change() -> impl Strategy<Value = Change> {
             }),
         (any::<usize>(), prop::collection::vec(device_spec(GENERAL), 0..=8))
             .prop_map(|(node, devices)| Change::Devices { node, devices }),
+        any::<usize>().prop_map(|node| Change::DropSlice { node }),
+        any::<usize>().prop_map(|node| Change::Recreate { node }),
+        (any::<usize>(), any::<bool>()).prop_map(|(node, unschedulable)| Change::Cordon { node, unschedulable }),
+        (0usize..3).prop_map(|model| Change::Class { model }),
     ]
 }
 
 /// Applies `change` to the spec, and to `cluster` the way the watch would.
 fn apply(spec: &mut ClusterSpec, cluster: &mut ClusterState, change: &Change) {
     let i = match change {
+        Change::Class { model } => {
+            spec.class_model = *model;
+            cluster.upsert_class(model_class(*model));
+            return;
+        }
         Change::Usage { node, .. }
         | Change::Take { node, .. }
         | Change::Node { node, .. }
-        | Change::Devices { node, .. } => node % spec.nodes.len(),
+        | Change::Devices { node, .. }
+        | Change::DropSlice { node }
+        | Change::Recreate { node }
+        | Change::Cordon { node, .. } => node % spec.nodes.len(),
     };
     let name = node_name(i);
     let node = &mut spec.nodes[i];
@@ -1752,6 +1799,20 @@ fn apply(spec: &mut ClusterSpec, cluster: &mut ClusterState, change: &Change) {
             let held = taken_in(&name, "gpu", &node.devices);
             cluster.set_claim_allocation(&format!("other/{name}"), (!held.is_empty()).then_some(held));
         }
+        Change::DropSlice { .. } => {
+            node.devices.clear();
+            cluster.remove_slice(&format!("{name}-{GPU}"));
+            cluster.set_claim_allocation(&format!("other/{name}"), None);
+        }
+        Change::Recreate { .. } => {
+            cluster.remove_node(&name);
+            cluster.upsert_node(engine_node(i, node));
+        }
+        Change::Cordon { unschedulable, .. } => {
+            node.unschedulable = *unschedulable;
+            cluster.upsert_node(engine_node(i, node));
+        }
+        Change::Class { .. } => {}
     }
 }
 
