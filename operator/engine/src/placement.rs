@@ -201,7 +201,7 @@ impl<'a> Planner<'a> {
         let matchers: Vec<Vec<Vec<RequestMatcher<'a>>>> = gang
             .groups
             .iter()
-            .map(|g| request_matchers(cluster, &g.shape))
+            .map(|g| request_matchers(cluster, g))
             .collect::<Result<_, _>>()?;
         if let Some(key) = &gang.topology.required {
             let labelled: usize = self.index.iter().map(|(_, nodes)| nodes.len()).sum();
@@ -235,7 +235,7 @@ impl<'a> Planner<'a> {
                     let entry = match &slots[*id] {
                         Some(entry) if entry.version == version => entry,
                         _ => {
-                            let entry = self.assess(node, &group.shape, group.pods.len(), &matchers[g], version)?;
+                            let entry = self.assess(node, group, &matchers[g], version)?;
                             slots[*id] = Some(entry);
                             slots[*id].as_ref().expect("just set")
                         }
@@ -269,11 +269,12 @@ impl<'a> Planner<'a> {
     fn assess(
         &self,
         node: &Node,
-        shape: &PodShape,
-        limit: usize,
+        group: &crate::request::GroupRequest,
         matchers: &[Vec<RequestMatcher<'a>>],
         version: (u64, u64),
     ) -> Result<CachedRoom, AllocationError> {
+        let shape = &group.shape;
+        let limit = group.pods.len();
         let rejected = |reason: String| CachedRoom {
             version,
             room: 0,
@@ -289,11 +290,30 @@ impl<'a> Planner<'a> {
             let short = free.shortfall(&shape.requests).map(|s| s.resource).unwrap_or_default();
             return Ok(rejected(format!("insufficient {short}")));
         }
-        let (by_devices, free_devices) = device_room(self.cluster, node, matchers, limit)?;
-        let rejection = (by_devices == 0).then(|| "not enough free matching devices".to_string());
+        // Pods whose claims are all allocated already need no devices, only room on the
+        // node their allocations pin them to.
+        let fixed = group
+            .pods
+            .iter()
+            .filter(|p| !p.allocations.is_empty() && p.allocations.iter().all(Option::is_some))
+            .filter(|p| fixed_allocations_allow(p, node))
+            .count();
+        let open = limit
+            - group
+                .pods
+                .iter()
+                .filter(|p| !p.allocations.is_empty() && p.allocations.iter().all(Option::is_some))
+                .count();
+        let (by_devices, free_devices) = if open == 0 {
+            (0, 0)
+        } else {
+            device_room(self.cluster, node, matchers, open)?
+        };
+        let room = by_resources.min(by_devices + fixed);
+        let rejection = (room == 0).then(|| "not enough free matching devices".to_string());
         Ok(CachedRoom {
             version,
-            room: by_resources.min(by_devices),
+            room,
             free_devices,
             rejection,
         })
@@ -307,7 +327,24 @@ impl<'a> Planner<'a> {
             .iter()
             .map(|s| &self.gang.shared_claims[*s].allocation)
             .collect();
-        format!("{:?}|{}|{:?}", group.shape, group.pods.len(), shared)
+        let fixed: Vec<_> = group
+            .pods
+            .iter()
+            .map(|p| {
+                p.allocations
+                    .iter()
+                    .map(|a| a.as_ref().map(|a| &a.node_selector))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        format!(
+            "{:?}|{}|{:?}|{:?}|{:?}",
+            group.shape,
+            group.pods.len(),
+            shared,
+            open_claims(group),
+            fixed
+        )
     }
 
     /// The scheduler's node filters for a pod of `shape` (resources aside).
@@ -467,7 +504,7 @@ impl<'a> Planner<'a> {
     /// Exact placement within one domain; `Err(message)` when it does not fit there.
     fn place_in_domain(&self, domain: &Domain<'a>, budget: &mut u64) -> Result<Result<Plan, String>, AllocationError> {
         let Some(preferred) = &self.gang.topology.preferred else {
-            return self.place_on(domain, &domain.nodes, budget);
+            return self.place_on(domain, std::slice::from_ref(&domain.nodes), budget);
         };
         // Sub-domains by the preferred label; nodes without it come last.
         let mut by_value: BTreeMap<Option<String>, Vec<usize>> = BTreeMap::new();
@@ -498,7 +535,7 @@ impl<'a> Planner<'a> {
         }
         whole.sort();
         for (_, value) in whole.iter().take(4) {
-            if let Ok(plan) = self.place_on(domain, &by_value[value], budget)? {
+            if let Ok(plan) = self.place_on(domain, &[by_value[value].clone()], budget)? {
                 return Ok(Ok(plan));
             }
         }
@@ -509,15 +546,17 @@ impl<'a> Planner<'a> {
             let total = |c: &[usize]| c.iter().zip(&self.weights).map(|(c, w)| *c as u64 * w).sum::<u64>();
             (va.is_none(), std::cmp::Reverse(total(&ca)), va).cmp(&(vb.is_none(), std::cmp::Reverse(total(&cb)), vb))
         });
-        let nodes: Vec<usize> = spread.into_iter().flat_map(|(_, nodes)| nodes).collect();
-        self.place_on(domain, &nodes, budget)
+        let buckets: Vec<Vec<usize>> = spread.into_iter().map(|(_, nodes)| nodes).collect();
+        self.place_on(domain, &buckets, budget)
     }
 
-    /// First-fit placement of every pod over `nodes`, ordered tightest first per group.
+    /// First-fit placement of every pod over `buckets` of nodes: buckets in the order
+    /// given (sub-domains to fill one after the other), nodes within a bucket tightest
+    /// first per group.
     fn place_on(
         &self,
         domain: &Domain<'a>,
-        nodes: &[usize],
+        buckets: &[Vec<usize>],
         budget: &mut u64,
     ) -> Result<Result<Plan, String>, AllocationError> {
         let gang = self.gang;
@@ -530,13 +569,17 @@ impl<'a> Planner<'a> {
         // Per group: nodes with room, tightest first (least room, fewest free devices).
         let orders: Vec<Vec<usize>> = (0..gang.groups.len())
             .map(|g| {
-                let mut order: Vec<usize> = nodes.iter().copied().filter(|n| self.room(*n, g) > 0).collect();
-                order.sort_by(|a, b| {
-                    let key = |n: usize| (self.room(n, g), self.free_devices[n * self.gang.groups.len() + g]);
-                    key(*a)
-                        .cmp(&key(*b))
-                        .then_with(|| self.candidates[*a].node.name.cmp(&self.candidates[*b].node.name))
-                });
+                let mut order = Vec::new();
+                for bucket in buckets {
+                    let mut nodes: Vec<usize> = bucket.iter().copied().filter(|n| self.room(*n, g) > 0).collect();
+                    nodes.sort_by(|a, b| {
+                        let key = |n: usize| (self.room(n, g), self.free_devices[n * self.gang.groups.len() + g]);
+                        key(*a)
+                            .cmp(&key(*b))
+                            .then_with(|| self.candidates[*a].node.name.cmp(&self.candidates[*b].node.name))
+                    });
+                    order.extend(nodes);
+                }
                 order
             })
             .collect();
@@ -821,13 +864,28 @@ struct RequestMatcher<'a> {
     matcher: Matcher,
 }
 
-/// Per claim, per request: the matchers of its spec or of each `firstAvailable` option.
+/// Claims of a group some pod still needs devices for: a claim every pod already holds
+/// an allocation for asks nothing more of the nodes.
+fn open_claims(group: &crate::request::GroupRequest) -> Vec<usize> {
+    (0..group.shape.claims.len())
+        .filter(|c| {
+            group.pods.is_empty()
+                || group
+                    .pods
+                    .iter()
+                    .any(|p| p.allocations.get(*c).is_none_or(Option::is_none))
+        })
+        .collect()
+}
+
+/// Per open claim, per request: the matchers of its spec or of each `firstAvailable`
+/// option.
 fn request_matchers<'a>(
     cluster: &ClusterState,
-    shape: &'a PodShape,
+    group: &'a crate::request::GroupRequest,
 ) -> Result<Vec<Vec<RequestMatcher<'a>>>, AllocationError> {
     let mut all = Vec::new();
-    for claim in &shape.claims {
+    for claim in open_claims(group).into_iter().map(|c| &group.shape.claims[c]) {
         for request in &claim.requests {
             let specs: Vec<&crate::claim::DeviceRequestSpec> = match request {
                 DeviceRequest::Exactly(spec) => vec![spec],

@@ -1696,7 +1696,6 @@ proptest! {
     /// The pods are placed where their allocations allow, and the allocated claims are
     /// not allocated again.
     #[test]
-    #[ignore = "engine bug: pods whose claims are already allocated count their own devices as taken, so their nodes get no room"]
     fn a_gang_with_allocated_claims_still_fits(
         (cluster_spec, gang_spec) in scenario().prop_map(|(c, g)| without_resource_contention(c, g)),
     ) {
@@ -1751,7 +1750,6 @@ proptest! {
 
 /// The smallest case of the bug above: one node with one GPU, one pod asking for it.
 #[test]
-#[ignore = "engine bug: pods whose claims are already allocated count their own devices as taken, so their nodes get no room"]
 fn a_pod_whose_claim_is_allocated_still_fits_on_its_node() {
     let mut cluster = fixtures::gpu_cluster(1, 1, 1, 1);
     let mut gang = fixtures::gpu_gang("g", 1, 1, None, None);
@@ -2033,7 +2031,6 @@ proptest! {
 /// room for two of the three pods and any other rack for the third: two racks suffice,
 /// yet the gang lands on three.
 #[test]
-#[ignore = "engine bug: the preferred-label spread order is re-sorted tightest first, so a gang spans more values than needed"]
 fn a_gang_spread_over_preferred_values_uses_as_few_as_it_can() {
     let mut cluster = ClusterState::new();
     cluster.upsert_class(fixtures::gpu_class());

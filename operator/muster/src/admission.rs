@@ -1,0 +1,973 @@
+//! The admission loop: the one place where gangs are placed. Waiting gangs are planned
+//! in priority-then-age order against the engine's picture of the cluster; a gang that
+//! fits is committed: the plan is recorded on the Workload, every claim of the gang is
+//! allocated, the allocations are checked against the cluster, and only then is every
+//! pod released (gate removed, pinned to its planned node). Any failure before release
+//! undoes the writes made so far. A restarted operator finds half-done commits in the
+//! recorded plan and undoes or finishes them. Released gangs whose pods are not all
+//! scheduled in time are torn down as a unit and queued again.
+//!
+//! Starvation rule: gangs are tried in priority-then-age order and a smaller gang may be
+//! admitted past a larger one that does not fit (backfill), except that once a gang has
+//! waited longer than `starvation_after`, no gang of the same or lower priority queued
+//! behind it is admitted until it is.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource, ResourceExt};
+use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload};
+use muster_api::{conditions, labels};
+use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
+use muster_engine::request::GangRequest;
+use muster_engine::selector::{NodeTaintEffect, Toleration};
+use serde_json::json;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::controller::GangStores;
+use crate::convert;
+use crate::index::Index;
+use crate::release;
+use crate::request::{ClaimSources, RequestError, gang_request};
+
+/// Steps after which a test build may abort the process (`MUSTER_FAULT_POINT`), to prove
+/// that a restart converges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultPoint {
+    AfterPlanRecorded,
+    AfterFirstClaim,
+    AfterAllClaims,
+    AfterReserved,
+    AfterFirstRelease,
+}
+
+impl FaultPoint {
+    pub const ALL: [FaultPoint; 5] = [
+        FaultPoint::AfterPlanRecorded,
+        FaultPoint::AfterFirstClaim,
+        FaultPoint::AfterAllClaims,
+        FaultPoint::AfterReserved,
+        FaultPoint::AfterFirstRelease,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultPoint::AfterPlanRecorded => "after-plan-recorded",
+            FaultPoint::AfterFirstClaim => "after-first-claim",
+            FaultPoint::AfterAllClaims => "after-all-claims",
+            FaultPoint::AfterReserved => "after-reserved",
+            FaultPoint::AfterFirstRelease => "after-first-release",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == text)
+    }
+}
+
+/// Settings of the admission loop.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long released pods may take to be scheduled before the gang is torn down.
+    pub schedule_timeout: Duration,
+    /// After this long waiting, a gang blocks gangs of equal or lower priority behind it.
+    pub starvation_after: Duration,
+    /// Parallel writes while reserving and releasing.
+    pub write_parallelism: usize,
+    /// Test-only: abort after this step.
+    pub fault: Option<FaultPoint>,
+    pub plan: PlanOptions,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            schedule_timeout: Duration::from_secs(120),
+            starvation_after: Duration::from_secs(600),
+            write_parallelism: 64,
+            fault: None,
+            plan: PlanOptions::default(),
+        }
+    }
+}
+
+/// What the loop remembers about a gang that does not fit.
+struct Waiting {
+    since: Instant,
+    next_try: Instant,
+    failures: u32,
+    changes_seen: u64,
+}
+
+/// Why a commit stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Conflict(String),
+}
+
+pub struct Admission {
+    client: Client,
+    index: Arc<Index>,
+    workloads: Store<Workload>,
+    stores: GangStores,
+    priorities: Store<PriorityClass>,
+    recorder: Recorder,
+    settings: Settings,
+    wake: Arc<Notify>,
+    waiting: HashMap<String, Waiting>,
+}
+
+fn key(workload: &Workload) -> String {
+    convert::key(
+        workload.metadata.namespace.as_deref(),
+        workload.metadata.name.as_deref(),
+    )
+}
+
+fn placement_of(workload: &Workload) -> Option<&PlacementStatus> {
+    workload.status.as_ref()?.placement.as_ref()
+}
+
+fn condition<'a>(workload: &'a Workload, type_: &str) -> Option<&'a Condition> {
+    workload.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+impl Admission {
+    pub fn new(
+        client: Client,
+        index: Arc<Index>,
+        workloads: Store<Workload>,
+        stores: GangStores,
+        priorities: Store<PriorityClass>,
+        settings: Settings,
+        wake: Arc<Notify>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: labels::ADMISSION_FIELD_MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Admission {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            index,
+            workloads,
+            stores,
+            priorities,
+            settings,
+            wake,
+            waiting: HashMap::new(),
+        }
+    }
+
+    /// Runs until the process stops.
+    pub async fn run(mut self) {
+        self.index.wait_ready().await;
+        self.stores.wait_until_ready().await;
+        let _ = self.workloads.wait_until_ready().await;
+        let _ = self.priorities.wait_until_ready().await;
+        info!("admission loop started");
+        self.recover().await;
+        loop {
+            let started = Instant::now();
+            let next = self.pass().await;
+            // At most ten passes a second, however busy the cluster is.
+            let pause = Duration::from_millis(100).saturating_sub(started.elapsed());
+            tokio::time::sleep(pause).await;
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = self.index.changed.notified() => {}
+                _ = tokio::time::sleep(next) => {}
+            }
+        }
+    }
+
+    /// Finishes or undoes commits a previous run left half done.
+    async fn recover(&mut self) {
+        for workload in self.workloads.state() {
+            let Some(state) = placement_of(&workload).and_then(|p| p.state) else {
+                continue;
+            };
+            let result = match state {
+                AdmissionState::Reserving => {
+                    info!(workload = %key(&workload), "undoing a commit interrupted while reserving");
+                    self.undo(
+                        &workload,
+                        conditions::REASON_ROLLED_BACK,
+                        "a restarted operator undid a commit that was interrupted while reserving devices".into(),
+                    )
+                    .await
+                }
+                AdmissionState::Reserved => {
+                    info!(workload = %key(&workload), "finishing a commit interrupted while releasing");
+                    self.finish_release(&workload).await
+                }
+                AdmissionState::Released | AdmissionState::TearingDown => Ok(()),
+            };
+            if let Err(e) = result {
+                warn!(workload = %key(&workload), error = %e, "recovery failed; retrying in the next pass");
+            }
+        }
+    }
+
+    /// One look at every gang. Returns how long to wait at most before the next pass.
+    async fn pass(&mut self) -> Duration {
+        let mut next = Duration::from_secs(30);
+        let workloads = self.workloads.state();
+        self.collect_claims().await;
+
+        for workload in &workloads {
+            let state = placement_of(workload).and_then(|p| p.state);
+            let result = match state {
+                Some(AdmissionState::Released) => self.watch_released(workload, &mut next).await,
+                Some(AdmissionState::TearingDown) => self.tear_down(workload).await,
+                Some(AdmissionState::Reserved) => self.finish_release(workload).await,
+                // A live commit finishes or rolls back before the pass continues; this is
+                // left over from an earlier failure.
+                Some(AdmissionState::Reserving) => {
+                    self.undo(
+                        workload,
+                        conditions::REASON_ROLLED_BACK,
+                        "undid an unfinished commit".into(),
+                    )
+                    .await
+                }
+                None => Ok(()),
+            };
+            if let Err(e) = result {
+                warn!(workload = %key(workload), error = %e, "admission step failed; retrying");
+                next = next.min(Duration::from_secs(2));
+            }
+        }
+
+        let mut queue: Vec<(i32, Timestamp, String, Arc<Workload>)> = workloads
+            .iter()
+            .filter(|w| self.admissible(w))
+            .map(|w| {
+                let created = w
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .unwrap_or(Timestamp::UNIX_EPOCH);
+                (self.priority(w), created, key(w), w.clone())
+            })
+            .collect();
+        queue.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let live: BTreeSet<String> = workloads.iter().map(|w| key(w)).collect();
+        self.waiting.retain(|k, _| live.contains(k));
+
+        let changes = self.index.changes();
+        let mut blocking: Option<i32> = None;
+        for (priority, _, name, workload) in queue {
+            if blocking.is_some_and(|p| priority <= p) {
+                continue;
+            }
+            if let Some(waiting) = self.waiting.get(&name) {
+                let due = Instant::now() >= waiting.next_try
+                    && (waiting.changes_seen != changes || waiting.next_try.elapsed() > Duration::from_secs(300));
+                if !due {
+                    next = next.min(
+                        waiting
+                            .next_try
+                            .saturating_duration_since(Instant::now())
+                            .max(Duration::from_millis(100)),
+                    );
+                    if waiting.since.elapsed() > self.settings.starvation_after {
+                        blocking = Some(priority);
+                    }
+                    continue;
+                }
+            }
+            match self.try_admit(&workload).await {
+                Ok(true) => {
+                    self.waiting.remove(&name);
+                }
+                Ok(false) => {
+                    let entry = self.waiting.entry(name).or_insert(Waiting {
+                        since: Instant::now(),
+                        next_try: Instant::now(),
+                        failures: 0,
+                        changes_seen: 0,
+                    });
+                    entry.failures += 1;
+                    entry.changes_seen = changes;
+                    // 1 s, 2 s, 4 s ... at most a minute between attempts.
+                    let backoff = Duration::from_secs(1u64 << entry.failures.min(6).saturating_sub(1))
+                        .min(Duration::from_secs(60));
+                    entry.next_try = Instant::now() + backoff;
+                    next = next.min(backoff);
+                    if entry.since.elapsed() > self.settings.starvation_after {
+                        blocking = Some(priority);
+                    }
+                }
+                Err(e) => {
+                    warn!(workload = %key(&workload), error = %e, "admission failed");
+                    next = next.min(Duration::from_secs(2));
+                }
+            }
+        }
+        next
+    }
+
+    /// Waiting for admission: every object exists, not suspended, not being deleted.
+    fn admissible(&self, workload: &Workload) -> bool {
+        if workload.metadata.deletion_timestamp.is_some() || workload.spec.suspend == Some(true) {
+            return false;
+        }
+        if placement_of(workload).and_then(|p| p.state).is_some() {
+            return false;
+        }
+        let created = condition(workload, conditions::CREATED)
+            .is_some_and(|c| c.status == "True" && c.observed_generation == workload.metadata.generation);
+        if !created {
+            return false;
+        }
+        let namespace = workload.namespace().unwrap_or_default();
+        let name = workload.name_any();
+        let expected: i32 = workload
+            .spec
+            .pod_groups
+            .iter()
+            .filter(|g| g.template.is_some())
+            .map(|g| g.replicas)
+            .sum();
+        let gated = self
+            .stores
+            .pods_of(&namespace, &name)
+            .iter()
+            .filter(|p| crate::status::is_gated(p))
+            .count();
+        gated as i32 >= expected
+    }
+
+    fn priority(&self, workload: &Workload) -> i32 {
+        let Some(class) = &workload.spec.priority_class_name else {
+            // The global default class, if one is marked default.
+            return self
+                .priorities
+                .state()
+                .iter()
+                .find(|p| p.global_default == Some(true))
+                .map_or(0, |p| p.value.unwrap_or(0));
+        };
+        self.priorities
+            .state()
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(class))
+            .map_or(0, |p| p.value.unwrap_or(0))
+    }
+
+    /// The gang request for a Workload whose objects exist: claims from the cluster.
+    fn request(&self, workload: &Workload) -> Result<GangRequest, RequestError> {
+        let namespace = workload.namespace().unwrap_or_default();
+        let claims: Vec<ResourceClaim> = self
+            .stores
+            .claims
+            .state()
+            .iter()
+            .filter(|c| c.metadata.namespace.as_deref() == Some(&namespace))
+            .map(|c| (**c).clone())
+            .collect();
+        let sources = ClaimSources::new(&[], &claims);
+        let mut request = gang_request(workload, &sources)?;
+        // muster's pods tolerate the fence that keeps other pods off the devices.
+        for group in &mut request.groups {
+            group.shape.tolerations.push(fence_toleration());
+        }
+        Ok(request)
+    }
+
+    /// Plans a gang and commits it if it fits. `Ok(false)`: it does not fit now.
+    async fn try_admit(&mut self, workload: &Workload) -> Result<bool, CommitError> {
+        let request = match self.request(workload) {
+            Ok(request) => request,
+            Err(RequestError::MissingClaim(_)) => return Ok(false),
+            Err(e) => {
+                self.set_admitted(
+                    workload,
+                    false,
+                    conditions::REASON_INVALID_REQUEST,
+                    &e.to_string(),
+                    None,
+                )
+                .await?;
+                return Ok(false);
+            }
+        };
+        let started = Instant::now();
+        let outcome = {
+            let cluster = self.index.cluster();
+            placement::plan(&cluster, &request, &self.settings.plan)
+        };
+        let planned_in = started.elapsed();
+        match outcome {
+            Outcome::Unschedulable(why) => {
+                let message = why.to_string();
+                let previous = condition(workload, conditions::ADMITTED).map(|c| (c.reason.clone(), c.message.clone()));
+                if previous != Some((conditions::REASON_UNSCHEDULABLE.to_string(), message.clone())) {
+                    info!(workload = %key(workload), reason = %message, "gang does not fit");
+                    self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, &message, None)
+                        .await?;
+                    self.event(
+                        workload,
+                        EventType::Normal,
+                        conditions::EVENT_UNSCHEDULABLE,
+                        "Plan",
+                        message,
+                    )
+                    .await;
+                }
+                Ok(false)
+            }
+            Outcome::Placed(plan) => {
+                info!(workload = %key(workload), pods = plan.pods.len(), devices = plan.device_count(), planned_ms = planned_in.as_millis() as u64, "gang fits; committing");
+                self.commit(workload, &request, &plan).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    fn fault(&self, point: FaultPoint) {
+        if self.settings.fault == Some(point) {
+            eprintln!("fault point {} reached: aborting", point.name());
+            std::process::abort();
+        }
+    }
+
+    async fn commit(&mut self, workload: &Workload, request: &GangRequest, plan: &Plan) -> Result<(), CommitError> {
+        let gang = key(workload);
+        let placement = PlacementStatus {
+            state: Some(AdmissionState::Reserving),
+            topology_value: plan.topology_value.clone(),
+            nodes: plan.nodes(),
+            devices: plan.device_count() as i32,
+            pods: plan
+                .pods
+                .iter()
+                .map(|p| PlannedPod {
+                    name: p.pod.split_once('/').map_or(p.pod.clone(), |(_, n)| n.to_string()),
+                    node: p.node.clone(),
+                })
+                .collect(),
+            claims: plan
+                .claims
+                .iter()
+                .map(|c| c.claim.split_once('/').map_or(c.claim.clone(), |(_, n)| n.to_string()))
+                .collect(),
+            released_at: None,
+        };
+        self.set_admitted(
+            workload,
+            false,
+            conditions::REASON_RESERVING,
+            "reserving the gang's devices",
+            Some(&placement),
+        )
+        .await?;
+        self.fault(FaultPoint::AfterPlanRecorded);
+
+        // The next plan must see these devices and pods as taken.
+        {
+            let requests: BTreeMap<&str, &muster_engine::resources::Resources> = request
+                .groups
+                .iter()
+                .map(|g| (g.name.as_str(), &g.shape.requests))
+                .collect();
+            let pods: Vec<_> = plan
+                .pods
+                .iter()
+                .map(|p| {
+                    (
+                        p.pod.clone(),
+                        p.node.clone(),
+                        requests.get(p.group.as_str()).map(|r| (*r).clone()).unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let claims: Vec<_> = plan
+                .claims
+                .iter()
+                .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
+                .collect();
+            self.index.cluster().assume(&gang, &pods, &claims);
+        }
+
+        match self.reserve(workload, plan).await {
+            Ok(()) => {}
+            Err(e) => {
+                let message = format!("reserving failed and was undone: {e}");
+                let reason = if matches!(e, CommitError::Conflict(_)) {
+                    conditions::REASON_CONFLICT
+                } else {
+                    conditions::REASON_ROLLED_BACK
+                };
+                self.index.cluster().forget(&gang);
+                self.undo(workload, reason, message.clone()).await?;
+                self.event(
+                    workload,
+                    EventType::Warning,
+                    conditions::EVENT_ROLLED_BACK,
+                    "Reserve",
+                    message,
+                )
+                .await;
+                return Ok(());
+            }
+        }
+        let mut placement = placement;
+        placement.state = Some(AdmissionState::Reserved);
+        self.set_admitted(
+            workload,
+            false,
+            conditions::REASON_RESERVING,
+            "every claim is allocated; releasing pods",
+            Some(&placement),
+        )
+        .await?;
+        self.fault(FaultPoint::AfterReserved);
+        self.release_all(workload, &placement).await?;
+        self.index.cluster().confirm(&gang);
+        Ok(())
+    }
+
+    /// Allocates every planned claim, then checks that no other claim holds any of the
+    /// devices. On error, the caller undoes what was written.
+    async fn reserve(&self, workload: &Workload, plan: &Plan) -> Result<(), CommitError> {
+        let timestamp = now();
+        let first_done = std::sync::atomic::AtomicBool::new(false);
+        let results: Vec<Result<(), kube::Error>> = stream::iter(&plan.claims)
+            .map(|claim| {
+                let (namespace, name) = claim.claim.split_once('/').unwrap_or(("", &claim.claim));
+                let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+                let mut allocation = convert::allocation_to_kube(&claim.allocation);
+                allocation.allocation_timestamp = Some(timestamp.clone());
+                let first_done = &first_done;
+                async move {
+                    ensure_finalizer(&api, name).await?;
+                    let patch = json!({"status": {"allocation": allocation}});
+                    let params = PatchParams {
+                        field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                        ..PatchParams::default()
+                    };
+                    api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
+                    if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        self.fault(FaultPoint::AfterFirstClaim);
+                    }
+                    Ok(())
+                }
+            })
+            .buffer_unordered(self.settings.write_parallelism.max(1))
+            .collect()
+            .await;
+        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+            return Err(e.into());
+        }
+        self.fault(FaultPoint::AfterAllClaims);
+        self.check_conflicts(workload, plan).await
+    }
+
+    /// A fresh read of every claim: no claim outside the gang holds a planned device.
+    async fn check_conflicts(&self, workload: &Workload, plan: &Plan) -> Result<(), CommitError> {
+        let ours: BTreeSet<&str> = plan.claims.iter().map(|c| c.claim.as_str()).collect();
+        let planned: BTreeMap<muster_engine::claim::DeviceId, &str> = plan
+            .claims
+            .iter()
+            .flat_map(|c| {
+                c.allocation
+                    .devices
+                    .iter()
+                    .filter(|d| d.share_id.is_none() && d.admin_access != Some(true))
+                    .map(move |d| (d.device_id(), c.claim.as_str()))
+            })
+            .collect();
+        let all: Api<ResourceClaim> = Api::all(self.client.clone());
+        let claims = all.list(&ListParams::default()).await?;
+        for claim in claims.items {
+            let claim_key = convert::key(claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref());
+            if ours.contains(claim_key.as_str()) {
+                continue;
+            }
+            let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+                continue;
+            };
+            for result in allocation.devices.iter().flat_map(|d| d.results.iter().flatten()) {
+                if result.admin_access == Some(true) || result.share_id.is_some() {
+                    continue;
+                }
+                let id = muster_engine::claim::DeviceId {
+                    driver: result.driver.clone(),
+                    pool: result.pool.clone(),
+                    device: result.device.clone(),
+                };
+                if let Some(mine) = planned.get(&id) {
+                    return Err(CommitError::Conflict(format!(
+                        "device {id} planned for {mine} is allocated to {claim_key}; workload {}",
+                        key(workload)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases every planned pod not yet released, then records the gang as admitted.
+    async fn release_all(&self, workload: &Workload, placement: &PlacementStatus) -> Result<(), CommitError> {
+        let namespace = workload.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let pods: BTreeMap<String, Arc<Pod>> = self
+            .stores
+            .pods_of(&namespace, &workload.name_any())
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect();
+        let first_done = std::sync::atomic::AtomicBool::new(false);
+        let results: Vec<Result<(), kube::Error>> = stream::iter(&placement.pods)
+            .map(|planned| {
+                let api = api.clone();
+                let cached = pods.get(&planned.name).cloned();
+                let first_done = &first_done;
+                async move {
+                    release::release(&api, &planned.name, &planned.node, cached.as_deref()).await?;
+                    if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        self.fault(FaultPoint::AfterFirstRelease);
+                    }
+                    Ok(())
+                }
+            })
+            .buffer_unordered(self.settings.write_parallelism.max(1))
+            .collect()
+            .await;
+        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+            return Err(e.into());
+        }
+        let mut released = placement.clone();
+        released.state = Some(AdmissionState::Released);
+        released.released_at = Some(now());
+        let message = match &placement.topology_value {
+            Some(value) => format!(
+                "reserved {} devices on {} nodes ({value}); pods released to the scheduler",
+                placement.devices,
+                placement.nodes.len()
+            ),
+            None => format!(
+                "reserved {} devices on {} nodes; pods released to the scheduler",
+                placement.devices,
+                placement.nodes.len()
+            ),
+        };
+        self.set_admitted(workload, true, conditions::REASON_ADMITTED, &message, Some(&released))
+            .await?;
+        self.event(
+            workload,
+            EventType::Normal,
+            conditions::EVENT_ADMITTED,
+            "Admit",
+            message,
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn finish_release(&self, workload: &Workload) -> Result<(), CommitError> {
+        let Some(placement) = placement_of(workload).cloned() else {
+            return Ok(());
+        };
+        // Every claim must still hold its allocation; otherwise start over.
+        let namespace = workload.namespace().unwrap_or_default();
+        let claims: BTreeMap<String, Arc<ResourceClaim>> = self
+            .stores
+            .claims_of(&namespace, &workload.name_any())
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect();
+        let intact = placement.claims.iter().all(|c| {
+            claims
+                .get(c)
+                .is_some_and(|claim| claim.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+        });
+        if !intact {
+            return self
+                .undo(
+                    workload,
+                    conditions::REASON_ROLLED_BACK,
+                    "a reserved claim lost its allocation; starting over".into(),
+                )
+                .await;
+        }
+        self.release_all(workload, &placement).await
+    }
+
+    /// Clears the allocations of the gang's claims (all of them, whoever wrote them) and
+    /// the recorded plan; the gang is queued again.
+    async fn undo(&self, workload: &Workload, reason: &str, message: String) -> Result<(), CommitError> {
+        let namespace = workload.namespace().unwrap_or_default();
+        let names: BTreeSet<String> = placement_of(workload)
+            .map(|p| p.claims.iter().cloned().collect())
+            .unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        for name in &names {
+            deallocate(&api, name).await?;
+        }
+        self.index.cluster().forget(&key(workload));
+        self.set_admitted(workload, false, reason, &message, None).await?;
+        Ok(())
+    }
+
+    /// Released gangs: once every pod is bound the gang is running; if they are not all
+    /// bound within the schedule timeout, the gang is torn down.
+    async fn watch_released(&self, workload: &Workload, next: &mut Duration) -> Result<(), CommitError> {
+        let Some(placement) = placement_of(workload) else {
+            return Ok(());
+        };
+        let namespace = workload.namespace().unwrap_or_default();
+        let pods = self.stores.pods_of(&namespace, &workload.name_any());
+        let bound: BTreeSet<String> = pods
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .map(|p| p.name_any())
+            .collect();
+        if placement.pods.iter().all(|p| bound.contains(&p.name)) {
+            return Ok(());
+        }
+        let released_at = placement.released_at.as_ref().map(|t| t.0).unwrap_or(Timestamp::now());
+        let waited = Timestamp::now().duration_since(released_at).unsigned_abs();
+        if waited < self.settings.schedule_timeout {
+            *next = (*next).min(self.settings.schedule_timeout - waited + Duration::from_millis(100));
+            return Ok(());
+        }
+        let unbound: Vec<&str> = placement
+            .pods
+            .iter()
+            .filter(|p| !bound.contains(&p.name))
+            .map(|p| p.name.as_str())
+            .collect();
+        let message = format!(
+            "{} of {} released pods were not scheduled within {}s ({}); tearing the gang down to place it again",
+            unbound.len(),
+            placement.pods.len(),
+            self.settings.schedule_timeout.as_secs(),
+            unbound.iter().take(5).copied().collect::<Vec<_>>().join(", ")
+        );
+        warn!(workload = %key(workload), "{message}");
+        let mut tearing = placement.clone();
+        tearing.state = Some(AdmissionState::TearingDown);
+        self.set_admitted(
+            workload,
+            false,
+            conditions::REASON_SCHEDULE_TIMEOUT,
+            &message,
+            Some(&tearing),
+        )
+        .await?;
+        self.event(
+            workload,
+            EventType::Warning,
+            conditions::EVENT_SCHEDULE_TIMEOUT,
+            "TearDown",
+            message,
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Deletes the gang's pods (the controller recreates them gated), deallocates its
+    /// claims once no pod uses them, then queues the gang again.
+    async fn tear_down(&self, workload: &Workload) -> Result<(), CommitError> {
+        let Some(placement) = placement_of(workload) else {
+            return Ok(());
+        };
+        let namespace = workload.namespace().unwrap_or_default();
+        let name = workload.name_any();
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let planned: BTreeSet<&str> = placement.pods.iter().map(|p| p.name.as_str()).collect();
+        let mut old_pods_left = false;
+        for pod in self.stores.pods_of(&namespace, &name) {
+            // Pods still gated were recreated already; the rest belong to the attempt.
+            if crate::status::is_gated(&pod) || !planned.contains(pod.name_any().as_str()) {
+                continue;
+            }
+            old_pods_left = true;
+            if pod.metadata.deletion_timestamp.is_none() {
+                match pods_api
+                    .delete(
+                        &pod.name_any(),
+                        &DeleteParams {
+                            grace_period_seconds: Some(0),
+                            ..DeleteParams::default()
+                        },
+                    )
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if old_pods_left {
+            return Ok(());
+        }
+        let reason = condition(workload, conditions::ADMITTED).map(|c| (c.reason.clone(), c.message.clone()));
+        let (reason, message) = reason.unwrap_or_else(|| (conditions::REASON_SCHEDULE_TIMEOUT.into(), String::new()));
+        self.undo(workload, &reason, message).await
+    }
+
+    /// Claims being deleted: clear the allocation once no pod uses them, then let go.
+    async fn collect_claims(&self) {
+        let live: BTreeSet<String> = self
+            .stores
+            .pods
+            .state()
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.uid())
+            .collect();
+        for claim in self.stores.claims.state() {
+            let has_finalizer = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
+            if claim.metadata.deletion_timestamp.is_none() || !has_finalizer {
+                continue;
+            }
+            let namespace = claim.namespace().unwrap_or_default();
+            let in_use = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.reserved_for.as_ref())
+                .is_some_and(|r| r.iter().any(|c| live.contains(&c.uid)));
+            if in_use {
+                continue;
+            }
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+            let result = async {
+                deallocate(&api, &claim.name_any()).await?;
+                remove_finalizer(&api, &claim).await
+            }
+            .await;
+            if let Err(e) = result {
+                warn!(claim = %claim.name_any(), error = %e, "releasing a deleted claim failed; retrying");
+            }
+        }
+    }
+
+    /// Writes the `Admitted` condition, and `placement` (removed when `None`).
+    async fn set_admitted(
+        &self,
+        workload: &Workload,
+        admitted: bool,
+        reason: &str,
+        message: &str,
+        placement: Option<&PlacementStatus>,
+    ) -> Result<(), kube::Error> {
+        let mut conditions_now: Vec<Condition> =
+            condition(workload, conditions::ADMITTED).cloned().into_iter().collect();
+        crate::status::set_condition(
+            &mut conditions_now,
+            conditions::ADMITTED,
+            admitted,
+            reason,
+            message,
+            workload.metadata.generation,
+            &now(),
+        );
+        let mut status = json!({"conditions": conditions_now});
+        if let Some(placement) = placement {
+            status["placement"] = serde_json::to_value(placement).unwrap_or_default();
+        }
+        let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": status});
+        let api: Api<Workload> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        api.patch_status(
+            &workload.name_any(),
+            &PatchParams::apply(labels::ADMISSION_FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
+        let note: String = note.chars().take(1000).collect();
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &workload.object_ref(&())).await {
+            warn!(error = %e, "publishing an event failed");
+        }
+    }
+}
+
+/// The toleration muster's pods carry for the fence taint.
+pub fn fence_toleration() -> Toleration {
+    Toleration {
+        key: labels::FENCE_TAINT.into(),
+        exists: true,
+        value: String::new(),
+        effect: Some(NodeTaintEffect::NoSchedule),
+    }
+}
+
+/// Adds muster's finalizer to a claim that lacks it (claims muster did not create).
+async fn ensure_finalizer(api: &Api<ResourceClaim>, name: &str) -> Result<(), kube::Error> {
+    let claim = api.get(name).await?;
+    if claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER) {
+        return Ok(());
+    }
+    let mut finalizers = claim.finalizers().to_vec();
+    finalizers.push(labels::CLAIM_FINALIZER.into());
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": claim.resource_version()}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// Clears a claim's allocation, and `reservedFor` with it (the API allows clearing the
+/// allocation only together with an empty `reservedFor`).
+async fn deallocate(api: &Api<ResourceClaim>, name: &str) -> Result<(), kube::Error> {
+    let claim = match api.get_opt(name).await? {
+        Some(claim) => claim,
+        None => return Ok(()),
+    };
+    if claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none() {
+        return Ok(());
+    }
+    let patch = json!({"status": {"allocation": null, "reservedFor": null}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn remove_finalizer(api: &Api<ResourceClaim>, claim: &ResourceClaim) -> Result<(), kube::Error> {
+    let finalizers: Vec<&String> = claim
+        .finalizers()
+        .iter()
+        .filter(|f| *f != labels::CLAIM_FINALIZER)
+        .collect();
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": claim.resource_version()}});
+    match api
+        .patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,148 @@
+//! Releasing a gang's pod: in one update, pin it to its planned node (a required node
+//! affinity at least as strict as its claims' node selectors, so kube-scheduler never
+//! undoes the allocation), tolerate the fence taint, and remove muster's scheduling gate.
+//! While a pod is gated, Kubernetes allows exactly these changes.
+
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSchedulingGate, Toleration,
+};
+use kube::api::{Api, Patch, PatchParams};
+use muster_api::labels;
+use serde_json::json;
+
+/// The pod's spec changes that release it to `node`, or `None` if it is released
+/// already.
+pub fn release_patch(pod: &Pod, node: &str) -> Option<serde_json::Value> {
+    let spec = pod.spec.as_ref()?;
+    let gates: Vec<PodSchedulingGate> = spec.scheduling_gates.clone().unwrap_or_default();
+    if !gates.iter().any(|g| g.name == labels::GANG_GATE) {
+        return None;
+    }
+    let remaining: Vec<PodSchedulingGate> = gates.into_iter().filter(|g| g.name != labels::GANG_GATE).collect();
+    let pin = NodeSelectorRequirement {
+        key: "metadata.name".into(),
+        operator: "In".into(),
+        values: Some(vec![node.to_string()]),
+    };
+    let mut affinity: Affinity = spec.affinity.clone().unwrap_or_default();
+    let node_affinity = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    let required = node_affinity
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: vec![],
+        });
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(NodeSelectorTerm {
+            match_expressions: None,
+            match_fields: Some(vec![pin]),
+        });
+    } else {
+        // Only requirements may be added to existing terms of a gated pod.
+        for term in &mut required.node_selector_terms {
+            term.match_fields.get_or_insert_with(Vec::new).push(pin.clone());
+        }
+    }
+    let mut tolerations: Vec<Toleration> = spec.tolerations.clone().unwrap_or_default();
+    if !tolerations
+        .iter()
+        .any(|t| t.key.as_deref() == Some(labels::FENCE_TAINT))
+    {
+        tolerations.push(Toleration {
+            key: Some(labels::FENCE_TAINT.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Toleration::default()
+        });
+    }
+    Some(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": pod.metadata.resource_version},
+        {"op": "replace", "path": "/spec/schedulingGates", "value": remaining},
+        {"op": "add", "path": "/spec/affinity", "value": affinity},
+        {"op": "add", "path": "/spec/tolerations", "value": tolerations},
+    ]))
+}
+
+/// Releases pod `name` to `node`, starting from `cached` when given; a stale copy is
+/// read again.
+pub async fn release(api: &Api<Pod>, name: &str, node: &str, cached: Option<&Pod>) -> Result<(), kube::Error> {
+    let mut current = match cached {
+        Some(pod) => pod.clone(),
+        None => api.get(name).await?,
+    };
+    for _ in 0..5 {
+        let Some(patch) = release_patch(&current, node) else {
+            return Ok(());
+        };
+        let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            // The test of resourceVersion failed (422) or a conflict (409): read again.
+            Err(kube::Error::Api(status)) if status.code == 422 || status.code == 409 => {
+                current = api.get(name).await?
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(kube::Error::Api(Box::new(
+        kube::core::Status::failure(&format!("pod {name} kept changing while being released"), "Conflict")
+            .with_code(409),
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p", "resourceVersion": "7"}, "spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn pins_ungates_and_tolerates_in_one_patch() {
+        let p = pod(json!({"containers": [], "schedulingGates": [{"name": labels::GANG_GATE}, {"name": "other"}]}));
+        let patch = release_patch(&p, "node-1").unwrap();
+        assert_eq!(
+            patch[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
+        );
+        assert_eq!(patch[1]["value"], json!([{"name": "other"}]));
+        let terms =
+            &patch[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        assert_eq!(
+            terms,
+            &json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}])
+        );
+        assert_eq!(patch[3]["value"][0]["key"], labels::FENCE_TAINT);
+    }
+
+    #[test]
+    fn adds_the_pin_to_every_existing_term() {
+        let p = pod(json!({
+            "containers": [],
+            "schedulingGates": [{"name": labels::GANG_GATE}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                {"matchExpressions": [{"key": "b", "operator": "Exists"}]},
+            ]}}},
+        }));
+        let patch = release_patch(&p, "n").unwrap();
+        let terms =
+            patch[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                .as_array()
+                .unwrap();
+        assert_eq!(terms.len(), 2);
+        for term in terms {
+            assert_eq!(term["matchFields"][0]["values"], json!(["n"]));
+            assert!(term["matchExpressions"].is_array(), "existing requirements stay");
+        }
+    }
+
+    #[test]
+    fn released_pods_are_left_alone() {
+        let p = pod(json!({"containers": [], "schedulingGates": []}));
+        assert!(release_patch(&p, "n").is_none());
+    }
+}
