@@ -35,6 +35,8 @@ pub struct FleetSpec {
     pub gpus_per_nvlink_domain: usize,
     /// Concurrent create requests.
     pub parallelism: usize,
+    /// Node taints as (key, value, effect), for example the fence muster's pods tolerate.
+    pub taints: Vec<(String, String, String)>,
 }
 
 impl Default for FleetSpec {
@@ -51,6 +53,7 @@ impl Default for FleetSpec {
             gpu_memory_gib: 80,
             gpus_per_nvlink_domain: 8,
             parallelism: 32,
+            taints: Vec::new(),
         }
     }
 }
@@ -109,6 +112,9 @@ impl FleetSpec {
                     BLOCK_LABEL: topology.block,
                     RACK_LABEL: topology.rack,
                 },
+            },
+            "spec": {
+                "taints": self.taints.iter().map(|(key, value, effect)| json!({"key": key, "value": value, "effect": effect})).collect::<Vec<_>>(),
             },
             "status": {
                 "allocatable": self.node_resources(),

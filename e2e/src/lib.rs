@@ -5,6 +5,7 @@
 pub mod apply;
 pub mod controlplane;
 pub mod fleet;
+pub mod invariants;
 pub mod operator;
 pub mod paths;
 pub mod pki;

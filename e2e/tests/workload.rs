@@ -80,30 +80,34 @@ async fn create_workload(client: &kube::Client, ns: &str, value: Value) -> Resul
         .await?)
 }
 
-/// Waits until the Workload reports that all its objects exist and wait for admission.
-async fn wait_for_admission_wait(client: &kube::Client, ns: &str, name: &str) -> Result<Workload> {
+/// Waits until the Workload reports that all its objects exist.
+async fn wait_for_created(client: &kube::Client, ns: &str, name: &str) -> Result<Workload> {
     let api: Api<Workload> = Api::namespaced(client.clone(), ns);
     wait::until(
-        &format!("Workload {name} to wait for admission"),
+        &format!("Workload {name} to have all its objects"),
         Duration::from_secs(60),
         || {
             let api = api.clone();
             async move {
                 let w = api.get(name).await?;
                 let status = w.status.clone().unwrap_or_default();
-                let waiting = status
+                let created = status
                     .conditions
                     .iter()
-                    .any(|c| c.type_ == "Admitted" && c.reason == "WaitingForAdmission");
-                let counted = status
-                    .pod_groups
-                    .iter()
-                    .all(|g| g.created == g.replicas && g.gated == g.replicas);
-                Ok((waiting && counted && status.observed_generation == w.metadata.generation).then_some(w))
+                    .any(|c| c.type_ == "Created" && c.status == "True");
+                let counted = status.pod_groups.iter().all(|g| g.created == g.replicas);
+                Ok((created && counted && status.observed_generation == w.metadata.generation).then_some(w))
             }
         },
     )
     .await
+}
+
+/// The training workload with a topology no node has: it stays queued, pods gated.
+fn unplaceable(name: &str) -> Value {
+    let mut w = training_workload(name);
+    w["spec"]["topology"] = json!({"required": "example.com/no-such-label"});
+    w
 }
 
 fn selector(name: &str) -> ListParams {
@@ -150,12 +154,45 @@ async fn workload_yields_gated_pods_claims_and_service() -> Result<()> {
     let ns = namespace(&client, "gang").await?;
     let operator = start_operator(cluster, "gang")?;
     create_templates(&client, &ns).await?;
-    let created = create_workload(&client, &ns, training_workload("llama")).await?;
+    let created = create_workload(&client, &ns, unplaceable("llama")).await?;
 
-    let workload = wait_for_admission_wait(&client, &ns, "llama").await?;
+    wait_for_created(&client, &ns, "llama").await?;
+    let api: Api<Workload> = Api::namespaced(client.clone(), &ns);
+    let workload = wait::until(
+        "the gang to be queued as unschedulable",
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                let w = api.get("llama").await?;
+                let queued = w
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == Some(WorkloadPhase::Queued))
+                    && w.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Admitted" && c.reason == "Unschedulable")
+                    });
+                Ok(queued.then_some(w))
+            }
+        },
+    )
+    .await?;
     let status = workload.status.clone().context("status")?;
-    assert_eq!(status.phase, Some(WorkloadPhase::Pending));
     assert_eq!((status.pods, status.ready_pods, status.restarts), (3, 0, 0));
+    let admitted = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Admitted")
+        .context("Admitted")?;
+    assert_eq!(admitted.status, "False");
+    assert!(
+        admitted.message.contains("no example.com/no-such-label label"),
+        "{}",
+        admitted.message
+    );
+    assert!(status.placement.is_none(), "nothing reserved");
 
     let pods = gang_pods(&client, &ns, "llama").await?;
     assert_eq!(names(&pods), ["llama-launcher-0", "llama-workers-0", "llama-workers-1"]);
@@ -208,7 +245,11 @@ async fn workload_yields_gated_pods_claims_and_service() -> Result<()> {
     for claim in &claims {
         assert!(
             claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(),
-            "nothing is allocated yet"
+            "nothing is allocated"
+        );
+        assert_eq!(
+            claim.metadata.finalizers.clone().unwrap_or_default(),
+            ["muster.dev/allocation"]
         );
         let owner = &claim.metadata.owner_references.as_ref().context("owner")?[0];
         assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Workload", "llama"));
@@ -274,7 +315,7 @@ async fn missing_template_is_reported_and_then_picked_up() -> Result<()> {
                 .unwrap_or_default()
                 .conditions
                 .into_iter()
-                .find(|c| c.type_ == "Admitted");
+                .find(|c| c.type_ == "Created");
             Ok(condition
                 .filter(|c| c.reason == "ResourceClaimTemplateNotFound")
                 .map(|c| c.message))
@@ -284,7 +325,7 @@ async fn missing_template_is_reported_and_then_picked_up() -> Result<()> {
     assert!(message.contains("two-gpus") || message.contains("one-gpu"), "{message}");
 
     create_templates(&client, &ns).await?;
-    wait_for_admission_wait(&client, &ns, "late").await?;
+    wait_for_created(&client, &ns, "late").await?;
     assert_eq!(gang_claims(&client, &ns, "late").await?.len(), 3);
 
     operator.stop();
@@ -300,7 +341,19 @@ async fn deleting_a_workload_removes_what_it_created() -> Result<()> {
     let operator = start_operator(cluster, "delete")?;
     create_templates(&client, &ns).await?;
     create_workload(&client, &ns, training_workload("doomed")).await?;
-    wait_for_admission_wait(&client, &ns, "doomed").await?;
+    wait_for_created(&client, &ns, "doomed").await?;
+    // It fits: claims get allocated and pods run; deletion must undo all of it.
+    let api: Api<Workload> = Api::namespaced(client.clone(), &ns);
+    wait::until("the gang to run", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let w = api.get("doomed").await?;
+            Ok(w.status
+                .is_some_and(|s| s.phase == Some(WorkloadPhase::Running))
+                .then_some(()))
+        }
+    })
+    .await?;
 
     Api::<Workload>::namespaced(client.clone(), &ns)
         .delete("doomed", &DeleteParams::foreground())
@@ -338,8 +391,8 @@ async fn operator_restart_creates_nothing_twice() -> Result<()> {
     let ns = namespace(&client, "restart").await?;
     let operator = start_operator(cluster, "restart-1")?;
     create_templates(&client, &ns).await?;
-    create_workload(&client, &ns, training_workload("steady")).await?;
-    wait_for_admission_wait(&client, &ns, "steady").await?;
+    create_workload(&client, &ns, unplaceable("steady")).await?;
+    wait_for_created(&client, &ns, "steady").await?;
     let pods_before = uids(&gang_pods(&client, &ns, "steady").await?);
     let claims_before = uids(&gang_claims(&client, &ns, "steady").await?);
     operator.kill();
@@ -361,7 +414,7 @@ async fn operator_restart_creates_nothing_twice() -> Result<()> {
     })
     .await?;
     assert_ne!(recreated.metadata.uid.as_ref(), pods_before.get("steady-workers-0"));
-    wait_for_admission_wait(&client, &ns, "steady").await?;
+    wait_for_created(&client, &ns, "steady").await?;
 
     let pods_after = uids(&gang_pods(&client, &ns, "steady").await?);
     let claims_after = uids(&gang_claims(&client, &ns, "steady").await?);

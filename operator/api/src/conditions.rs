@@ -1,24 +1,62 @@
 //! Status condition types and reasons, and event reasons (all PascalCase).
+//!
+//! The Workload controller owns `Created` and `PodsReady`; the admission loop owns
+//! `Admitted`. Each writes only its own conditions (server-side apply, conditions keyed
+//! by type), so neither overwrites the other.
 
+/// Condition: every pod and claim of the gang exists.
+pub const CREATED: &str = "Created";
 /// Condition: the gang's devices are reserved and its pods released.
 pub const ADMITTED: &str = "Admitted";
-/// Condition: the pods of the gang are ready.
+/// Condition: at least minCount pods of every group are ready.
 pub const PODS_READY: &str = "PodsReady";
 
-/// Reason: pods and claims exist and are held by the gang gate, waiting for admission.
-pub const REASON_WAITING_FOR_ADMISSION: &str = "WaitingForAdmission";
-/// Reason: muster is still creating the gang's pods and claims.
+// Created
+/// Everything exists; the pods wait behind the gang gate for admission.
+pub const REASON_ALL_CREATED: &str = "AllCreated";
+/// muster is still creating the gang's pods and claims.
 pub const REASON_CREATING: &str = "Creating";
-/// Reason: the Workload cannot be turned into pods (for example a missing template).
+/// The Workload cannot be turned into pods (for example a claim name used twice).
 pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
-/// Reason: the Workload is suspended.
+/// A ResourceClaimTemplate the gang refers to does not exist (yet).
+pub const REASON_TEMPLATE_NOT_FOUND: &str = "ResourceClaimTemplateNotFound";
+/// An object muster would create exists and belongs to someone else.
+pub const REASON_NAME_CONFLICT: &str = "NameConflict";
+/// `spec.suspend` is true: nothing is created and nothing is held.
 pub const REASON_SUSPENDED: &str = "Suspended";
 
-/// Event reason: objects of the gang were created.
+// Admitted
+/// Waiting for its pods and claims to exist.
+pub const REASON_WAITING_FOR_OBJECTS: &str = "WaitingForObjects";
+/// Queued: the gang does not fit now; the message says why, with numbers.
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+/// The plan is recorded and claims are being allocated.
+pub const REASON_RESERVING: &str = "Reserving";
+/// Every claim is allocated and every pod released to the scheduler.
+pub const REASON_ADMITTED: &str = "Admitted";
+/// A commit failed part-way and was undone; the gang is queued again.
+pub const REASON_ROLLED_BACK: &str = "RolledBack";
+/// Another claim took a planned device while the gang was being reserved.
+pub const REASON_CONFLICT: &str = "Conflict";
+/// Released pods were not all scheduled in time; the gang was torn down and queued.
+pub const REASON_SCHEDULE_TIMEOUT: &str = "ScheduleTimeout";
+/// The gang's request is invalid for the cluster (unknown DeviceClass, CEL error...).
+pub const REASON_INVALID_REQUEST: &str = "InvalidRequest";
+
+// PodsReady
+pub const REASON_PODS_READY: &str = "PodsReady";
+pub const REASON_PODS_NOT_READY: &str = "PodsNotReady";
+
+// Events
+/// Objects of the gang were created.
 pub const EVENT_CREATED: &str = "Created";
-/// Event reason: creating an object of the gang failed.
+/// Creating an object of the gang failed.
 pub const EVENT_CREATE_FAILED: &str = "CreateFailed";
-/// Reason: a ResourceClaimTemplate the gang refers to does not exist (yet).
-pub const REASON_TEMPLATE_NOT_FOUND: &str = "ResourceClaimTemplateNotFound";
-/// Reason: an object muster would create exists and belongs to someone else.
-pub const REASON_NAME_CONFLICT: &str = "NameConflict";
+/// The gang was admitted.
+pub const EVENT_ADMITTED: &str = "Admitted";
+/// A commit was rolled back.
+pub const EVENT_ROLLED_BACK: &str = "RolledBack";
+/// A gang was torn down because its pods were not scheduled in time.
+pub const EVENT_SCHEDULE_TIMEOUT: &str = "ScheduleTimeout";
+/// The gang does not fit (reported when the reason changes).
+pub const EVENT_UNSCHEDULABLE: &str = "Unschedulable";

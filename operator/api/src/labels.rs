@@ -12,3 +12,10 @@ pub const POD_INDEX: &str = "muster.dev/pod-index";
 pub const CLAIM_NAME: &str = "muster.dev/claim";
 /// Field manager for every write muster makes.
 pub const FIELD_MANAGER: &str = "muster";
+/// Field manager of the admission loop (it owns `status.placement` and `Admitted`).
+pub const ADMISSION_FIELD_MANAGER: &str = "muster-admission";
+/// Finalizer on every claim muster may allocate: muster clears the allocation before the
+/// claim goes (kube-controller-manager only deallocates claims it protects itself).
+pub const CLAIM_FINALIZER: &str = "muster.dev/allocation";
+/// Node taint that fences devices from pods outside muster; muster's pods tolerate it.
+pub const FENCE_TAINT: &str = "muster.dev/fenced";

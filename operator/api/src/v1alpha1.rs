@@ -234,8 +234,9 @@ pub struct WorkloadStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<WorkloadPhase>,
 
-    /// Latest observations: Admitted, PodsReady, Restarting, Succeeded, Failed.
+    /// Latest observations: Created, Admitted, PodsReady, Restarting, Succeeded, Failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
 
     /// Pods the gang asks for (sum of replicas).
@@ -284,10 +285,36 @@ pub struct PodGroupStatus {
     pub failed: i32,
 }
 
-/// The placement muster chose for an admitted gang.
+/// How far muster got with committing a gang's placement. Recorded before any claim is
+/// written, so that a restarted operator completes or undoes a half-done commit.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum AdmissionState {
+    /// The plan is recorded; claims are being allocated.
+    Reserving,
+    /// Every claim of the gang is allocated; pods are being released.
+    Reserved,
+    /// Every pod is released to the scheduler, pinned to its planned node.
+    Released,
+    /// The released pods were not all scheduled in time: the pods are being deleted and
+    /// the claims deallocated, after which the gang is queued again.
+    TearingDown,
+}
+
+/// A pod and the node muster planned for it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedPod {
+    pub name: String,
+    pub node: String,
+}
+
+/// The placement muster chose for the gang, and how far its commit got.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlacementStatus {
+    /// Commit progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<AdmissionState>,
     /// Value of the required topology label shared by every node of the gang.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_value: Option<String>,
@@ -297,4 +324,13 @@ pub struct PlacementStatus {
     /// Number of devices reserved for the gang.
     #[serde(default)]
     pub devices: i32,
+    /// Planned node of every pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PlannedPod>,
+    /// ResourceClaims muster allocates for the gang.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<String>,
+    /// When the pods were released to the scheduler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }

@@ -856,8 +856,10 @@ impl Admission {
             }
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
             let result = async {
-                deallocate(&api, &claim.name_any()).await?;
-                remove_finalizer(&api, &claim).await
+                match deallocate(&api, &claim.name_any()).await? {
+                    Some(current) => remove_finalizer(&api, &current).await,
+                    None => Ok(()),
+                }
             }
             .await;
             if let Err(e) = result {
@@ -940,30 +942,34 @@ async fn ensure_finalizer(api: &Api<ResourceClaim>, name: &str) -> Result<(), ku
 }
 
 /// Clears a claim's allocation, and `reservedFor` with it (the API allows clearing the
-/// allocation only together with an empty `reservedFor`).
-async fn deallocate(api: &Api<ResourceClaim>, name: &str) -> Result<(), kube::Error> {
-    let claim = match api.get_opt(name).await? {
-        Some(claim) => claim,
-        None => return Ok(()),
+/// allocation only together with an empty `reservedFor`). Returns the claim as it is now.
+async fn deallocate(api: &Api<ResourceClaim>, name: &str) -> Result<Option<ResourceClaim>, kube::Error> {
+    let Some(claim) = api.get_opt(name).await? else {
+        return Ok(None);
     };
     if claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none() {
-        return Ok(());
+        return Ok(Some(claim));
     }
     let patch = json!({"status": {"allocation": null, "reservedFor": null}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
+    Ok(Some(
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?,
+    ))
 }
 
+/// Removes muster's finalizer, guarded by a test of its position in the list.
 async fn remove_finalizer(api: &Api<ResourceClaim>, claim: &ResourceClaim) -> Result<(), kube::Error> {
-    let finalizers: Vec<&String> = claim
-        .finalizers()
-        .iter()
-        .filter(|f| *f != labels::CLAIM_FINALIZER)
-        .collect();
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": claim.resource_version()}});
+    let Some(position) = claim.finalizers().iter().position(|f| f == labels::CLAIM_FINALIZER) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{position}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": labels::CLAIM_FINALIZER},
+        {"op": "remove", "path": path},
+    ]))
+    .map_err(kube::Error::SerdeError)?;
     match api
-        .patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(&claim.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
     {
         Ok(_) => Ok(()),

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::controller;
 
@@ -50,6 +49,23 @@ struct RunArgs {
     /// Workloads reconciled at the same time.
     #[arg(long, default_value_t = 8)]
     concurrency: u16,
+    /// Client-side limit of API requests per second.
+    #[arg(long, default_value_t = 500.0, env = "MUSTER_KUBE_API_QPS")]
+    kube_api_qps: f64,
+    /// Client-side burst of API requests.
+    #[arg(long, default_value_t = 1000, env = "MUSTER_KUBE_API_BURST")]
+    kube_api_burst: u32,
+    /// How long released pods may take to be scheduled before the gang is torn down and
+    /// placed again, in seconds.
+    #[arg(long, default_value_t = 120)]
+    schedule_timeout: u64,
+    /// After waiting this long (seconds), a gang blocks gangs of equal or lower priority
+    /// queued behind it until it is admitted.
+    #[arg(long, default_value_t = 600)]
+    starvation_after: u64,
+    /// Parallel API writes while reserving claims and releasing pods.
+    #[arg(long, default_value_t = 64)]
+    write_parallelism: usize,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "MUSTER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -111,33 +127,35 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
-    let client = client(args.kubeconfig.as_deref(), args.context.clone()).await?;
-    let settings = controller::Settings {
-        create_parallelism: args.create_parallelism,
-        concurrency: args.concurrency,
+    let limit = crate::client::RateLimit {
+        qps: args.kube_api_qps,
+        burst: args.kube_api_burst,
+    };
+    let client = crate::client::client(args.kubeconfig.as_deref(), args.context.clone(), limit).await?;
+    let fault = match std::env::var("MUSTER_FAULT_POINT") {
+        Ok(name) => Some(
+            crate::admission::FaultPoint::parse(&name)
+                .with_context(|| format!("unknown MUSTER_FAULT_POINT {name:?}"))?,
+        ),
+        Err(_) => None,
+    };
+    let settings = crate::runtime::Settings {
+        controller: controller::Settings {
+            create_parallelism: args.create_parallelism,
+            concurrency: args.concurrency,
+        },
+        admission: crate::admission::Settings {
+            schedule_timeout: std::time::Duration::from_secs(args.schedule_timeout),
+            starvation_after: std::time::Duration::from_secs(args.starvation_after),
+            write_parallelism: args.write_parallelism,
+            fault,
+            ..crate::admission::Settings::default()
+        },
     };
     check_crd_installed(&client).await?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "muster operator starting");
-    controller::run(client, settings).await;
+    crate::runtime::run(client, settings).await;
     Ok(())
-}
-
-/// A client from an explicit kubeconfig, or the usual inference (in-cluster included).
-pub async fn client(kubeconfig: Option<&std::path::Path>, context: Option<String>) -> Result<kube::Client> {
-    let options = KubeConfigOptions {
-        context,
-        ..KubeConfigOptions::default()
-    };
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig and not running in a cluster")?,
-    };
-    Ok(kube::Client::try_from(config)?)
 }
 
 async fn check_crd_installed(client: &kube::Client) -> Result<()> {

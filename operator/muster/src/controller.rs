@@ -66,74 +66,166 @@ impl Default for Settings {
 pub struct Context {
     client: Client,
     recorder: Recorder,
-    pods: Store<Pod>,
-    claims: Store<ResourceClaim>,
-    services: Store<Service>,
+    stores: GangStores,
     settings: Settings,
     failures: Mutex<HashMap<ObjectRef<Workload>, u32>>,
+    /// Told after every reconcile, so the admission loop looks at the gang.
+    admission: Arc<tokio::sync::Notify>,
 }
 
-/// Runs the Workload controller until the process is asked to stop.
-pub async fn run(client: Client, settings: Settings) {
-    let workloads: Api<Workload> = Api::all(client.clone());
-    let gang_objects = watcher::Config::default().labels(labels::WORKLOAD);
+/// Caches of the objects muster creates for gangs (selected by the workload label).
+#[derive(Clone)]
+pub struct GangStores {
+    pub pods: Store<Pod>,
+    pub claims: Store<ResourceClaim>,
+    pub services: Store<Service>,
+}
 
+impl GangStores {
+    /// Waits until every store has listed.
+    pub async fn wait_until_ready(&self) {
+        let _ = tokio::join!(
+            self.pods.wait_until_ready(),
+            self.claims.wait_until_ready(),
+            self.services.wait_until_ready()
+        );
+    }
+
+    /// The gang's pods, by the workload label.
+    pub fn pods_of(&self, namespace: &str, workload: &str) -> Vec<Arc<Pod>> {
+        of_workload(&self.pods, namespace, workload)
+    }
+
+    /// The gang's claims, by the workload label.
+    pub fn claims_of(&self, namespace: &str, workload: &str) -> Vec<Arc<ResourceClaim>> {
+        of_workload(&self.claims, namespace, workload)
+    }
+}
+
+fn of_workload<K: Resource + Clone + 'static>(store: &Store<K>, namespace: &str, workload: &str) -> Vec<Arc<K>>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store
+        .state()
+        .into_iter()
+        .filter(|o| o.meta().namespace.as_deref() == Some(namespace))
+        .filter(|o| {
+            o.meta()
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::WORKLOAD))
+                .map(String::as_str)
+                == Some(workload)
+        })
+        .collect()
+}
+
+type Events<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
+
+/// The watches that feed [`GangStores`]; the controller drives them.
+pub struct GangWatches {
+    pods: Events<Pod>,
+    claims: Events<ResourceClaim>,
+    services: Events<Service>,
+}
+
+/// Sets up the gang object caches and their watches.
+pub fn gang_watches(client: &Client) -> (GangStores, GangWatches) {
+    let gang_objects = watcher::Config::default().labels(labels::WORKLOAD);
     let (pods, pods_writer) = reflector::store();
     let pod_events = watcher(Api::<Pod>::all(client.clone()), gang_objects.clone())
         .default_backoff()
         .modify(|pod| pod.managed_fields_mut().clear())
         .reflect(pods_writer)
-        .touched_objects();
+        .touched_objects()
+        .boxed();
     let (claims, claims_writer) = reflector::store();
     let claim_events = watcher(Api::<ResourceClaim>::all(client.clone()), gang_objects.clone())
         .default_backoff()
         .modify(|claim| claim.managed_fields_mut().clear())
         .reflect(claims_writer)
-        .touched_objects();
+        .touched_objects()
+        .boxed();
     let (services, services_writer) = reflector::store();
     let service_events = watcher(Api::<Service>::all(client.clone()), gang_objects)
         .default_backoff()
         .reflect(services_writer)
-        .touched_objects();
+        .touched_objects()
+        .boxed();
+    (
+        GangStores { pods, claims, services },
+        GangWatches {
+            pods: pod_events,
+            claims: claim_events,
+            services: service_events,
+        },
+    )
+}
 
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
-    let context = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(client, reporter),
-        pods: pods.clone(),
-        claims: claims.clone(),
-        services: services.clone(),
-        settings: settings.clone(),
-        failures: Mutex::default(),
-    });
+/// The Workload controller, ready to run; [`WorkloadController::store`] gives its cache
+/// of Workloads.
+pub struct WorkloadController {
+    controller: Controller<Workload>,
+    context: Arc<Context>,
+}
 
-    let controller = Controller::new(workloads, watcher::Config::default())
-        .owns_stream(pod_events)
-        .owns_stream(claim_events)
-        .owns_stream(service_events)
-        .with_config(kube::runtime::controller::Config::default().concurrency(settings.concurrency))
-        .shutdown_on_signal();
-    // Reconciles read the stores: let them fill before the first one.
-    let (a, b, c) = (pods.clone(), claims.clone(), services.clone());
-    let ready = async move {
-        let _ = tokio::join!(a.wait_until_ready(), b.wait_until_ready(), c.wait_until_ready());
-    };
-    controller
-        .reconcile_all_on(stream::once(ready))
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                warn!(error = %e, "reconcile failed");
-            }
-        })
-        .await;
+impl WorkloadController {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        stores: GangStores,
+        watches: GangWatches,
+        admission: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        let controller = Controller::new(Api::<Workload>::all(client.clone()), watcher::Config::default())
+            .owns_stream(watches.pods)
+            .owns_stream(watches.claims)
+            .owns_stream(watches.services)
+            .with_config(kube::runtime::controller::Config::default().concurrency(settings.concurrency));
+        let context = Arc::new(Context {
+            client: client.clone(),
+            recorder: Recorder::new(client, reporter),
+            stores,
+            settings,
+            failures: Mutex::default(),
+            admission,
+        });
+        WorkloadController { controller, context }
+    }
+
+    /// The controller's cache of Workloads.
+    pub fn store(&self) -> Store<Workload> {
+        self.controller.store()
+    }
+
+    /// Runs until the process is asked to stop.
+    pub async fn run(self) {
+        // Reconciles read the stores: let them fill before the first one.
+        let stores = self.context.stores.clone();
+        let ready = async move { stores.wait_until_ready().await };
+        self.controller
+            .shutdown_on_signal()
+            .reconcile_all_on(stream::once(ready))
+            .run(reconcile, error_policy, self.context)
+            .for_each(|result| async move {
+                match result {
+                    // A Workload deleted while queued: nothing to do.
+                    Err(kube::runtime::controller::Error::ObjectNotFound(_)) | Ok(_) => {}
+                    Err(e) => warn!(error = %e, "reconcile failed"),
+                }
+            })
+            .await;
+    }
 }
 
 async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
     let result = reconcile_inner(&workload, &ctx).await;
+    ctx.admission.notify_one();
     if result.is_ok() {
         ctx.failures
             .lock()
@@ -210,7 +302,7 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
             missing: outcome.missing(),
         }
     } else {
-        Progress::WaitingForAdmission
+        Progress::AllCreated
     };
     write_status(workload, ctx, &progress).await?;
     Ok(match progress {
@@ -248,7 +340,7 @@ async fn create_missing(
     let uid = workload.uid().unwrap_or_default();
 
     let service_ref = ObjectRef::new(&workload.name_any()).within(namespace);
-    match ctx.services.get(&service_ref) {
+    match ctx.stores.services.get(&service_ref) {
         Some(existing) => ensure_owned(existing.as_ref(), &uid, "Service")?,
         None => {
             let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
@@ -268,7 +360,7 @@ async fn create_missing(
             continue;
         };
         let claim_ref = ObjectRef::new(&claim.object_name).within(namespace);
-        if let Some(existing) = ctx.claims.get(&claim_ref) {
+        if let Some(existing) = ctx.stores.claims.get(&claim_ref) {
             ensure_owned(existing.as_ref(), &uid, "ResourceClaim")?;
             continue;
         }
@@ -305,7 +397,7 @@ async fn create_missing(
     let mut to_create = Vec::new();
     for pod in &gang.pods {
         let pod_ref = ObjectRef::new(pod.metadata.name.as_deref().unwrap_or_default()).within(namespace);
-        match ctx.pods.get(&pod_ref) {
+        match ctx.stores.pods.get(&pod_ref) {
             Some(existing) => ensure_owned(existing.as_ref(), &uid, "Pod")?,
             None => to_create.push(pod.clone()),
         }
@@ -390,31 +482,28 @@ fn ensure_owned<K: Resource>(object: &K, uid: &str, kind: &'static str) -> Resul
     }
 }
 
-fn pods_of<'a>(store: &'a [Arc<Pod>], namespace: &str, workload: &str) -> Vec<&'a Pod> {
-    store
-        .iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
-        .filter(|p| p.labels().get(labels::WORKLOAD).map(String::as_str) == Some(workload))
-        .map(Arc::as_ref)
-        .collect()
-}
-
 async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -> Result<(), Error> {
     let namespace = workload.namespace().unwrap_or_default();
     let name = workload.name_any();
-    let all_pods = ctx.pods.state();
-    let pods = pods_of(&all_pods, &namespace, &name);
+    let pods = ctx.stores.pods_of(&namespace, &name);
+    let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
     let now = Time(Timestamp::now());
     let desired = status::compute(workload, &pods, progress, &now);
-    if workload.status.as_ref() == Some(&desired) {
+    let current = workload.status.as_ref().map(status::owned_part);
+    if current.as_ref() == Some(&desired) {
         return Ok(());
     }
-    let previous_reason = admitted_reason(workload.status.as_ref());
+    let previous_reason = created_reason(current.as_ref());
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
-    let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": desired});
+    // Only the fields this controller owns: the admission loop owns the rest.
+    let mut owned = serde_json::to_value(&desired).unwrap_or_default();
+    if let Some(map) = owned.as_object_mut() {
+        map.remove("placement");
+    }
+    let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned});
     api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await?;
-    let reason = admitted_reason(Some(&desired));
+    let reason = created_reason(Some(&desired));
     if let Progress::Invalid { message } | Progress::Waiting { message, .. } = progress
         && previous_reason != reason
     {
@@ -424,11 +513,11 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
     Ok(())
 }
 
-fn admitted_reason(status: Option<&muster_api::WorkloadStatus>) -> Option<String> {
+fn created_reason(status: Option<&muster_api::WorkloadStatus>) -> Option<String> {
     status?
         .conditions
         .iter()
-        .find(|c| c.type_ == conditions::ADMITTED)
+        .find(|c| c.type_ == conditions::CREATED)
         .map(|c| c.reason.clone())
 }
 

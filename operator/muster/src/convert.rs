@@ -157,18 +157,48 @@ fn max_of(a: &Resources, b: &Resources) -> Resources {
     m
 }
 
-/// The node a pod uses resources on: bound, or nominated by preemption. Finished pods
-/// use nothing.
+/// The node a pod uses resources on: bound, nominated by preemption, or — released by
+/// muster but not bound yet — pinned to exactly one node by its required node affinity.
+/// Finished pods use nothing.
 pub fn pod_node(pod: &Pod) -> Option<String> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded") | Some("Failed")) {
         return None;
     }
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
+    let spec = pod.spec.as_ref()?;
+    spec.node_name
+        .clone()
         .or_else(|| pod.status.as_ref().and_then(|s| s.nominated_node_name.clone()))
         .filter(|n| !n.is_empty())
+        .or_else(|| pinned_node(spec))
+}
+
+/// The single node an ungated pod's required node affinity allows by name, if any.
+fn pinned_node(spec: &PodSpec) -> Option<String> {
+    if spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()) {
+        return None;
+    }
+    let terms = &spec
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    let mut pinned: Option<&String> = None;
+    for term in terms {
+        let names = term
+            .match_fields
+            .iter()
+            .flatten()
+            .find(|r| r.key == "metadata.name" && r.operator == "In")?;
+        match names.values.as_deref() {
+            Some([node]) if pinned.is_none_or(|p| p == node) => pinned = Some(node),
+            _ => return None,
+        }
+    }
+    pinned.cloned()
 }
 
 /// `namespace/name`.

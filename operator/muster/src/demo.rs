@@ -165,11 +165,19 @@ async fn follow(client: &kube::Client, started: Instant, timeout: Duration) -> R
             }
             last = line;
         }
-        let settled = admitted.is_some_and(|c| c.reason == muster_api::conditions::REASON_WAITING_FOR_ADMISSION)
-            && gang_pods.len() as i32 == status.pods;
-        if settled {
-            println!("The gang's pods exist and wait behind the muster.dev/gang gate; admission (plan, reserve,");
-            println!("release) is the next step of muster's development.");
+        if status.phase == Some(muster_api::v1alpha1::WorkloadPhase::Running) {
+            if let Some(placement) = &status.placement {
+                println!(
+                    "The gang runs: {} devices reserved on {} nodes{}, every claim allocated before any pod started.",
+                    placement.devices,
+                    placement.nodes.len(),
+                    placement
+                        .topology_value
+                        .as_ref()
+                        .map(|v| format!(" in rack {v}"))
+                        .unwrap_or_default()
+                );
+            }
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -284,6 +284,7 @@ pub fn claim_from_template(
             labels: Some(claim_labels),
             annotations: template_meta.annotations,
             owner_references: Some(vec![owner_reference(workload)?]),
+            finalizers: Some(vec![labels::CLAIM_FINALIZER.to_string()]),
             ..ObjectMeta::default()
         },
         spec: template.spec.clone(),

@@ -2,13 +2,18 @@
 //! controllers, and the command-line interface.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod cli;
+pub mod client;
 pub mod controller;
 pub mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod gang;
+pub mod index;
 pub mod objects;
 pub mod plan;
+pub mod release;
 pub mod request;
+pub mod runtime;
 pub mod status;

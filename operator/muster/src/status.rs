@@ -4,15 +4,15 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use muster_api::conditions;
 use muster_api::labels;
-use muster_api::v1alpha1::{PodGroupStatus, Workload, WorkloadPhase, WorkloadStatus};
+use muster_api::v1alpha1::{AdmissionState, PodGroupStatus, Workload, WorkloadPhase, WorkloadStatus};
 
 /// Where the controller stands with a Workload, as far as status is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
     /// Some pods, claims or the Service do not exist yet.
     Creating { missing: usize },
-    /// Everything exists; the pods wait behind the gang gate.
-    WaitingForAdmission,
+    /// Everything exists; the pods wait behind the gang gate until admitted.
+    AllCreated,
     /// Waiting on something outside muster, such as a missing ResourceClaimTemplate.
     Waiting { reason: &'static str, message: String },
     /// `spec.suspend` is true.
@@ -21,8 +21,9 @@ pub enum Progress {
     Invalid { message: String },
 }
 
-/// The status for `workload`, given its pods and the controller's progress. Conditions
-/// keep their `lastTransitionTime` while their status does not change.
+/// The part of the status the controller owns (the admission loop owns `placement` and
+/// the `Admitted` condition). Conditions keep their `lastTransitionTime` while their
+/// status does not change.
 pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Time) -> WorkloadStatus {
     let previous = workload.status.clone().unwrap_or_default();
     let generation = workload.metadata.generation;
@@ -54,36 +55,73 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         }
         groups.push(counts);
     }
+    let all_ready = workload
+        .spec
+        .pod_groups
+        .iter()
+        .zip(&groups)
+        .all(|(spec, counts)| counts.ready >= spec.min_count());
 
-    let (phase, admitted) = match progress {
-        Progress::Creating { missing } => (
-            WorkloadPhase::Pending,
-            (false, conditions::REASON_CREATING, format!("creating the gang's objects; {missing} still missing")),
+    let (created, reason, message) = match progress {
+        Progress::Creating { missing } => {
+            (false, conditions::REASON_CREATING, format!("creating the gang's objects; {missing} still missing"))
+        }
+        Progress::AllCreated => (
+            true,
+            conditions::REASON_ALL_CREATED,
+            "every pod and claim exists; pods are held by the muster.dev/gang scheduling gate until the gang is admitted"
+                .to_string(),
         ),
-        Progress::WaitingForAdmission => (
-            WorkloadPhase::Pending,
-            (
-                false,
-                conditions::REASON_WAITING_FOR_ADMISSION,
-                "pods and claims exist and are held by the muster.dev/gang scheduling gate until the whole gang is reserved".to_string(),
-            ),
-        ),
-        Progress::Waiting { reason, message } => (WorkloadPhase::Pending, (false, *reason, message.clone())),
-        Progress::Suspended => (
-            WorkloadPhase::Suspended,
-            (false, conditions::REASON_SUSPENDED, "spec.suspend is true: the gang holds nothing".to_string()),
-        ),
-        Progress::Invalid { message } => (WorkloadPhase::Pending, (false, conditions::REASON_INVALID_SPEC, message.clone())),
+        Progress::Waiting { reason, message } => (false, *reason, message.clone()),
+        Progress::Suspended => {
+            (false, conditions::REASON_SUSPENDED, "spec.suspend is true: the gang holds nothing".to_string())
+        }
+        Progress::Invalid { message } => (false, conditions::REASON_INVALID_SPEC, message.clone()),
+    };
+    let admission = previous.placement.as_ref().and_then(|p| p.state);
+    let phase = match (progress, admission) {
+        (Progress::Suspended, _) => WorkloadPhase::Suspended,
+        (_, Some(AdmissionState::Released)) if all_ready => WorkloadPhase::Running,
+        (_, Some(AdmissionState::Released)) => WorkloadPhase::Admitted,
+        (_, Some(_)) => WorkloadPhase::Pending,
+        (Progress::AllCreated, None) => WorkloadPhase::Queued,
+        _ => WorkloadPhase::Pending,
     };
 
-    let mut conditions = previous.conditions.clone();
-    let (status, reason, message) = admitted;
+    let mut owned: Vec<Condition> = previous
+        .conditions
+        .iter()
+        .filter(|c| c.type_ == conditions::CREATED || c.type_ == conditions::PODS_READY)
+        .cloned()
+        .collect();
     set_condition(
-        &mut conditions,
-        conditions::ADMITTED,
-        status,
+        &mut owned,
+        conditions::CREATED,
+        created,
         reason,
         &message,
+        generation,
+        now,
+    );
+    let ready_pods: i32 = groups.iter().map(|g| g.ready).sum();
+    let total: i32 = workload.spec.pod_groups.iter().map(|g| g.replicas).sum();
+    let (ready_reason, ready_message) = if all_ready {
+        (
+            conditions::REASON_PODS_READY,
+            format!("{ready_pods} of {total} pods are ready"),
+        )
+    } else {
+        (
+            conditions::REASON_PODS_NOT_READY,
+            format!("{ready_pods} of {total} pods are ready; every group needs minCount"),
+        )
+    };
+    set_condition(
+        &mut owned,
+        conditions::PODS_READY,
+        all_ready,
+        ready_reason,
+        &ready_message,
         generation,
         now,
     );
@@ -91,12 +129,26 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
     WorkloadStatus {
         observed_generation: generation,
         phase: Some(phase),
-        conditions,
-        pods: workload.spec.pod_groups.iter().map(|g| g.replicas).sum(),
-        ready_pods: groups.iter().map(|g| g.ready).sum(),
+        conditions: owned,
+        pods: total,
+        ready_pods,
         pod_groups: groups,
-        placement: previous.placement,
+        placement: None,
         restarts: previous.restarts,
+    }
+}
+
+/// The controller-owned part of a status as it is (for comparison with [`compute`]).
+pub fn owned_part(status: &WorkloadStatus) -> WorkloadStatus {
+    WorkloadStatus {
+        conditions: status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == conditions::CREATED || c.type_ == conditions::PODS_READY)
+            .cloned()
+            .collect(),
+        placement: None,
+        ..status.clone()
     }
 }
 
@@ -153,6 +205,7 @@ fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
+    use muster_api::v1alpha1::PlacementStatus;
 
     fn workload() -> Workload {
         let mut w: Workload = serde_saphyr::from_str(
@@ -164,9 +217,14 @@ mod tests {
     }
 
     fn pod(group: &str, gated: bool, phase: &str, ready: bool) -> Pod {
+        let gates = if gated {
+            serde_json::json!([{"name": labels::GANG_GATE}])
+        } else {
+            serde_json::json!([])
+        };
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "labels": {labels::POD_GROUP: group}},
-            "spec": {"containers": [], "schedulingGates": if gated { serde_json::json!([{"name": labels::GANG_GATE}]) } else { serde_json::json!([]) }},
+            "spec": {"containers": [], "schedulingGates": gates},
             "status": {"phase": phase, "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
         }))
         .unwrap()
@@ -184,7 +242,7 @@ mod tests {
             pod("b", false, "Failed", false),
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let status = compute(&workload(), &refs, &Progress::WaitingForAdmission, &at(10));
+        let status = compute(&workload(), &refs, &Progress::AllCreated, &at(10));
         assert_eq!(status.pods, 3);
         assert_eq!(status.ready_pods, 1);
         assert_eq!(status.observed_generation, Some(3));
@@ -201,13 +259,17 @@ mod tests {
             }
         );
         assert_eq!(status.pod_groups[1].failed, 1);
-        assert_eq!(status.phase, Some(WorkloadPhase::Pending));
-        let admitted = &status.conditions[0];
+        assert_eq!(status.phase, Some(WorkloadPhase::Queued));
+        let created = &status.conditions[0];
         assert_eq!(
-            (admitted.type_.as_str(), admitted.status.as_str()),
-            ("Admitted", "False")
+            (created.type_.as_str(), created.status.as_str(), created.reason.as_str()),
+            ("Created", "True", "AllCreated")
         );
-        assert_eq!(admitted.reason, "WaitingForAdmission");
+        let ready = &status.conditions[1];
+        assert_eq!(
+            (ready.type_.as_str(), ready.status.as_str(), ready.reason.as_str()),
+            ("PodsReady", "False", "PodsNotReady")
+        );
     }
 
     #[test]
@@ -215,18 +277,25 @@ mod tests {
         let mut w = workload();
         let first = compute(&w, &[], &Progress::Creating { missing: 3 }, &at(10));
         w.status = Some(first);
-        let second = compute(&w, &[], &Progress::WaitingForAdmission, &at(20));
+        let second = compute(
+            &w,
+            &[],
+            &Progress::Waiting {
+                reason: "X",
+                message: "m".into(),
+            },
+            &at(20),
+        );
         assert_eq!(
             second.conditions[0].last_transition_time,
             at(10),
             "still False: time kept"
         );
-        assert_eq!(second.conditions[0].reason, "WaitingForAdmission");
-
+        assert_eq!(second.conditions[0].reason, "X");
         let mut conditions = second.conditions.clone();
-        set_condition(&mut conditions, "Admitted", true, "Admitted", "ok", Some(3), &at(30));
+        set_condition(&mut conditions, "Created", true, "AllCreated", "ok", Some(3), &at(30));
         assert_eq!(conditions[0].last_transition_time, at(30));
-        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions.len(), 2);
     }
 
     #[test]
@@ -238,5 +307,53 @@ mod tests {
             (s.conditions[0].reason.as_str(), s.conditions[0].message.as_str()),
             ("InvalidSpec", "bad")
         );
+    }
+
+    #[test]
+    fn phase_follows_admission_and_admitted_stays_with_the_admission_loop() {
+        let mut w = workload();
+        let placement = |state| {
+            Some(PlacementStatus {
+                state: Some(state),
+                ..Default::default()
+            })
+        };
+        let admitted = Condition {
+            type_: "Admitted".into(),
+            status: "True".into(),
+            reason: "Admitted".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: at(0),
+        };
+        w.status = Some(WorkloadStatus {
+            placement: placement(AdmissionState::Reserving),
+            ..Default::default()
+        });
+        assert_eq!(
+            compute(&w, &[], &Progress::AllCreated, &at(1)).phase,
+            Some(WorkloadPhase::Pending)
+        );
+        w.status = Some(WorkloadStatus {
+            placement: placement(AdmissionState::Released),
+            conditions: vec![admitted],
+            ..Default::default()
+        });
+        assert_eq!(
+            compute(&w, &[], &Progress::AllCreated, &at(1)).phase,
+            Some(WorkloadPhase::Admitted)
+        );
+        let pods = [
+            pod("a", false, "Running", true),
+            pod("a", false, "Running", true),
+            pod("b", false, "Running", true),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let s = compute(&w, &refs, &Progress::AllCreated, &at(1));
+        assert_eq!(s.phase, Some(WorkloadPhase::Running));
+        assert_eq!(s.conditions[1].status, "True");
+        assert!(s.placement.is_none(), "placement belongs to the admission loop");
+        assert!(s.conditions.iter().all(|c| c.type_ != "Admitted"));
+        assert_eq!(owned_part(w.status.as_ref().unwrap()).conditions.len(), 0);
     }
 }

@@ -158,3 +158,23 @@ fn allocations_round_trip() {
     let back = allocation_to_kube(&engine);
     assert_eq!(back, kube);
 }
+
+#[test]
+fn released_pods_pinned_to_one_node_count_there() {
+    let pod = |spec: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+    };
+    let pinned = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}});
+    assert_eq!(
+        pod_node(&pod(json!({"containers": [], "affinity": pinned}))),
+        Some("n1".into())
+    );
+    let gated = json!({"containers": [], "affinity": pinned, "schedulingGates": [{"name": "x"}]});
+    assert_eq!(pod_node(&pod(gated)), None, "a gated pod is not going anywhere yet");
+    assert_eq!(pod_node(&pod(json!({"containers": []}))), None);
+    assert_eq!(
+        pod_node(&pod(json!({"containers": [], "nodeName": "n2", "affinity": pinned}))),
+        Some("n2".into())
+    );
+}
