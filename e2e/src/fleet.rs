@@ -75,6 +75,13 @@ impl FleetSpec {
         }
     }
 
+    /// Taints every node with muster's fence, so only muster's pods may use the devices.
+    pub fn fenced(mut self) -> Self {
+        self.taints
+            .push(("muster.dev/fenced".into(), "true".into(), "NoSchedule".into()));
+        self
+    }
+
     /// Names and topology of every node, in order.
     pub fn topology(&self) -> Vec<NodeTopology> {
         (0..self.nodes)

@@ -1,7 +1,7 @@
 //! The gang invariants, checked against the live cluster while a test runs:
 //! - no device is in two allocations (admin access and shared devices aside);
-//! - no gang holds allocated claims while it is not admitted (placement not Released)
-//!   for longer than one commit window.
+//! - no gang (an existing Workload) holds allocated claims while it is not admitted
+//!   (placement not Released) for longer than one commit window.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -112,7 +112,13 @@ async fn check(
     let now = Instant::now();
     holding_since.retain(|gang, _| gang_holds.contains_key(gang));
     for (gang, count) in gang_holds {
-        if admitted.get(&gang).copied().unwrap_or(false) {
+        // A deleted gang's claims wait for garbage collection; they are not a gang
+        // waiting to be placed.
+        let Some(is_admitted) = admitted.get(&gang).copied() else {
+            holding_since.remove(&gang);
+            continue;
+        };
+        if is_admitted {
             holding_since.remove(&gang);
             continue;
         }

@@ -229,7 +229,8 @@ impl Admission {
 
     /// One look at every gang. Returns how long to wait at most before the next pass.
     async fn pass(&mut self) -> Duration {
-        let mut next = Duration::from_secs(30);
+        // A safety net: every event wakes the loop anyway.
+        let mut next = Duration::from_secs(5);
         let workloads = self.workloads.state();
         self.collect_claims().await;
 

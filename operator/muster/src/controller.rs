@@ -131,7 +131,9 @@ pub struct GangWatches {
 }
 
 /// Sets up the gang object caches and their watches.
-pub fn gang_watches(client: &Client) -> (GangStores, GangWatches) {
+/// `changed` is told about every event, so the admission loop sees gang objects change
+/// (for example claims of a deleted Workload, which no reconcile reports).
+pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>) -> (GangStores, GangWatches) {
     let gang_objects = watcher::Config::default().labels(labels::WORKLOAD);
     let (pods, pods_writer) = reflector::store();
     let pod_events = watcher(Api::<Pod>::all(client.clone()), gang_objects.clone())
@@ -139,6 +141,10 @@ pub fn gang_watches(client: &Client) -> (GangStores, GangWatches) {
         .modify(|pod| pod.managed_fields_mut().clear())
         .reflect(pods_writer)
         .touched_objects()
+        .inspect({
+            let changed = changed.clone();
+            move |_| changed.notify_one()
+        })
         .boxed();
     let (claims, claims_writer) = reflector::store();
     let claim_events = watcher(Api::<ResourceClaim>::all(client.clone()), gang_objects.clone())
@@ -146,12 +152,20 @@ pub fn gang_watches(client: &Client) -> (GangStores, GangWatches) {
         .modify(|claim| claim.managed_fields_mut().clear())
         .reflect(claims_writer)
         .touched_objects()
+        .inspect({
+            let changed = changed.clone();
+            move |_| changed.notify_one()
+        })
         .boxed();
     let (services, services_writer) = reflector::store();
     let service_events = watcher(Api::<Service>::all(client.clone()), gang_objects)
         .default_backoff()
         .reflect(services_writer)
         .touched_objects()
+        .inspect({
+            let changed = changed.clone();
+            move |_| changed.notify_one()
+        })
         .boxed();
     (
         GangStores { pods, claims, services },

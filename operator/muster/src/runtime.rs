@@ -25,7 +25,7 @@ pub struct Settings {
 pub async fn run(client: Client, settings: Settings) {
     let index = Arc::new(Index::default());
     let wake = Arc::new(Notify::new());
-    let (stores, watches) = controller::gang_watches(&client);
+    let (stores, watches) = controller::gang_watches(&client, wake.clone());
     let controller = WorkloadController::new(
         client.clone(),
         settings.controller,

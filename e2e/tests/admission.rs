@@ -1,0 +1,573 @@
+//! Atomic gang admission on a real control plane: a gang gets every device or holds
+//! none, is released only when fully reserved, survives the operator being killed at any
+//! step of a commit, and is torn down and placed again when its pods cannot all start.
+//! An invariant checker runs beside every test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use muster_api::labels;
+use muster_api::v1alpha1::{AdmissionState, Workload, WorkloadPhase};
+use muster_e2e::fleet::{FleetSpec, GPU_DRIVER, RACK_LABEL};
+use muster_e2e::invariants::Checker;
+use muster_e2e::operator::Operator;
+use muster_e2e::testing::{SharedCluster, delete_namespace, exclusive, namespace, shared_cluster};
+use muster_e2e::wait;
+use serde_json::{Value, json};
+
+/// Two racks of four fenced nodes, eight GPUs and 64 CPUs each.
+async fn cluster() -> Result<&'static SharedCluster> {
+    shared_cluster(
+        FleetSpec {
+            nodes: 8,
+            nodes_per_rack: 4,
+            ..FleetSpec::default()
+        }
+        .fenced(),
+    )
+    .await
+}
+
+const COMMIT_WINDOW: Duration = Duration::from_secs(30);
+
+struct Test {
+    client: kube::Client,
+    ns: String,
+    operator: Option<Operator>,
+    checker: Option<Checker>,
+    cluster: &'static SharedCluster,
+    name: String,
+}
+
+impl Test {
+    async fn start(name: &str, operator_args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        let cluster = cluster().await?;
+        let client = cluster.control_plane.client().await?;
+        let ns = namespace(&client, name).await?;
+        let checker = Checker::start(client.clone(), COMMIT_WINDOW);
+        let mut test = Test {
+            client,
+            ns,
+            operator: None,
+            checker: Some(checker),
+            cluster,
+            name: name.to_string(),
+        };
+        test.start_operator(operator_args, env)?;
+        let templates: Api<ResourceClaimTemplate> = Api::namespaced(test.client.clone(), &test.ns);
+        templates
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "eight-gpus"},
+                    "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": GPU_DRIVER, "count": 8}}]}}},
+                }))?,
+            )
+            .await?;
+        Ok(test)
+    }
+
+    fn start_operator(&mut self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+        let run = self.operator.as_ref().map_or(0, |_| 1) + 1;
+        let logs = self
+            .cluster
+            .control_plane
+            .run_dir()
+            .join("logs")
+            .join(format!("{}-{run}", self.name));
+        self.operator = Some(Operator::start(
+            self.cluster.control_plane.kubeconfig(),
+            &logs,
+            args,
+            env,
+        )?);
+        Ok(())
+    }
+
+    fn workloads(&self) -> Api<Workload> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn create(&self, workload: Value) -> Result<()> {
+        self.workloads()
+            .create(&PostParams::default(), &serde_json::from_value(workload)?)
+            .await?;
+        Ok(())
+    }
+
+    async fn wait_phase(&self, name: &str, phase: WorkloadPhase, timeout: Duration) -> Result<Workload> {
+        let api = self.workloads();
+        wait::until(&format!("{name} to be {phase:?}"), timeout, || {
+            let api = api.clone();
+            async move {
+                let w = api.get(name).await?;
+                Ok(w.status.as_ref().is_some_and(|s| s.phase == Some(phase)).then_some(w))
+            }
+        })
+        .await
+    }
+
+    /// Waits for the Admitted condition to have `reason`, and returns its message.
+    async fn wait_admitted_reason(&self, name: &str, reason: &str, timeout: Duration) -> Result<String> {
+        let api = self.workloads();
+        wait::until(&format!("{name}'s Admitted reason to be {reason}"), timeout, || {
+            let api = api.clone();
+            async move {
+                let w = api.get(name).await?;
+                let condition = w
+                    .status
+                    .unwrap_or_default()
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Admitted");
+                Ok(condition.filter(|c| c.reason == reason).map(|c| c.message))
+            }
+        })
+        .await
+    }
+
+    async fn gang_claims(&self, name: &str) -> Result<Vec<ResourceClaim>> {
+        let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
+        Ok(self.claims().list(&selector).await?.items)
+    }
+
+    async fn gang_pods(&self, name: &str) -> Result<Vec<Pod>> {
+        let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
+        Ok(self.pods().list(&selector).await?.items)
+    }
+
+    /// Deletes every Workload and waits until their claims are deallocated and gone
+    /// (the operator must run for that), then stops the operator and the checker and
+    /// fails on any invariant violation.
+    async fn finish(mut self) -> Result<()> {
+        self.workloads()
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await?;
+        let claims = self.claims();
+        wait::until("the test's claims to be gone", Duration::from_secs(90), || {
+            let claims = claims.clone();
+            async move {
+                Ok(claims
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .is_empty()
+                    .then_some(()))
+            }
+        })
+        .await?;
+        if let Some(operator) = self.operator.take() {
+            operator.stop();
+        }
+        let violations = self.checker.take().map(Checker::finish).unwrap_or_default();
+        delete_namespace(&self.client, &self.ns).await?;
+        ensure!(violations.is_empty(), "invariant violations: {violations:#?}");
+        Ok(())
+    }
+}
+
+/// Runs `body` on a fresh test namespace and operator, and always cleans up after it,
+/// so a failing test does not leave devices allocated for the next one.
+async fn with_test<F>(name: &str, args: &[&str], env: &[(&str, &str)], body: F) -> Result<()>
+where
+    F: for<'a> FnOnce(&'a mut Test) -> futures::future::BoxFuture<'a, Result<()>>,
+{
+    let _serial = exclusive().await;
+    let mut test = Test::start(name, args, env).await?;
+    let outcome = body(&mut test).await;
+    let cleanup = test.finish().await;
+    outcome.and(cleanup)
+}
+
+/// A launcher (2 CPU, no devices) and `workers` pods with eight GPUs and 16 CPUs each, in
+/// one rack; `rack` pins the gang to one rack by node selector.
+fn gang(name: &str, workers: i32, rack: Option<&str>) -> Value {
+    let node_selector = rack.map(|r| json!({RACK_LABEL: r})).unwrap_or(json!({}));
+    json!({
+        "apiVersion": "muster.dev/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name},
+        "spec": {
+            "topology": {"required": RACK_LABEL},
+            "podGroups": [
+                {
+                    "name": "launcher",
+                    "replicas": 1,
+                    "template": {"spec": {
+                        "nodeSelector": node_selector,
+                        "containers": [{"name": "main", "image": "launcher", "resources": {"requests": {"cpu": "2"}}}],
+                    }},
+                },
+                {
+                    "name": "workers",
+                    "replicas": workers,
+                    "template": {"spec": {
+                        "nodeSelector": node_selector,
+                        "containers": [{
+                            "name": "main",
+                            "image": "trainer",
+                            "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
+                        }],
+                        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+                    }},
+                },
+            ],
+        },
+    })
+}
+
+/// Every device of every allocated claim in the namespace, by claim.
+async fn allocations(claims: &Api<ResourceClaim>) -> Result<BTreeMap<String, Vec<(String, String)>>> {
+    let mut out = BTreeMap::new();
+    for claim in claims.list(&ListParams::default()).await?.items {
+        if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+            let devices = allocation
+                .devices
+                .iter()
+                .flat_map(|d| d.results.iter().flatten())
+                .map(|r| (r.pool.clone(), r.device.clone()))
+                .collect();
+            out.insert(claim.metadata.name.clone().unwrap_or_default(), devices);
+        }
+    }
+    Ok(out)
+}
+
+/// The gang runs as planned: every pod on its planned node, every claim allocated on
+/// that node, reserved for its pod by kube-scheduler, all in one rack.
+async fn assert_runs_as_planned(test: &Test, name: &str) -> Result<Workload> {
+    let workload = test
+        .wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
+        .await?;
+    let placement = workload
+        .status
+        .as_ref()
+        .and_then(|s| s.placement.clone())
+        .context("placement")?;
+    ensure!(
+        placement.state == Some(AdmissionState::Released),
+        "state {:?}",
+        placement.state
+    );
+    let planned: BTreeMap<String, String> = placement
+        .pods
+        .iter()
+        .map(|p| (p.name.clone(), p.node.clone()))
+        .collect();
+    let pods = test.gang_pods(name).await?;
+    ensure!(
+        pods.len() == planned.len(),
+        "{} pods, {} planned",
+        pods.len(),
+        planned.len()
+    );
+    let nodes = test
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.rack.clone()))
+        .collect::<BTreeMap<_, _>>();
+    let mut racks = BTreeSet::new();
+    for pod in &pods {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).context("bound")?;
+        ensure!(
+            planned.get(&pod_name) == Some(&node),
+            "{pod_name} on {node}, planned {:?}",
+            planned.get(&pod_name)
+        );
+        racks.insert(nodes[&node].clone());
+    }
+    ensure!(racks.len() == 1, "one rack, got {racks:?}");
+    ensure!(
+        placement.topology_value.as_ref() == racks.first(),
+        "topology value {:?}",
+        placement.topology_value
+    );
+    let claims = test.gang_claims(name).await?;
+    ensure!(
+        claims.len() == placement.claims.len(),
+        "claims {} vs planned {}",
+        claims.len(),
+        placement.claims.len()
+    );
+    for claim in &claims {
+        let claim_name = claim.metadata.name.clone().unwrap_or_default();
+        let status = claim.status.as_ref().context("claim status")?;
+        let allocation = status.allocation.as_ref().context("allocated")?;
+        ensure!(allocation.allocation_timestamp.is_some(), "allocationTimestamp written");
+        let pod_name = claim_name.trim_end_matches("-gpus");
+        let node = &planned[pod_name];
+        let results = allocation
+            .devices
+            .as_ref()
+            .and_then(|d| d.results.clone())
+            .unwrap_or_default();
+        ensure!(results.len() == 8, "{claim_name}: {} devices", results.len());
+        ensure!(
+            results.iter().all(|r| &r.pool == node),
+            "{claim_name}: devices on {node}"
+        );
+        let reserved = status.reserved_for.clone().unwrap_or_default();
+        let pod = pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(pod_name))
+            .context("pod")?;
+        ensure!(
+            reserved.len() == 1 && Some(&reserved[0].uid) == pod.metadata.uid.as_ref(),
+            "{claim_name} reserved for {reserved:?}"
+        );
+    }
+    Ok(workload)
+}
+
+#[tokio::test]
+async fn a_gang_that_fits_runs_on_its_planned_nodes_with_its_planned_devices() -> Result<()> {
+    with_test("fits", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("llama", 3, None)).await?;
+            let workload = assert_runs_as_planned(test, "llama").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            assert_eq!(placement.devices, 24);
+            let admitted = test
+                .wait_admitted_reason("llama", "Admitted", Duration::from_secs(5))
+                .await?;
+            ensure!(admitted.contains("reserved 24 devices on 3 nodes"), "{admitted}");
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gang_too_big_for_any_rack_holds_nothing_and_says_why() -> Result<()> {
+    with_test("too-big", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("huge", 5, None)).await?;
+            let message = test.wait_admitted_reason("huge", "Unschedulable", Duration::from_secs(60)).await?;
+            ensure!(
+                message.contains("group workers needs 5 pods (8 gpu.example.com devices each, 16 CPU, 65536Mi memory) in one example.com/rack, but the best"),
+                "{message}"
+            );
+            ensure!(message.contains("has room for 4"), "{message}");
+            let workload = test.workloads().get("huge").await?;
+            assert_eq!(workload.status.as_ref().and_then(|s| s.phase), Some(WorkloadPhase::Queued));
+            ensure!(allocations(&test.claims()).await?.is_empty(), "no claim allocated");
+            for pod in test.gang_pods("huge").await? {
+                let spec = pod.spec.context("spec")?;
+                ensure!(spec.node_name.is_none(), "no pod bound");
+                ensure!(spec.scheduling_gates.unwrap_or_default().iter().any(|g| g.name == labels::GANG_GATE), "still gated");
+            }
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn two_gangs_competing_for_one_rack_are_admitted_one_after_the_other() -> Result<()> {
+    with_test("compete", &[], &[], |test| {
+        Box::pin(async move {
+            // Each needs three of the four nodes of rack-0000.
+            test.create(gang("first", 3, Some("rack-0000"))).await?;
+            assert_runs_as_planned(test, "first").await?;
+            test.create(gang("second", 3, Some("rack-0000"))).await?;
+            let message = test
+                .wait_admitted_reason("second", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            ensure!(message.contains("has room for 1"), "{message}");
+            let held = allocations(&test.claims()).await?;
+            ensure!(
+                held.keys().all(|c| c.starts_with("first-")),
+                "the second gang holds nothing: {held:?}"
+            );
+
+            test.workloads().delete("first", &DeleteParams::default()).await?;
+            assert_runs_as_planned(test, "second").await?;
+            let held = allocations(&test.claims()).await?;
+            ensure!(held.keys().all(|c| c.starts_with("second-")), "{held:?}");
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_operator_killed_at_any_commit_step_converges() -> Result<()> {
+    for fault in [
+        "after-plan-recorded",
+        "after-first-claim",
+        "after-all-claims",
+        "after-reserved",
+        "after-first-release",
+    ] {
+        let name = format!("fault-{fault}");
+        with_test(&name, &[], &[("MUSTER_FAULT_POINT", fault)], |test| {
+            Box::pin(async move {
+                test.create(gang("victim", 3, None)).await?;
+                let operator = test.operator.as_mut().context("operator")?;
+                wait::until(
+                    &format!("the operator to abort {fault}"),
+                    Duration::from_secs(60),
+                    || {
+                        let exited = operator.check_running().is_err();
+                        async move { Ok(exited.then_some(())) }
+                    },
+                )
+                .await?;
+                test.operator = None;
+                test.start_operator(&[], &[])?;
+                assert_runs_as_planned(test, "victim").await?;
+                let held = allocations(&test.claims()).await?;
+                let placement = test
+                    .workloads()
+                    .get("victim")
+                    .await?
+                    .status
+                    .and_then(|s| s.placement)
+                    .context("placement")?;
+                let planned: BTreeSet<&String> = placement.claims.iter().collect();
+                ensure!(
+                    held.keys().collect::<BTreeSet<_>>() == planned,
+                    "held {held:?}, planned {planned:?}"
+                );
+                Ok(())
+            })
+        })
+        .await
+        .with_context(|| format!("after a crash {fault}"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_plain_pod_never_gets_a_device_muster_reserved() -> Result<()> {
+    with_test("plain", &[], &[], |test| {
+        Box::pin(async move {
+            // Someone else's pod with its own claim, submitted while the gang is admitted.
+            test.create(gang("gang", 4, Some("rack-0001"))).await?;
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "intruder"},
+                "spec": {
+                    "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "eight-gpus"}],
+                },
+            }))?;
+            test.pods().create(&PostParams::default(), &pod).await?;
+            assert_runs_as_planned(test, "gang").await?;
+            // The fence keeps the pod off every GPU node: it is unschedulable, and its
+            // claim never gets a device.
+            let pods = test.pods();
+            let reason = wait::until(
+                "the plain pod to be found unschedulable",
+                Duration::from_secs(60),
+                || {
+                    let pods = pods.clone();
+                    async move {
+                        let pod = pods.get("intruder").await?;
+                        let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+                        let scheduled = conditions.into_iter().find(|c| c.type_ == "PodScheduled");
+                        Ok(scheduled
+                            .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+                            .map(|c| c.message.unwrap_or_default()))
+                    }
+                },
+            )
+            .await?;
+            ensure!(reason.contains("untolerated taint"), "the fence is why: {reason}");
+            let held = allocations(&test.claims()).await?;
+            let gang_devices: BTreeSet<_> = held
+                .iter()
+                .filter(|(c, _)| c.starts_with("gang-"))
+                .flat_map(|(_, d)| d.clone())
+                .collect();
+            let others: BTreeSet<_> = held
+                .iter()
+                .filter(|(c, _)| !c.starts_with("gang-"))
+                .flat_map(|(_, d)| d.clone())
+                .collect();
+            ensure!(gang_devices.len() == 32, "the gang holds 32 devices");
+            ensure!(
+                gang_devices.is_disjoint(&others),
+                "no device of the gang given to the plain pod"
+            );
+            test.pods().delete("intruder", &DeleteParams::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again() -> Result<()> {
+    let timeout = ["--schedule-timeout", "8"];
+    with_test(
+        "teardown",
+        &timeout,
+        &[("MUSTER_FAULT_POINT", "after-reserved")],
+        |test| {
+            Box::pin(async move {
+                test.create(gang("unlucky", 3, None)).await?;
+                let operator = test.operator.as_mut().context("operator")?;
+                wait::until("the operator to stop after reserving", Duration::from_secs(60), || {
+                    let exited = operator.check_running().is_err();
+                    async move { Ok(exited.then_some(())) }
+                })
+                .await?;
+                test.operator = None;
+                // Between plan and bind, another pod takes the CPU of one planned worker node.
+                let workload = test.workloads().get("unlucky").await?;
+                let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+                let victim = placement
+                    .pods
+                    .iter()
+                    .find(|p| p.name.contains("workers"))
+                    .context("a worker")?
+                    .node
+                    .clone();
+                let hog: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": "hog"},
+                    "spec": {
+                        "nodeName": victim,
+                        "tolerations": [{"key": "muster.dev/fenced", "operator": "Exists"}],
+                        "containers": [{"name": "main", "image": "x", "resources": {"requests": {"cpu": "60"}}}],
+                    },
+                }))?;
+                test.pods().create(&PostParams::default(), &hog).await?;
+
+                test.start_operator(&timeout, &[])?;
+                let message = test
+                    .wait_admitted_reason("unlucky", "ScheduleTimeout", Duration::from_secs(60))
+                    .await?;
+                ensure!(message.contains("not scheduled within 8s"), "{message}");
+                let workload = assert_runs_as_planned(test, "unlucky").await?;
+                let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+                let on_victim: Vec<_> = placement
+                    .pods
+                    .iter()
+                    .filter(|p| p.name.contains("workers") && p.node == victim)
+                    .collect();
+                ensure!(
+                    on_victim.is_empty(),
+                    "no worker placed again on {victim}: {:?}",
+                    placement.pods
+                );
+                test.pods().delete("hog", &DeleteParams::default()).await?;
+                Ok(())
+            })
+        },
+    )
+    .await
+}
