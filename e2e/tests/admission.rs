@@ -571,3 +571,57 @@ async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again(
     )
     .await
 }
+
+#[tokio::test]
+async fn a_gang_waiting_too_long_is_not_overtaken_by_smaller_ones() -> Result<()> {
+    with_test("starvation", &["--starvation-after", "3"], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("small", 1, Some("rack-0000"))).await?;
+            assert_runs_as_planned(test, "small").await?;
+            // Needs all of rack-0000, where one node is taken: it waits.
+            test.create(gang("big", 4, Some("rack-0000"))).await?;
+            test.wait_admitted_reason("big", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            let api = test.workloads();
+            wait::until(
+                "big to have waited past the starvation limit",
+                Duration::from_secs(30),
+                || {
+                    let api = api.clone();
+                    async move {
+                        let w = api.get("big").await?;
+                        let since = w
+                            .status
+                            .unwrap_or_default()
+                            .conditions
+                            .into_iter()
+                            .find(|c| c.type_ == "Admitted")
+                            .map(|c| c.last_transition_time.0);
+                        let waited = since.map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t).as_secs_f64());
+                        Ok(waited.filter(|w| *w > 4.0).map(|_| ()))
+                    }
+                },
+            )
+            .await?;
+            // A small gang that would fit elsewhere must wait behind it.
+            test.create(gang("late", 1, Some("rack-0001"))).await?;
+            let message = test
+                .wait_admitted_reason("late", "WaitingBehind", Duration::from_secs(60))
+                .await?;
+            ensure!(message.contains("big has waited longest"), "{message}");
+            ensure!(
+                test.gang_claims("late").await?.iter().all(|c| c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocation.as_ref())
+                    .is_none())
+            );
+
+            test.workloads().delete("small", &DeleteParams::default()).await?;
+            assert_runs_as_planned(test, "big").await?;
+            assert_runs_as_planned(test, "late").await?;
+            Ok(())
+        })
+    })
+    .await
+}

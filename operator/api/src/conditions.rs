@@ -30,6 +30,9 @@ pub const REASON_SUSPENDED: &str = "Suspended";
 pub const REASON_WAITING_FOR_OBJECTS: &str = "WaitingForObjects";
 /// Queued: the gang does not fit now; the message says why, with numbers.
 pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+/// Held back: a gang of equal or higher priority has waited past the starvation limit
+/// and is admitted first.
+pub const REASON_WAITING_BEHIND: &str = "WaitingBehind";
 /// The plan is recorded and claims are being allocated.
 pub const REASON_RESERVING: &str = "Reserving";
 /// Every claim is allocated and every pod released to the scheduler.

@@ -19,3 +19,6 @@ pub const ADMISSION_FIELD_MANAGER: &str = "muster-admission";
 pub const CLAIM_FINALIZER: &str = "muster.dev/allocation";
 /// Node taint that fences devices from pods outside muster; muster's pods tolerate it.
 pub const FENCE_TAINT: &str = "muster.dev/fenced";
+/// Finalizer on every Workload: muster releases its devices and deletes its objects
+/// before the Workload goes, even if the operator was down at the time of the delete.
+pub const WORKLOAD_FINALIZER: &str = "muster.dev/cleanup";

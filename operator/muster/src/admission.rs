@@ -234,7 +234,7 @@ impl Admission {
         let workloads = self.workloads.state();
         self.collect_claims().await;
 
-        for workload in &workloads {
+        for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
             let state = placement_of(workload).and_then(|p| p.state);
             let result = match state {
                 Some(AdmissionState::Released) => self.watch_released(workload, &mut next).await,
@@ -276,9 +276,20 @@ impl Admission {
         self.waiting.retain(|k, _| live.contains(k));
 
         let changes = self.index.changes();
-        let mut blocking: Option<i32> = None;
+        let mut blocking: Option<(i32, String)> = None;
         for (priority, _, name, workload) in queue {
-            if blocking.is_some_and(|p| priority <= p) {
+            if let Some((_, starving)) = blocking.as_ref().filter(|(p, _)| priority <= *p) {
+                let message = format!("{starving} has waited longest and is admitted first (starvation rule)");
+                let current =
+                    condition(&workload, conditions::ADMITTED).map(|c| (c.reason.as_str(), c.message.as_str()));
+                if current != Some((conditions::REASON_WAITING_BEHIND, message.as_str())) {
+                    let result = self
+                        .set_admitted(&workload, false, conditions::REASON_WAITING_BEHIND, &message, None)
+                        .await;
+                    if let Err(e) = result {
+                        warn!(workload = %name, error = %e, "writing status failed");
+                    }
+                }
                 continue;
             }
             if let Some(waiting) = self.waiting.get(&name) {
@@ -292,7 +303,7 @@ impl Admission {
                             .max(Duration::from_millis(100)),
                     );
                     if waiting.since.elapsed() > self.settings.starvation_after {
-                        blocking = Some(priority);
+                        blocking = Some((priority, name.clone()));
                     }
                     continue;
                 }
@@ -302,7 +313,7 @@ impl Admission {
                     self.waiting.remove(&name);
                 }
                 Ok(false) => {
-                    let entry = self.waiting.entry(name).or_insert(Waiting {
+                    let entry = self.waiting.entry(name.clone()).or_insert(Waiting {
                         since: Instant::now(),
                         next_try: Instant::now(),
                         failures: 0,
@@ -316,7 +327,7 @@ impl Admission {
                     entry.next_try = Instant::now() + backoff;
                     next = next.min(backoff);
                     if entry.since.elapsed() > self.settings.starvation_after {
-                        blocking = Some(priority);
+                        blocking = Some((priority, name));
                     }
                 }
                 Err(e) => {
@@ -833,14 +844,8 @@ impl Admission {
 
     /// Claims being deleted: clear the allocation once no pod uses them, then let go.
     async fn collect_claims(&self) {
-        let live: BTreeSet<String> = self
-            .stores
-            .pods
-            .state()
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| p.uid())
-            .collect();
+        // Terminating pods may still use their devices: only pods that are gone free them.
+        let live: BTreeSet<String> = self.stores.pods.state().iter().filter_map(|p| p.uid()).collect();
         for claim in self.stores.claims.state() {
             let has_finalizer = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
             if claim.metadata.deletion_timestamp.is_none() || !has_finalizer {

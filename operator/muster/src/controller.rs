@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -250,11 +250,19 @@ async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action,
 }
 
 async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
-    if workload.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
     let name = workload.name_any();
     let namespace = workload.namespace().unwrap_or_default();
+    let has_finalizer = workload.finalizers().iter().any(|f| f == labels::WORKLOAD_FINALIZER);
+    if workload.metadata.deletion_timestamp.is_some() {
+        return if has_finalizer {
+            clean_up(workload, ctx).await
+        } else {
+            Ok(Action::await_change())
+        };
+    }
+    if !has_finalizer {
+        add_finalizer(workload, ctx).await?;
+    }
 
     let gang = match gang::build(workload) {
         Ok(gang) => gang,
@@ -533,6 +541,72 @@ fn created_reason(status: Option<&muster_api::WorkloadStatus>) -> Option<String>
         .iter()
         .find(|c| c.type_ == conditions::CREATED)
         .map(|c| c.reason.clone())
+}
+
+/// Adds the Workload finalizer, so that its devices are released even if the operator
+/// is down when it is deleted.
+async fn add_finalizer(workload: &Workload, ctx: &Context) -> Result<(), Error> {
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &workload.namespace().unwrap_or_default());
+    let patch = match &workload.metadata.finalizers {
+        Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": labels::WORKLOAD_FINALIZER}]),
+        None => json!([{"op": "add", "path": "/metadata/finalizers", "value": [labels::WORKLOAD_FINALIZER]}]),
+    };
+    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+    api.patch(&workload.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
+    Ok(())
+}
+
+/// A deleted Workload: delete its pods, claims and Service (the admission loop clears
+/// claim allocations once no pod uses them), then let the Workload go.
+async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
+    let namespace = workload.namespace().unwrap_or_default();
+    let name = workload.name_any();
+    let pods = ctx.stores.pods_of(&namespace, &name);
+    let claims = ctx.stores.claims_of(&namespace, &name);
+    let service = ctx.stores.services.get(&ObjectRef::new(&name).within(&namespace));
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        ignore_missing(pods_api.delete(&pod.name_any(), &DeleteParams::default()).await)?;
+    }
+    let claims_api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+        ignore_missing(claims_api.delete(&claim.name_any(), &DeleteParams::default()).await)?;
+    }
+    if let Some(service) = service.filter(|s| s.metadata.deletion_timestamp.is_none()) {
+        let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+        ignore_missing(services.delete(&service.name_any(), &DeleteParams::default()).await)?;
+    }
+    if !pods.is_empty() || !claims.is_empty() {
+        // Their deletion events bring us back.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(position) = workload
+        .finalizers()
+        .iter()
+        .position(|f| f == labels::WORKLOAD_FINALIZER)
+    {
+        let path = format!("/metadata/finalizers/{position}");
+        let patch = json!([
+            {"op": "test", "path": path, "value": labels::WORKLOAD_FINALIZER},
+            {"op": "remove", "path": path},
+        ]);
+        let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        ignore_missing(
+            api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await,
+        )?;
+    }
+    Ok(Action::await_change())
+}
+
+fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn publish(ctx: &Context, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
