@@ -161,7 +161,11 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
 
     // Devices, per node.
     let sparse = rng.chance(35);
-    let mut inventory: Vec<(String, Vec<String>)> = Vec::new();
+    let mode = Mode {
+        shared: rng.chance(25),
+        counters: rng.chance(20),
+    };
+    let mut inventory: Vec<NodeDevices> = Vec::new();
     let mut slices = Vec::new();
     for node in nodes {
         let weights: &[u64] = if sparse {
@@ -171,8 +175,15 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
         };
         let count = rng.weighted(weights);
         let pool = format!("{prefix}-{node}");
-        let devices: Vec<Value> = (0..count).map(|i| device(&mut rng, node, i)).collect();
-        inventory.push((node.clone(), (0..count).map(|i| format!("{node}-d{i}")).collect()));
+        // A partitionable pool: devices share counters of one set.
+        let counters = (mode.counters && count > 0 && rng.chance(60)).then(|| *rng.pick(&[40, 64, 80]));
+        let (devices, infos): (Vec<Value>, Vec<DeviceInfo>) = (0..count)
+            .map(|i| device(&mut rng, node, i, mode, counters.is_some()))
+            .unzip();
+        inventory.push(NodeDevices {
+            devices: infos,
+            counters,
+        });
         if count == 0 && rng.chance(50) {
             continue; // no slice at all
         }
@@ -182,24 +193,33 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
         } else {
             vec![devices]
         };
-        let total = parts.len();
-        for (i, part) in parts.into_iter().enumerate() {
-            let name = if total == 1 {
-                pool.clone()
-            } else {
-                format!("{pool}-{}", ["a", "b"][i])
-            };
-            slices.push(json!({
+        let total = parts.len() + usize::from(counters.is_some());
+        let slice = |name: String, content: (&str, Value)| {
+            let mut spec = json!({
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": pool, "generation": number + 1, "resourceSliceCount": total},
+            });
+            spec[content.0] = content.1;
+            json!({
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",
                 "metadata": {"name": name, "labels": labels(&prefix)},
-                "spec": {
-                    "driver": DRIVER,
-                    "nodeName": node,
-                    "pool": {"name": pool, "generation": number + 1, "resourceSliceCount": total},
-                    "devices": part,
-                },
-            }));
+                "spec": spec,
+            })
+        };
+        let split = parts.len() > 1;
+        for (i, part) in parts.into_iter().enumerate() {
+            let name = if split {
+                format!("{pool}-{}", ["a", "b"][i])
+            } else {
+                pool.clone()
+            };
+            slices.push(slice(name, ("devices", json!(part))));
+        }
+        if let Some(total) = counters {
+            let sets = json!([{"name": "mem", "counters": {"memory": {"value": format!("{total}Gi")}}}]);
+            slices.push(slice(format!("{pool}-counters"), ("sharedCounters", sets)));
         }
     }
 
@@ -233,7 +253,7 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
             let subrequests: Vec<Value> = subs
                 .iter()
                 .map(|s| {
-                    let mut spec = request_spec(&mut rng, &class_names, nodes);
+                    let mut spec = request_spec(&mut rng, &class_names, nodes, mode);
                     spec.insert("name".into(), json!(s));
                     Value::Object(spec)
                 })
@@ -241,7 +261,7 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
             requests.push(json!({"name": name, "firstAvailable": subrequests}));
             names.push((name, subs));
         } else {
-            requests.push(json!({"name": name, "exactly": request_spec(&mut rng, &class_names, nodes)}));
+            requests.push(json!({"name": name, "exactly": request_spec(&mut rng, &class_names, nodes, mode)}));
             names.push((name, vec![]));
         }
     }
@@ -258,43 +278,70 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
         "spec": {"devices": devices},
     });
 
-    // Other pods' claims, each taking specific devices of one node.
+    // Other pods' claims, each taking one or two devices of one node by their uid (and
+    // part of a shareable device's capacity), always allocatable.
     let mut blockers = Vec::new();
-    if rng.chance(35) {
+    if rng.chance(if mode.shared { 60 } else { 35 }) {
         let mut taken: BTreeSet<String> = BTreeSet::new();
+        let mut counters_left: Vec<Option<u64>> = inventory.iter().map(|n| n.counters).collect();
         for b in 0..if rng.chance(30) { 2 } else { 1 } {
-            let candidates: Vec<&(String, Vec<String>)> = inventory
-                .iter()
-                .filter(|(_, uids)| uids.iter().any(|u| !taken.contains(u)))
+            let fits = |node: usize, d: &DeviceInfo, left: &[Option<u64>], taken: &BTreeSet<String>| {
+                !taken.contains(&d.uid) && left[node].is_none_or(|l| d.consumes <= l)
+            };
+            let candidates: Vec<usize> = (0..inventory.len())
+                .filter(|n| {
+                    inventory[*n]
+                        .devices
+                        .iter()
+                        .any(|d| fits(*n, d, &counters_left, &taken))
+                })
                 .collect();
             if candidates.is_empty() {
                 break;
             }
-            let (_, uids) = rng.pick(&candidates);
-            let mut free: Vec<&String> = uids.iter().filter(|u| !taken.contains(*u)).collect();
-            let want = rng.range(1, 2.min(free.len()));
-            let mut chosen = Vec::new();
-            for _ in 0..want {
-                let u = free.remove(rng.below(free.len())).clone();
-                taken.insert(u.clone());
-                chosen.push(format!("'{u}'"));
+            let node = *rng.pick(&candidates);
+            let mut requests = Vec::new();
+            for _ in 0..rng.range(1, 2) {
+                let mut free: Vec<&DeviceInfo> = inventory[node]
+                    .devices
+                    .iter()
+                    .filter(|d| fits(node, d, &counters_left, &taken))
+                    .collect();
+                if free.is_empty() {
+                    break;
+                }
+                if free.iter().any(|d| d.shareable) && rng.chance(70) {
+                    free.retain(|d| d.shareable);
+                }
+                let d = *rng.pick(&free);
+                taken.insert(d.uid.clone());
+                if let Some(left) = &mut counters_left[node] {
+                    *left -= d.consumes;
+                }
+                let mut request = json!({
+                    "deviceClassName": ANY_CLASS,
+                    "selectors": [{"cel": {"expression": format!("device.attributes['{DRIVER}'].uid == '{}'", d.uid)}}],
+                    "tolerations": [
+                        {"operator": "Exists", "effect": "NoSchedule"},
+                        {"operator": "Exists", "effect": "NoExecute"},
+                    ],
+                });
+                if d.shareable && rng.chance(70) {
+                    let wanted = if !d.cores || rng.chance(60) {
+                        json!({"memory": rng.pick(&["8Gi", "40Gi"])})
+                    } else {
+                        json!({"cores": rng.pick(&["500m", "1200m"])})
+                    };
+                    request["capacity"] = json!({"requests": wanted});
+                }
+                requests.push(json!({"name": format!("b{}", requests.len()), "exactly": request}));
             }
             let name = format!("{prefix}-b{b}");
             let blocker_claim = json!({
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
                 "metadata": {"name": name, "labels": labels(&prefix)},
-                "spec": {"devices": {"requests": [{"name": "b", "exactly": {
-                    "deviceClassName": ANY_CLASS,
-                    "count": chosen.len(),
-                    "selectors": [{"cel": {"expression": format!(
-                        "device.attributes['{DRIVER}'].uid in [{}]", chosen.join(", ")
-                    )}}],
-                    "tolerations": [
-                        {"operator": "Exists", "effect": "NoSchedule"},
-                        {"operator": "Exists", "effect": "NoExecute"},
-                    ],
-                }}]}},
+                "spec": {"devices": {"requests": requests}},
             });
             blockers.push((blocker_claim, pod_object(&prefix, &name, &name)));
         }
@@ -312,7 +359,32 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
     }
 }
 
-fn device(rng: &mut Rng, node: &str, index: usize) -> Value {
+/// Features a case uses beyond plain devices.
+#[derive(Clone, Copy)]
+struct Mode {
+    /// Devices that several claims share by capacity, and requests for capacity.
+    shared: bool,
+    /// Partitionable devices that consume shared counters.
+    counters: bool,
+}
+
+/// What the generator remembers of a device, to take it with another pod's claim.
+struct DeviceInfo {
+    uid: String,
+    shareable: bool,
+    /// Has a `cores` capacity.
+    cores: bool,
+    /// GiB of the pool's `mem` counter it consumes.
+    consumes: u64,
+}
+
+struct NodeDevices {
+    devices: Vec<DeviceInfo>,
+    /// GiB in the pool's `mem` counter set, if it has one.
+    counters: Option<u64>,
+}
+
+fn device(rng: &mut Rng, node: &str, index: usize, mode: Mode, counters: bool) -> (Value, DeviceInfo) {
     let mut attributes = Map::new();
     attributes.insert("uid".into(), json!({"string": format!("{node}-d{index}")}));
     attributes.insert("index".into(), json!({"int": index}));
@@ -343,14 +415,51 @@ fn device(rng: &mut Rng, node: &str, index: usize) -> Value {
     if rng.chance(50) {
         attributes.insert(format!("{TOPO}/rack"), json!({"string": rng.pick(&["r0", "r1"])}));
     }
+    let shareable = mode.shared && rng.chance(60);
     let mut capacity = Map::new();
-    if rng.chance(90) {
-        capacity.insert("memory".into(), json!({"value": rng.pick(MEMORY)}));
-    }
-    if rng.chance(60) {
-        capacity.insert("cores".into(), json!({"value": rng.pick(CORES)}));
+    if shareable {
+        // Consumable capacity, with each kind of request policy.
+        let memory = match rng.below(4) {
+            0 => json!({"value": "80Gi"}),
+            1 => json!({"value": "80Gi", "requestPolicy": {"default": "10Gi"}}),
+            2 => json!({"value": "80Gi", "requestPolicy": {
+                "default": "8Gi",
+                "validRange": {"min": "4Gi", "max": "80Gi", "step": "4Gi"},
+            }}),
+            _ => json!({"value": "80Gi", "requestPolicy": {
+                "default": "16Gi",
+                "validValues": ["8Gi", "16Gi", "40Gi", "80Gi"],
+            }}),
+        };
+        capacity.insert("memory".into(), memory);
+        if rng.chance(60) {
+            let cores = if rng.chance(50) {
+                json!({"value": "2", "requestPolicy": {"default": "500m", "validRange": {"min": "500m", "step": "500m"}}})
+            } else {
+                json!({"value": "4"})
+            };
+            capacity.insert("cores".into(), cores);
+        }
+    } else {
+        if rng.chance(90) {
+            capacity.insert("memory".into(), json!({"value": rng.pick(MEMORY)}));
+        }
+        if rng.chance(60) {
+            capacity.insert("cores".into(), json!({"value": rng.pick(CORES)}));
+        }
     }
     let mut device = json!({"name": format!("d{index}"), "attributes": attributes, "capacity": capacity});
+    if shareable {
+        device["allowMultipleAllocations"] = json!(true);
+    }
+    let mut consumes = 0;
+    if counters && rng.chance(75) {
+        consumes = *rng.pick(&[16, 24, 40]);
+        device["consumesCounters"] = json!([{
+            "counterSet": "mem",
+            "counters": {"memory": {"value": format!("{consumes}Gi")}},
+        }]);
+    }
     if rng.chance(20) {
         let mut taint = json!({
             "key": rng.pick(&["maint", "flaky"]),
@@ -361,11 +470,17 @@ fn device(rng: &mut Rng, node: &str, index: usize) -> Value {
         }
         device["taints"] = json!([taint]);
     }
-    device
+    let info = DeviceInfo {
+        uid: format!("{node}-d{index}"),
+        shareable,
+        cores: device["capacity"].get("cores").is_some(),
+        consumes,
+    };
+    (device, info)
 }
 
 /// `exactly` or a `firstAvailable` entry, without the name.
-fn request_spec(rng: &mut Rng, classes: &[String], nodes: &[String]) -> Map<String, Value> {
+fn request_spec(rng: &mut Rng, classes: &[String], nodes: &[String], mode: Mode) -> Map<String, Value> {
     let mut spec = Map::new();
     spec.insert("deviceClassName".into(), json!(rng.pick(classes)));
     let selectors: Vec<Value> = (0..rng.weighted(&[40, 45, 15]))
@@ -396,6 +511,17 @@ fn request_spec(rng: &mut Rng, classes: &[String], nodes: &[String]) -> Map<Stri
         ];
         let tolerations: Vec<Value> = (0..rng.range(1, 2)).map(|_| rng.pick(&options).clone()).collect();
         spec.insert("tolerations".into(), json!(tolerations));
+    }
+    if mode.shared && rng.chance(50) {
+        let mut wanted = Map::new();
+        if rng.chance(75) {
+            let memory = rng.pick(&["4Gi", "10Gi", "16Gi", "33Gi", "80Gi", "100Gi"]);
+            wanted.insert("memory".into(), json!(memory));
+        }
+        if wanted.is_empty() || rng.chance(40) {
+            wanted.insert("cores".into(), json!(rng.pick(&["500m", "1", "1200m", "2"])));
+        }
+        spec.insert("capacity".into(), json!({"requests": wanted}));
     }
     spec
 }
@@ -451,7 +577,7 @@ fn atom(rng: &mut Rng, nodes: &[String], unguarded: u64) -> String {
             _ => format!("{d}.numa == 1"),
         };
     }
-    match rng.below(23) {
+    match rng.below(24) {
         0 => format!("{d}.?model.orValue('') == '{}'", rng.pick(MODELS)),
         1 => format!(
             "has({d}.model) && {d}.model in ['{}', '{}']",
@@ -504,7 +630,8 @@ fn atom(rng: &mut Rng, nodes: &[String], unguarded: u64) -> String {
             "{c}.?cores.orValue(quantity('0')).asInteger() >= {}",
             rng.pick(&[2, 4, 8])
         ),
-        _ => format!("{d}.?mixed.orValue(0) == 1"),
+        22 => format!("{d}.?mixed.orValue(0) == 1"),
+        _ => ["device.allowMultipleAllocations", "!device.allowMultipleAllocations"][rng.below(2)].to_string(),
     }
 }
 
@@ -1280,21 +1407,46 @@ async fn engine_and_kube_scheduler_agree_on_random_dra_cases() -> Result<()> {
 }
 
 #[test]
-fn cases_are_reproducible_from_seed_and_number() {
+fn cases_are_reproducible_and_cover_every_feature() {
     let nodes: Vec<String> = (0..NODES).map(|i| format!("node-{i:05}")).collect();
     let a = generate(7, 42, &nodes);
     let b = generate(7, 42, &nodes);
     assert_eq!(
-        (a.classes, a.slices, a.claim, a.pod),
-        (b.classes, b.slices, b.claim, b.pod)
+        (a.classes, a.slices, a.claim, a.pod, a.blockers),
+        (b.classes, b.slices, b.claim, b.pod, b.blockers)
     );
-    let mut kinds = BTreeMap::<bool, usize>::new();
+    let features = [
+        "\"firstAvailable\"",
+        "\"All\"",
+        "\"matchAttribute\"",
+        "\"distinctAttribute\"",
+        "\"tolerations\"",
+        "\"taints\"",
+        "\"NoExecute\"",
+        "\"version\"",
+        "\"allowMultipleAllocations\"",
+        "\"validRange\"",
+        "\"validValues\"",
+        "\"sharedCounters\"",
+        "\"consumesCounters\"",
+        "\"capacity\":{\"requests\"",
+        "orValue(",
+        "has(",
+        "semver(",
+        "quantity(",
+        "startsWith(",
+    ];
+    let mut seen: BTreeMap<&str, usize> = features.iter().map(|f| (*f, 0)).collect();
+    let mut with_blockers = 0;
     for number in 0..200 {
         let case = generate(1, number, &nodes);
-        *kinds.entry(case.blockers.is_empty()).or_default() += 1;
+        with_blockers += usize::from(!case.blockers.is_empty());
+        let text = serde_json::to_string(&(&case.classes, &case.slices, &case.claim)).unwrap();
+        for feature in features {
+            *seen.get_mut(feature).unwrap() += usize::from(text.contains(feature));
+        }
     }
-    assert!(
-        kinds.len() == 2,
-        "some cases take devices first, some do not: {kinds:?}"
-    );
+    let missing: Vec<_> = seen.iter().filter(|(_, n)| **n == 0).map(|(f, _)| *f).collect();
+    assert!(missing.is_empty(), "features no case uses: {missing:?}");
+    assert!(with_blockers > 20, "{with_blockers} cases take devices first");
 }
