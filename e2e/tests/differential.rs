@@ -1,0 +1,1452 @@
+//! Differential fidelity: randomised single-pod DRA cases go both to muster's engine and
+//! to a real kube-scheduler, and any disagreement fails the test.
+//!
+//! Every case publishes fresh ResourceSlices (fresh pool names) for the fleet's nodes,
+//! fresh DeviceClasses, a standalone ResourceClaim and a pod using it. Sometimes other
+//! pods first take a few devices with claims that kube-scheduler allocates. The engine
+//! plans the pod from the objects read back from the API server (with the claim as a
+//! claim shared by name and as the pod's own claim, on the whole cluster and on each
+//! node alone); then kube-scheduler gets the pod, and its first verdict counts: bound,
+//! or `PodScheduled=False` (unschedulable, or an error such as a CEL runtime error; an
+//! engine error counts as "not scheduled" too). Both must agree on whether the pod
+//! fits; when kube-scheduler binds it, the engine must fit it on that node alone; and
+//! when the engine fits it on exactly one node alone, kube-scheduler must pick that one.
+//!
+//! kube-scheduler works from informer caches. Before it gets the pods of a case, a fence
+//! pod must be bound whose device, class and claim were written after every other object
+//! of the case: each informer delivers events in order, so the scheduler then knows the
+//! whole case.
+//!
+//! `MUSTER_DIFF_SEED` (decimal or 0x-hex) and `MUSTER_DIFF_CASES` override the seed and
+//! the number of cases; `MUSTER_DIFF_ONLY=<case>` runs one case of the seed (each case
+//! draws from its own generator, seeded by the seed and the case number).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use muster::objects::Objects;
+use muster_e2e::fleet::{FleetSpec, create_or_keep};
+use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
+use muster_e2e::wait;
+use muster_engine::placement::{self, Outcome, PlanOptions};
+use muster_engine::request::{GangRequest, GroupRequest, PodInstance, SharedClaim};
+use muster_engine::selector::NodeSelector;
+use serde_json::{Map, Value, json};
+
+/// The driver of the generated devices, and the domain of most of their attributes.
+const DRIVER: &str = "dra.example.com";
+/// A second attribute domain (fully qualified attribute names).
+const TOPO: &str = "topo.example.com";
+/// The driver of the fence devices.
+const FENCE_DRIVER: &str = "fence.example.com";
+/// The fence's ResourceSlice, rewritten by every case.
+const FENCE_SLICE: &str = "differential-fence";
+/// The class of the devices other pods take, by their `uid` attribute.
+const ANY_CLASS: &str = "differential-any";
+/// Label of every object a case creates; its value is the case prefix.
+const CASE_LABEL: &str = "e2e.muster.dev/case";
+/// Keeps a case's pods readable until the next case: kube-controller-manager evicts a
+/// pod whose device has a NoExecute taint its claim does not tolerate explicitly, maybe
+/// before the verdict is read.
+const KEEP_FINALIZER: &str = "e2e.muster.dev/keep";
+
+const DEFAULT_SEED: u64 = 0x6d75_7374_6572_0001;
+const DEFAULT_CASES: usize = 250;
+const NODES: usize = 4;
+/// How long kube-scheduler may take for one verdict.
+const VERDICT_TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---- a small seeded generator (SplitMix64) ----
+
+struct Rng(u64);
+
+impl Rng {
+    /// The generator of case `case`: independent of the cases before it.
+    fn for_case(seed: u64, case: usize) -> Self {
+        let mut rng = Rng(seed ^ (case as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        rng.next();
+        rng
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    /// Uniform in `low..=high`.
+    fn range(&mut self, low: usize, high: usize) -> usize {
+        low + self.below(high - low + 1)
+    }
+
+    /// True with `percent` % probability.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    /// An index drawn with the given weights.
+    fn weighted(&mut self, weights: &[u64]) -> usize {
+        let total: u64 = weights.iter().sum();
+        let mut roll = self.next() % total;
+        for (i, w) in weights.iter().enumerate() {
+            if roll < *w {
+                return i;
+            }
+            roll -= w;
+        }
+        weights.len() - 1
+    }
+}
+
+// ---- case generation ----
+
+const MODELS: &[&str] = &["a100", "h100", "l4", "mi300"];
+const VERSIONS: &[&str] = &["0.9.12", "1.2.3", "1.10.0", "2.0.0-rc.1", "2.0.0", "2.1.0+build.5"];
+const MEMORY: &[&str] = &["8Gi", "16Gi", "24Gi", "40Gi", "80Gi", "81920Mi", "500M"];
+const CORES: &[&str] = &["2", "4", "8", "16", "1500m"];
+const MATCH_ATTRIBUTES: &[&str] = &[
+    "dra.example.com/model",
+    "dra.example.com/numa",
+    "dra.example.com/pcie",
+    "dra.example.com/fw",
+    "dra.example.com/ecc",
+    "dra.example.com/mixed",
+    "topo.example.com/rack",
+];
+const DISTINCT_ATTRIBUTES: &[&str] = &[
+    "dra.example.com/uid",
+    "dra.example.com/index",
+    "dra.example.com/numa",
+    "dra.example.com/pcie",
+    "dra.example.com/model",
+    "topo.example.com/rack",
+];
+
+/// One generated case: the objects it creates, in creation order.
+struct Case {
+    number: usize,
+    /// Name prefix of the case's objects, and the value of [`CASE_LABEL`].
+    prefix: String,
+    classes: Vec<Value>,
+    slices: Vec<Value>,
+    /// Claims and pods that take devices before the pod under test.
+    blockers: Vec<(Value, Value)>,
+    claim: Value,
+    pod: Value,
+}
+
+fn labels(prefix: &str) -> Value {
+    json!({ CASE_LABEL: prefix })
+}
+
+fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
+    let mut rng = Rng::for_case(seed, number);
+    let prefix = format!("c{number:04}");
+
+    // Devices, per node.
+    let sparse = rng.chance(35);
+    let mode = Mode {
+        shared: rng.chance(25),
+        counters: rng.chance(20),
+    };
+    let mut inventory: Vec<NodeDevices> = Vec::new();
+    let mut slices = Vec::new();
+    for node in nodes {
+        let weights: &[u64] = if sparse {
+            &[40, 20, 15, 10, 5, 5, 5]
+        } else {
+            &[8, 14, 20, 20, 14, 12, 12]
+        };
+        let count = rng.weighted(weights);
+        let pool = format!("{prefix}-{node}");
+        // A partitionable pool: devices share counters of one set.
+        let counters = (mode.counters && count > 0 && rng.chance(60)).then(|| *rng.pick(&[40, 64, 80]));
+        let (devices, infos): (Vec<Value>, Vec<DeviceInfo>) = (0..count)
+            .map(|i| device(&mut rng, node, i, mode, counters.is_some()))
+            .unzip();
+        inventory.push(NodeDevices {
+            devices: infos,
+            counters,
+        });
+        if count == 0 && rng.chance(50) {
+            continue; // no slice at all
+        }
+        let parts: Vec<Vec<Value>> = if count >= 2 && rng.chance(20) {
+            let cut = rng.range(1, count - 1);
+            vec![devices[..cut].to_vec(), devices[cut..].to_vec()]
+        } else {
+            vec![devices]
+        };
+        let total = parts.len() + usize::from(counters.is_some());
+        let slice = |name: String, content: (&str, Value)| {
+            let mut spec = json!({
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": pool, "generation": number + 1, "resourceSliceCount": total},
+            });
+            spec[content.0] = content.1;
+            json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": name, "labels": labels(&prefix)},
+                "spec": spec,
+            })
+        };
+        let split = parts.len() > 1;
+        for (i, part) in parts.into_iter().enumerate() {
+            let name = if split {
+                format!("{pool}-{}", ["a", "b"][i])
+            } else {
+                pool.clone()
+            };
+            slices.push(slice(name, ("devices", json!(part))));
+        }
+        if let Some(total) = counters {
+            let sets = json!([{"name": "mem", "counters": {"memory": {"value": format!("{total}Gi")}}}]);
+            slices.push(slice(format!("{pool}-counters"), ("sharedCounters", sets)));
+        }
+    }
+
+    // Classes: every one selects the driver first, some select more.
+    let class_names: Vec<String> = (0..if rng.chance(40) { 2 } else { 1 })
+        .map(|i| format!("{prefix}-{}", ["x", "y"][i]))
+        .collect();
+    let classes = class_names
+        .iter()
+        .map(|name| {
+            let mut selectors = vec![json!({"cel": {"expression": format!("device.driver == '{DRIVER}'")}})];
+            if rng.chance(35) {
+                selectors.push(json!({"cel": {"expression": selector(&mut rng, nodes, 3)}}));
+            }
+            json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": name, "labels": labels(&prefix)},
+                "spec": {"selectors": selectors},
+            })
+        })
+        .collect();
+
+    // The claim under test.
+    let mut requests = Vec::new();
+    let mut names: Vec<(String, Vec<String>)> = Vec::new();
+    for r in 0..if rng.chance(35) { 2 } else { 1 } {
+        let name = format!("r{r}");
+        if rng.chance(30) {
+            let subs: Vec<String> = (0..rng.range(2, 3)).map(|s| format!("s{s}")).collect();
+            let subrequests: Vec<Value> = subs
+                .iter()
+                .map(|s| {
+                    let mut spec = request_spec(&mut rng, &class_names, nodes, mode);
+                    spec.insert("name".into(), json!(s));
+                    Value::Object(spec)
+                })
+                .collect();
+            requests.push(json!({"name": name, "firstAvailable": subrequests}));
+            names.push((name, subs));
+        } else {
+            requests.push(json!({"name": name, "exactly": request_spec(&mut rng, &class_names, nodes, mode)}));
+            names.push((name, vec![]));
+        }
+    }
+    let mut devices = json!({"requests": requests});
+    if rng.chance(35) {
+        let constraints: Vec<Value> = (0..rng.range(1, 2)).map(|_| constraint(&mut rng, &names)).collect();
+        devices["constraints"] = json!(constraints);
+    }
+    let claim_name = format!("{prefix}-claim");
+    let claim = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim_name, "labels": labels(&prefix)},
+        "spec": {"devices": devices},
+    });
+
+    // Other pods' claims, each taking one or two devices of one node by their uid (and
+    // part of a shareable device's capacity), always allocatable.
+    let mut blockers = Vec::new();
+    if rng.chance(if mode.shared { 60 } else { 35 }) {
+        let mut taken: BTreeSet<String> = BTreeSet::new();
+        let mut counters_left: Vec<Option<u64>> = inventory.iter().map(|n| n.counters).collect();
+        for b in 0..if rng.chance(30) { 2 } else { 1 } {
+            let fits = |node: usize, d: &DeviceInfo, left: &[Option<u64>], taken: &BTreeSet<String>| {
+                !taken.contains(&d.uid) && left[node].is_none_or(|l| d.consumes <= l)
+            };
+            let candidates: Vec<usize> = (0..inventory.len())
+                .filter(|n| {
+                    inventory[*n]
+                        .devices
+                        .iter()
+                        .any(|d| fits(*n, d, &counters_left, &taken))
+                })
+                .collect();
+            if candidates.is_empty() {
+                break;
+            }
+            let node = *rng.pick(&candidates);
+            let mut requests = Vec::new();
+            for _ in 0..rng.range(1, 2) {
+                let mut free: Vec<&DeviceInfo> = inventory[node]
+                    .devices
+                    .iter()
+                    .filter(|d| fits(node, d, &counters_left, &taken))
+                    .collect();
+                if free.is_empty() {
+                    break;
+                }
+                if free.iter().any(|d| d.shareable) && rng.chance(70) {
+                    free.retain(|d| d.shareable);
+                }
+                let d = *rng.pick(&free);
+                taken.insert(d.uid.clone());
+                if let Some(left) = &mut counters_left[node] {
+                    *left -= d.consumes;
+                }
+                let mut request = json!({
+                    "deviceClassName": ANY_CLASS,
+                    "selectors": [{"cel": {"expression": format!("device.attributes['{DRIVER}'].uid == '{}'", d.uid)}}],
+                    "tolerations": [
+                        {"operator": "Exists", "effect": "NoSchedule"},
+                        {"operator": "Exists", "effect": "NoExecute"},
+                    ],
+                });
+                if d.shareable && rng.chance(70) {
+                    let wanted = if !d.cores || rng.chance(60) {
+                        json!({"memory": rng.pick(&["8Gi", "40Gi"])})
+                    } else {
+                        json!({"cores": rng.pick(&["500m", "1200m"])})
+                    };
+                    request["capacity"] = json!({"requests": wanted});
+                }
+                requests.push(json!({"name": format!("b{}", requests.len()), "exactly": request}));
+            }
+            let name = format!("{prefix}-b{b}");
+            let blocker_claim = json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "labels": labels(&prefix)},
+                "spec": {"devices": {"requests": requests}},
+            });
+            blockers.push((blocker_claim, pod_object(&prefix, &name, &name)));
+        }
+    }
+
+    let pod = pod_object(&prefix, &format!("{prefix}-pod"), &claim_name);
+    Case {
+        number,
+        prefix,
+        classes,
+        slices,
+        blockers,
+        claim,
+        pod,
+    }
+}
+
+/// Features a case uses beyond plain devices.
+#[derive(Clone, Copy)]
+struct Mode {
+    /// Devices that several claims share by capacity, and requests for capacity.
+    shared: bool,
+    /// Partitionable devices that consume shared counters.
+    counters: bool,
+}
+
+/// What the generator remembers of a device, to take it with another pod's claim.
+struct DeviceInfo {
+    uid: String,
+    shareable: bool,
+    /// Has a `cores` capacity.
+    cores: bool,
+    /// GiB of the pool's `mem` counter it consumes.
+    consumes: u64,
+}
+
+struct NodeDevices {
+    devices: Vec<DeviceInfo>,
+    /// GiB in the pool's `mem` counter set, if it has one.
+    counters: Option<u64>,
+}
+
+fn device(rng: &mut Rng, node: &str, index: usize, mode: Mode, counters: bool) -> (Value, DeviceInfo) {
+    let mut attributes = Map::new();
+    attributes.insert("uid".into(), json!({"string": format!("{node}-d{index}")}));
+    attributes.insert("index".into(), json!({"int": index}));
+    if rng.chance(85) {
+        attributes.insert("model".into(), json!({"string": rng.pick(MODELS)}));
+    }
+    if rng.chance(70) {
+        attributes.insert("ecc".into(), json!({"bool": rng.chance(50)}));
+    }
+    if rng.chance(80) {
+        attributes.insert("fw".into(), json!({"version": rng.pick(VERSIONS)}));
+    }
+    if rng.chance(80) {
+        attributes.insert("numa".into(), json!({"int": rng.below(2)}));
+    }
+    if rng.chance(60) {
+        attributes.insert("pcie".into(), json!({"string": rng.pick(&["p0", "p1", "p2"])}));
+    }
+    if rng.chance(15) {
+        // The same name with different types on different devices.
+        let value = if rng.chance(50) {
+            json!({"int": 1})
+        } else {
+            json!({"string": "1"})
+        };
+        attributes.insert("mixed".into(), value);
+    }
+    if rng.chance(50) {
+        attributes.insert(format!("{TOPO}/rack"), json!({"string": rng.pick(&["r0", "r1"])}));
+    }
+    let shareable = mode.shared && rng.chance(60);
+    let mut capacity = Map::new();
+    if shareable {
+        // Consumable capacity, with each kind of request policy.
+        let memory = match rng.below(4) {
+            0 => json!({"value": "80Gi"}),
+            1 => json!({"value": "80Gi", "requestPolicy": {"default": "10Gi"}}),
+            2 => json!({"value": "80Gi", "requestPolicy": {
+                "default": "8Gi",
+                "validRange": {"min": "4Gi", "max": "80Gi", "step": "4Gi"},
+            }}),
+            _ => json!({"value": "80Gi", "requestPolicy": {
+                "default": "16Gi",
+                "validValues": ["8Gi", "16Gi", "40Gi", "80Gi"],
+            }}),
+        };
+        capacity.insert("memory".into(), memory);
+        if rng.chance(60) {
+            let cores = if rng.chance(50) {
+                json!({"value": "2", "requestPolicy": {"default": "500m", "validRange": {"min": "500m", "step": "500m"}}})
+            } else {
+                json!({"value": "4"})
+            };
+            capacity.insert("cores".into(), cores);
+        }
+    } else {
+        if rng.chance(90) {
+            capacity.insert("memory".into(), json!({"value": rng.pick(MEMORY)}));
+        }
+        if rng.chance(60) {
+            capacity.insert("cores".into(), json!({"value": rng.pick(CORES)}));
+        }
+    }
+    let mut device = json!({"name": format!("d{index}"), "attributes": attributes, "capacity": capacity});
+    if shareable {
+        device["allowMultipleAllocations"] = json!(true);
+    }
+    let mut consumes = 0;
+    if counters && rng.chance(75) {
+        consumes = *rng.pick(&[16, 24, 40]);
+        device["consumesCounters"] = json!([{
+            "counterSet": "mem",
+            "counters": {"memory": {"value": format!("{consumes}Gi")}},
+        }]);
+    }
+    if rng.chance(20) {
+        let mut taint = json!({
+            "key": rng.pick(&["maint", "flaky"]),
+            "effect": rng.pick(&["NoSchedule", "NoExecute", "NoSchedule", "NoExecute", "None"]),
+        });
+        if rng.chance(50) {
+            taint["value"] = json!("true");
+        }
+        device["taints"] = json!([taint]);
+    }
+    let info = DeviceInfo {
+        uid: format!("{node}-d{index}"),
+        shareable,
+        cores: device["capacity"].get("cores").is_some(),
+        consumes,
+    };
+    (device, info)
+}
+
+/// `exactly` or a `firstAvailable` entry, without the name.
+fn request_spec(rng: &mut Rng, classes: &[String], nodes: &[String], mode: Mode) -> Map<String, Value> {
+    let mut spec = Map::new();
+    spec.insert("deviceClassName".into(), json!(rng.pick(classes)));
+    let selectors: Vec<Value> = (0..rng.weighted(&[40, 45, 15]))
+        .map(|_| json!({"cel": {"expression": selector(rng, nodes, 5)}}))
+        .collect();
+    if !selectors.is_empty() {
+        spec.insert("selectors".into(), json!(selectors));
+    }
+    if rng.chance(12) {
+        spec.insert("allocationMode".into(), json!("All"));
+    } else {
+        let count = [1, 2, 3][rng.weighted(&[60, 28, 12])];
+        if count > 1 || rng.chance(50) {
+            spec.insert("count".into(), json!(count));
+        }
+        if rng.chance(20) {
+            spec.insert("allocationMode".into(), json!("ExactCount"));
+        }
+    }
+    if rng.chance(30) {
+        let options = [
+            json!({"operator": "Exists"}),
+            json!({"key": "maint", "operator": "Exists"}),
+            json!({"key": "flaky", "operator": "Equal", "value": "true"}),
+            json!({"key": "maint", "operator": "Exists", "effect": "NoExecute"}),
+            json!({"key": "flaky", "operator": "Exists", "effect": "NoSchedule"}),
+            json!({"key": "maint", "value": "true", "effect": "NoSchedule"}),
+        ];
+        let tolerations: Vec<Value> = (0..rng.range(1, 2)).map(|_| rng.pick(&options).clone()).collect();
+        spec.insert("tolerations".into(), json!(tolerations));
+    }
+    if mode.shared && rng.chance(50) {
+        let mut wanted = Map::new();
+        if rng.chance(75) {
+            let memory = rng.pick(&["4Gi", "10Gi", "16Gi", "33Gi", "80Gi", "100Gi"]);
+            wanted.insert("memory".into(), json!(memory));
+        }
+        if wanted.is_empty() || rng.chance(40) {
+            wanted.insert("cores".into(), json!(rng.pick(&["500m", "1", "1200m", "2"])));
+        }
+        spec.insert("capacity".into(), json!({"requests": wanted}));
+    }
+    spec
+}
+
+fn constraint(rng: &mut Rng, requests: &[(String, Vec<String>)]) -> Value {
+    let mut constraint = if rng.chance(55) {
+        json!({"matchAttribute": rng.pick(MATCH_ATTRIBUTES)})
+    } else {
+        json!({"distinctAttribute": rng.pick(DISTINCT_ATTRIBUTES)})
+    };
+    if rng.chance(50) {
+        let mut names = Vec::new();
+        for (name, subs) in requests {
+            if !rng.chance(60) {
+                continue;
+            }
+            if !subs.is_empty() && rng.chance(40) {
+                names.push(format!("{name}/{}", rng.pick(subs)));
+            } else {
+                names.push(name.clone());
+            }
+        }
+        if names.is_empty() {
+            names.push(rng.pick(requests).0.clone());
+        }
+        constraint["requests"] = json!(names);
+    }
+    constraint
+}
+
+/// A CEL selector over the generated attributes. Most guard against missing attributes;
+/// `unguarded` % do not, and fail at runtime on devices without the attribute.
+fn selector(rng: &mut Rng, nodes: &[String], unguarded: u64) -> String {
+    let expression = atom(rng, nodes, unguarded);
+    match rng.weighted(&[72, 10, 10, 8]) {
+        1 => format!("{expression} && {}", atom(rng, nodes, unguarded)),
+        2 => format!("{expression} || {}", atom(rng, nodes, unguarded)),
+        3 => format!("!({expression})"),
+        _ => expression,
+    }
+}
+
+fn atom(rng: &mut Rng, nodes: &[String], unguarded: u64) -> String {
+    let d = format!("device.attributes['{DRIVER}']");
+    let c = format!("device.capacity['{DRIVER}']");
+    if rng.chance(unguarded) {
+        return match rng.below(6) {
+            0 => format!("{d}.model == '{}'", rng.pick(MODELS)),
+            1 => format!("{d}.fw.isLessThan(semver('{}'))", rng.pick(VERSIONS)),
+            2 => format!("{c}.memory.isGreaterThan(quantity('{}'))", rng.pick(MEMORY)),
+            3 => format!("{d}.ecc"),
+            4 => format!("{d}.mixed > 0"),
+            _ => format!("{d}.numa == 1"),
+        };
+    }
+    match rng.below(24) {
+        0 => format!("{d}.?model.orValue('') == '{}'", rng.pick(MODELS)),
+        1 => format!(
+            "has({d}.model) && {d}.model in ['{}', '{}']",
+            rng.pick(MODELS),
+            rng.pick(MODELS)
+        ),
+        2 => format!("{d}.index {} {}", rng.pick(&[">=", "<", "==", "!=", ">"]), rng.below(6)),
+        3 => [
+            format!("{d}.?ecc.orValue(false)"),
+            format!("!{d}.?ecc.orValue(true)"),
+            format!("{d}.?ecc.orValue(false) == true"),
+        ][rng.below(3)]
+        .clone(),
+        4 => format!("has({d}.fw) && {d}.fw.isGreaterThan(semver('{}'))", rng.pick(VERSIONS)),
+        5 => format!("has({d}.fw) && {d}.fw.compareTo(semver('{}')) <= 0", rng.pick(VERSIONS)),
+        6 => format!("has({d}.fw) && {d}.fw == semver('{}')", rng.pick(VERSIONS)),
+        7 => format!(
+            "has({c}.memory) && {c}.memory.compareTo(quantity('{}')) >= 0",
+            rng.pick(MEMORY)
+        ),
+        8 => format!(
+            "{c}.?memory.orValue(quantity('0')).isGreaterThan(quantity('{}'))",
+            rng.pick(MEMORY)
+        ),
+        9 => format!(
+            "{c}.?cores.orValue(quantity('0')).isLessThan(quantity('{}'))",
+            rng.pick(CORES)
+        ),
+        10 => format!("{d}.uid.startsWith('{}')", rng.pick(nodes)),
+        11 => format!("{d}.uid.endsWith('d{}')", rng.below(6)),
+        12 => format!(
+            "has({d}.model) && {d}.model.contains('{}')",
+            rng.pick(&["1", "00", "l", "x"])
+        ),
+        13 => format!(
+            "has({d}.model) && {d}.model.upperAscii() == '{}'",
+            rng.pick(MODELS).to_uppercase()
+        ),
+        14 => format!("has({d}.model) && {d}.model.matches('^[ah]')"),
+        15 => format!("{d}.?numa.orValue(-1) == {}", rng.below(2)),
+        16 => format!("'{}' in {d}", rng.pick(&["ecc", "fw", "model", "mixed", "pcie"])),
+        17 => format!(
+            "device.attributes['{TOPO}'].?rack.orValue('') == '{}'",
+            rng.pick(&["r0", "r1"])
+        ),
+        18 => format!("has({d}.fw) && {d}.fw.major() >= 2"),
+        19 => format!("{d}.?pcie.orValue('') in ['p0', 'p2']"),
+        20 => format!("size({d}) >= {}", rng.range(3, 8)),
+        21 => format!(
+            "{c}.?cores.orValue(quantity('0')).asInteger() >= {}",
+            rng.pick(&[2, 4, 8])
+        ),
+        22 => format!("{d}.?mixed.orValue(0) == 1"),
+        _ => ["device.allowMultipleAllocations", "!device.allowMultipleAllocations"][rng.below(2)].to_string(),
+    }
+}
+
+fn pod_object(prefix: &str, name: &str, claim: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels(prefix), "finalizers": [KEEP_FINALIZER]},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "dev"}]}}],
+            "resourceClaims": [{"name": "dev", "resourceClaimName": claim}],
+        },
+    })
+}
+
+// ---- verdicts ----
+
+/// kube-scheduler's first verdict on a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Scheduler {
+    Bound(String),
+    Unschedulable(String),
+    Error(String),
+}
+
+impl Scheduler {
+    fn of(pod: &Pod) -> Option<Scheduler> {
+        if let Some(node) = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty())
+        {
+            return Some(Scheduler::Bound(node));
+        }
+        let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+        let scheduled = conditions
+            .iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        let message = scheduled.message.clone().unwrap_or_default();
+        match scheduled.reason.as_deref() {
+            Some("Unschedulable") => Some(Scheduler::Unschedulable(message)),
+            Some("SchedulerError") => Some(Scheduler::Error(message)),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scheduler::Bound(node) => write!(f, "bound to {node}"),
+            Scheduler::Unschedulable(m) => write!(f, "unschedulable: {m}"),
+            Scheduler::Error(m) => write!(f, "scheduler error: {m}"),
+        }
+    }
+}
+
+/// The engine's answer for the pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Engine {
+    Fits {
+        node: String,
+        devices: Vec<String>,
+    },
+    NoFit(String),
+    /// A CEL runtime error or another error that aborts allocation everywhere.
+    Error(String),
+}
+
+impl Engine {
+    fn of(outcome: &Outcome) -> Engine {
+        match outcome {
+            Outcome::Placed(plan) => Engine::Fits {
+                node: plan.pods.first().map(|p| p.node.clone()).unwrap_or_default(),
+                devices: plan
+                    .claims
+                    .iter()
+                    .flat_map(|c| &c.allocation.devices)
+                    .map(|d| format!("{}={}/{}", d.request, d.pool, d.device))
+                    .collect(),
+            },
+            Outcome::Unschedulable(u) => {
+                let text = u.to_string();
+                let fatal = u.reasons.iter().any(|r| {
+                    r.contains("CEL runtime error")
+                        || r.contains("CEL compile error")
+                        || r.starts_with("claim ")
+                        || r.starts_with("class ")
+                        || r.starts_with("invalid resource pool")
+                });
+                if fatal {
+                    Engine::Error(text)
+                } else {
+                    Engine::NoFit(text)
+                }
+            }
+        }
+    }
+
+    fn fits(&self) -> bool {
+        matches!(self, Engine::Fits { .. })
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Engine::Fits { node, devices } => write!(f, "fits on {node} [{}]", devices.join(", ")),
+            Engine::NoFit(m) => write!(f, "no fit: {m}"),
+            Engine::Error(m) => write!(f, "error: {m}"),
+        }
+    }
+}
+
+/// How the engine is given the claim: as the operator gives a claim a pod refers to by
+/// name, or as a claim of the pod's own (as claims from templates are).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    Shared,
+    Own,
+}
+
+impl fmt::Display for Form {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Form::Shared => "claim shared by name",
+            Form::Own => "pod's own claim",
+        })
+    }
+}
+
+/// The engine's answers for one form: on the whole cluster and on each node alone.
+struct EngineView {
+    form: Form,
+    whole: Engine,
+    per_node: Vec<(String, Engine)>,
+}
+
+impl EngineView {
+    fn fitting_nodes(&self) -> Vec<&str> {
+        self.per_node
+            .iter()
+            .filter(|(_, e)| e.fits())
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
+}
+
+fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[String]) -> Result<Vec<EngineView>> {
+    let cluster = objects.cluster_state()?;
+    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    let claim_key = format!("{namespace}/{}", claim.metadata.name.clone().unwrap_or_default());
+    let pod_key = format!("{namespace}/{}", pod.metadata.name.clone().unwrap_or_default());
+    let spec = muster::convert::claim_spec(
+        &format!("ResourceClaim {claim_key}"),
+        &claim.spec.clone().unwrap_or_default(),
+    )?;
+    let shape = muster::convert::pod_shape(&format!("Pod {pod_key}"), &pod.spec.clone().unwrap_or_default())?;
+    let options = PlanOptions::default();
+    let mut views = Vec::new();
+    for form in [Form::Shared, Form::Own] {
+        let gang = |node: Option<&str>| {
+            let mut shape = shape.clone();
+            shape.affinity = node.map(NodeSelector::for_node);
+            let (shared, instance) = match form {
+                Form::Shared => {
+                    shape.shared = vec![0];
+                    (
+                        vec![SharedClaim {
+                            key: claim_key.clone(),
+                            spec: spec.clone(),
+                            allocation: None,
+                        }],
+                        PodInstance {
+                            name: pod_key.clone(),
+                            claims: vec![],
+                            allocations: vec![],
+                        },
+                    )
+                }
+                Form::Own => {
+                    shape.claims = vec![spec.clone()];
+                    (
+                        vec![],
+                        PodInstance {
+                            name: pod_key.clone(),
+                            claims: vec![claim_key.clone()],
+                            allocations: vec![None],
+                        },
+                    )
+                }
+            };
+            GangRequest {
+                name: pod_key.clone(),
+                groups: vec![GroupRequest {
+                    name: "pod".into(),
+                    min_count: 1,
+                    shape,
+                    pods: vec![instance],
+                }],
+                shared_claims: shared,
+                topology: Default::default(),
+            }
+        };
+        let whole = Engine::of(&placement::plan(&cluster, &gang(None), &options));
+        let per_node = nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.clone(),
+                    Engine::of(&placement::plan(&cluster, &gang(Some(n)), &options)),
+                )
+            })
+            .collect();
+        views.push(EngineView { form, whole, per_node });
+    }
+    Ok(views)
+}
+
+/// What was compared in one case.
+struct Report {
+    scheduler: Scheduler,
+    views: Vec<EngineView>,
+    /// Disagreements: each fails the test.
+    problems: Vec<String>,
+    /// Differences that are no disagreement (for example which kind of "no").
+    notes: Vec<String>,
+    blockers: usize,
+}
+
+impl Report {
+    /// Whether either side reports an error (a CEL runtime error, a constraint that an
+    /// "all devices" request cannot meet, ...) rather than a plain fit or no fit.
+    fn involves_error(&self) -> bool {
+        matches!(self.scheduler, Scheduler::Error(_))
+            || self
+                .views
+                .iter()
+                .flat_map(|v| std::iter::once(&v.whole).chain(v.per_node.iter().map(|(_, e)| e)))
+                .any(|e| matches!(e, Engine::Error(_)))
+    }
+}
+
+fn compare(scheduler: &Scheduler, views: &[EngineView]) -> (Vec<String>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    let bound = match scheduler {
+        Scheduler::Bound(node) => Some(node.as_str()),
+        _ => None,
+    };
+    for view in views {
+        let form = view.form;
+        if view.whole.fits() != bound.is_some() {
+            problems.push(format!(
+                "engine ({form}) {}, but kube-scheduler: {scheduler}",
+                if view.whole.fits() { "fits" } else { "does not fit" }
+            ));
+        }
+        let fitting = view.fitting_nodes();
+        if let Some(node) = bound {
+            match view.per_node.iter().find(|(n, _)| n == node) {
+                Some((_, e)) if !e.fits() => problems.push(format!(
+                    "kube-scheduler bound the pod to {node}, where the engine ({form}) finds no fit"
+                )),
+                None => problems.push(format!("kube-scheduler bound the pod to {node}, not a fleet node")),
+                _ => {}
+            }
+            if fitting.len() == 1 && fitting[0] != node {
+                problems.push(format!(
+                    "the engine ({form}) fits the pod only on {}, kube-scheduler bound it to {node}",
+                    fitting[0]
+                ));
+            }
+        }
+        if view.whole.fits() == fitting.is_empty() {
+            notes.push(format!(
+                "engine ({form}): whole cluster says {}, but it fits on nodes {fitting:?} alone",
+                view.whole
+            ));
+        }
+        match (&view.whole, scheduler) {
+            (Engine::Error(_), Scheduler::Unschedulable(_)) => notes.push(format!(
+                "engine ({form}) reports an error, kube-scheduler \"unschedulable\""
+            )),
+            (Engine::NoFit(_), Scheduler::Error(_)) => {
+                notes.push(format!("engine ({form}) reports no fit, kube-scheduler an error"))
+            }
+            _ => {}
+        }
+    }
+    if views.len() == 2 && views[0].whole.fits() != views[1].whole.fits() {
+        problems.push(format!(
+            "the engine answers differently for a {} ({}) and a {} ({})",
+            views[0].form, views[0].whole, views[1].form, views[1].whole
+        ));
+    }
+    (problems, notes)
+}
+
+// ---- the cluster side ----
+
+struct Harness {
+    client: kube::Client,
+    ns: String,
+    nodes: Vec<String>,
+    node_api: Api<Node>,
+    pods: Api<Pod>,
+    all_pods: Api<Pod>,
+    claims: Api<ResourceClaim>,
+    all_claims: Api<ResourceClaim>,
+    slices: Api<ResourceSlice>,
+    classes: Api<DeviceClass>,
+}
+
+impl Harness {
+    async fn start() -> Result<Harness> {
+        let fleet = FleetSpec {
+            nodes: NODES,
+            gpus_per_node: 0,
+            ..FleetSpec::default()
+        };
+        let cluster = shared_cluster(fleet).await?;
+        let client = cluster.control_plane.client().await?;
+        let ns = namespace(&client, "differential").await?;
+        let harness = Harness {
+            nodes: cluster.nodes.iter().map(|n| n.name.clone()).collect(),
+            node_api: Api::all(client.clone()),
+            pods: Api::namespaced(client.clone(), &ns),
+            all_pods: Api::all(client.clone()),
+            claims: Api::namespaced(client.clone(), &ns),
+            all_claims: Api::all(client.clone()),
+            slices: Api::all(client.clone()),
+            classes: Api::all(client.clone()),
+            client,
+            ns,
+        };
+        create_or_keep(
+            &harness.classes,
+            &serde_json::from_value(json!({
+                "metadata": {"name": ANY_CLASS},
+                "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]},
+            }))?,
+        )
+        .await?;
+        // Nodes must be ready and untainted, or the scheduler and the engine would see
+        // them change during the cases.
+        let node_api = harness.node_api.clone();
+        let names = harness.nodes.clone();
+        wait::until("the fleet's nodes to be ready", Duration::from_secs(120), || {
+            let (node_api, names) = (node_api.clone(), names.clone());
+            async move {
+                for name in &names {
+                    let node = node_api.get(name).await?;
+                    let ready = node
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                    let tainted = node
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .is_some_and(|t| !t.is_empty());
+                    if !ready || tainted {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        })
+        .await?;
+        Ok(harness)
+    }
+
+    /// Deletes every object of earlier cases: claims first (kube-scheduler does not
+    /// allocate claims being deleted), then pods, slices and classes.
+    async fn clear(&self) -> Result<()> {
+        let all = ListParams::default().labels(CASE_LABEL);
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        self.claims.delete_collection(&now, &all).await?;
+        for pod in self.pods.list(&all).await?.items {
+            if pod.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+                let name = pod.metadata.name.unwrap_or_default();
+                let keep: Patch<Value> = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+                self.pods.patch(&name, &PatchParams::default(), &keep).await?;
+            }
+        }
+        self.pods.delete_collection(&now, &all).await?;
+        self.slices.delete_collection(&now, &all).await?;
+        self.classes.delete_collection(&now, &all).await?;
+        let pods = self.pods.clone();
+        wait::until("the pods of the last case to be gone", Duration::from_secs(60), || {
+            let pods = pods.clone();
+            async move {
+                let left = pods.list(&ListParams::default().labels(CASE_LABEL)).await?;
+                Ok(left.items.is_empty().then_some(()))
+            }
+        })
+        .await
+    }
+
+    async fn create_pod(&self, pod: &Value) -> Result<()> {
+        self.pods
+            .create(&PostParams::default(), &serde_json::from_value(pod.clone())?)
+            .await?;
+        Ok(())
+    }
+
+    async fn create_claim(&self, claim: &Value) -> Result<()> {
+        self.claims
+            .create(&PostParams::default(), &serde_json::from_value(claim.clone())?)
+            .await
+            .with_context(|| format!("creating claim {}", claim["metadata"]["name"]))?;
+        Ok(())
+    }
+
+    /// Waits for kube-scheduler's first verdict on a pod.
+    async fn verdict(&self, name: &str) -> Result<Scheduler> {
+        let seen = tokio::time::timeout(
+            VERDICT_TIMEOUT,
+            kube::runtime::wait::await_condition(self.pods.clone(), name, |p: Option<&Pod>| {
+                p.is_none_or(|p| Scheduler::of(p).is_some())
+            }),
+        )
+        .await
+        .with_context(|| format!("no verdict on pod {name} within {VERDICT_TIMEOUT:?}"))??;
+        seen.as_ref()
+            .and_then(Scheduler::of)
+            .with_context(|| format!("pod {name} is gone"))
+    }
+
+    /// Waits until a pod is bound; a verdict other than bound fails.
+    async fn bound(&self, name: &str, retry_unschedulable: bool) -> Result<String> {
+        let seen = tokio::time::timeout(
+            VERDICT_TIMEOUT,
+            kube::runtime::wait::await_condition(self.pods.clone(), name, |p: Option<&Pod>| {
+                p.is_none_or(|p| match Scheduler::of(p) {
+                    Some(Scheduler::Bound(_)) => true,
+                    Some(_) => !retry_unschedulable,
+                    None => false,
+                })
+            }),
+        )
+        .await
+        .with_context(|| format!("pod {name} not bound within {VERDICT_TIMEOUT:?}"))??;
+        match seen.as_ref().and_then(Scheduler::of) {
+            Some(Scheduler::Bound(node)) => Ok(node),
+            other => bail!("pod {name} was not bound: {other:?}"),
+        }
+    }
+
+    /// Makes sure kube-scheduler has seen every object written so far: a device, a class
+    /// and a claim written now must be usable by a pod.
+    async fn fence(&self, case: &Case) -> Result<()> {
+        let prefix = &case.prefix;
+        let slice: ResourceSlice = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": FENCE_SLICE},
+            "spec": {
+                "driver": FENCE_DRIVER,
+                "nodeName": self.nodes[0],
+                "pool": {"name": "fence", "generation": case.number + 1, "resourceSliceCount": 1},
+                "devices": [{"name": format!("f{}", case.number), "attributes": {"case": {"int": case.number}}}],
+            },
+        }))?;
+        self.slices
+            .patch(
+                FENCE_SLICE,
+                &PatchParams::apply("muster-differential").force(),
+                &Patch::Apply(&slice),
+            )
+            .await?;
+        let name = format!("{prefix}-fence");
+        self.classes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": labels(prefix)},
+                    "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{FENCE_DRIVER}'")}}]},
+                }))?,
+            )
+            .await?;
+        self.create_claim(&json!({
+            "metadata": {"name": name, "labels": labels(prefix)},
+            "spec": {"devices": {"requests": [{"name": "f", "exactly": {
+                "deviceClassName": name,
+                "selectors": [{"cel": {"expression": format!(
+                    "device.attributes['{FENCE_DRIVER}'].case == {}", case.number
+                )}}],
+            }}]}},
+        }))
+        .await?;
+        self.create_pod(&pod_object(prefix, &name, &name)).await?;
+        self.bound(&name, true).await.context("the fence pod")?;
+        Ok(())
+    }
+
+    /// Removes what the cases left behind.
+    async fn finish(&self) -> Result<()> {
+        self.clear().await?;
+        self.slices.delete(FENCE_SLICE, &DeleteParams::default()).await?;
+        self.classes.delete(ANY_CLASS, &DeleteParams::default()).await?;
+        delete_namespace(&self.client, &self.ns).await
+    }
+
+    /// Everything the engine reads, as the API server has it.
+    async fn objects(&self) -> Result<Objects> {
+        let all = ListParams::default();
+        Ok(Objects {
+            nodes: self.node_api.list(&all).await?.items,
+            pods: self.all_pods.list(&all).await?.items,
+            slices: self.slices.list(&all).await?.items,
+            classes: self.classes.list(&all).await?.items,
+            claims: self.all_claims.list(&all).await?.items,
+            ..Objects::default()
+        })
+    }
+
+    async fn run(&self, case: &Case) -> Result<Report> {
+        self.clear().await?;
+        for class in &case.classes {
+            self.classes
+                .create(&PostParams::default(), &serde_json::from_value(class.clone())?)
+                .await
+                .with_context(|| format!("creating class {}", class["metadata"]["name"]))?;
+        }
+        for slice in &case.slices {
+            self.slices
+                .create(&PostParams::default(), &serde_json::from_value(slice.clone())?)
+                .await
+                .with_context(|| format!("creating slice {}", slice["metadata"]["name"]))?;
+        }
+        for (claim, _) in &case.blockers {
+            self.create_claim(claim).await?;
+        }
+        self.create_claim(&case.claim).await?;
+        self.fence(case).await?;
+
+        // Other pods take their devices first.
+        for (_, pod) in &case.blockers {
+            self.create_pod(pod).await?;
+        }
+        for (_, pod) in &case.blockers {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            self.bound(name, false)
+                .await
+                .with_context(|| format!("pod {name} taking devices"))?;
+        }
+
+        // The engine plans from what the API server has now ...
+        let objects = self.objects().await?;
+        let claim_name = case.claim["metadata"]["name"].as_str().unwrap_or_default();
+        let claim = self.claims.get(claim_name).await?;
+        let pod: Pod = serde_json::from_value(case.pod.clone())?;
+        let mut pod_in_ns = pod.clone();
+        pod_in_ns.metadata.namespace = Some(self.ns.clone());
+        let views = engine_views(&objects, &claim, &pod_in_ns, &self.nodes)?;
+
+        // ... then kube-scheduler gets the pod.
+        self.create_pod(&case.pod).await?;
+        let scheduler = self.verdict(pod.metadata.name.as_deref().unwrap_or_default()).await?;
+        let (problems, notes) = compare(&scheduler, &views);
+        Ok(Report {
+            scheduler,
+            views,
+            problems,
+            notes,
+            blockers: case.blockers.len(),
+        })
+    }
+
+    /// The case's objects as the API server has them now, as YAML documents.
+    async fn dump(&self, case: &Case) -> Result<String> {
+        let selector = ListParams::default().labels(&format!("{CASE_LABEL}={}", case.prefix));
+        let mut documents: Vec<Value> = Vec::new();
+        let mut add = |kind: &str, api_version: &str, value: Value| {
+            let mut value = value;
+            value["kind"] = json!(kind);
+            value["apiVersion"] = json!(api_version);
+            if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+                for noise in [
+                    "managedFields",
+                    "uid",
+                    "resourceVersion",
+                    "creationTimestamp",
+                    "generation",
+                ] {
+                    metadata.remove(noise);
+                }
+            }
+            documents.push(value);
+        };
+        for class in self.classes.list(&selector).await?.items {
+            add("DeviceClass", "resource.k8s.io/v1", serde_json::to_value(class)?);
+        }
+        for slice in self.slices.list(&selector).await?.items {
+            add("ResourceSlice", "resource.k8s.io/v1", serde_json::to_value(slice)?);
+        }
+        for claim in self.claims.list(&selector).await?.items {
+            add("ResourceClaim", "resource.k8s.io/v1", serde_json::to_value(claim)?);
+        }
+        for pod in self.pods.list(&selector).await?.items {
+            let mut value = serde_json::to_value(&pod)?;
+            if let Some(status) = value.get_mut("status").and_then(Value::as_object_mut) {
+                status.retain(|k, _| k == "conditions" || k == "phase");
+            }
+            add("Pod", "v1", value);
+        }
+        Ok(serde_saphyr::to_string_multiple(&documents)?)
+    }
+}
+
+// ---- the test ----
+
+fn env_number(name: &str) -> Result<Option<u64>> {
+    let Ok(text) = std::env::var(name) else {
+        return Ok(None);
+    };
+    let text = text.trim().replace('_', "");
+    let value = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    }
+    .with_context(|| format!("{name}={text}: not a number"))?;
+    Ok(Some(value))
+}
+
+#[derive(Default)]
+struct Stats {
+    compared: usize,
+    bound: usize,
+    unschedulable: usize,
+    scheduler_errors: usize,
+    single_node: usize,
+    several_nodes: usize,
+    engine_errors: usize,
+    with_blockers: usize,
+    notes: usize,
+    slowest: Duration,
+}
+
+#[tokio::test]
+async fn engine_and_kube_scheduler_agree_on_random_dra_cases() -> Result<()> {
+    let seed = env_number("MUSTER_DIFF_SEED")?.unwrap_or(DEFAULT_SEED);
+    let count = env_number("MUSTER_DIFF_CASES")?.map_or(DEFAULT_CASES, |n| n as usize);
+    let only = env_number("MUSTER_DIFF_ONLY")?.map(|n| n as usize);
+    let numbers: Vec<usize> = match only {
+        Some(n) => vec![n],
+        None => (0..count).collect(),
+    };
+    println!(
+        "differential: seed {seed:#x}, {} case(s) (set MUSTER_DIFF_SEED, MUSTER_DIFF_CASES, MUSTER_DIFF_ONLY to change)",
+        numbers.len()
+    );
+
+    let start = Instant::now();
+    let harness = Harness::start().await?;
+    println!("differential: control plane ready after {:.1?}", start.elapsed());
+
+    let started = Instant::now();
+    let mut stats = Stats::default();
+    let mut failures: Vec<String> = Vec::new();
+    let mut error_failures = 0;
+    for &number in &numbers {
+        let case = generate(seed, number, &harness.nodes);
+        let case_start = Instant::now();
+        let report = match harness.run(&case).await {
+            Ok(report) => report,
+            Err(e) => {
+                let dump = harness
+                    .dump(&case)
+                    .await
+                    .unwrap_or_else(|e| format!("(no dump: {e:#})"));
+                let claim = serde_saphyr::to_string(&case.claim).unwrap_or_default();
+                bail!(
+                    "seed {seed:#x}, case {number}: the harness failed: {e:#}\nrerun: MUSTER_DIFF_SEED={seed:#x} MUSTER_DIFF_ONLY={number}\nclaim under test:\n{claim}objects:\n{dump}"
+                );
+            }
+        };
+        stats.slowest = stats.slowest.max(case_start.elapsed());
+        stats.compared += 1;
+        match &report.scheduler {
+            Scheduler::Bound(_) => stats.bound += 1,
+            Scheduler::Unschedulable(_) => stats.unschedulable += 1,
+            Scheduler::Error(_) => stats.scheduler_errors += 1,
+        }
+        match report.views[0].fitting_nodes().len() {
+            0 => {}
+            1 => stats.single_node += 1,
+            _ => stats.several_nodes += 1,
+        }
+        if matches!(report.views[0].whole, Engine::Error(_)) {
+            stats.engine_errors += 1;
+        }
+        if report.blockers > 0 {
+            stats.with_blockers += 1;
+        }
+        stats.notes += usize::from(!report.notes.is_empty());
+
+        if !report.problems.is_empty() || only.is_some() {
+            let mut text = format!(
+                "=== seed {seed:#x}, case {number} (rerun: MUSTER_DIFF_SEED={seed:#x} MUSTER_DIFF_ONLY={number}) ===\n"
+            );
+            for problem in &report.problems {
+                text.push_str(&format!("DISAGREEMENT: {problem}\n"));
+            }
+            for note in &report.notes {
+                text.push_str(&format!("note: {note}\n"));
+            }
+            text.push_str(&format!("kube-scheduler: {}\n", report.scheduler));
+            for view in &report.views {
+                text.push_str(&format!("engine ({}): {}\n", view.form, view.whole));
+                for (node, e) in &view.per_node {
+                    text.push_str(&format!("  on {node} alone: {e}\n"));
+                }
+            }
+            let dump = harness
+                .dump(&case)
+                .await
+                .unwrap_or_else(|e| format!("(no dump: {e:#})"));
+            text.push_str("objects:\n");
+            text.push_str(&dump);
+            println!("{text}");
+            if !report.problems.is_empty() {
+                failures.push(text);
+                error_failures += usize::from(report.involves_error());
+            }
+        }
+        if stats.compared.is_multiple_of(25) {
+            println!(
+                "differential: {} cases in {:.1?}, {} disagreement(s)",
+                stats.compared,
+                started.elapsed(),
+                failures.len()
+            );
+        }
+    }
+    harness.finish().await?;
+
+    println!(
+        "differential: seed {seed:#x}: {} cases compared in {:.1?} (slowest {:.1?}); kube-scheduler bound {}, \
+         unschedulable {}, scheduler error {}; engine fits on exactly one node {}, on several {}, \
+         engine errors {}; cases with devices taken by other pods {}; cases with notes {}; disagreements {} \
+         ({} where a side reports an error)",
+        stats.compared,
+        started.elapsed(),
+        stats.slowest,
+        stats.bound,
+        stats.unschedulable,
+        stats.scheduler_errors,
+        stats.single_node,
+        stats.several_nodes,
+        stats.engine_errors,
+        stats.with_blockers,
+        stats.notes,
+        failures.len(),
+        error_failures
+    );
+    ensure!(
+        failures.is_empty(),
+        "{} of {} cases disagree (seed {seed:#x}):\n{}",
+        failures.len(),
+        stats.compared,
+        failures.join("\n")
+    );
+    Ok(())
+}
+
+#[test]
+fn cases_are_reproducible_and_cover_every_feature() {
+    let nodes: Vec<String> = (0..NODES).map(|i| format!("node-{i:05}")).collect();
+    let a = generate(7, 42, &nodes);
+    let b = generate(7, 42, &nodes);
+    assert_eq!(
+        (a.classes, a.slices, a.claim, a.pod, a.blockers),
+        (b.classes, b.slices, b.claim, b.pod, b.blockers)
+    );
+    let features = [
+        "\"firstAvailable\"",
+        "\"All\"",
+        "\"matchAttribute\"",
+        "\"distinctAttribute\"",
+        "\"tolerations\"",
+        "\"taints\"",
+        "\"NoExecute\"",
+        "\"version\"",
+        "\"allowMultipleAllocations\"",
+        "\"validRange\"",
+        "\"validValues\"",
+        "\"sharedCounters\"",
+        "\"consumesCounters\"",
+        "\"capacity\":{\"requests\"",
+        "orValue(",
+        "has(",
+        "semver(",
+        "quantity(",
+        "startsWith(",
+    ];
+    let mut seen: BTreeMap<&str, usize> = features.iter().map(|f| (*f, 0)).collect();
+    let mut with_blockers = 0;
+    for number in 0..200 {
+        let case = generate(1, number, &nodes);
+        with_blockers += usize::from(!case.blockers.is_empty());
+        let text = serde_json::to_string(&(&case.classes, &case.slices, &case.claim)).unwrap();
+        for feature in features {
+            *seen.get_mut(feature).unwrap() += usize::from(text.contains(feature));
+        }
+    }
+    let missing: Vec<_> = seen.iter().filter(|(_, n)| **n == 0).map(|(f, _)| *f).collect();
+    assert!(missing.is_empty(), "features no case uses: {missing:?}");
+    assert!(with_blockers > 20, "{with_blockers} cases take devices first");
+}
