@@ -697,7 +697,7 @@ impl<'a> Search<'a> {
         };
         if all_mode {
             let (pool_index, slice_index, device_index) = self.requests[&key].all_devices[r.device];
-            if !self.allocate_device(r, key, pool_index, slice_index, device_index)? {
+            if !self.allocate_device(r, key, pool_index, slice_index, device_index, true)? {
                 return Ok(false);
             }
             let done = self.allocate_one(next, allocate_sub, Location::default());
@@ -753,7 +753,7 @@ impl<'a> Search<'a> {
                     if !fits {
                         continue;
                     }
-                    if !self.allocate_device(r, key, pool_index, slice_index, device_index)? {
+                    if !self.allocate_device(r, key, pool_index, slice_index, device_index, false)? {
                         continue;
                     }
                     let location = Location {
@@ -781,6 +781,8 @@ impl<'a> Search<'a> {
         self.usage.consumed(self.cluster, id)
     }
 
+    /// Takes one device for a request. `must`: the request wants all devices (mode All),
+    /// where a constraint that rejects a device is an error, as upstream.
     fn allocate_device(
         &mut self,
         r: Position,
@@ -788,6 +790,7 @@ impl<'a> Search<'a> {
         pool_index: usize,
         slice_index: usize,
         device_index: usize,
+        must: bool,
     ) -> Result<bool, Stop> {
         let slice = self.pools[pool_index].slices[slice_index].clone();
         let device = &slice.devices[device_index];
@@ -857,6 +860,14 @@ impl<'a> Search<'a> {
                 constraint.remove(&base, sub.as_deref());
             }
             rollback_counters(self);
+            if must {
+                // A claim whose constraint prevents getting all devices makes no sense:
+                // upstream treats it as an error.
+                return Err(Stop::Fatal(error(format!(
+                    "claim {}, request {}: cannot add device {id} because a claim constraint would not be satisfied",
+                    self.claims[r.claim].key, self.requests[&key].spec.name
+                ))));
+            }
             return Ok(false);
         }
 

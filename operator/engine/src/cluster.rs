@@ -198,6 +198,9 @@ pub(crate) struct CachedRoom {
     pub(crate) room: usize,
     pub(crate) free_devices: usize,
     pub(crate) rejection: Option<String>,
+    /// An allocator error on this node (a CEL runtime error, say): kube-scheduler fails
+    /// the pod if any node reports one.
+    pub(crate) error: Option<String>,
 }
 
 /// Change counters: a node's own (by node id), and one for everything shared by all

@@ -152,6 +152,9 @@ struct Planner<'a> {
     index: std::sync::Arc<crate::cluster::NodeIndex>,
     /// Why nodes were left out, with counts, for explanations.
     rejections: BTreeMap<String, usize>,
+    /// The first allocator error on any candidate node: like kube-scheduler, planning
+    /// fails with it.
+    errors: Option<String>,
     /// Devices per pod, per group (weights for tightness).
     weights: Vec<u64>,
 }
@@ -178,9 +181,13 @@ impl<'a> Planner<'a> {
             free_devices: Vec::new(),
             index,
             rejections: BTreeMap::new(),
+            errors: None,
             weights,
         };
         planner.find_candidates()?;
+        if let Some(error) = planner.errors.take() {
+            return Err(AllocationError { message: error });
+        }
         Ok(planner)
     }
 
@@ -243,6 +250,9 @@ impl<'a> Planner<'a> {
                     if let Some(reason) = &entry.rejection {
                         why_not.get_or_insert_with(|| reason.clone());
                     }
+                    if let Some(error) = &entry.error {
+                        self.errors.get_or_insert_with(|| error.clone());
+                    }
                     self.rooms.push(entry.room);
                     self.free_devices.push(entry.free_devices);
                 }
@@ -280,6 +290,7 @@ impl<'a> Planner<'a> {
             room: 0,
             free_devices: 0,
             rejection: Some(reason),
+            error: None,
         };
         if let Err(reason) = self.node_filter(shape, node) {
             return Ok(rejected(reason));
@@ -292,31 +303,88 @@ impl<'a> Planner<'a> {
         }
         // Pods whose claims are all allocated already need no devices, only room on the
         // node their allocations pin them to.
+        let is_fixed =
+            |p: &&crate::request::PodInstance| !p.allocations.is_empty() && p.allocations.iter().all(Option::is_some);
         let fixed = group
             .pods
             .iter()
-            .filter(|p| !p.allocations.is_empty() && p.allocations.iter().all(Option::is_some))
+            .filter(is_fixed)
             .filter(|p| fixed_allocations_allow(p, node))
             .count();
-        let open = limit
-            - group
-                .pods
-                .iter()
-                .filter(|p| !p.allocations.is_empty() && p.allocations.iter().all(Option::is_some))
-                .count();
+        let open = limit - group.pods.iter().filter(is_fixed).count();
         let (by_devices, free_devices) = if open == 0 {
             (0, 0)
         } else {
             device_room(self.cluster, node, matchers, open)?
         };
-        let room = by_resources.min(by_devices + fixed);
+        let mut room = by_resources.min(by_devices + fixed);
+        // One pod's claims, allocated for real on this node as kube-scheduler's filter
+        // would: a tighter bound, and the allocator errors upstream reports.
+        if open > 0 {
+            match self.trial(node, group) {
+                Ok(Some(true)) => room = room.max(1).min(by_resources),
+                Ok(Some(false)) => room = room.min(fixed),
+                Ok(None) => {}
+                Err(e) => {
+                    return Ok(CachedRoom {
+                        version,
+                        room: 0,
+                        free_devices: 0,
+                        rejection: Some("allocation error".into()),
+                        error: Some(e.message),
+                    });
+                }
+            }
+        }
         let rejection = (room == 0).then(|| "not enough free matching devices".to_string());
         Ok(CachedRoom {
             version,
             room,
             free_devices,
             rejection,
+            error: None,
         })
+    }
+
+    /// Allocates the claims of the group's first pod that needs devices (with the gang's
+    /// unallocated shared claims) on `node`: whether they fit (`None`: search budget
+    /// spent), or the allocator's error.
+    fn trial(&self, node: &Node, group: &crate::request::GroupRequest) -> Result<Option<bool>, AllocationError> {
+        let needs_devices =
+            |p: &&crate::request::PodInstance| p.allocations.is_empty() || p.allocations.iter().any(Option::is_none);
+        let Some(pod) = group.pods.iter().find(needs_devices) else {
+            return Ok(Some(true));
+        };
+        let mut refs: Vec<ClaimRef<'_>> = (0..group.shape.claims.len())
+            .filter(|c| pod.allocations.get(*c).is_none_or(Option::is_none))
+            .map(|c| ClaimRef {
+                key: &pod.claims[c],
+                spec: &group.shape.claims[c],
+            })
+            .collect();
+        refs.extend(
+            group
+                .shape
+                .shared
+                .iter()
+                .map(|s| &self.gang.shared_claims[*s])
+                .filter(|c| c.allocation.is_none())
+                .map(|c| ClaimRef {
+                    key: &c.key,
+                    spec: &c.spec,
+                }),
+        );
+        if refs.is_empty() {
+            return Ok(Some(true));
+        }
+        let mut budget = 20_000;
+        Ok(
+            match allocator::allocate(self.cluster, &WorkingSet::default(), node, &refs, &mut budget)? {
+                Ok(_) => Some(true),
+                Err(NoFit::NoSolution) => Some(false),
+                Err(NoFit::BudgetExhausted) => None,
+            },
+        )
     }
 
     /// Everything about a group that decides what a node offers it.
@@ -927,7 +995,10 @@ fn device_room(
             for pool in pools.iter().filter(|p| !p.incomplete && p.invalid.is_none()) {
                 for slice in &pool.slices {
                     for (index, device) in slice.devices.iter().enumerate() {
-                        if !matcher.matches(cluster, "", slice, index, node)? {
+                        // A bound, not a decision: a selector that fails to evaluate
+                        // counts as matching; the allocator decides, lazily as upstream,
+                        // whether the failure matters.
+                        if !matcher.matches(cluster, "", slice, index, node).unwrap_or(true) {
                             continue;
                         }
                         matching += 1;
