@@ -219,6 +219,12 @@ impl ControlPlane {
         for file in stage_files {
             kwok_args.push(format!("--config={}", s(&stages.join(file))));
         }
+        // Lets tests end pods with an exit code (annotation muster-e2e-exit).
+        let exit_stages = paths::e2e_dir()
+            .join("controlplane")
+            .join("stages")
+            .join("pod-exit.yaml");
+        kwok_args.push(format!("--config={}", s(&exit_stages)));
         processes.spawn("kwok", &bin.join("kwok"), &kwok_args, &logs.join("kwok.log"))?;
 
         for (name, port) in [

@@ -10,6 +10,12 @@ pub const CREATED: &str = "Created";
 pub const ADMITTED: &str = "Admitted";
 /// Condition: at least minCount pods of every group are ready.
 pub const PODS_READY: &str = "PodsReady";
+/// Condition: the gang is being restarted as a unit after a failure.
+pub const RESTARTING: &str = "Restarting";
+/// Condition: the gang succeeded.
+pub const SUCCEEDED: &str = "Succeeded";
+/// Condition: the gang failed for good.
+pub const FAILED: &str = "Failed";
 
 // Created
 /// Everything exists; the pods wait behind the gang gate for admission.
@@ -46,6 +52,20 @@ pub const REASON_SCHEDULE_TIMEOUT: &str = "ScheduleTimeout";
 /// The gang's request is invalid for the cluster (unknown DeviceClass, CEL error...).
 pub const REASON_INVALID_REQUEST: &str = "InvalidRequest";
 
+// Restarting, Succeeded, Failed
+/// A pod of the gang failed.
+pub const REASON_POD_FAILED: &str = "PodFailed";
+/// A pod of the gang disappeared or was replaced.
+pub const REASON_POD_LOST: &str = "PodLost";
+/// The node of a pod of the gang is gone.
+pub const REASON_NODE_LOST: &str = "NodeLost";
+/// The gang failed more often than `failurePolicy.maxRestarts` allows.
+pub const REASON_MAX_RESTARTS: &str = "MaxRestartsExceeded";
+/// Every pod of the success groups succeeded.
+pub const REASON_SUCCEEDED: &str = "SucceededPodGroups";
+/// A restart finished: the new attempt runs.
+pub const REASON_RESTARTED: &str = "Restarted";
+
 // PodsReady
 pub const REASON_PODS_READY: &str = "PodsReady";
 pub const REASON_PODS_NOT_READY: &str = "PodsNotReady";
@@ -61,5 +81,13 @@ pub const EVENT_ADMITTED: &str = "Admitted";
 pub const EVENT_ROLLED_BACK: &str = "RolledBack";
 /// A gang was torn down because its pods were not scheduled in time.
 pub const EVENT_SCHEDULE_TIMEOUT: &str = "ScheduleTimeout";
+/// The gang is restarted as a unit.
+pub const EVENT_RESTARTING: &str = "Restarting";
+/// The gang succeeded.
+pub const EVENT_SUCCEEDED: &str = "Succeeded";
+/// The gang failed.
+pub const EVENT_FAILED: &str = "Failed";
+/// A finished Workload was deleted after its TTL.
+pub const EVENT_EXPIRED: &str = "Expired";
 /// The gang does not fit (reported when the reason changes).
 pub const EVENT_UNSCHEDULABLE: &str = "Unschedulable";

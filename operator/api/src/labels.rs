@@ -8,6 +8,8 @@ pub const WORKLOAD: &str = "muster.dev/workload";
 pub const POD_GROUP: &str = "muster.dev/pod-group";
 /// Label: index of a pod within its pod group, from 0.
 pub const POD_INDEX: &str = "muster.dev/pod-index";
+/// Label: the gang attempt a pod belongs to (how many restarts came before it).
+pub const ATTEMPT: &str = "muster.dev/attempt";
 /// Label on claims: the claim name the pods use for it (`spec.resourceClaims[].name`).
 pub const CLAIM_NAME: &str = "muster.dev/claim";
 /// Field manager for every write muster makes.

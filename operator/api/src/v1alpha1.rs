@@ -298,6 +298,14 @@ pub enum AdmissionState {
     /// The released pods were not all scheduled in time: the pods are being deleted and
     /// the claims deallocated, after which the gang is queued again.
     TearingDown,
+    /// A pod failed or was lost: the attempt's pods are being deleted; then the gang is
+    /// released again onto its reservation (`reuseReservation`) or queued again.
+    Restarting,
+    /// The gang succeeded or failed: its remaining pods are stopped and its claims
+    /// deallocated.
+    Finishing,
+    /// Nothing is held any more.
+    Finished,
 }
 
 /// A pod and the node muster planned for it.
@@ -333,4 +341,8 @@ pub struct PlacementStatus {
     /// When the pods were released to the scheduler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// While restarting: the nodes and devices are healthy, so the next attempt goes
+    /// onto the same reservation without planning again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reuse_reservation: bool,
 }

@@ -466,6 +466,14 @@ impl ClusterState {
             .filter_map(|name| self.slices.get(name))
     }
 
+    /// Whether a device is published in the newest generation of its pool.
+    pub fn device_published(&self, driver: &str, pool: &str, device: &str) -> bool {
+        let newest = self.pool_slices(driver, pool).map(|s| s.generation).max();
+        self.pool_slices(driver, pool)
+            .filter(|s| Some(s.generation) == newest)
+            .any(|s| s.devices.iter().any(|d| d.name == device))
+    }
+
     /// Every slice of a pool, any generation.
     pub(crate) fn pool_slices(&self, driver: &str, pool: &str) -> impl Iterator<Item = &Arc<Slice>> {
         self.slices_by_pool

@@ -120,33 +120,52 @@ pub enum CommitError {
 }
 
 pub struct Admission {
-    client: Client,
-    index: Arc<Index>,
+    pub(crate) client: Client,
+    pub(crate) index: Arc<Index>,
     workloads: Store<Workload>,
-    stores: GangStores,
+    pub(crate) stores: GangStores,
     priorities: Store<PriorityClass>,
     recorder: Recorder,
-    settings: Settings,
+    pub(crate) settings: Settings,
     wake: Arc<Notify>,
     waiting: HashMap<String, Waiting>,
+    /// Workloads as returned by this loop's own status writes, until the cache shows them.
+    written: std::sync::Mutex<HashMap<String, Arc<Workload>>>,
 }
 
-fn key(workload: &Workload) -> String {
+/// Conditions the admission loop owns.
+const ADMISSION_CONDITIONS: [&str; 4] = [
+    conditions::ADMITTED,
+    conditions::RESTARTING,
+    conditions::SUCCEEDED,
+    conditions::FAILED,
+];
+
+/// A change to the admission loop's part of the status: conditions as (type, status,
+/// reason, message); `placement`: `None` keeps it, `Some(None)` removes it; `restarts`:
+/// `None` keeps it.
+pub(crate) struct StatusUpdate {
+    pub(crate) conditions: Vec<(&'static str, bool, String, String)>,
+    pub(crate) placement: Option<Option<PlacementStatus>>,
+    pub(crate) restarts: Option<i32>,
+}
+
+pub(crate) fn key(workload: &Workload) -> String {
     convert::key(
         workload.metadata.namespace.as_deref(),
         workload.metadata.name.as_deref(),
     )
 }
 
-fn placement_of(workload: &Workload) -> Option<&PlacementStatus> {
+pub(crate) fn placement_of(workload: &Workload) -> Option<&PlacementStatus> {
     workload.status.as_ref()?.placement.as_ref()
 }
 
-fn condition<'a>(workload: &'a Workload, type_: &str) -> Option<&'a Condition> {
+pub(crate) fn condition<'a>(workload: &'a Workload, type_: &str) -> Option<&'a Condition> {
     workload.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
 }
 
-fn now() -> Time {
+pub(crate) fn now() -> Time {
     Time(Timestamp::now())
 }
 
@@ -174,6 +193,7 @@ impl Admission {
             settings,
             wake,
             waiting: HashMap::new(),
+            written: std::sync::Mutex::default(),
         }
     }
 
@@ -201,7 +221,7 @@ impl Admission {
 
     /// Finishes or undoes commits a previous run left half done.
     async fn recover(&mut self) {
-        for workload in self.workloads.state() {
+        for workload in self.current_workloads() {
             let Some(state) = placement_of(&workload).and_then(|p| p.state) else {
                 continue;
             };
@@ -219,7 +239,11 @@ impl Admission {
                     info!(workload = %key(&workload), "finishing a commit interrupted while releasing");
                     self.finish_release(&workload).await
                 }
-                AdmissionState::Released | AdmissionState::TearingDown => Ok(()),
+                AdmissionState::Released
+                | AdmissionState::TearingDown
+                | AdmissionState::Restarting
+                | AdmissionState::Finishing
+                | AdmissionState::Finished => Ok(()),
             };
             if let Err(e) = result {
                 warn!(workload = %key(&workload), error = %e, "recovery failed; retrying in the next pass");
@@ -231,14 +255,19 @@ impl Admission {
     async fn pass(&mut self) -> Duration {
         // A safety net: every event wakes the loop anyway.
         let mut next = Duration::from_secs(5);
-        let workloads = self.workloads.state();
+        let workloads = self.current_workloads();
         self.collect_claims().await;
 
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
             let state = placement_of(workload).and_then(|p| p.state);
+            let suspended = workload.spec.suspend == Some(true);
             let result = match state {
-                Some(AdmissionState::Released) => self.watch_released(workload, &mut next).await,
+                Some(AdmissionState::Finished) => self.expire(workload, &mut next).await,
+                Some(AdmissionState::Finishing) => self.finish_step(workload).await,
+                Some(_) if suspended => self.suspend_step(workload).await,
+                Some(AdmissionState::Released) => self.supervise(workload, &mut next).await,
                 Some(AdmissionState::TearingDown) => self.tear_down(workload).await,
+                Some(AdmissionState::Restarting) => self.restart_step(workload).await,
                 Some(AdmissionState::Reserved) => self.finish_release(workload).await,
                 // A live commit finishes or rolls back before the pass continues; this is
                 // left over from an earlier failure.
@@ -278,6 +307,16 @@ impl Admission {
         let changes = self.index.changes();
         let mut blocking: Option<(i32, String)> = None;
         for (priority, _, name, workload) in queue {
+            // The cache may not show this pass's own commits yet.
+            if self
+                .written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&name)
+                .is_some_and(|w| placement_of(w).and_then(|p| p.state).is_some())
+            {
+                continue;
+            }
             if let Some((_, starving)) = blocking.as_ref().filter(|(p, _)| priority <= *p) {
                 let message = format!("{starving} has waited longest and is admitted first (starvation rule)");
                 let current =
@@ -342,6 +381,9 @@ impl Admission {
     /// Waiting for admission: every object exists, not suspended, not being deleted.
     fn admissible(&self, workload: &Workload) -> bool {
         if workload.metadata.deletion_timestamp.is_some() || workload.spec.suspend == Some(true) {
+            return false;
+        }
+        if crate::lifecycle::finished(workload) {
             return false;
         }
         if placement_of(workload).and_then(|p| p.state).is_some() {
@@ -485,6 +527,7 @@ impl Admission {
                 .map(|c| c.claim.split_once('/').map_or(c.claim.clone(), |(_, n)| n.to_string()))
                 .collect(),
             released_at: None,
+            reuse_reservation: false,
         };
         self.set_admitted(
             workload,
@@ -724,12 +767,33 @@ impl Admission {
                 )
                 .await;
         }
+        // After a restart, the controller recreates the pods: release them once all exist.
+        let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
+        let pods: BTreeMap<String, Arc<Pod>> = self
+            .stores
+            .pods_of(&namespace, &workload.name_any())
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect();
+        let ready = placement.pods.iter().all(|planned| {
+            pods.get(&planned.name).is_some_and(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::ATTEMPT))
+                    .is_none_or(|a| *a == attempt)
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+        });
+        if !ready {
+            return Ok(());
+        }
         self.release_all(workload, &placement).await
     }
 
     /// Clears the allocations of the gang's claims (all of them, whoever wrote them) and
     /// the recorded plan; the gang is queued again.
-    async fn undo(&self, workload: &Workload, reason: &str, message: String) -> Result<(), CommitError> {
+    pub(crate) async fn undo(&self, workload: &Workload, reason: &str, message: String) -> Result<(), CommitError> {
         let namespace = workload.namespace().unwrap_or_default();
         let names: BTreeSet<String> = placement_of(workload)
             .map(|p| p.claims.iter().cloned().collect())
@@ -743,22 +807,14 @@ impl Admission {
         Ok(())
     }
 
-    /// Released gangs: once every pod is bound the gang is running; if they are not all
-    /// bound within the schedule timeout, the gang is torn down.
-    async fn watch_released(&self, workload: &Workload, next: &mut Duration) -> Result<(), CommitError> {
-        let Some(placement) = placement_of(workload) else {
-            return Ok(());
-        };
-        let namespace = workload.namespace().unwrap_or_default();
-        let pods = self.stores.pods_of(&namespace, &workload.name_any());
-        let bound: BTreeSet<String> = pods
-            .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-            .map(|p| p.name_any())
-            .collect();
-        if placement.pods.iter().all(|p| bound.contains(&p.name)) {
-            return Ok(());
-        }
+    /// Released pods not all bound: after the schedule timeout, the gang is torn down.
+    pub(crate) async fn check_schedule_timeout(
+        &self,
+        workload: &Workload,
+        placement: &PlacementStatus,
+        bound: &BTreeSet<&str>,
+        next: &mut Duration,
+    ) -> Result<(), CommitError> {
         let released_at = placement.released_at.as_ref().map(|t| t.0).unwrap_or(Timestamp::now());
         let waited = Timestamp::now().duration_since(released_at).unsigned_abs();
         if waited < self.settings.schedule_timeout {
@@ -768,7 +824,7 @@ impl Admission {
         let unbound: Vec<&str> = placement
             .pods
             .iter()
-            .filter(|p| !bound.contains(&p.name))
+            .filter(|p| !bound.contains(p.name.as_str()))
             .map(|p| p.name.as_str())
             .collect();
         let message = format!(
@@ -883,33 +939,90 @@ impl Admission {
         message: &str,
         placement: Option<&PlacementStatus>,
     ) -> Result<(), kube::Error> {
-        let mut conditions_now: Vec<Condition> =
-            condition(workload, conditions::ADMITTED).cloned().into_iter().collect();
-        crate::status::set_condition(
-            &mut conditions_now,
-            conditions::ADMITTED,
-            admitted,
-            reason,
-            message,
-            workload.metadata.generation,
-            &now(),
-        );
-        let mut status = json!({"conditions": conditions_now});
+        let update = StatusUpdate {
+            conditions: vec![(conditions::ADMITTED, admitted, reason.to_string(), message.to_string())],
+            placement: Some(placement.cloned()),
+            restarts: None,
+        };
+        self.write_status(workload, update).await
+    }
+
+    /// Applies the admission loop's part of the status: every condition it owns, the
+    /// restart count and the placement, each taken from `update` or kept as it is. (A
+    /// server-side apply that left an owned field out would remove it.)
+    pub(crate) async fn write_status(&self, workload: &Workload, update: StatusUpdate) -> Result<(), kube::Error> {
+        let current = workload.status.clone().unwrap_or_default();
+        let mut owned: Vec<Condition> = current
+            .conditions
+            .iter()
+            .filter(|c| ADMISSION_CONDITIONS.contains(&c.type_.as_str()))
+            .cloned()
+            .collect();
+        for (type_, status, reason, message) in &update.conditions {
+            crate::status::set_condition(
+                &mut owned,
+                type_,
+                *status,
+                reason,
+                message,
+                workload.metadata.generation,
+                &now(),
+            );
+        }
+        let placement = update.placement.unwrap_or(current.placement);
+        let restarts = update.restarts.unwrap_or(current.restarts);
+        let mut status = json!({"conditions": owned, "restarts": restarts});
         if let Some(placement) = placement {
             status["placement"] = serde_json::to_value(placement).unwrap_or_default();
         }
         let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": status});
         let api: Api<Workload> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        api.patch_status(
-            &workload.name_any(),
-            &PatchParams::apply(labels::ADMISSION_FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        let written = api
+            .patch_status(
+                &workload.name_any(),
+                &PatchParams::apply(labels::ADMISSION_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key(&written), Arc::new(written));
         Ok(())
     }
 
-    async fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
+    /// The Workloads as the loop last saw them: the cache, or what its own last write
+    /// returned where the cache has not caught up yet (acting on a stale copy could
+    /// commit a gang twice).
+    pub(crate) fn current_workloads(&self) -> Vec<Arc<Workload>> {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let version = |w: &Workload| {
+            w.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let cached = self.workloads.state();
+        let live: BTreeSet<String> = cached.iter().map(|w| key(w)).collect();
+        written.retain(|k, _| live.contains(k));
+        cached
+            .into_iter()
+            .map(|w| {
+                let k = key(&w);
+                match written.get(&k) {
+                    Some(mine) if version(mine) > version(&w) => mine.clone(),
+                    Some(_) => {
+                        written.remove(&k);
+                        w
+                    }
+                    None => w,
+                }
+            })
+            .collect()
+    }
+
+    pub(crate) async fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
         let note: String = note.chars().take(1000).collect();
         let event = Event {
             type_,
@@ -949,7 +1062,7 @@ async fn ensure_finalizer(api: &Api<ResourceClaim>, name: &str) -> Result<(), ku
 
 /// Clears a claim's allocation, and `reservedFor` with it (the API allows clearing the
 /// allocation only together with an empty `reservedFor`). Returns the claim as it is now.
-async fn deallocate(api: &Api<ResourceClaim>, name: &str) -> Result<Option<ResourceClaim>, kube::Error> {
+pub(crate) async fn deallocate(api: &Api<ResourceClaim>, name: &str) -> Result<Option<ResourceClaim>, kube::Error> {
     let Some(claim) = api.get_opt(name).await? else {
         return Ok(None);
     };

@@ -273,7 +273,22 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         }
     };
     if workload.spec.suspend == Some(true) {
+        // Hold nothing: pods go now, claims are deallocated by the admission loop.
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        for pod in ctx
+            .stores
+            .pods_of(&namespace, &name)
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            ignore_missing(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
+        }
         write_status(workload, ctx, &Progress::Suspended).await?;
+        return Ok(Action::await_change());
+    }
+    if crate::lifecycle::finished(workload) {
+        // A finished gang is not run again; its pods stay for their logs.
+        write_status(workload, ctx, &Progress::AllCreated).await?;
         return Ok(Action::await_change());
     }
 
@@ -521,6 +536,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
     let mut owned = serde_json::to_value(&desired).unwrap_or_default();
     if let Some(map) = owned.as_object_mut() {
         map.remove("placement");
+        map.remove("restarts");
     }
     let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned});
     api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))

@@ -193,8 +193,17 @@ fn build_pod(
     pod_labels.extend(gang_labels(name));
     pod_labels.insert(labels::POD_GROUP.into(), group.name.clone());
     pod_labels.insert(labels::POD_INDEX.into(), index.to_string());
+    let attempt = workload.status.as_ref().map_or(0, |s| s.restarts);
+    pod_labels.insert(labels::ATTEMPT.into(), attempt.to_string());
 
     let mut spec = template_spec.clone();
+    let group_index = workload
+        .spec
+        .pod_groups
+        .iter()
+        .position(|g| g.name == group.name)
+        .unwrap_or(0);
+    crate::rendezvous::inject(&mut spec, &crate::rendezvous::environment(workload, group_index, index));
     let gates = spec.scheduling_gates.get_or_insert_with(Vec::new);
     if !gates.iter().any(|g| g.name == labels::GANG_GATE) {
         gates.push(PodSchedulingGate {

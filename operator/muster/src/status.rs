@@ -79,7 +79,15 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         Progress::Invalid { message } => (false, conditions::REASON_INVALID_SPEC, message.clone()),
     };
     let admission = previous.placement.as_ref().and_then(|p| p.state);
+    let holds = |type_: &str| {
+        previous
+            .conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True")
+    };
     let phase = match (progress, admission) {
+        _ if holds(conditions::SUCCEEDED) => WorkloadPhase::Succeeded,
+        _ if holds(conditions::FAILED) => WorkloadPhase::Failed,
         (Progress::Suspended, _) => WorkloadPhase::Suspended,
         (_, Some(AdmissionState::Released)) if all_ready => WorkloadPhase::Running,
         (_, Some(AdmissionState::Released)) => WorkloadPhase::Admitted,

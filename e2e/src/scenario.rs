@@ -1,0 +1,333 @@
+//! Gang scenarios on the shared local cluster: a namespace and an operator per test, an
+//! invariant checker beside it, and cleanup that always runs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use muster_api::labels;
+use muster_api::v1alpha1::{AdmissionState, Workload, WorkloadPhase};
+use serde_json::{Value, json};
+
+use crate::fleet::{FleetSpec, GPU_DRIVER, RACK_LABEL};
+use crate::invariants::Checker;
+use crate::operator::Operator;
+use crate::testing::{SharedCluster, delete_namespace, exclusive, namespace, shared_cluster};
+use crate::wait;
+
+/// Two racks of four fenced nodes, eight GPUs and 64 CPUs each.
+pub async fn cluster() -> Result<&'static SharedCluster> {
+    shared_cluster(
+        FleetSpec {
+            nodes: 8,
+            nodes_per_rack: 4,
+            ..FleetSpec::default()
+        }
+        .fenced(),
+    )
+    .await
+}
+
+pub const COMMIT_WINDOW: Duration = Duration::from_secs(30);
+
+pub struct Test {
+    pub client: kube::Client,
+    pub ns: String,
+    pub operator: Option<Operator>,
+    checker: Option<Checker>,
+    pub cluster: &'static SharedCluster,
+    name: String,
+}
+
+impl Test {
+    pub async fn start(name: &str, operator_args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        let cluster = cluster().await?;
+        let client = cluster.control_plane.client().await?;
+        let ns = namespace(&client, name).await?;
+        let checker = Checker::start(client.clone(), COMMIT_WINDOW);
+        let mut test = Test {
+            client,
+            ns,
+            operator: None,
+            checker: Some(checker),
+            cluster,
+            name: name.to_string(),
+        };
+        test.start_operator(operator_args, env)?;
+        let templates: Api<ResourceClaimTemplate> = Api::namespaced(test.client.clone(), &test.ns);
+        templates
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "eight-gpus"},
+                    "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": GPU_DRIVER, "count": 8}}]}}},
+                }))?,
+            )
+            .await?;
+        Ok(test)
+    }
+
+    pub fn start_operator(&mut self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+        let run = self.operator.as_ref().map_or(0, |_| 1) + 1;
+        let logs = self
+            .cluster
+            .control_plane
+            .run_dir()
+            .join("logs")
+            .join(format!("{}-{run}", self.name));
+        self.operator = Some(Operator::start(
+            self.cluster.control_plane.kubeconfig(),
+            &logs,
+            args,
+            env,
+        )?);
+        Ok(())
+    }
+
+    pub fn workloads(&self) -> Api<Workload> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub async fn create(&self, workload: Value) -> Result<()> {
+        self.workloads()
+            .create(&PostParams::default(), &serde_json::from_value(workload)?)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn wait_phase(&self, name: &str, phase: WorkloadPhase, timeout: Duration) -> Result<Workload> {
+        let api = self.workloads();
+        wait::until(&format!("{name} to be {phase:?}"), timeout, || {
+            let api = api.clone();
+            async move {
+                let w = api.get(name).await?;
+                Ok(w.status.as_ref().is_some_and(|s| s.phase == Some(phase)).then_some(w))
+            }
+        })
+        .await
+    }
+
+    /// Waits for the Admitted condition to have `reason`, and returns its message.
+    pub async fn wait_admitted_reason(&self, name: &str, reason: &str, timeout: Duration) -> Result<String> {
+        let api = self.workloads();
+        wait::until(&format!("{name}'s Admitted reason to be {reason}"), timeout, || {
+            let api = api.clone();
+            async move {
+                let w = api.get(name).await?;
+                let condition = w
+                    .status
+                    .unwrap_or_default()
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Admitted");
+                Ok(condition.filter(|c| c.reason == reason).map(|c| c.message))
+            }
+        })
+        .await
+    }
+
+    pub async fn gang_claims(&self, name: &str) -> Result<Vec<ResourceClaim>> {
+        let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
+        Ok(self.claims().list(&selector).await?.items)
+    }
+
+    pub async fn gang_pods(&self, name: &str) -> Result<Vec<Pod>> {
+        let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
+        Ok(self.pods().list(&selector).await?.items)
+    }
+
+    /// Deletes every Workload and waits until their claims are deallocated and gone
+    /// (the operator must run for that), then stops the operator and the checker and
+    /// fails on any invariant violation.
+    pub async fn finish(mut self) -> Result<()> {
+        self.workloads()
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await?;
+        let claims = self.claims();
+        wait::until("the test's claims to be gone", Duration::from_secs(90), || {
+            let claims = claims.clone();
+            async move {
+                Ok(claims
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .is_empty()
+                    .then_some(()))
+            }
+        })
+        .await?;
+        if let Some(operator) = self.operator.take() {
+            operator.stop();
+        }
+        let violations = self.checker.take().map(Checker::finish).unwrap_or_default();
+        delete_namespace(&self.client, &self.ns).await?;
+        ensure!(violations.is_empty(), "invariant violations: {violations:#?}");
+        Ok(())
+    }
+}
+
+/// Runs `body` on a fresh test namespace and operator, and always cleans up after it,
+/// so a failing test does not leave devices allocated for the next one.
+pub async fn with_test<F>(name: &str, args: &[&str], env: &[(&str, &str)], body: F) -> Result<()>
+where
+    F: for<'a> FnOnce(&'a mut Test) -> futures::future::BoxFuture<'a, Result<()>>,
+{
+    let _serial = exclusive().await;
+    let mut test = Test::start(name, args, env).await?;
+    let outcome = body(&mut test).await;
+    let cleanup = test.finish().await;
+    outcome.and(cleanup)
+}
+
+/// A launcher (2 CPU, no devices) and `workers` pods with eight GPUs and 16 CPUs each, in
+/// one rack; `rack` pins the gang to one rack by node selector.
+pub fn gang(name: &str, workers: i32, rack: Option<&str>) -> Value {
+    let node_selector = rack.map(|r| json!({RACK_LABEL: r})).unwrap_or(json!({}));
+    json!({
+        "apiVersion": "muster.dev/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name},
+        "spec": {
+            "topology": {"required": RACK_LABEL},
+            "podGroups": [
+                {
+                    "name": "launcher",
+                    "replicas": 1,
+                    "template": {"spec": {
+                        "nodeSelector": node_selector,
+                        "containers": [{"name": "main", "image": "launcher", "resources": {"requests": {"cpu": "2"}}}],
+                    }},
+                },
+                {
+                    "name": "workers",
+                    "replicas": workers,
+                    "template": {"spec": {
+                        "nodeSelector": node_selector,
+                        "containers": [{
+                            "name": "main",
+                            "image": "trainer",
+                            "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
+                        }],
+                        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+                    }},
+                },
+            ],
+        },
+    })
+}
+
+/// Every device of every allocated claim in the namespace, by claim.
+pub async fn allocations(claims: &Api<ResourceClaim>) -> Result<BTreeMap<String, Vec<(String, String)>>> {
+    let mut out = BTreeMap::new();
+    for claim in claims.list(&ListParams::default()).await?.items {
+        if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+            let devices = allocation
+                .devices
+                .iter()
+                .flat_map(|d| d.results.iter().flatten())
+                .map(|r| (r.pool.clone(), r.device.clone()))
+                .collect();
+            out.insert(claim.metadata.name.clone().unwrap_or_default(), devices);
+        }
+    }
+    Ok(out)
+}
+
+/// The gang runs as planned: every pod on its planned node, every claim allocated on
+/// that node, reserved for its pod by kube-scheduler, all in one rack.
+pub async fn assert_runs_as_planned(test: &Test, name: &str) -> Result<Workload> {
+    let workload = test
+        .wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
+        .await?;
+    let placement = workload
+        .status
+        .as_ref()
+        .and_then(|s| s.placement.clone())
+        .context("placement")?;
+    ensure!(
+        placement.state == Some(AdmissionState::Released),
+        "state {:?}",
+        placement.state
+    );
+    let planned: BTreeMap<String, String> = placement
+        .pods
+        .iter()
+        .map(|p| (p.name.clone(), p.node.clone()))
+        .collect();
+    let pods = test.gang_pods(name).await?;
+    ensure!(
+        pods.len() == planned.len(),
+        "{} pods, {} planned",
+        pods.len(),
+        planned.len()
+    );
+    let nodes = test
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.rack.clone()))
+        .collect::<BTreeMap<_, _>>();
+    let mut racks = BTreeSet::new();
+    for pod in &pods {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).context("bound")?;
+        ensure!(
+            planned.get(&pod_name) == Some(&node),
+            "{pod_name} on {node}, planned {:?}",
+            planned.get(&pod_name)
+        );
+        racks.insert(nodes[&node].clone());
+    }
+    ensure!(racks.len() == 1, "one rack, got {racks:?}");
+    ensure!(
+        placement.topology_value.as_ref() == racks.first(),
+        "topology value {:?}",
+        placement.topology_value
+    );
+    let claims = test.gang_claims(name).await?;
+    ensure!(
+        claims.len() == placement.claims.len(),
+        "claims {} vs planned {}",
+        claims.len(),
+        placement.claims.len()
+    );
+    for claim in &claims {
+        let claim_name = claim.metadata.name.clone().unwrap_or_default();
+        let status = claim.status.as_ref().context("claim status")?;
+        let allocation = status.allocation.as_ref().context("allocated")?;
+        ensure!(allocation.allocation_timestamp.is_some(), "allocationTimestamp written");
+        let pod_name = claim_name.trim_end_matches("-gpus");
+        let node = &planned[pod_name];
+        let results = allocation
+            .devices
+            .as_ref()
+            .and_then(|d| d.results.clone())
+            .unwrap_or_default();
+        ensure!(results.len() == 8, "{claim_name}: {} devices", results.len());
+        ensure!(
+            results.iter().all(|r| &r.pool == node),
+            "{claim_name}: devices on {node}"
+        );
+        let reserved = status.reserved_for.clone().unwrap_or_default();
+        let pod = pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(pod_name))
+            .context("pod")?;
+        ensure!(
+            reserved.len() == 1 && Some(&reserved[0].uid) == pod.metadata.uid.as_ref(),
+            "{claim_name} reserved for {reserved:?}"
+        );
+    }
+    Ok(workload)
+}

@@ -1,0 +1,350 @@
+//! An admitted gang's life on a real control plane: success, restarts that reuse the
+//! reservation, re-planning after a lost node, failure after maxRestarts, suspend and
+//! resume, deletion while the operator is down, and the environment pods get.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use muster_api::labels;
+use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
+use muster_e2e::wait;
+use serde_json::{Value, json};
+
+/// Makes a pod's containers exit with `code` (the test kwok stage).
+async fn exit(test: &Test, pod: &str, code: u8) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {"muster-e2e-exit": code.to_string()}}});
+    test.pods()
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+fn with_policy(mut workload: Value, policy: Value) -> Value {
+    if let (Some(spec), Some(extra)) = (workload["spec"].as_object_mut(), policy.as_object()) {
+        spec.extend(extra.clone());
+    }
+    workload
+}
+
+/// The devices each claim of the namespace holds, sorted.
+async fn devices_by_claim(test: &Test) -> Result<BTreeMap<String, Vec<(String, String)>>> {
+    let mut held = allocations(&test.claims()).await?;
+    held.values_mut().for_each(|d| d.sort());
+    Ok(held)
+}
+
+async fn wait_restarts(test: &Test, name: &str, restarts: i32) -> Result<()> {
+    let api = test.workloads();
+    wait::until(
+        &format!("{name} to have restarted {restarts} times"),
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                let w = api.get(name).await?;
+                Ok(w.status.is_some_and(|s| s.restarts == restarts).then_some(()))
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn pods_get_ranks_and_the_coordinator_address() -> Result<()> {
+    with_test("env", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("torch", 2, None)).await?;
+            assert_runs_as_planned(test, "torch").await?;
+            let pod = test.pods().get("torch-workers-1").await?;
+            let env: BTreeMap<String, String> = pod.spec.context("spec")?.containers[0]
+                .env
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| (e.name, e.value.unwrap_or_default()))
+                .collect();
+            ensure!(env["MUSTER_RANK"] == "2" && env["MUSTER_WORLD_SIZE"] == "3", "{env:?}");
+            ensure!(
+                env["MASTER_ADDR"] == "torch-launcher-0.torch" && env["MASTER_PORT"] == "29500",
+                "{env:?}"
+            );
+            ensure!(
+                env["MUSTER_POD_GROUP"] == "workers" && env["MUSTER_POD_INDEX"] == "1",
+                "{env:?}"
+            );
+            ensure!(pod.metadata.labels.context("labels")?[labels::ATTEMPT] == "0");
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gang_succeeds_when_its_success_groups_do_and_expires_after_its_ttl() -> Result<()> {
+    with_test("success", &[], &[], |test| {
+        Box::pin(async move {
+            let policy = json!({"successPolicy": {"podGroups": ["launcher"]}, "ttlSecondsAfterFinished": 3});
+            test.create(with_policy(gang("job", 2, None), policy)).await?;
+            assert_runs_as_planned(test, "job").await?;
+            exit(test, "job-launcher-0", 0).await?;
+            let workload = test
+                .wait_phase("job", WorkloadPhase::Succeeded, Duration::from_secs(60))
+                .await?;
+            let status = workload.status.context("status")?;
+            let succeeded = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Succeeded")
+                .context("Succeeded")?;
+            ensure!(
+                succeeded.message.contains("every pod of launcher succeeded"),
+                "{}",
+                succeeded.message
+            );
+            // The workers are stopped and every device is given back.
+            let pods = test.pods();
+            wait::until("the workers to be stopped", Duration::from_secs(60), || {
+                let pods = pods.clone();
+                async move {
+                    let left = pods
+                        .list(&ListParams::default().labels("muster.dev/pod-group=workers"))
+                        .await?
+                        .items;
+                    Ok(left.is_empty().then_some(()))
+                }
+            })
+            .await?;
+            let claims = test.claims();
+            wait::until("the devices to be released", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+            })
+            .await?;
+            // Deleted three seconds after it finished.
+            let workloads = test.workloads();
+            wait::until("the finished Workload to expire", Duration::from_secs(60), || {
+                let workloads = workloads.clone();
+                async move { Ok(workloads.get_opt("job").await?.is_none().then_some(())) }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_failed_pod_restarts_the_gang_on_its_reservation() -> Result<()> {
+    with_test("restart", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(with_policy(
+                gang("flaky", 2, None),
+                json!({"failurePolicy": {"maxRestarts": 2}}),
+            ))
+            .await?;
+            let before = assert_runs_as_planned(test, "flaky").await?;
+            let nodes_before = before.status.and_then(|s| s.placement).context("placement")?.pods;
+            let devices_before = devices_by_claim(test).await?;
+            exit(test, "flaky-workers-1", 1).await?;
+            wait_restarts(test, "flaky", 1).await?;
+            let after = test
+                .wait_phase("flaky", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let after = assert_runs_as_planned(test, "flaky").await.map(|_| after)?;
+            let status = after.status.context("status")?;
+            ensure!(
+                status.placement.as_ref().context("placement")?.pods == nodes_before,
+                "same nodes"
+            );
+            ensure!(
+                devices_by_claim(test).await? == devices_before,
+                "same devices: the reservation was reused"
+            );
+            let restarting = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Restarting")
+                .context("Restarting")?;
+            ensure!(
+                restarting.status == "False" && restarting.reason == "Restarted",
+                "{restarting:?}"
+            );
+            for pod in test.gang_pods("flaky").await? {
+                ensure!(
+                    pod.metadata.labels.context("labels")?[labels::ATTEMPT] == "1",
+                    "new attempt only"
+                );
+            }
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_lost_node_restarts_the_gang_elsewhere() -> Result<()> {
+    with_test("node-lost", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(with_policy(
+                gang("sturdy", 2, None),
+                json!({"failurePolicy": {"maxRestarts": 1}}),
+            ))
+            .await?;
+            let before = assert_runs_as_planned(test, "sturdy").await?;
+            let placement = before.status.and_then(|s| s.placement).context("placement")?;
+            let victim = placement
+                .pods
+                .iter()
+                .find(|p| p.name.contains("workers"))
+                .context("worker")?
+                .node
+                .clone();
+            let nodes: Api<Node> = Api::all(test.client.clone());
+            let node = nodes.get(&victim).await?;
+            nodes.delete(&victim, &DeleteParams::default()).await?;
+            let result = async {
+                wait_restarts(test, "sturdy", 1).await?;
+                let after = assert_runs_as_planned(test, "sturdy").await?;
+                let placement = after.status.and_then(|s| s.placement).context("placement")?;
+                ensure!(
+                    !placement.nodes.contains(&victim),
+                    "placed again away from {victim}: {:?}",
+                    placement.nodes
+                );
+                Ok(())
+            }
+            .await;
+            // Put the node back for the other tests.
+            let mut node = node;
+            node.metadata.resource_version = None;
+            node.metadata.uid = None;
+            node.metadata.creation_timestamp = None;
+            nodes.create(&Default::default(), &node).await?;
+            result
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gang_fails_after_max_restarts_and_gives_everything_back() -> Result<()> {
+    with_test("max-restarts", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("doomed", 2, None)).await?;
+            assert_runs_as_planned(test, "doomed").await?;
+            exit(test, "doomed-workers-0", 1).await?;
+            let workload = test
+                .wait_phase("doomed", WorkloadPhase::Failed, Duration::from_secs(60))
+                .await?;
+            let status = workload.status.context("status")?;
+            let failed = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Failed")
+                .context("Failed")?;
+            ensure!(failed.reason == "MaxRestartsExceeded", "{failed:?}");
+            ensure!(failed.message.contains("doomed-workers-0 failed"), "{}", failed.message);
+            ensure!(failed.message.contains("maxRestarts is 0"), "{}", failed.message);
+            let claims = test.claims();
+            wait::until("the devices to be released", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+            })
+            .await?;
+            let placement = test.workloads().get("doomed").await?.status.and_then(|s| s.placement);
+            ensure!(placement.and_then(|p| p.state) == Some(AdmissionState::Finished));
+            // The failed pod stays for its logs; nothing runs again.
+            let pods: Vec<Pod> = test.gang_pods("doomed").await?;
+            ensure!(
+                pods.iter()
+                    .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+                        || p.metadata.deletion_timestamp.is_some()),
+                "no pod runs"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn suspend_gives_everything_back_and_resume_runs_the_gang_again() -> Result<()> {
+    with_test("suspend", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("pausable", 2, None)).await?;
+            assert_runs_as_planned(test, "pausable").await?;
+            let params = PatchParams::default();
+            test.workloads()
+                .patch("pausable", &params, &Patch::Merge(&json!({"spec": {"suspend": true}})))
+                .await?;
+            test.wait_phase("pausable", WorkloadPhase::Suspended, Duration::from_secs(60))
+                .await?;
+            let (pods, claims) = (test.pods(), test.claims());
+            wait::until("the gang to hold nothing", Duration::from_secs(60), || {
+                let (pods, claims) = (pods.clone(), claims.clone());
+                async move {
+                    let running = pods.list(&ListParams::default()).await?.items;
+                    let held = allocations(&claims).await?;
+                    Ok((running.is_empty() && held.is_empty()).then_some(()))
+                }
+            })
+            .await?;
+            let workload = test.workloads().get("pausable").await?;
+            ensure!(
+                workload.status.and_then(|s| s.placement).is_none(),
+                "no placement while suspended"
+            );
+
+            test.workloads()
+                .patch("pausable", &params, &Patch::Merge(&json!({"spec": {"suspend": false}})))
+                .await?;
+            assert_runs_as_planned(test, "pausable").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_workload_deleted_while_the_operator_is_down_is_cleaned_up_when_it_returns() -> Result<()> {
+    with_test("delete-offline", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("orphan", 2, None)).await?;
+            assert_runs_as_planned(test, "orphan").await?;
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            test.workloads().delete("orphan", &DeleteParams::default()).await?;
+            // The finalizer holds the Workload, and its devices stay reserved, meanwhile.
+            let workload = test.workloads().get("orphan").await?;
+            ensure!(workload.metadata.deletion_timestamp.is_some());
+            ensure!(
+                !allocations(&test.claims()).await?.is_empty(),
+                "still held while the operator is down"
+            );
+
+            test.start_operator(&[], &[])?;
+            let (workloads, claims, pods) = (test.workloads(), test.claims(), test.pods());
+            wait::until(
+                "the Workload, its pods and claims to be gone",
+                Duration::from_secs(90),
+                || {
+                    let (workloads, claims, pods) = (workloads.clone(), claims.clone(), pods.clone());
+                    async move {
+                        let gone = workloads.get_opt("orphan").await?.is_none()
+                            && claims.list(&ListParams::default()).await?.items.is_empty()
+                            && pods.list(&ListParams::default()).await?.items.is_empty();
+                        Ok(gone.then_some(()))
+                    }
+                },
+            )
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
