@@ -348,3 +348,106 @@ async fn a_workload_deleted_while_the_operator_is_down_is_cleaned_up_when_it_ret
     })
     .await
 }
+
+/// The pods of a gang that are bound to a node and running, by name.
+async fn running_pods(test: &Test, name: &str) -> Result<BTreeMap<String, Pod>> {
+    Ok(test
+        .gang_pods(name)
+        .await?
+        .into_iter()
+        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
+        .collect())
+}
+
+#[tokio::test]
+async fn extras_beyond_min_count_start_when_they_fit_and_their_loss_does_not_restart_the_gang() -> Result<()> {
+    with_test("elastic", &[], &[], |test| {
+        Box::pin(async move {
+            // Two of rack-0000's four nodes are taken.
+            test.create(gang("blocker", 2, Some("rack-0000"))).await?;
+            assert_runs_as_planned(test, "blocker").await?;
+
+            // Four workers, two of them required: the two extras have no room yet.
+            let mut elastic = gang("elastic", 4, Some("rack-0000"));
+            elastic["spec"]["podGroups"][1]["minCount"] = json!(2);
+            test.create(elastic).await?;
+            let workload = test
+                .wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(
+                placement.pods.len() == 3,
+                "launcher and two workers planned: {:?}",
+                placement.pods
+            );
+            for extra in ["elastic-workers-2", "elastic-workers-3"] {
+                let pod = test.pods().get(extra).await?;
+                let gated = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.scheduling_gates.as_ref())
+                    .is_some_and(|g| !g.is_empty());
+                ensure!(gated, "{extra} waits behind its gate");
+            }
+            let held = devices_by_claim(test).await?;
+            ensure!(
+                !held.contains_key("elastic-workers-2-gpus") && !held.contains_key("elastic-workers-3-gpus"),
+                "no devices held for the waiting extras: {held:?}"
+            );
+
+            // Room frees: the extras start, in the gang's rack, and the gang runs as planned.
+            test.workloads().delete("blocker", &DeleteParams::default()).await?;
+            let shared: &Test = test;
+            wait::until("the extras to run", Duration::from_secs(90), || async move {
+                Ok((running_pods(shared, "elastic").await?.len() == 5).then_some(()))
+            })
+            .await?;
+            let running = assert_runs_as_planned(test, "elastic").await?;
+            ensure!(
+                running
+                    .status
+                    .context("status")?
+                    .placement
+                    .context("placement")?
+                    .pods
+                    .len()
+                    == 5
+            );
+
+            // An extra fails: it is replaced and placed again, and the gang keeps running.
+            let failing = test.pods().get("elastic-workers-3").await?.metadata.uid;
+            exit(test, "elastic-workers-3", 1).await?;
+            let shared: &Test = test;
+            let failing = &failing;
+            wait::until(
+                "the failed extra to run again",
+                Duration::from_secs(90),
+                || async move {
+                    let running = running_pods(shared, "elastic").await?;
+                    let replaced = running
+                        .get("elastic-workers-3")
+                        .is_some_and(|p| &p.metadata.uid != failing);
+                    Ok((replaced && running.len() == 5).then_some(()))
+                },
+            )
+            .await?;
+            let workload = test.workloads().get("elastic").await?;
+            let status = workload.status.context("status")?;
+            ensure!(
+                status.restarts == 0,
+                "the gang did not restart: {} restarts",
+                status.restarts
+            );
+            let core = test.pods().get("elastic-workers-0").await?;
+            ensure!(
+                core.metadata.labels.context("labels")?[labels::ATTEMPT] == "0",
+                "the core pods were not replaced"
+            );
+            assert_runs_as_planned(test, "elastic").await?;
+            Ok(())
+        })
+    })
+    .await
+}

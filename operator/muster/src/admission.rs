@@ -430,7 +430,7 @@ impl Admission {
     }
 
     /// The gang request for a Workload whose objects exist: claims from the cluster.
-    fn request(&self, workload: &Workload) -> Result<GangRequest, RequestError> {
+    pub(crate) fn request(&self, workload: &Workload) -> Result<GangRequest, RequestError> {
         let namespace = workload.namespace().unwrap_or_default();
         let claims: Vec<ResourceClaim> = self
             .stores
@@ -605,7 +605,7 @@ impl Admission {
 
     /// Allocates every planned claim, then checks that no other claim holds any of the
     /// devices. On error, the caller undoes what was written.
-    async fn reserve(&self, workload: &Workload, plan: &Plan) -> Result<(), CommitError> {
+    pub(crate) async fn reserve(&self, workload: &Workload, plan: &Plan) -> Result<(), CommitError> {
         let timestamp = now();
         let first_done = std::sync::atomic::AtomicBool::new(false);
         let results: Vec<Result<(), kube::Error>> = stream::iter(&plan.claims)

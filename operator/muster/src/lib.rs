@@ -9,6 +9,7 @@ pub mod controller;
 pub mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod extras;
 pub mod gang;
 pub mod index;
 pub mod lifecycle;

@@ -85,11 +85,15 @@ impl Admission {
             .iter()
             .filter(|g| success_groups.contains(&g.name.as_str()))
             .all(|g| {
-                let done = pods
+                // At least minCount succeeded and none still runs; an extra that never
+                // got room does not hold the gang back.
+                let group: Vec<&Arc<Pod>> = pods
                     .values()
-                    .filter(|p| label(p, labels::POD_GROUP) == Some(g.name.as_str()) && phase(p) == Some("Succeeded"))
-                    .count();
-                done as i32 >= g.replicas
+                    .filter(|p| label(p, labels::POD_GROUP) == Some(g.name.as_str()))
+                    .collect();
+                let done = group.iter().filter(|p| phase(p) == Some("Succeeded")).count();
+                let settled = group.iter().all(|p| is_gated(p) || phase(p) == Some("Succeeded"));
+                done as i32 >= g.min_count() && settled
             });
         if all_succeeded {
             let message = format!("every pod of {} succeeded", success_groups.join(", "));
@@ -165,10 +169,13 @@ impl Admission {
             return self.restart(workload, &placement, reason, message).await;
         }
 
-        // Waiting for the scheduler to bind every released pod.
+        self.tend_extras(workload).await?;
+
+        // Waiting for the scheduler to bind every released pod (a gated extra waits for
+        // its own turn above).
         let bound: BTreeSet<&str> = pods
             .values()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() || is_gated(p))
             .map(|p| p.metadata.name.as_deref().unwrap_or_default())
             .collect();
         if placement.pods.iter().all(|p| bound.contains(p.name.as_str())) {
