@@ -200,11 +200,12 @@ impl ControlPlane {
         )?;
 
         let stages = bin.join("stages");
+        // Not kwok's pod-complete stage, which ends a Job's pods at once: here every pod
+        // runs until a test ends it (the exit stage below).
         let stage_files = [
             "node/fast/node-initialize.yaml",
             "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
             "pod/fast/pod-ready.yaml",
-            "pod/fast/pod-complete.yaml",
             "pod/fast/pod-delete.yaml",
         ];
         let mut kwok_args = vec![

@@ -108,14 +108,36 @@ impl Test {
 
     pub async fn wait_phase(&self, name: &str, phase: WorkloadPhase, timeout: Duration) -> Result<Workload> {
         let api = self.workloads();
-        wait::until(&format!("{name} to be {phase:?}"), timeout, || {
+        let reached = wait::until(&format!("{name} to be {phase:?}"), timeout, || {
             let api = api.clone();
             async move {
                 let w = api.get(name).await?;
                 Ok(w.status.as_ref().is_some_and(|s| s.phase == Some(phase)).then_some(w))
             }
         })
-        .await
+        .await;
+        // Say where it stands instead.
+        match reached {
+            Ok(w) => Ok(w),
+            Err(e) => {
+                let status = api.get(name).await.ok().and_then(|w| w.status);
+                let seen = status.map(|s| {
+                    let conditions: Vec<String> = s
+                        .conditions
+                        .iter()
+                        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect();
+                    format!("phase {:?}; {}", s.phase, conditions.join("; "))
+                });
+                let pods = self.gang_pods(name).await.unwrap_or_default();
+                let pods: Vec<String> = pods.iter().map(describe_pod).collect();
+                Err(e.context(format!(
+                    "{name} is at {}; pods: {}",
+                    seen.unwrap_or_else(|| "no status".into()),
+                    pods.join("; ")
+                )))
+            }
+        }
     }
 
     /// Waits for the Admitted condition to have `reason`, and returns its message.
@@ -175,6 +197,30 @@ impl Test {
         ensure!(violations.is_empty(), "invariant violations: {violations:#?}");
         Ok(())
     }
+}
+
+/// A pod in a line: node, phase, gates and why it is not scheduled, for failure messages.
+fn describe_pod(pod: &Pod) -> String {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let gates: Vec<String> = spec
+        .scheduling_gates
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    let scheduled = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .map(|c| format!("{} {}", c.reason.unwrap_or_default(), c.message.unwrap_or_default()));
+    format!(
+        "{} node={:?} phase={:?} gates={gates:?} scheduled={scheduled:?}",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        spec.node_name,
+        status.phase
+    )
 }
 
 /// Runs `body` on a fresh test namespace and operator, and always cleans up after it,

@@ -6,10 +6,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
+use muster_e2e::fleet::RACK_LABEL;
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
 use muster_e2e::wait;
 use serde_json::{Value, json};
@@ -283,21 +286,18 @@ async fn suspend_gives_everything_back_and_resume_runs_the_gang_again() -> Resul
                 .await?;
             test.wait_phase("pausable", WorkloadPhase::Suspended, Duration::from_secs(60))
                 .await?;
-            let (pods, claims) = (test.pods(), test.claims());
+            // No pod, no allocation, and no placement left.
+            let (pods, claims, workloads) = (test.pods(), test.claims(), test.workloads());
             wait::until("the gang to hold nothing", Duration::from_secs(60), || {
-                let (pods, claims) = (pods.clone(), claims.clone());
+                let (pods, claims, workloads) = (pods.clone(), claims.clone(), workloads.clone());
                 async move {
                     let running = pods.list(&ListParams::default()).await?.items;
                     let held = allocations(&claims).await?;
-                    Ok((running.is_empty() && held.is_empty()).then_some(()))
+                    let placed = workloads.get("pausable").await?.status.and_then(|s| s.placement);
+                    Ok((running.is_empty() && held.is_empty() && placed.is_none()).then_some(()))
                 }
             })
             .await?;
-            let workload = test.workloads().get("pausable").await?;
-            ensure!(
-                workload.status.and_then(|s| s.placement).is_none(),
-                "no placement while suspended"
-            );
 
             test.workloads()
                 .patch("pausable", &params, &Patch::Merge(&json!({"spec": {"suspend": false}})))
@@ -446,6 +446,115 @@ async fn extras_beyond_min_count_start_when_they_fit_and_their_loss_does_not_res
                 "the core pods were not replaced"
             );
             assert_runs_as_planned(test, "elastic").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_jobs_pods_join_a_template_less_workload_and_run_as_one_gang() -> Result<()> {
+    with_test("job", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(json!({
+                "apiVersion": "muster.dev/v1alpha1",
+                "kind": "Workload",
+                "metadata": {"name": "trainers"},
+                "spec": {"topology": {"required": RACK_LABEL}, "podGroups": [{"name": "workers", "replicas": 2}]},
+            }))
+            .await?;
+            let job: Job = serde_json::from_value(json!({
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "trainers"},
+                "spec": {
+                    "completionMode": "Indexed",
+                    "completions": 2,
+                    "parallelism": 2,
+                    "template": {
+                        "metadata": {"labels": {labels::WORKLOAD: "trainers", labels::POD_GROUP: "workers"}},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "schedulingGates": [{"name": labels::GANG_GATE}],
+                            "containers": [{
+                                "name": "main",
+                                "image": "trainer",
+                                "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
+                            }],
+                            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+                        },
+                    },
+                },
+            }))?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.create(&PostParams::default(), &job).await?;
+
+            let workload = test
+                .wait_phase("trainers", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(placement.pods.len() == 2, "both Job pods planned: {:?}", placement.pods);
+            let rack = placement.topology_value.clone().context("topology value")?;
+            let racks: BTreeMap<String, String> = test
+                .cluster
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.rack.clone()))
+                .collect();
+            let held = allocations(&test.claims()).await?;
+            for planned in &placement.pods {
+                let pod = test.pods().get(&planned.name).await?;
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).context("bound")?;
+                ensure!(node == planned.node, "{} on {node}, planned {}", planned.name, planned.node);
+                ensure!(racks[&node] == rack, "{} in {}, the gang's rack is {rack}", planned.name, racks[&node]);
+                // The claim kube-controller-manager generated holds eight devices of that
+                // node, allocated by muster and reserved for the pod.
+                let claim_name = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.resource_claim_statuses.as_ref())
+                    .and_then(|s| s.first())
+                    .and_then(|s| s.resource_claim_name.clone())
+                    .context("generated claim")?;
+                let devices = held.get(&claim_name).context("claim allocated")?;
+                ensure!(
+                    devices.len() == 8 && devices.iter().all(|(pool, _)| *pool == node),
+                    "{claim_name}: {devices:?}"
+                );
+                let claim = test.claims().get(&claim_name).await?;
+                ensure!(
+                    claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER),
+                    "allocated by muster: {:?}",
+                    claim.metadata.finalizers
+                );
+                let reserved = claim.status.and_then(|s| s.reserved_for).unwrap_or_default();
+                ensure!(
+                    reserved.len() == 1 && Some(&reserved[0].uid) == pod.metadata.uid.as_ref(),
+                    "{claim_name} reserved for {reserved:?}"
+                );
+            }
+
+            // The Job's pods complete: the gang succeeds, the Job completes and the
+            // devices are given back.
+            for planned in &placement.pods {
+                exit(test, &planned.name, 0).await?;
+            }
+            test.wait_phase("trainers", WorkloadPhase::Succeeded, Duration::from_secs(90))
+                .await?;
+            wait::until("the Job to complete", Duration::from_secs(90), || {
+                let jobs = jobs.clone();
+                async move {
+                    let job = jobs.get("trainers").await?;
+                    Ok((job.status.and_then(|s| s.succeeded) == Some(2)).then_some(()))
+                }
+            })
+            .await?;
+            let claims = test.claims();
+            wait::until("the devices to be released", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+            })
+            .await?;
             Ok(())
         })
     })

@@ -28,6 +28,11 @@ pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
 pub const REASON_TEMPLATE_NOT_FOUND: &str = "ResourceClaimTemplateNotFound";
 /// An object muster would create exists and belongs to someone else.
 pub const REASON_NAME_CONFLICT: &str = "NameConflict";
+/// A template-less group has fewer than minCount pods from its controller, or their
+/// claims do not exist yet.
+pub const REASON_WAITING_FOR_PODS: &str = "WaitingForPods";
+/// A ResourceClaim the gang names does not exist.
+pub const REASON_CLAIM_NOT_FOUND: &str = "ResourceClaimNotFound";
 /// `spec.suspend` is true: nothing is created and nothing is held.
 pub const REASON_SUSPENDED: &str = "Suspended";
 

@@ -314,6 +314,9 @@ pub enum AdmissionState {
 pub struct PlannedPod {
     pub name: String,
     pub node: String,
+    /// Placed beyond its group's minCount: losing it does not restart the gang.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub extra: bool,
 }
 
 /// The placement muster chose for the gang, and how far its commit got.

@@ -19,6 +19,17 @@ pub struct GangRequest {
     pub topology: TopologyRequest,
 }
 
+impl GangRequest {
+    /// Whether pod `pod` of group `group` comes after the group's `min_count` pods.
+    pub fn is_extra(&self, group: &str, pod: &str) -> bool {
+        self.groups
+            .iter()
+            .find(|g| g.name == group)
+            .and_then(|g| g.pods.iter().position(|p| p.name == pod).map(|i| i >= g.min_count))
+            .unwrap_or(false)
+    }
+}
+
 /// Topology constraints as node label keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TopologyRequest {

@@ -403,13 +403,19 @@ impl Admission {
             .filter(|g| g.template.is_some())
             .map(|g| g.replicas)
             .sum();
-        let gated = self
-            .stores
-            .pods_of(&namespace, &name)
+        let pods = self.stores.pods_of(&namespace, &name);
+        let gated = pods.iter().filter(|p| crate::status::is_gated(p)).count();
+        // Pods of template-less groups: at least minCount, all waiting at the gate.
+        let external_ready = workload
+            .spec
+            .pod_groups
             .iter()
-            .filter(|p| crate::status::is_gated(p))
-            .count();
-        gated as i32 >= expected
+            .filter(|g| g.template.is_none())
+            .all(|g| {
+                let members = crate::membership::external_members(&pods, g);
+                members.len() as i32 >= g.min_count() && members.iter().all(|p| crate::status::is_gated(p))
+            });
+        gated as i32 >= expected && external_ready
     }
 
     fn priority(&self, workload: &Workload) -> i32 {
@@ -441,7 +447,12 @@ impl Admission {
             .map(|c| (**c).clone())
             .collect();
         let sources = ClaimSources::new(&[], &claims);
-        let mut request = gang_request(workload, &sources)?;
+        let pods = if crate::membership::has_external_groups(workload) {
+            self.stores.pods_of(&namespace, &workload.name_any())
+        } else {
+            Vec::new()
+        };
+        let mut request = gang_request(workload, &sources, &pods)?;
         // muster's pods tolerate the fence that keeps other pods off the devices.
         for group in &mut request.groups {
             group.shape.tolerations.push(fence_toleration());
@@ -453,7 +464,7 @@ impl Admission {
     async fn try_admit(&mut self, workload: &Workload) -> Result<bool, CommitError> {
         let request = match self.request(workload) {
             Ok(request) => request,
-            Err(RequestError::MissingClaim(_)) => return Ok(false),
+            Err(e) if e.is_waiting() => return Ok(false),
             Err(e) => {
                 self.set_admitted(
                     workload,
@@ -519,6 +530,7 @@ impl Admission {
                 .map(|p| PlannedPod {
                     name: p.pod.split_once('/').map_or(p.pod.clone(), |(_, n)| n.to_string()),
                     node: p.node.clone(),
+                    extra: request.is_extra(&p.group, &p.pod),
                 })
                 .collect(),
             claims: plan
@@ -898,16 +910,22 @@ impl Admission {
         self.undo(workload, &reason, message).await
     }
 
-    /// Claims being deleted: clear the allocation once no pod uses them, then let go.
+    /// Claims being deleted, and claims a deleted Workload only joined (a user's): clear
+    /// the allocation muster wrote once no pod uses them, then let go.
     async fn collect_claims(&self) {
         // Terminating pods may still use their devices: only pods that are gone free them.
         let live: BTreeSet<String> = self.stores.pods.state().iter().filter_map(|p| p.uid()).collect();
+        let workloads: BTreeSet<String> = self.current_workloads().iter().map(|w| key(w)).collect();
         for claim in self.stores.claims.state() {
             let has_finalizer = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
-            if claim.metadata.deletion_timestamp.is_none() || !has_finalizer {
+            let namespace = claim.namespace().unwrap_or_default();
+            let orphaned = claim
+                .labels()
+                .get(labels::WORKLOAD)
+                .is_some_and(|w| !workloads.contains(&format!("{namespace}/{w}")));
+            if !has_finalizer || (claim.metadata.deletion_timestamp.is_none() && !orphaned) {
                 continue;
             }
-            let namespace = claim.namespace().unwrap_or_default();
             let in_use = claim
                 .status
                 .as_ref()

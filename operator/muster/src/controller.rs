@@ -1,7 +1,7 @@
 //! The Workload controller: creates a gang's gated pods, its ResourceClaims and its
 //! headless Service, and reports status. It never places pods; admission does.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::gang::{self, ClaimSource, Gang};
+use crate::membership;
 use crate::status::{self, Progress};
 
 /// Errors of one reconcile. All are retried with backoff.
@@ -332,7 +333,8 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         .await;
     }
 
-    let progress = if let Some(waiting) = outcome.waiting.clone() {
+    let joined = join_claims(workload, &namespace, &gang, ctx).await?;
+    let progress = if let Some(waiting) = outcome.waiting.clone().or(joined) {
         waiting
     } else if outcome.missing() > 0 {
         Progress::Creating {
@@ -348,6 +350,105 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         _ if !outcome.failures.is_empty() => Action::requeue(Duration::from_secs(10)),
         _ => Action::await_change(),
     })
+}
+
+/// Claims the gang uses without having created them — ResourceClaims named by the
+/// Workload and those kube-controller-manager generated for pods of template-less groups
+/// — get the Workload label, so muster sees them (its claim watch selects that label).
+/// Also reports a template-less group still short of its minCount pods or of their
+/// claims.
+async fn join_claims(
+    workload: &Workload,
+    namespace: &str,
+    gang: &Gang,
+    ctx: &Context,
+) -> Result<Option<Progress>, Error> {
+    let name = workload.name_any();
+    let created: BTreeSet<&str> = gang
+        .claims
+        .iter()
+        .filter(|c| matches!(c.source, ClaimSource::Template(_)))
+        .map(|c| c.object_name.as_str())
+        .collect();
+    let mut named: BTreeSet<String> = gang
+        .pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref())
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .filter_map(|c| c.resource_claim_name.clone())
+        .filter(|n| !created.contains(n.as_str()))
+        .collect();
+    let pods = ctx.stores.pods_of(namespace, &name);
+    let mut waiting: Option<Progress> = None;
+    for group in workload.spec.pod_groups.iter().filter(|g| g.template.is_none()) {
+        let members = membership::external_members(&pods, group);
+        if (members.len() as i32) < group.min_count() {
+            waiting.get_or_insert(Progress::Waiting {
+                reason: conditions::REASON_WAITING_FOR_PODS,
+                message: format!(
+                    "pod group {} has {} of its {} pods; its pods come from another controller and join with the labels {}={name} and {}={}",
+                    group.name,
+                    members.len(),
+                    group.min_count(),
+                    labels::WORKLOAD,
+                    labels::POD_GROUP,
+                    group.name
+                ),
+            });
+        }
+        for pod in members {
+            for claim in pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.resource_claims.as_ref())
+                .into_iter()
+                .flatten()
+            {
+                if let Some(object) = &claim.resource_claim_name {
+                    named.insert(object.clone());
+                    continue;
+                }
+                match membership::generated_claim(pod, &claim.name) {
+                    Some(object) => {
+                        named.insert(object.to_string());
+                    }
+                    None => {
+                        waiting.get_or_insert(Progress::Waiting {
+                            reason: conditions::REASON_WAITING_FOR_PODS,
+                            message: format!(
+                                "waiting for kube-controller-manager to create the ResourceClaim {} of pod {}",
+                                claim.name,
+                                pod.name_any()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    for object in named {
+        if ctx
+            .stores
+            .claims
+            .get(&ObjectRef::new(&object).within(namespace))
+            .is_some()
+        {
+            continue;
+        }
+        let patch = json!({"metadata": {"labels": {labels::WORKLOAD: name}}});
+        match api.patch(&object, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => info!(workload = %name, namespace, claim = %object, "ResourceClaim joins the gang"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                waiting.get_or_insert(Progress::Waiting {
+                    reason: conditions::REASON_CLAIM_NOT_FOUND,
+                    message: format!("ResourceClaim {namespace}/{object} does not exist"),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(waiting)
 }
 
 #[derive(Default)]
@@ -582,10 +683,21 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let claims = ctx.stores.claims_of(&namespace, &name);
     let service = ctx.stores.services.get(&ObjectRef::new(&name).within(&namespace));
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    // Pods another controller made are its to delete (it would only make them again).
+    let uid = workload.uid().unwrap_or_default();
+    let pods: Vec<&Arc<Pod>> = pods
+        .iter()
+        .filter(|p| p.owner_references().iter().any(|r| r.uid == uid))
+        .collect();
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
         ignore_missing(pods_api.delete(&pod.name_any(), &DeleteParams::default()).await)?;
     }
     let claims_api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    // Claims the gang only joined stay: their owner (a pod, or the user) decides; the
+    // admission loop clears what muster allocated once no pod uses it.
+    let uid = workload.uid().unwrap_or_default();
+    let owned = |o: &&Arc<ResourceClaim>| o.owner_references().iter().any(|r| r.uid == uid);
+    let claims: Vec<&Arc<ResourceClaim>> = claims.iter().filter(owned).collect();
     for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
         ignore_missing(claims_api.delete(&claim.name_any(), &DeleteParams::default()).await)?;
     }

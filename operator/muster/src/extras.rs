@@ -16,24 +16,10 @@ use muster_engine::placement::{self, Outcome};
 use tracing::info;
 
 use crate::admission::{Admission, CommitError, StatusUpdate, deallocate, key, placement_of};
+use crate::gang;
+use crate::membership::label;
 use crate::release;
 use crate::status::is_gated;
-
-fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
-}
-
-/// Whether a pod is one of its group's first minCount.
-fn is_core(workload: &Workload, pod: &Pod) -> bool {
-    let group = label(pod, labels::POD_GROUP).unwrap_or_default();
-    let index: i32 = label(pod, labels::POD_INDEX).and_then(|i| i.parse().ok()).unwrap_or(0);
-    workload
-        .spec
-        .pod_groups
-        .iter()
-        .find(|g| g.name == group)
-        .is_none_or(|g| index < g.min_count())
-}
 
 fn short(key: &str) -> String {
     key.split_once('/').map_or(key, |(_, n)| n).to_string()
@@ -80,11 +66,21 @@ impl Admission {
 
         // Planned extras whose pod failed, was lost or was recreated.
         let mut dropped: BTreeSet<String> = BTreeSet::new();
+        let made_here: BTreeSet<String> = gang::build(workload)
+            .map(|g| g.pods.iter().filter_map(|p| p.metadata.name.clone()).collect())
+            .unwrap_or_default();
         for planned in placement.pods.clone() {
-            let Some(pod) = pods.get(&planned.name) else { continue };
-            if is_core(workload, pod) {
+            if !planned.extra {
                 continue;
             }
+            let Some(pod) = pods.get(&planned.name) else {
+                // Another controller's pod is gone for good (it makes a new one, under a
+                // new name); muster's own comes back under the same name.
+                if !made_here.contains(&planned.name) {
+                    dropped.insert(planned.name.clone());
+                }
+                continue;
+            };
             let own_claims = claims_of_pod.get(&planned.name).cloned().unwrap_or_default();
             let node_gone = self.index.cluster().node(&planned.node).is_none();
             let failed = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
@@ -139,7 +135,7 @@ impl Admission {
         let planned: BTreeSet<&str> = placement.pods.iter().map(|p| p.name.as_str()).collect();
         let waiting: BTreeSet<String> = pods
             .values()
-            .filter(|p| is_gated(p) && !is_core(workload, p) && !planned.contains(p.name_any().as_str()))
+            .filter(|p| is_gated(p) && !planned.contains(p.name_any().as_str()))
             .map(|p| p.name_any())
             .collect();
         if waiting.is_empty() {
@@ -171,6 +167,7 @@ impl Admission {
             grown.pods.push(PlannedPod {
                 name: short(&p.pod),
                 node: p.node.clone(),
+                extra: true,
             });
         }
         grown.claims.extend(plan.claims.iter().map(|c| short(&c.claim)));

@@ -13,6 +13,7 @@ pub mod extras;
 pub mod gang;
 pub mod index;
 pub mod lifecycle;
+pub mod membership;
 pub mod objects;
 pub mod plan;
 pub mod release;

@@ -19,6 +19,7 @@ use muster_api::{conditions, labels};
 use tracing::info;
 
 use crate::admission::{Admission, CommitError, StatusUpdate, condition, deallocate, key, placement_of};
+use crate::membership;
 use crate::status::is_gated;
 
 fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
@@ -102,13 +103,7 @@ impl Admission {
                 .await;
         }
 
-        // Failures of the gang's core (the first minCount pods of each group).
-        let min_counts: BTreeMap<&str, i32> = workload
-            .spec
-            .pod_groups
-            .iter()
-            .map(|g| (g.name.as_str(), g.min_count()))
-            .collect();
+        // Failures of the gang's core (pods planned within their group's minCount).
         let mut failure: Option<(&'static str, String)> = None;
         for planned in &placement.pods {
             let pod = pods.get(&planned.name);
@@ -142,14 +137,7 @@ impl Admission {
                     }),
             };
             let Some(problem) = problem else { continue };
-            let core = match pod {
-                Some(p) => {
-                    let group = label(p, labels::POD_GROUP).unwrap_or_default();
-                    let index: i32 = label(p, labels::POD_INDEX).and_then(|i| i.parse().ok()).unwrap_or(0);
-                    index < min_counts.get(group).copied().unwrap_or(0)
-                }
-                None => core_by_name(&planned.name, &workload.name_any(), &min_counts),
-            };
+            let core = !planned.extra;
             if core {
                 failure = Some(problem);
                 break;
@@ -194,7 +182,8 @@ impl Admission {
         reason: &'static str,
         message: String,
     ) -> Result<(), CommitError> {
-        let reuse = self.reservation_healthy(workload, placement);
+        // Claims kube-controller-manager made for another controller's pods go with them.
+        let reuse = !membership::has_external_groups(workload) && self.reservation_healthy(workload, placement);
         let restarts = attempt(workload) + 1;
         let mut restarting = placement.clone();
         restarting.state = Some(AdmissionState::Restarting);
@@ -498,33 +487,5 @@ impl Admission {
             }
         }
         Ok(())
-    }
-}
-
-/// Whether a pod, known only by name (`<workload>-<group>-<index>`), is in its group's
-/// first minCount.
-fn core_by_name(pod: &str, workload: &str, min_counts: &BTreeMap<&str, i32>) -> bool {
-    let Some(rest) = pod.strip_prefix(workload).and_then(|r| r.strip_prefix('-')) else {
-        return true;
-    };
-    min_counts.iter().any(|(group, min)| {
-        rest.strip_prefix(group)
-            .and_then(|r| r.strip_prefix('-'))
-            .and_then(|i| i.parse::<i32>().ok())
-            .is_some_and(|i| i < *min)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn core_pods_are_the_first_min_count_of_their_group() {
-        let mins = BTreeMap::from([("workers", 2), ("launcher", 1)]);
-        assert!(core_by_name("llama-workers-1", "llama", &mins));
-        assert!(!core_by_name("llama-workers-2", "llama", &mins));
-        assert!(core_by_name("llama-launcher-0", "llama", &mins));
-        assert!(core_by_name("unknown", "llama", &mins), "unknown pods count as core");
     }
 }

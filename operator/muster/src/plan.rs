@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use muster_engine::placement::{self, Outcome, PlanOptions};
 use serde::Serialize;
 
@@ -76,7 +78,25 @@ pub fn plan(snapshot: &Objects, workloads: &Objects, namespace: &str) -> Result<
         // Pods and claims are owned by the Workload; a file has no uid yet.
         workload.metadata.uid.get_or_insert_with(|| "planned".to_string());
         let name = workload.metadata.name.clone().unwrap_or_default();
-        let request = match gang_request(&workload, &sources) {
+        // Pods another controller made for the Workload's template-less groups.
+        let external: Vec<Arc<Pod>> = workloads
+            .pods
+            .iter()
+            .chain(snapshot.pods.iter().filter(|p| crate::status::is_gated(p)))
+            .filter(|p| {
+                p.metadata.namespace.as_deref().unwrap_or(namespace)
+                    == workload.metadata.namespace.as_deref().unwrap_or_default()
+            })
+            .filter(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(muster_api::labels::WORKLOAD))
+                    == Some(&name)
+            })
+            .map(|p| Arc::new(p.clone()))
+            .collect();
+        let request = match gang_request(&workload, &sources, &external) {
             Ok(request) => request,
             Err(e) => {
                 report.workloads.push(WorkloadReport {

@@ -3,7 +3,9 @@
 //! from the ResourceClaimTemplates they will be created from) and the topology.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use muster_api::Workload;
 use muster_api::labels;
@@ -12,6 +14,7 @@ use muster_engine::request::{GangRequest, GroupRequest, PodInstance, SharedClaim
 
 use crate::convert::{self, ConvertError};
 use crate::gang::{self, ClaimSource};
+use crate::membership;
 
 /// Why a Workload cannot be turned into a gang request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,6 +27,28 @@ pub enum RequestError {
     MissingTemplate(String),
     #[error("ResourceClaim {0} does not exist")]
     MissingClaim(String),
+    #[error(
+        "pod group {group} has {have} of its {need} pods; they come from another controller and join with the \
+         muster.dev/workload and muster.dev/pod-group labels"
+    )]
+    TooFewPods { group: String, have: usize, need: i32 },
+    #[error("pod {pod} has no ResourceClaim for its claim {claim} yet (kube-controller-manager creates it)")]
+    ClaimNotGenerated { pod: String, claim: String },
+    #[error(
+        "pod group {group}: pod {pod} asks for other resources, node constraints or claims than pod {first}; \
+         the pods of a group must be alike"
+    )]
+    UnlikePods { group: String, first: String, pod: String },
+}
+
+impl RequestError {
+    /// Whether the gang only waits for an object to appear, rather than being wrong.
+    pub fn is_waiting(&self) -> bool {
+        matches!(
+            self,
+            RequestError::MissingClaim(_) | RequestError::ClaimNotGenerated { .. } | RequestError::TooFewPods { .. }
+        )
+    }
 }
 
 /// Claims and templates the gang may refer to, by `namespace/name`.
@@ -80,9 +105,14 @@ impl<'a> ClaimSources<'a> {
     }
 }
 
-/// The gang request for `workload`. Pod groups without a template are left out (their
-/// pods come from another controller).
-pub fn gang_request(workload: &Workload, sources: &ClaimSources<'_>) -> Result<GangRequest, RequestError> {
+/// The gang request for `workload`. The pods of a group without a template come from
+/// another controller: `external` holds the Workload's pods, from which those groups
+/// take their members ([`membership::external_members`]).
+pub fn gang_request(
+    workload: &Workload,
+    sources: &ClaimSources<'_>,
+    external: &[Arc<Pod>],
+) -> Result<GangRequest, RequestError> {
     let gang = gang::build(workload)?;
     let namespace = workload.metadata.namespace.clone().unwrap_or_default();
     let name = workload.metadata.name.clone().unwrap_or_default();
@@ -108,18 +138,41 @@ pub fn gang_request(workload: &Workload, sources: &ClaimSources<'_>) -> Result<G
     let mut shared_index: BTreeMap<String, usize> = BTreeMap::new();
     let mut groups: Vec<GroupRequest> = Vec::new();
     for group in &workload.spec.pod_groups {
-        let pods: Vec<&k8s_openapi::api::core::v1::Pod> = gang
-            .pods
-            .iter()
-            .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP)) == Some(&group.name))
-            .collect();
+        let made_elsewhere = group.template.is_none();
+        let pods: Vec<&Pod> = if made_elsewhere {
+            membership::external_members(external, group)
+        } else {
+            gang.pods
+                .iter()
+                .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP)) == Some(&group.name))
+                .collect()
+        };
+        if made_elsewhere && (pods.len() as i32) < group.min_count() {
+            return Err(RequestError::TooFewPods {
+                group: group.name.clone(),
+                have: pods.len(),
+                need: group.min_count(),
+            });
+        }
         let Some(first) = pods.first() else { continue };
+        if made_elsewhere {
+            check_alike(&group.name, &pods)?;
+        }
         let spec = first.spec.clone().unwrap_or_default();
         let object = format!("Workload {namespace}/{name} pod group {}", group.name);
         let mut shape = convert::pod_shape(&object, &spec)?;
         // Claim order as in the pod: own claims feed `claims`, the rest `shared`.
         let mut own_names: Vec<&str> = Vec::new();
         for claim in spec.resource_claims.iter().flatten() {
+            if made_elsewhere && claim.resource_claim_template_name.is_some() {
+                // kube-controller-manager made one claim per pod from the template; the
+                // first pod's stands for the group (the pods are alike).
+                let object_name = generated(first, &claim.name)?;
+                let (claim_spec, _) = sources.resolve(&namespace, object_name, None)?;
+                shape.claims.push(claim_spec);
+                own_names.push(claim.name.as_str());
+                continue;
+            }
             let object_name = claim.resource_claim_name.as_deref().unwrap_or_default();
             if let Some(gang_claim) = per_pod.get(object_name) {
                 let ClaimSource::Template(template) = &gang_claim.source else {
@@ -148,12 +201,17 @@ pub fn gang_request(workload: &Workload, sources: &ClaimSources<'_>) -> Result<G
         }
         let instances = pods
             .iter()
+            .copied()
             .map(|pod| {
                 let pod_name = pod.metadata.name.clone().unwrap_or_default();
                 let mut claims = Vec::new();
                 let mut allocations = Vec::new();
                 for own in &own_names {
-                    let object_name = gang::pod_claim_object_name(&pod_name, own);
+                    let object_name = if made_elsewhere {
+                        generated(pod, own)?.to_string()
+                    } else {
+                        gang::pod_claim_object_name(&pod_name, own)
+                    };
                     let existing = sources.claims.get(&format!("{namespace}/{object_name}"));
                     let allocation = existing
                         .and_then(|c| c.status.as_ref()?.allocation.as_ref())
@@ -186,6 +244,59 @@ pub fn gang_request(workload: &Workload, sources: &ClaimSources<'_>) -> Result<G
             preferred: topology.preferred,
         },
     })
+}
+
+/// The claim kube-controller-manager generated for a pod's claim entry.
+fn generated<'p>(pod: &'p Pod, claim: &str) -> Result<&'p str, RequestError> {
+    membership::generated_claim(pod, claim).ok_or_else(|| RequestError::ClaimNotGenerated {
+        pod: format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        ),
+        claim: claim.to_string(),
+    })
+}
+
+/// What the engine plans with for one pod: it must be the same for every pod of a group.
+fn planning_view(pod: &Pod) -> serde_json::Value {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let resources = |containers: &[k8s_openapi::api::core::v1::Container]| {
+        containers
+            .iter()
+            .map(|c| serde_json::json!([c.resources, c.restart_policy]))
+            .collect::<Vec<_>>()
+    };
+    let claims: Vec<_> = spec
+        .resource_claims
+        .iter()
+        .flatten()
+        .map(|c| serde_json::json!([c.name, c.resource_claim_name, c.resource_claim_template_name]))
+        .collect();
+    serde_json::json!({
+        "containers": resources(&spec.containers),
+        "init": resources(spec.init_containers.as_deref().unwrap_or_default()),
+        "overhead": spec.overhead,
+        "resources": spec.resources,
+        "nodeSelector": spec.node_selector,
+        "affinity": spec.affinity.and_then(|a| a.node_affinity),
+        "tolerations": spec.tolerations,
+        "claims": claims,
+    })
+}
+
+/// Pods another controller made for one group must be alike: the engine plans a group
+/// with one shape.
+fn check_alike(group: &str, pods: &[&Pod]) -> Result<(), RequestError> {
+    let first = planning_view(pods[0]);
+    match pods.iter().skip(1).find(|p| planning_view(p) != first) {
+        None => Ok(()),
+        Some(pod) => Err(RequestError::UnlikePods {
+            group: group.to_string(),
+            first: pods[0].metadata.name.clone().unwrap_or_default(),
+            pod: pod.metadata.name.clone().unwrap_or_default(),
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -230,7 +341,7 @@ spec:
     fn workload_becomes_groups_with_own_and_shared_claims() {
         let objects = crate::objects::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&objects.templates, &objects.claims);
-        let request = gang_request(&objects.workloads[0], &sources).unwrap();
+        let request = gang_request(&objects.workloads[0], &sources, &[]).unwrap();
         assert_eq!(request.name, "team/llama");
         assert_eq!(request.topology.required.as_deref(), Some("example.com/rack"));
         let names: Vec<_> = request
@@ -254,10 +365,10 @@ spec:
     fn missing_templates_and_claims_are_named() {
         let objects = crate::objects::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&[], &objects.claims);
-        let e = gang_request(&objects.workloads[0], &sources).unwrap_err();
+        let e = gang_request(&objects.workloads[0], &sources, &[]).unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaimTemplate team/eight-gpus does not exist");
         let sources = ClaimSources::new(&objects.templates, &[]);
-        let e = gang_request(&objects.workloads[0], &sources).unwrap_err();
+        let e = gang_request(&objects.workloads[0], &sources, &[]).unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaim team/scratch does not exist");
     }
 }

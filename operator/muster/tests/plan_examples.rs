@@ -83,3 +83,17 @@ fn bad_files_name_the_file_and_object() {
     assert!(err.contains("reading missing.yaml"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn the_pytorch_example_fits_and_the_job_example_waits_for_its_pods() {
+    let (ok, out, err) = muster(&[
+        "plan",
+        "--cluster",
+        "cluster-snapshot.yaml",
+        "pytorch-ddp.yaml",
+        "job-joins-a-workload.yaml",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("resnet-ddp: fits"), "{out}");
+    assert!(out.contains("pod group workers has 0 of its 4 pods"), "{out}");
+}
