@@ -3,6 +3,7 @@
 //! the operator against it.
 
 pub mod apply;
+pub mod chart;
 pub mod controlplane;
 pub mod fleet;
 pub mod invariants;

@@ -1,0 +1,75 @@
+{{/*
+Every permission muster has, in one place. The ClusterRole (clusterrole.yaml) and the
+leader-election Role (role.yaml) only wrap these rules.
+*/}}
+
+{{/* Cluster-wide rules. */}}
+{{- define "muster.clusterRules" -}}
+- apiGroups: ["muster.dev"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "update", "patch"]
+- apiGroups: ["muster.dev"]
+  resources: ["workloads/status"]
+  verbs: ["update", "patch"]
+- apiGroups: ["muster.dev"]
+  resources: ["workloads/finalizers"]
+  verbs: ["update"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims/status"]
+  verbs: ["update", "patch"]
+{{- if include "muster.resourceClaimBinding" . }}
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims/binding"]
+  verbs: ["update", "patch"]
+{{- end }}
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates", "deviceclasses", "resourceslices"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/*
+Rules in the release namespace: the leader-election Lease. Create cannot be limited to
+a name; reading and renewing can.
+*/}}
+{{- define "muster.leaderElectionRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ .Values.leaderElection.id | quote }}]
+  verbs: ["get", "update"]
+{{- end }}
+
+{{/*
+"true" when the ClusterRole grants resourceclaims/binding. Capabilities.APIVersions
+lists groups and kinds, not subresources, so "auto" goes by the cluster's version:
+the subresource exists from Kubernetes 1.36 on.
+*/}}
+{{- define "muster.resourceClaimBinding" -}}
+{{- $v := .Values.rbac.resourceClaimBinding }}
+{{- if eq (toString $v) "auto" }}
+{{- if semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
+{{- else if eq (toString $v) "true" }}true
+{{- else if ne (toString $v) "false" }}
+{{- fail (printf "rbac.resourceClaimBinding must be auto, true or false, not %v" $v) }}
+{{- end }}
+{{- end }}
