@@ -1,6 +1,7 @@
 //! The muster operator as a child process of a test, so tests can stop, kill and
 //! restart it like a real deployment.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -32,6 +33,14 @@ pub fn muster_binary() -> Result<PathBuf> {
 pub struct Operator {
     processes: ProcessGroup,
     log: PathBuf,
+    /// Where it serves `/metrics`, `/healthz` and `/readyz`.
+    pub http: SocketAddr,
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
 }
 
 impl Operator {
@@ -50,13 +59,20 @@ impl Operator {
     ) -> Result<Self> {
         std::fs::create_dir_all(log_dir)?;
         let log = log_dir.join("muster.log");
-        let mut args = vec!["run".to_string(), format!("--kubeconfig={}", kubeconfig.display())];
+        // Metrics and probes on one free port, so operators can run side by side.
+        let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let mut args = vec![
+            "run".to_string(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--metrics-bind-address={http}"),
+            format!("--health-probe-bind-address={http}"),
+        ];
         args.extend(extra_args.iter().map(|a| a.to_string()));
         let mut processes = ProcessGroup::new()?;
         processes
             .spawn_with_env("muster", binary, &args, &log, env)
             .context("starting the operator")?;
-        Ok(Operator { processes, log })
+        Ok(Operator { processes, log, http })
     }
 
     /// Fails with the operator's log if it has exited.
@@ -77,6 +93,26 @@ impl Operator {
     /// Stops the operator (SIGTERM, then SIGKILL).
     pub fn stop(mut self) {
         self.processes.stop(Duration::from_secs(10));
+    }
+
+    /// GETs `path` from the operator's HTTP endpoint: status code and body.
+    pub async fn get(&self, path: &str) -> Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.http).await?;
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .context("an HTTP status line")?;
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+        Ok((status, body))
     }
 
     /// Kills the operator at once, as a crash would.

@@ -71,20 +71,28 @@ impl Test {
     }
 
     pub fn start_operator(&mut self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
-        let run = self.operator.as_ref().map_or(0, |_| 1) + 1;
+        let operator = self.spawn_operator(self.cluster.control_plane.kubeconfig(), args, env)?;
+        self.operator = Some(operator);
+        Ok(())
+    }
+
+    /// Starts another operator with `kubeconfig`, logging beside the test's others; the
+    /// caller owns it.
+    pub fn spawn_operator(
+        &self,
+        kubeconfig: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Operator> {
+        static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let logs = self
             .cluster
             .control_plane
             .run_dir()
             .join("logs")
             .join(format!("{}-{run}", self.name));
-        self.operator = Some(Operator::start(
-            self.cluster.control_plane.kubeconfig(),
-            &logs,
-            args,
-            env,
-        )?);
-        Ok(())
+        Operator::start(kubeconfig, &logs, args, env)
     }
 
     pub fn workloads(&self) -> Api<Workload> {

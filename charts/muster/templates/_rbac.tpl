@@ -3,40 +3,51 @@ Every permission muster has, in one place. The ClusterRole (clusterrole.yaml) an
 leader-election Role (role.yaml) only wrap these rules.
 */}}
 
-{{/* Cluster-wide rules. */}}
+{{/*
+Cluster-wide rules. muster reads through watches (list, watch), writes with patches, and
+gets single objects only where it must: pods and services after a create conflict or
+before a release, claims before changing their finalizers and allocation, templates when
+creating claims from them. An e2e test runs the operator with exactly these rules and
+fails when one is never used.
+*/}}
 {{- define "muster.clusterRules" -}}
 - apiGroups: ["muster.dev"]
   resources: ["workloads"]
-  verbs: ["get", "list", "watch", "update", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["muster.dev"]
   resources: ["workloads/status"]
-  verbs: ["update", "patch"]
+  verbs: ["patch"]
+{{- /* Checked, never requested: setting blockOwnerDeletion on pods and claims the
+Workload owns, where the OwnerReferencesPermissionEnforcement admission plugin is on. */}}
 - apiGroups: ["muster.dev"]
   resources: ["workloads/finalizers"]
   verbs: ["update"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims/status"]
-  verbs: ["update", "patch"]
+  verbs: ["patch"]
 {{- if include "muster.resourceClaimBinding" . }}
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims/binding"]
   verbs: ["update", "patch"]
 {{- end }}
 - apiGroups: ["resource.k8s.io"]
-  resources: ["resourceclaimtemplates", "deviceclasses", "resourceslices"]
-  verbs: ["get", "list", "watch"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["get"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["deviceclasses", "resourceslices"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "delete"]

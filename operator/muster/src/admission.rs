@@ -26,18 +26,19 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload};
+use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
 use muster_engine::selector::{NodeTaintEffect, Toleration};
 use serde_json::json;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::controller::GangStores;
 use crate::convert;
 use crate::index::Index;
+use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
 use crate::release;
 use crate::request::{ClaimSources, RequestError, gang_request};
 
@@ -74,6 +75,31 @@ impl FaultPoint {
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|f| f.name() == text)
     }
+}
+
+/// Workloads by phase, and the queue, for the metrics.
+fn record_phases(workloads: &[Arc<Workload>], queued: usize) {
+    let m = metrics::get();
+    let mut counts: BTreeMap<String, i64> = [
+        WorkloadPhase::Pending,
+        WorkloadPhase::Queued,
+        WorkloadPhase::Admitted,
+        WorkloadPhase::Running,
+        WorkloadPhase::Succeeded,
+        WorkloadPhase::Failed,
+        WorkloadPhase::Suspended,
+    ]
+    .iter()
+    .map(|p| (format!("{p:?}"), 0))
+    .collect();
+    for workload in workloads {
+        let phase = workload.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
+        *counts.entry(format!("{phase:?}")).or_default() += 1;
+    }
+    for (phase, count) in counts {
+        m.workloads.get_or_create(&PhaseLabel { phase }).set(count);
+    }
+    m.queue_length.set(queued as i64);
 }
 
 /// Settings of the admission loop.
@@ -301,6 +327,7 @@ impl Admission {
             })
             .collect();
         queue.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        record_phases(&workloads, queue.len());
         let live: BTreeSet<String> = workloads.iter().map(|w| key(w)).collect();
         self.waiting.retain(|k, _| live.contains(k));
 
@@ -479,10 +506,22 @@ impl Admission {
         };
         let started = Instant::now();
         let outcome = {
+            let _span = info_span!("plan", workload = %key(workload)).entered();
             let cluster = self.index.cluster();
             placement::plan(&cluster, &request, &self.settings.plan)
         };
         let planned_in = started.elapsed();
+        let label = OutcomeLabel {
+            outcome: if matches!(outcome, Outcome::Placed(_)) {
+                "placed"
+            } else {
+                "unschedulable"
+            },
+        };
+        metrics::get()
+            .plan_duration
+            .get_or_create(&label)
+            .observe(metrics::seconds(planned_in));
         match outcome {
             Outcome::Unschedulable(why) => {
                 let message = why.to_string();
@@ -504,7 +543,17 @@ impl Admission {
             }
             Outcome::Placed(plan) => {
                 info!(workload = %key(workload), pods = plan.pods.len(), devices = plan.device_count(), planned_ms = planned_in.as_millis() as u64, "gang fits; committing");
-                self.commit(workload, &request, &plan).await?;
+                let started = Instant::now();
+                let committed = self
+                    .commit(workload, &request, &plan)
+                    .instrument(info_span!("commit", workload = %key(workload)))
+                    .await;
+                let outcome = if committed.is_ok() { "committed" } else { "failed" };
+                metrics::get()
+                    .commit_duration
+                    .get_or_create(&OutcomeLabel { outcome })
+                    .observe(metrics::seconds(started.elapsed()));
+                committed?;
                 Ok(true)
             }
         }
@@ -577,9 +626,19 @@ impl Admission {
             self.index.cluster().assume(&gang, &pods, &claims);
         }
 
-        match self.reserve(workload, plan).await {
-            Ok(()) => {}
+        match self
+            .reserve(workload, plan)
+            .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
+            .await
+        {
+            Ok(()) => {
+                metrics::get().reservations.inc();
+                metrics::get().reserved_devices.inc_by(plan.device_count() as u64);
+            }
             Err(e) => {
+                if matches!(e, CommitError::Conflict(_)) {
+                    metrics::get().conflicts.inc();
+                }
                 let message = format!("reserving failed and was undone: {e}");
                 let reason = if matches!(e, CommitError::Conflict(_)) {
                     conditions::REASON_CONFLICT
@@ -742,6 +801,12 @@ impl Admission {
         };
         self.set_admitted(workload, true, conditions::REASON_ADMITTED, &message, Some(&released))
             .await?;
+        if workload.status.as_ref().is_none_or(|s| s.restarts == 0)
+            && let Some(created) = &workload.metadata.creation_timestamp
+        {
+            let waited = Timestamp::now().duration_since(created.0).unsigned_abs();
+            metrics::get().submit_to_admitted.observe(waited.as_secs_f64());
+        }
         self.event(
             workload,
             EventType::Normal,
@@ -816,6 +881,12 @@ impl Admission {
         }
         self.index.cluster().forget(&key(workload));
         self.set_admitted(workload, false, reason, &message, None).await?;
+        metrics::get()
+            .rollbacks
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
         Ok(())
     }
 
@@ -847,6 +918,7 @@ impl Admission {
             unbound.iter().take(5).copied().collect::<Vec<_>>().join(", ")
         );
         warn!(workload = %key(workload), "{message}");
+        metrics::get().schedule_timeouts.inc();
         let mut tearing = placement.clone();
         tearing.state = Some(AdmissionState::TearingDown);
         self.set_admitted(

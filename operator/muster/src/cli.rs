@@ -1,16 +1,18 @@
 //! Command-line interface: `muster run`, `muster crd`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::controller;
+use crate::serve::{self, Endpoints, Health};
 
 /// muster runs a group of pods as one unit: it reserves every DRA device of a gang
 /// before any of its pods starts.
 #[derive(Parser, Debug)]
-#[command(name = "muster", version, about)]
+#[command(name = "muster", version, about, args_override_self = true)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,6 +71,30 @@ struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "MUSTER_LOG_FORMAT")]
     log_format: LogFormat,
+    /// Log level: error, warn, info, debug or trace. `MUSTER_LOG` (a tracing filter such
+    /// as `info,muster=debug`) takes precedence.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    log_level: LogLevel,
+    /// Address for `/metrics`; "0" turns it off.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    metrics_bind_address: String,
+    /// Address for `/healthz` and `/readyz`; "0" turns it off. May equal the metrics
+    /// address.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_probe_bind_address: String,
+    /// Run only while holding a coordination.k8s.io Lease, so that several replicas can
+    /// run and only one admits and writes.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the Lease; default: $POD_NAMESPACE, else "default".
+    #[arg(long)]
+    leader_election_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(long, default_value = "muster")]
+    leader_election_id: String,
+    /// Seconds a Lease holds without renewal; a follower takes over after that long.
+    #[arg(long, default_value_t = 15)]
+    leader_election_lease_duration: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,6 +121,15 @@ enum PlanOutput {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
+enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
 enum LogFormat {
     Text,
     Json,
@@ -109,16 +144,23 @@ pub fn main() -> Result<()> {
         #[cfg(feature = "demo")]
         Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::demo::run(args)),
         Command::Run(args) => {
-            init_logging(args.log_format);
+            init_logging(args.log_format, args.log_level);
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(run(args))
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, level: LogLevel) {
+    let default = match level {
+        LogLevel::Error => "error",
+        LogLevel::Warn => "warn",
+        LogLevel::Info => "info,kube_runtime=warn",
+        LogLevel::Debug => "debug,kube_runtime=info,hyper=info,tower=info,rustls=info",
+        LogLevel::Trace => "trace",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MUSTER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),
@@ -151,11 +193,47 @@ async fn run(args: RunArgs) -> Result<()> {
             fault,
             ..crate::admission::Settings::default()
         },
+        leader_election: args.leader_elect.then(|| {
+            let namespace = args
+                .leader_election_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "default".to_string());
+            crate::leader::Settings::new(
+                namespace,
+                args.leader_election_id.clone(),
+                crate::leader::identity(),
+                std::time::Duration::from_secs(args.leader_election_lease_duration.max(1)),
+            )
+        }),
     };
     check_crd_installed(&client).await?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "muster operator starting");
-    crate::runtime::run(client, settings).await;
-    Ok(())
+
+    let health = Arc::new(Health::default());
+    let metrics = serve::bind(&args.metrics_bind_address)
+        .await
+        .with_context(|| format!("binding --metrics-bind-address {}", args.metrics_bind_address))?;
+    let probes = if args.health_probe_bind_address == args.metrics_bind_address {
+        None
+    } else {
+        serve::bind(&args.health_probe_bind_address)
+            .await
+            .with_context(|| format!("binding --health-probe-bind-address {}", args.health_probe_bind_address))?
+    };
+    let shared = args.health_probe_bind_address == args.metrics_bind_address;
+    if let Some(listener) = metrics {
+        let endpoints = if shared { Endpoints::All } else { Endpoints::Metrics };
+        tokio::spawn(serve::serve(listener, endpoints, health.clone()));
+    }
+    if let Some(listener) = probes {
+        tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone()));
+    }
+
+    match crate::runtime::run(client, settings, health).await {
+        crate::runtime::Ended::Stopped => Ok(()),
+        crate::runtime::Ended::LostLease => anyhow::bail!("lost the leader Lease"),
+    }
 }
 
 async fn check_crd_installed(client: &kube::Client) -> Result<()> {

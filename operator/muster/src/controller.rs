@@ -18,7 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use muster_api::conditions;
 use muster_api::labels::{self, FIELD_MANAGER};
-use muster_api::v1alpha1::Workload;
+use muster_api::v1alpha1::{Workload, WorkloadPhase};
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -642,6 +642,16 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
     let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned});
     api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await?;
+    let was_running = current.as_ref().and_then(|c| c.phase) == Some(WorkloadPhase::Running);
+    let first_attempt = workload.status.as_ref().is_none_or(|s| s.restarts == 0);
+    if desired.phase == Some(WorkloadPhase::Running)
+        && !was_running
+        && first_attempt
+        && let Some(created) = &workload.metadata.creation_timestamp
+    {
+        let took = Timestamp::now().duration_since(created.0).unsigned_abs();
+        crate::metrics::get().submit_to_running.observe(took.as_secs_f64());
+    }
     let reason = created_reason(Some(&desired));
     if let Progress::Invalid { message } | Progress::Waiting { message, .. } = progress
         && previous_reason != reason

@@ -207,6 +207,7 @@ impl Admission {
             )
             .await?;
         }
+        crate::metrics::get().extras_placed.inc_by(plan.pods.len() as u64);
         Ok(())
     }
 }

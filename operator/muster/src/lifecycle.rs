@@ -195,6 +195,12 @@ impl Admission {
             "after placing the gang again"
         };
         let note = format!("{message}; restarting the gang (restart {restarts}) {plan}");
+        crate::metrics::get()
+            .restarts
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
         info!(workload = %key(workload), "{note}");
         self.write_status(
             workload,

@@ -1,0 +1,429 @@
+//! Running muster as a platform team would: metrics and probes, two replicas with leader
+//! election and a leader killed mid-stream, and the Helm chart's RBAC as the only
+//! permissions the operator has — enough for everything it does, and nothing it never
+//! uses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{AuthInfo, Kubeconfig, NamedAuthInfo};
+use muster_api::conditions;
+use muster_api::v1alpha1::WorkloadPhase;
+use muster_e2e::chart;
+use muster_e2e::operator::Operator;
+use muster_e2e::scenario::{Test, assert_runs_as_planned, gang, with_test};
+use muster_e2e::wait;
+use serde_json::{Value, json};
+
+/// `name{labels} value` lines of a Prometheus text page, by name and label text.
+fn samples(page: &str) -> BTreeMap<String, f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            Some((key.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn metrics(operator: &Operator) -> Result<BTreeMap<String, f64>> {
+    let (status, body) = operator.get("/metrics").await?;
+    ensure!(status == 200, "/metrics answered {status}");
+    Ok(samples(&body))
+}
+
+async fn is_leader(operator: &Operator) -> bool {
+    metrics(operator)
+        .await
+        .is_ok_and(|m| m.get("muster_leader") == Some(&1.0))
+}
+
+#[tokio::test]
+async fn metrics_and_probes_describe_the_running_operator() -> Result<()> {
+    with_test("metrics", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("observed", 1, None)).await?;
+            assert_runs_as_planned(test, "observed").await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            for probe in ["/healthz", "/readyz"] {
+                let (status, _) = operator.get(probe).await?;
+                ensure!(status == 200, "{probe} answered {status}");
+            }
+            let (status, _) = operator.get("/nothing-here").await?;
+            ensure!(status == 404, "unknown paths are 404, got {status}");
+            // The phase gauge follows the status a moment later.
+            let mut seen = BTreeMap::new();
+            for _ in 0..50 {
+                seen = metrics(operator).await?;
+                if seen.get("muster_workloads{phase=\"Running\"}") == Some(&1.0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            for (sample, at_least) in [
+                ("muster_workloads{phase=\"Running\"}", 1.0),
+                ("muster_reservations_total", 1.0),
+                ("muster_reserved_devices_total", 8.0),
+                ("muster_plan_duration_seconds_count{outcome=\"placed\"}", 1.0),
+                ("muster_commit_duration_seconds_count{outcome=\"committed\"}", 1.0),
+                ("muster_submit_to_admitted_seconds_count", 1.0),
+                ("muster_submit_to_running_seconds_count", 1.0),
+                ("muster_leader", 1.0),
+                ("muster_api_requests_total{verb=\"create\",resource=\"pods\"}", 2.0),
+            ] {
+                let value = seen.get(sample).copied().unwrap_or_default();
+                ensure!(value >= at_least, "{sample} is {value}, expected at least {at_least}");
+            }
+            ensure!(
+                seen.keys().all(|k| k.starts_with("muster_")),
+                "every metric is prefixed muster_"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_follower_takes_over_when_the_leader_is_killed_and_nothing_is_admitted_twice() -> Result<()> {
+    // The Lease lives in the test's namespace; four seconds keep the takeover short.
+    let lease_args = |ns: &str| {
+        vec![
+            "--leader-elect".to_string(),
+            format!("--leader-election-namespace={ns}"),
+            "--leader-election-lease-duration=4".to_string(),
+        ]
+    };
+    with_test("failover", &[], &[], move |test| {
+        Box::pin(async move {
+            let args = lease_args(&test.ns);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            test.start_operator(&args, &[])?;
+            let other = test.spawn_operator(test.cluster.control_plane.kubeconfig(), &args, &[])?;
+            let mut operators = vec![test.operator.take().context("operator")?, other];
+
+            // One leads; the other is ready (its caches are warm) but does not lead.
+            let leader = wait::until("one operator to lead", Duration::from_secs(60), || {
+                let operators = &operators;
+                async move {
+                    // Both must answer: an operator still starting is not a follower.
+                    let a = metrics(&operators[0]).await?.get("muster_leader") == Some(&1.0);
+                    let b = metrics(&operators[1]).await?.get("muster_leader") == Some(&1.0);
+                    Ok(match (a, b) {
+                        (true, false) => Some(0),
+                        (false, true) => Some(1),
+                        _ => None,
+                    })
+                }
+            })
+            .await?;
+            let follower = 1 - leader;
+            let (status, _) = operators[follower].get("/readyz").await?;
+            ensure!(status == 200, "the follower is ready, got {status}");
+            let lease: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(test.client.clone(), &test.ns);
+            let holder = lease.get("muster").await?.spec.and_then(|s| s.holder_identity);
+            ensure!(holder.is_some(), "the Lease names its holder");
+
+            // Gangs arrive; the leader dies among them.
+            for name in ["g0", "g1", "g2"] {
+                test.create(gang(name, 1, None)).await?;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            operators.remove(leader).kill();
+            for name in ["g3", "g4"] {
+                test.create(gang(name, 1, None)).await?;
+            }
+            test.operator = Some(operators.remove(0));
+            for name in ["g0", "g1", "g2", "g3", "g4"] {
+                assert_runs_as_planned(test, name).await?;
+            }
+            let survivor = test.operator.as_ref().context("operator")?;
+            ensure!(is_leader(survivor).await, "the follower leads now");
+
+            // Each gang was admitted at most once: one Admitted event, no restart.
+            let events: Api<Event> = Api::namespaced(test.client.clone(), &test.ns);
+            let events = events.list(&ListParams::default()).await?.items;
+            for name in ["g0", "g1", "g2", "g3", "g4"] {
+                let admitted = events
+                    .iter()
+                    .filter(|e| e.reason.as_deref() == Some(conditions::EVENT_ADMITTED))
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                    .count();
+                ensure!(admitted <= 1, "{name} was admitted {admitted} times");
+                let workload = test.workloads().get(name).await?;
+                ensure!(
+                    workload.status.is_some_and(|s| s.restarts == 0),
+                    "{name} never restarted"
+                );
+            }
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A kubeconfig for `account`, with a token from the TokenRequest API and the cluster of
+/// `admin`.
+async fn service_account_kubeconfig(test: &Test, namespace: &str, account: &str) -> Result<std::path::PathBuf> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(test.client.clone(), namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("a token")?;
+    let mut config = Kubeconfig::read_from(test.cluster.control_plane.kubeconfig())?;
+    let user = config
+        .contexts
+        .first_mut()
+        .and_then(|c| c.context.as_mut())
+        .context("a context")?;
+    user.user = Some(account.to_string());
+    config.auth_infos = vec![NamedAuthInfo {
+        name: account.to_string(),
+        auth_info: Some(AuthInfo {
+            token: Some(token.into()),
+            ..Default::default()
+        }),
+        other: Default::default(),
+    }];
+    let path = test
+        .cluster
+        .control_plane
+        .run_dir()
+        .join(format!("{account}-{namespace}.kubeconfig"));
+    std::fs::write(&path, serde_json::to_string(&config)?)?;
+    Ok(path)
+}
+
+/// Applies rendered objects for real.
+async fn apply(client: &kube::Client, objects: &[&Value]) -> Result<()> {
+    for object in objects {
+        let (group, version) = match object["apiVersion"].as_str().unwrap_or_default().split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (
+                String::new(),
+                object["apiVersion"].as_str().unwrap_or_default().to_string(),
+            ),
+        };
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let plural = match kind {
+            "ServiceAccount" => "serviceaccounts",
+            "ClusterRole" => "clusterroles",
+            "ClusterRoleBinding" => "clusterrolebindings",
+            "Role" => "roles",
+            "RoleBinding" => "rolebindings",
+            other => anyhow::bail!("unexpected kind {other}"),
+        };
+        let resource = ApiResource {
+            group: group.clone(),
+            version: version.clone(),
+            api_version: object["apiVersion"].as_str().unwrap_or_default().to_string(),
+            kind: kind.to_string(),
+            plural: plural.to_string(),
+        };
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(name, &PatchParams::apply("muster-e2e").force(), &Patch::Apply(object))
+            .await
+            .with_context(|| format!("applying {}", chart::describe(object)))?;
+    }
+    Ok(())
+}
+
+/// `verb resource[/subresource][.group]` for every permission the rendered rules grant.
+fn granted(rules: &[&Value]) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in rules {
+        let list = |key: &str| -> Vec<String> {
+            rule[key]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .unwrap_or_default()
+        };
+        for group in list("apiGroups") {
+            for resource in list("resources") {
+                for verb in list("verbs") {
+                    let resource = if group.is_empty() {
+                        resource.clone()
+                    } else {
+                        format!("{resource}.{group}")
+                    };
+                    out.insert((verb, resource));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Permissions a gang's ordinary life does not request: checked by the API server while
+/// handling another request, or used on paths of conflicts and cold caches.
+const NOT_IN_AN_ORDINARY_LIFE: &[(&str, &str, &str)] = &[
+    (
+        "get",
+        "pods",
+        "releasing a pod the cache does not hold yet, or after a write conflict",
+    ),
+    ("get", "services", "telling whose a Service is after a create conflict"),
+    (
+        "update",
+        "workloads/finalizers.muster.dev",
+        "setting blockOwnerDeletion on owned pods and claims where OwnerReferencesPermissionEnforcement is on",
+    ),
+    (
+        "update",
+        "resourceclaims/binding.resource.k8s.io",
+        "writing status.allocation and reservedFor on 1.36+ (a synthetic subresource)",
+    ),
+    (
+        "patch",
+        "resourceclaims/binding.resource.k8s.io",
+        "writing status.allocation and reservedFor on 1.36+ (a synthetic subresource)",
+    ),
+];
+
+#[tokio::test]
+async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unused() -> Result<()> {
+    with_test("rbac", &[], &[], |test| {
+        Box::pin(async move {
+            // The chart's ServiceAccount and roles, released into a namespace of its own.
+            let release_ns = muster_e2e::testing::namespace(&test.client, "muster-system").await?;
+            let objects = chart::render_with(&chart::RenderOptions {
+                namespace: &release_ns,
+                set: &[("crds.install", "false")],
+                ..chart::RenderOptions::default()
+            })?;
+            let kinds = [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ];
+            let rbac: Vec<&Value> = objects
+                .iter()
+                .filter(|o| kinds.contains(&o["kind"].as_str().unwrap_or_default()))
+                .collect();
+            apply(&test.client, &rbac).await?;
+            let account = chart::of_kind(&objects, "ServiceAccount")
+                .first()
+                .and_then(|a| a["metadata"]["name"].as_str())
+                .context("the chart's ServiceAccount")?
+                .to_string();
+            let kubeconfig = service_account_kubeconfig(test, &release_ns, &account).await?;
+
+            // The operator with only those permissions, as the chart runs it.
+            if let Some(admin) = test.operator.take() {
+                admin.stop();
+            }
+            // A short Lease, so that it is renewed within the test.
+            let lease_ns = format!("--leader-election-namespace={release_ns}");
+            let args = ["--leader-elect", &lease_ns, "--leader-election-lease-duration=2"];
+            let operator = test.spawn_operator(&kubeconfig, &args, &[])?;
+            test.operator = Some(operator);
+
+            // A gang's whole life: admitted, a pod fails and the gang restarts on its
+            // reservation, suspended, resumed, deleted.
+            let mut workload = gang("lifelong", 2, None);
+            workload["spec"]["failurePolicy"] = json!({"maxRestarts": 1});
+            test.create(workload).await?;
+            assert_runs_as_planned(test, "lifelong").await?;
+            let exit = json!({"metadata": {"annotations": {"muster-e2e-exit": "1"}}});
+            test.pods()
+                .patch("lifelong-workers-0", &PatchParams::default(), &Patch::Merge(&exit))
+                .await?;
+            let workloads = test.workloads();
+            wait::until("the gang to restart", Duration::from_secs(60), || {
+                let workloads = workloads.clone();
+                async move {
+                    let w = workloads.get("lifelong").await?;
+                    Ok(w.status.is_some_and(|s| s.restarts == 1).then_some(()))
+                }
+            })
+            .await?;
+            assert_runs_as_planned(test, "lifelong").await?;
+            let suspend = |on: bool| json!({"spec": {"suspend": on}});
+            workloads
+                .patch("lifelong", &PatchParams::default(), &Patch::Merge(&suspend(true)))
+                .await?;
+            test.wait_phase("lifelong", WorkloadPhase::Suspended, Duration::from_secs(60))
+                .await?;
+            workloads
+                .patch("lifelong", &PatchParams::default(), &Patch::Merge(&suspend(false)))
+                .await?;
+            assert_runs_as_planned(test, "lifelong").await?;
+            workloads.delete("lifelong", &Default::default()).await?;
+            let claims = test.claims();
+            wait::until("the gang's claims to be gone", Duration::from_secs(90), || {
+                let claims = claims.clone();
+                async move {
+                    Ok(claims
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .is_empty()
+                        .then_some(()))
+                }
+            })
+            .await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            let log = operator.log();
+            ensure!(!log.contains("forbidden"), "no request was forbidden:\n{log}");
+
+            // Every granted permission was used, or is only ever checked.
+            let seen = metrics(operator).await?;
+            let used: BTreeSet<(String, String)> = seen
+                .iter()
+                .filter(|(_, count)| **count > 0.0)
+                .filter_map(|(key, _)| {
+                    let labels = key.strip_prefix("muster_api_requests_total{")?.strip_suffix('}')?;
+                    let value = |name: &str| {
+                        labels
+                            .split("\",")
+                            .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                            .map(|v| v.trim_end_matches('"').to_string())
+                    };
+                    Some((value("verb")?, value("resource")?))
+                })
+                .collect();
+            let rules: Vec<&Value> = chart::of_kind(&objects, "ClusterRole")
+                .into_iter()
+                .chain(chart::of_kind(&objects, "Role"))
+                .flat_map(|role| role["rules"].as_array().into_iter().flatten())
+                .collect();
+            let unused: Vec<String> = granted(&rules)
+                .into_iter()
+                .filter(|p| !used.contains(p))
+                .filter(|(verb, resource)| {
+                    !NOT_IN_AN_ORDINARY_LIFE
+                        .iter()
+                        .any(|(v, r, _)| v == verb && r == resource)
+                })
+                .map(|(verb, resource)| format!("{verb} {resource}"))
+                .collect();
+            muster_e2e::testing::delete_namespace(&test.client, &release_ns).await?;
+            ensure!(
+                unused.is_empty(),
+                "the chart grants permissions the operator never used: {unused:?}; it used {used:?}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
