@@ -29,24 +29,29 @@ pub async fn install_crds(client: &kube::Client) -> Result<()> {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &PatchParams::apply("muster-e2e").force(), &Patch::Apply(&crd))
             .await?;
-        wait::until(
-            &format!("CRD {name} to be established"),
-            std::time::Duration::from_secs(60),
-            || {
-                let (api, name) = (api.clone(), name.clone());
-                async move {
-                    let crd = api.get(&name).await?;
-                    let established = crd
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    Ok(established.then_some(()))
-                }
-            },
-        )
-        .await?;
+        wait_established(&api, &name).await?;
     }
     Ok(())
+}
+
+/// Waits until CRD `name` is established.
+pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Result<()> {
+    wait::until(
+        &format!("CRD {name} to be established"),
+        std::time::Duration::from_secs(60),
+        || {
+            let (api, name) = (api.clone(), name.to_string());
+            async move {
+                let crd = api.get(&name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            }
+        },
+    )
+    .await
 }

@@ -172,18 +172,8 @@ impl Test {
         Ok(self.claims().list(&selector).await?.items)
     }
 
-    pub async fn gang_pods(&self, name: &str) -> Result<Vec<Pod>> {
-        let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
-        Ok(self.pods().list(&selector).await?.items)
-    }
-
-    /// Deletes every Workload and waits until their claims are deallocated and gone
-    /// (the operator must run for that), then stops the operator and the checker and
-    /// fails on any invariant violation.
-    pub async fn finish(mut self) -> Result<()> {
-        self.workloads()
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await?;
+    /// Waits until no claim is left in the test's namespace (the operator must run).
+    pub async fn wait_claims_gone(&self) -> Result<()> {
         let claims = self.claims();
         wait::until("the test's claims to be gone", Duration::from_secs(90), || {
             let claims = claims.clone();
@@ -196,7 +186,22 @@ impl Test {
                     .then_some(()))
             }
         })
-        .await?;
+        .await
+    }
+
+    pub async fn gang_pods(&self, name: &str) -> Result<Vec<Pod>> {
+        let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
+        Ok(self.pods().list(&selector).await?.items)
+    }
+
+    /// Deletes every Workload and waits until their claims are deallocated and gone
+    /// (the operator must run for that), then stops the operator and the checker and
+    /// fails on any invariant violation.
+    pub async fn finish(mut self) -> Result<()> {
+        self.workloads()
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await?;
+        self.wait_claims_gone().await?;
         if let Some(operator) = self.operator.take() {
             operator.stop();
         }

@@ -2,8 +2,6 @@
 //! server-side apply (dry run; the CRD is installed for real), the operator's pod meets
 //! the `restricted` Pod Security Standard, and its RBAC has no wildcards.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -12,7 +10,7 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{self, Scope};
 use muster_e2e::chart::{self, RenderOptions, describe, of_kind};
 use muster_e2e::testing::{delete_namespace, namespace};
-use muster_e2e::{ControlPlane, Options, wait};
+use muster_e2e::{ControlPlane, Options};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
@@ -106,24 +104,7 @@ async fn install_crd(client: &kube::Client, crd: &Value) -> Result<()> {
         .context("CRD without a name")?
         .to_string();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    wait::until(
-        &format!("CRD {name} to be established"),
-        Duration::from_secs(60),
-        || {
-            let (api, name) = (api.clone(), name.clone());
-            async move {
-                let crd = api.get(&name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(established.then_some(()))
-            }
-        },
-    )
-    .await
+    muster_e2e::wait_established(&api, &name).await
 }
 
 /// The operator's pod as the Deployment would create it, checked by admission (Pod

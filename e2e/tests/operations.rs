@@ -369,19 +369,7 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
                 .await?;
             assert_runs_as_planned(test, "lifelong").await?;
             workloads.delete("lifelong", &Default::default()).await?;
-            let claims = test.claims();
-            wait::until("the gang's claims to be gone", Duration::from_secs(90), || {
-                let claims = claims.clone();
-                async move {
-                    Ok(claims
-                        .list(&ListParams::default())
-                        .await?
-                        .items
-                        .is_empty()
-                        .then_some(()))
-                }
-            })
-            .await?;
+            test.wait_claims_gone().await?;
             let operator = test.operator.as_ref().context("operator")?;
             let log = operator.log();
             ensure!(!log.contains("forbidden"), "no request was forbidden:\n{log}");

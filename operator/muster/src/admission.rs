@@ -176,6 +176,29 @@ pub(crate) struct StatusUpdate {
     pub(crate) restarts: Option<i32>,
 }
 
+impl StatusUpdate {
+    /// Only the placement changes.
+    pub(crate) fn placement(placement: PlacementStatus) -> Self {
+        StatusUpdate {
+            conditions: vec![],
+            placement: Some(Some(placement)),
+            restarts: None,
+        }
+    }
+}
+
+impl Admission {
+    /// The gang's claims in the cache, by name.
+    pub(crate) fn claims_by_name(&self, workload: &Workload) -> BTreeMap<String, Arc<ResourceClaim>> {
+        let namespace = workload.namespace().unwrap_or_default();
+        self.stores
+            .claims_of(&namespace, &workload.name_any())
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect()
+    }
+}
+
 pub(crate) fn key(workload: &Workload) -> String {
     convert::key(
         workload.metadata.namespace.as_deref(),
@@ -824,12 +847,7 @@ impl Admission {
         };
         // Every claim must still hold its allocation; otherwise start over.
         let namespace = workload.namespace().unwrap_or_default();
-        let claims: BTreeMap<String, Arc<ResourceClaim>> = self
-            .stores
-            .claims_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|c| (c.name_any(), c))
-            .collect();
+        let claims = self.claims_by_name(workload);
         let intact = placement.claims.iter().all(|c| {
             claims
                 .get(c)

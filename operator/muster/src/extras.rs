@@ -50,12 +50,7 @@ impl Admission {
             .flat_map(|g| &g.pods)
             .map(|p| (short(&p.name), p.claims.iter().map(|c| short(c)).collect()))
             .collect();
-        let claims: BTreeMap<String, Arc<ResourceClaim>> = self
-            .stores
-            .claims_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|c| (c.name_any(), c))
-            .collect();
+        let claims = self.claims_by_name(workload);
         let allocated = |name: &String| {
             claims
                 .get(name)
@@ -120,15 +115,8 @@ impl Admission {
                 .flat_map(|p| claims_of_pod.get(p).cloned().unwrap_or_default())
                 .collect();
             placement.claims.retain(|c| !dropped_claims.contains(c));
-            self.write_status(
-                workload,
-                StatusUpdate {
-                    conditions: vec![],
-                    placement: Some(Some(placement.clone())),
-                    restarts: None,
-                },
-            )
-            .await?;
+            self.write_status(workload, StatusUpdate::placement(placement.clone()))
+                .await?;
         }
 
         // Waiting extras: gated, never placed in this attempt.
@@ -174,28 +162,13 @@ impl Admission {
         grown.devices += plan.device_count() as i32;
         let nodes: BTreeSet<String> = grown.pods.iter().map(|p| p.node.clone()).collect();
         grown.nodes = nodes.into_iter().collect();
-        self.write_status(
-            workload,
-            StatusUpdate {
-                conditions: vec![],
-                placement: Some(Some(grown.clone())),
-                restarts: None,
-            },
-        )
-        .await?;
+        self.write_status(workload, StatusUpdate::placement(grown.clone()))
+            .await?;
         if let Err(e) = self.reserve(workload, &plan).await {
             for claim in &plan.claims {
                 deallocate(&claim_api, &short(&claim.claim)).await?;
             }
-            self.write_status(
-                workload,
-                StatusUpdate {
-                    conditions: vec![],
-                    placement: Some(Some(placement)),
-                    restarts: None,
-                },
-            )
-            .await?;
+            self.write_status(workload, StatusUpdate::placement(placement)).await?;
             return Err(e);
         }
         for p in &plan.pods {

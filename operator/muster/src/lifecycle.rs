@@ -233,13 +233,7 @@ impl Admission {
         if !nodes_ok {
             return false;
         }
-        let namespace = workload.namespace().unwrap_or_default();
-        let claims: BTreeMap<String, Arc<ResourceClaim>> = self
-            .stores
-            .claims_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|c| (c.name_any(), c))
-            .collect();
+        let claims = self.claims_by_name(workload);
         placement.claims.iter().all(|name| {
             let Some(allocation) = claims.get(name).and_then(|c| c.status.as_ref()?.allocation.clone()) else {
                 return false;
@@ -356,15 +350,7 @@ impl Admission {
         if self.release_claims(workload, &placement).await? {
             let mut finished = placement;
             finished.state = Some(AdmissionState::Finished);
-            self.write_status(
-                workload,
-                StatusUpdate {
-                    conditions: vec![],
-                    placement: Some(Some(finished)),
-                    restarts: None,
-                },
-            )
-            .await?;
+            self.write_status(workload, StatusUpdate::placement(finished)).await?;
         }
         Ok(())
     }
@@ -435,12 +421,7 @@ impl Admission {
             .into_iter()
             .filter_map(|p| Some((p.uid()?, p)))
             .collect();
-        let claims: BTreeMap<String, Arc<ResourceClaim>> = self
-            .stores
-            .claims_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|c| (c.name_any(), c))
-            .collect();
+        let claims = self.claims_by_name(workload);
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
         let mut all_done = true;
         for name in &placement.claims {
