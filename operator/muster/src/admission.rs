@@ -39,11 +39,12 @@ use crate::controller::GangStores;
 use crate::convert;
 use crate::index::Index;
 use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
-use crate::release;
+use crate::release::{self, Fencing};
 use crate::request::{ClaimSources, RequestError, gang_request};
 
-/// Steps after which a test build may abort the process (`MUSTER_FAULT_POINT`), to prove
-/// that a restart converges.
+/// Steps after which a test may abort the process (`MUSTER_FAULT_POINT`), to prove that
+/// a restart converges, or hold the commit until a file exists (`MUSTER_PAUSE_POINT`,
+/// `MUSTER_PAUSE_UNTIL`), to change the cluster in the middle of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultPoint {
     AfterPlanRecorded,
@@ -75,6 +76,13 @@ impl FaultPoint {
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|f| f.name() == text)
     }
+}
+
+/// Test-only: hold the commit at `point` until the file `until` exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pause {
+    pub point: FaultPoint,
+    pub until: std::path::PathBuf,
 }
 
 /// Workloads by phase, and the queue, for the metrics.
@@ -113,7 +121,11 @@ pub struct Settings {
     pub write_parallelism: usize,
     /// Test-only: abort after this step.
     pub fault: Option<FaultPoint>,
+    /// Test-only: hold after this step.
+    pub pause: Option<Pause>,
     pub plan: PlanOptions,
+    /// How pods outside muster are kept off the devices it plans with.
+    pub fencing: Fencing,
 }
 
 impl Default for Settings {
@@ -123,7 +135,9 @@ impl Default for Settings {
             starvation_after: Duration::from_secs(600),
             write_parallelism: 64,
             fault: None,
+            pause: None,
             plan: PlanOptions::default(),
+            fencing: Fencing::default(),
         }
     }
 }
@@ -157,6 +171,9 @@ pub struct Admission {
     waiting: HashMap<String, Waiting>,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
     written: std::sync::Mutex<HashMap<String, Arc<Workload>>>,
+    /// Claims deallocated when a gang's commit was undone, by gang, until the cache shows
+    /// them free: planning before that would take their stale allocations as the gang's.
+    deallocated: std::sync::Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
 /// Conditions the admission loop owns.
@@ -243,6 +260,7 @@ impl Admission {
             wake,
             waiting: HashMap::new(),
             written: std::sync::Mutex::default(),
+            deallocated: std::sync::Mutex::default(),
         }
     }
 
@@ -496,6 +514,7 @@ impl Admission {
             .filter(|c| c.metadata.namespace.as_deref() == Some(&namespace))
             .map(|c| (**c).clone())
             .collect();
+        self.check_deallocations_seen(workload, &claims)?;
         let sources = ClaimSources::new(&[], &claims);
         let pods = if crate::membership::has_external_groups(workload) {
             self.stores.pods_of(&namespace, &workload.name_any())
@@ -504,8 +523,10 @@ impl Admission {
         };
         let mut request = gang_request(workload, &sources, &pods)?;
         // muster's pods tolerate the fence that keeps other pods off the devices.
-        for group in &mut request.groups {
-            group.shape.tolerations.push(fence_toleration());
+        if self.settings.fencing == Fencing::Taint {
+            for group in &mut request.groups {
+                group.shape.tolerations.push(fence_toleration());
+            }
         }
         Ok(request)
     }
@@ -589,6 +610,18 @@ impl Admission {
         }
     }
 
+    /// [`Self::fault`], then a test's pause at `point`, if either is set.
+    async fn checkpoint(&self, point: FaultPoint) {
+        self.fault(point);
+        let Some(pause) = self.settings.pause.as_ref().filter(|p| p.point == point) else {
+            return;
+        };
+        warn!(until = %pause.until.display(), "pause point {} reached: waiting", point.name());
+        while !pause.until.exists() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn commit(&mut self, workload: &Workload, request: &GangRequest, plan: &Plan) -> Result<(), CommitError> {
         let gang = key(workload);
         let placement = PlacementStatus {
@@ -621,7 +654,7 @@ impl Admission {
             Some(&placement),
         )
         .await?;
-        self.fault(FaultPoint::AfterPlanRecorded);
+        self.checkpoint(FaultPoint::AfterPlanRecorded).await;
 
         // The next plan must see these devices and pods as taken.
         {
@@ -669,7 +702,8 @@ impl Admission {
                     conditions::REASON_ROLLED_BACK
                 };
                 self.index.cluster().forget(&gang);
-                self.undo(workload, reason, message.clone()).await?;
+                let claims: BTreeSet<String> = placement.claims.iter().cloned().collect();
+                self.undo_claims(workload, &claims, reason, message.clone()).await?;
                 self.event(
                     workload,
                     EventType::Warning,
@@ -691,8 +725,10 @@ impl Admission {
             Some(&placement),
         )
         .await?;
-        self.fault(FaultPoint::AfterReserved);
-        self.release_all(workload, &placement).await?;
+        self.checkpoint(FaultPoint::AfterReserved).await;
+        self.release_all(workload, &placement)
+            .instrument(info_span!("release", workload = %gang, pods = placement.pods.len()))
+            .await?;
         self.index.cluster().confirm(&gang);
         Ok(())
     }
@@ -729,7 +765,7 @@ impl Admission {
         if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
             return Err(e.into());
         }
-        self.fault(FaultPoint::AfterAllClaims);
+        self.checkpoint(FaultPoint::AfterAllClaims).await;
         self.check_conflicts(workload, plan).await
     }
 
@@ -794,7 +830,14 @@ impl Admission {
                 let cached = pods.get(&planned.name).cloned();
                 let first_done = &first_done;
                 async move {
-                    release::release(&api, &planned.name, &planned.node, cached.as_deref()).await?;
+                    release::release(
+                        &api,
+                        &planned.name,
+                        &planned.node,
+                        cached.as_deref(),
+                        self.settings.fencing,
+                    )
+                    .await?;
                     if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
                         self.fault(FaultPoint::AfterFirstRelease);
                     }
@@ -889,13 +932,31 @@ impl Admission {
     /// Clears the allocations of the gang's claims (all of them, whoever wrote them) and
     /// the recorded plan; the gang is queued again.
     pub(crate) async fn undo(&self, workload: &Workload, reason: &str, message: String) -> Result<(), CommitError> {
-        let namespace = workload.namespace().unwrap_or_default();
-        let names: BTreeSet<String> = placement_of(workload)
+        let claims: BTreeSet<String> = placement_of(workload)
             .map(|p| p.claims.iter().cloned().collect())
             .unwrap_or_default();
+        self.undo_claims(workload, &claims, reason, message).await
+    }
+
+    /// [`Self::undo`] for the planned `claims` (names in the Workload's namespace), for a
+    /// commit whose `workload` copy predates the recorded placement.
+    async fn undo_claims(
+        &self,
+        workload: &Workload,
+        claims: &BTreeSet<String>,
+        reason: &str,
+        message: String,
+    ) -> Result<(), CommitError> {
+        let namespace = workload.namespace().unwrap_or_default();
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
-        for name in &names {
+        for name in claims {
             deallocate(&api, name).await?;
+        }
+        if !claims.is_empty() {
+            self.deallocated
+                .lock()
+                .expect("deallocated claims")
+                .insert(key(workload), claims.clone());
         }
         self.index.cluster().forget(&key(workload));
         self.set_admitted(workload, false, reason, &message, None).await?;
@@ -905,6 +966,24 @@ impl Admission {
                 reason: reason.to_string(),
             })
             .inc();
+        Ok(())
+    }
+
+    /// Fails with a waiting error while a claim deallocated by an undone commit of this
+    /// gang still shows an allocation in `claims` (the cache).
+    fn check_deallocations_seen(&self, workload: &Workload, claims: &[ResourceClaim]) -> Result<(), RequestError> {
+        let gang = key(workload);
+        let mut deallocated = self.deallocated.lock().expect("deallocated claims");
+        let Some(names) = deallocated.get(&gang) else {
+            return Ok(());
+        };
+        let stale = claims.iter().find(|c| {
+            names.contains(&c.name_any()) && c.status.as_ref().is_some_and(|s| s.allocation.is_some())
+        });
+        if let Some(claim) = stale {
+            return Err(RequestError::DeallocationNotSeen(claim.name_any()));
+        }
+        deallocated.remove(&gang);
         Ok(())
     }
 

@@ -65,6 +65,11 @@ struct RunArgs {
     /// queued behind it until it is admitted.
     #[arg(long, default_value_t = 600)]
     starvation_after: u64,
+    /// How pods outside muster are kept off the devices muster plans with: `taint` (taint
+    /// GPU nodes with muster.dev/fenced=true:NoSchedule; muster's pods tolerate it) or
+    /// `none` (only the conflict check after reserving).
+    #[arg(long, value_enum, default_value_t = crate::release::Fencing::Taint)]
+    fencing: crate::release::Fencing,
     /// Parallel API writes while reserving claims and releasing pods.
     #[arg(long, default_value_t = 64)]
     write_parallelism: usize,
@@ -181,6 +186,16 @@ async fn run(args: RunArgs) -> Result<()> {
         ),
         Err(_) => None,
     };
+    let pause = match std::env::var("MUSTER_PAUSE_POINT") {
+        Ok(name) => Some(crate::admission::Pause {
+            point: crate::admission::FaultPoint::parse(&name)
+                .with_context(|| format!("unknown MUSTER_PAUSE_POINT {name:?}"))?,
+            until: std::env::var("MUSTER_PAUSE_UNTIL")
+                .context("MUSTER_PAUSE_POINT needs MUSTER_PAUSE_UNTIL, the file whose creation ends the pause")?
+                .into(),
+        }),
+        Err(_) => None,
+    };
     let settings = crate::runtime::Settings {
         controller: controller::Settings {
             create_parallelism: args.create_parallelism,
@@ -190,7 +205,9 @@ async fn run(args: RunArgs) -> Result<()> {
             schedule_timeout: std::time::Duration::from_secs(args.schedule_timeout),
             starvation_after: std::time::Duration::from_secs(args.starvation_after),
             write_parallelism: args.write_parallelism,
+            fencing: args.fencing,
             fault,
+            pause,
             ..crate::admission::Settings::default()
         },
         leader_election: args.leader_elect.then(|| {

@@ -100,7 +100,7 @@ impl Admission {
             }
             if !node_gone && own_claims.iter().all(allocated) {
                 // Back onto its node and devices.
-                release::release(&pod_api, &planned.name, &planned.node, Some(pod)).await?;
+                release::release(&pod_api, &planned.name, &planned.node, Some(pod), self.settings.fencing).await?;
                 continue;
             }
             for claim in &own_claims {
@@ -177,6 +177,7 @@ impl Admission {
                 &short(&p.pod),
                 &p.node,
                 pods.get(&short(&p.pod)).map(AsRef::as_ref),
+                self.settings.fencing,
             )
             .await?;
         }

@@ -1,7 +1,7 @@
 //! Releasing a gang's pod: in one update, pin it to its planned node (a required node
 //! affinity at least as strict as its claims' node selectors, so kube-scheduler never
-//! undoes the allocation), tolerate the fence taint, and remove muster's scheduling gate.
-//! While a pod is gated, Kubernetes allows exactly these changes.
+//! undoes the allocation), tolerate the fence taint when fencing by taint, and remove
+//! muster's scheduling gate. While a pod is gated, Kubernetes allows exactly these changes.
 
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSchedulingGate, Toleration,
@@ -10,9 +10,21 @@ use kube::api::{Api, Patch, PatchParams};
 use muster_api::labels;
 use serde_json::json;
 
+/// How muster keeps pods it does not admit off the devices it plans with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fencing {
+    /// GPU nodes carry the `muster.dev/fenced:NoSchedule` taint; muster's pods are planned
+    /// and released with a toleration for it, other pods stay off those nodes.
+    #[default]
+    Taint,
+    /// No fence: muster's pods get no toleration, and only the re-read of all claims after
+    /// reserving (the conflict check) catches a device taken by someone else.
+    None,
+}
+
 /// The pod's spec changes that release it to `node`, or `None` if it is released
 /// already.
-pub fn release_patch(pod: &Pod, node: &str) -> Option<serde_json::Value> {
+pub fn release_patch(pod: &Pod, node: &str, fencing: Fencing) -> Option<serde_json::Value> {
     let spec = pod.spec.as_ref()?;
     let gates: Vec<PodSchedulingGate> = spec.scheduling_gates.clone().unwrap_or_default();
     if !gates.iter().any(|g| g.name == labels::GANG_GATE) {
@@ -43,9 +55,10 @@ pub fn release_patch(pod: &Pod, node: &str) -> Option<serde_json::Value> {
         }
     }
     let mut tolerations: Vec<Toleration> = spec.tolerations.clone().unwrap_or_default();
-    if !tolerations
-        .iter()
-        .any(|t| t.key.as_deref() == Some(labels::FENCE_TAINT))
+    if fencing == Fencing::Taint
+        && !tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some(labels::FENCE_TAINT))
     {
         tolerations.push(Toleration {
             key: Some(labels::FENCE_TAINT.into()),
@@ -64,13 +77,19 @@ pub fn release_patch(pod: &Pod, node: &str) -> Option<serde_json::Value> {
 
 /// Releases pod `name` to `node`, starting from `cached` when given; a stale copy is
 /// read again.
-pub async fn release(api: &Api<Pod>, name: &str, node: &str, cached: Option<&Pod>) -> Result<(), kube::Error> {
+pub async fn release(
+    api: &Api<Pod>,
+    name: &str,
+    node: &str,
+    cached: Option<&Pod>,
+    fencing: Fencing,
+) -> Result<(), kube::Error> {
     let mut current = match cached {
         Some(pod) => pod.clone(),
         None => api.get(name).await?,
     };
     for _ in 0..5 {
-        let Some(patch) = release_patch(&current, node) else {
+        let Some(patch) = release_patch(&current, node, fencing) else {
             return Ok(());
         };
         let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
@@ -103,7 +122,7 @@ mod tests {
     #[test]
     fn pins_ungates_and_tolerates_in_one_patch() {
         let p = pod(json!({"containers": [], "schedulingGates": [{"name": labels::GANG_GATE}, {"name": "other"}]}));
-        let patch = release_patch(&p, "node-1").unwrap();
+        let patch = release_patch(&p, "node-1", Fencing::Taint).unwrap();
         assert_eq!(
             patch[0],
             json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
@@ -128,7 +147,7 @@ mod tests {
                 {"matchExpressions": [{"key": "b", "operator": "Exists"}]},
             ]}}},
         }));
-        let patch = release_patch(&p, "n").unwrap();
+        let patch = release_patch(&p, "n", Fencing::Taint).unwrap();
         let terms =
             patch[2]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
                 .as_array()
@@ -141,8 +160,21 @@ mod tests {
     }
 
     #[test]
+    fn without_a_fence_no_toleration_is_added() {
+        let p = pod(json!({
+            "containers": [],
+            "schedulingGates": [{"name": labels::GANG_GATE}],
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        }));
+        let patch = release_patch(&p, "n", Fencing::None).unwrap();
+        assert_eq!(patch[3]["value"], json!([{"key": "gpu", "operator": "Exists"}]));
+        let fenced = release_patch(&p, "n", Fencing::Taint).unwrap();
+        assert_eq!(fenced[3]["value"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
     fn released_pods_are_left_alone() {
         let p = pod(json!({"containers": [], "schedulingGates": []}));
-        assert!(release_patch(&p, "n").is_none());
+        assert!(release_patch(&p, "n", Fencing::Taint).is_none());
     }
 }

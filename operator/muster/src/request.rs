@@ -39,6 +39,8 @@ pub enum RequestError {
          the pods of a group must be alike"
     )]
     UnlikePods { group: String, first: String, pod: String },
+    #[error("ResourceClaim {0} was deallocated when a commit was undone; waiting to see it free")]
+    DeallocationNotSeen(String),
 }
 
 impl RequestError {
@@ -46,7 +48,10 @@ impl RequestError {
     pub fn is_waiting(&self) -> bool {
         matches!(
             self,
-            RequestError::MissingClaim(_) | RequestError::ClaimNotGenerated { .. } | RequestError::TooFewPods { .. }
+            RequestError::MissingClaim(_)
+                | RequestError::ClaimNotGenerated { .. }
+                | RequestError::TooFewPods { .. }
+                | RequestError::DeallocationNotSeen(_)
         )
     }
 }
