@@ -125,6 +125,9 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", s(&pki.service_account_key)),
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
+            // As hardened clusters run: setting blockOwnerDeletion on an owner reference
+            // needs update on the owner's finalizers subresource.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
             // Tests and benchmarks create thousands of objects quickly.
             "--max-requests-inflight=2000".into(),
             "--max-mutating-requests-inflight=1000".into(),

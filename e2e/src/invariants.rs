@@ -1,12 +1,17 @@
-//! The gang invariants, checked against the live cluster while a test runs:
+//! The gang invariants, checked against the live cluster while a test runs. Each must
+//! not stay broken for longer than one commit window (a commit that finds a conflict
+//! undoes its writes within it):
 //! - no device is in two allocations (admin access and shared devices aside);
 //! - no gang (an existing Workload) holds allocated claims while it is not admitted
-//!   (placement not Released) for longer than one commit window.
+//!   (placement not Released);
+//! - no released gang holds its devices while one of its planned minCount pods cannot be
+//!   scheduled (the operator tears such a gang down after `--schedule-timeout`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams};
 use muster_api::labels;
@@ -20,18 +25,22 @@ pub struct Checker {
 }
 
 impl Checker {
-    /// Starts checking every 250 ms. `commit_window`: how long a gang may hold
-    /// allocations without being admitted.
+    /// Starts checking every 250 ms. `commit_window`: how long an invariant may stay
+    /// broken.
     pub fn start(client: kube::Client, commit_window: Duration) -> Self {
         let violations = Arc::new(Mutex::new(Vec::new()));
         let found = violations.clone();
         let task = tokio::spawn(async move {
-            let mut holding_since: HashMap<String, Instant> = HashMap::new();
+            let mut broken_since: HashMap<String, Instant> = HashMap::new();
             loop {
-                if let Ok(problems) = check(&client, &mut holding_since, commit_window).await {
+                if let Ok(broken) = check(&client).await {
+                    let now = Instant::now();
+                    broken_since.retain(|problem, _| broken.contains(problem));
                     let mut found = found.lock().expect("violations");
-                    for problem in problems {
-                        if !found.contains(&problem) {
+                    for problem in broken {
+                        let since = *broken_since.entry(problem.clone()).or_insert(now);
+                        let problem = format!("{problem} (for more than {commit_window:?})");
+                        if now.duration_since(since) > commit_window && !found.contains(&problem) {
                             found.push(problem);
                         }
                     }
@@ -49,11 +58,8 @@ impl Checker {
     }
 }
 
-async fn check(
-    client: &kube::Client,
-    holding_since: &mut HashMap<String, Instant>,
-    commit_window: Duration,
-) -> Result<Vec<String>, kube::Error> {
+/// Every invariant broken right now, each described the same way while it stays broken.
+async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
     let claims = Api::<ResourceClaim>::all(client.clone())
         .list(&ListParams::default())
         .await?
@@ -62,7 +68,11 @@ async fn check(
         .list(&ListParams::default())
         .await?
         .items;
-    let mut problems = Vec::new();
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().labels(labels::WORKLOAD))
+        .await?
+        .items;
+    let mut problems = BTreeSet::new();
 
     let mut holders: BTreeMap<(String, String, String), String> = BTreeMap::new();
     let mut gang_holds: BTreeMap<String, usize> = BTreeMap::new();
@@ -85,14 +95,14 @@ async fn check(
             }
             let device = (result.driver.clone(), result.pool.clone(), result.device.clone());
             if let Some(other) = holders.insert(device.clone(), name.clone()) {
-                problems.push(format!(
+                problems.insert(format!(
                     "device {}/{}/{} is allocated to {other} and {name}",
                     device.0, device.1, device.2
                 ));
             }
         }
     }
-    let admitted: BTreeMap<String, bool> = workloads
+    let placements: BTreeMap<String, _> = workloads
         .iter()
         .map(|w| {
             let key = format!(
@@ -100,33 +110,58 @@ async fn check(
                 w.metadata.namespace.clone().unwrap_or_default(),
                 w.metadata.name.clone().unwrap_or_default()
             );
-            let released = w
-                .status
-                .as_ref()
-                .and_then(|s| s.placement.as_ref())
-                .and_then(|p| p.state)
-                .is_some_and(|s| s == AdmissionState::Released);
-            (key, released)
+            (key, w.status.as_ref().and_then(|s| s.placement.clone()))
         })
         .collect();
-    let now = Instant::now();
-    holding_since.retain(|gang, _| gang_holds.contains_key(gang));
     for (gang, count) in gang_holds {
         // A deleted gang's claims wait for garbage collection; they are not a gang
         // waiting to be placed.
-        let Some(is_admitted) = admitted.get(&gang).copied() else {
-            holding_since.remove(&gang);
+        let Some(placement) = placements.get(&gang) else {
             continue;
         };
-        if is_admitted {
-            holding_since.remove(&gang);
-            continue;
-        }
-        let since = *holding_since.entry(gang.clone()).or_insert(now);
-        if now.duration_since(since) > commit_window {
-            problems.push(format!(
-                "gang {gang} holds {count} allocated claims without being admitted for more than {commit_window:?}"
+        let released = placement
+            .as_ref()
+            .and_then(|p| p.state)
+            .is_some_and(|s| s == AdmissionState::Released);
+        if !released {
+            problems.insert(format!(
+                "gang {gang} holds {count} allocated claims without being admitted"
             ));
+        }
+    }
+    let unschedulable: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+                })
+        })
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.clone().unwrap_or_default(),
+                p.metadata.name.clone().unwrap_or_default()
+            )
+        })
+        .collect();
+    for (gang, placement) in &placements {
+        let Some(placement) = placement.as_ref().filter(|p| p.state == Some(AdmissionState::Released)) else {
+            continue;
+        };
+        let namespace = gang.split_once('/').map_or("", |(ns, _)| ns);
+        for planned in placement.pods.iter().filter(|p| !p.extra) {
+            if unschedulable.contains(&format!("{namespace}/{}", planned.name)) {
+                problems.insert(format!(
+                    "gang {gang} is released and holds its devices, but its pod {} cannot be scheduled",
+                    planned.name
+                ));
+            }
         }
     }
     Ok(problems)

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use muster_api::labels;
@@ -167,6 +169,31 @@ impl Test {
         .await
     }
 
+    /// Waits for an event about Workload `name` with `reason` whose note contains
+    /// `note_part`, and returns the note.
+    pub async fn wait_event(&self, name: &str, reason: &str, note_part: &str) -> Result<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        wait::until(
+            &format!("an event {reason} about {name} saying {note_part:?}"),
+            Duration::from_secs(30),
+            || {
+                let events = events.clone();
+                async move {
+                    Ok(events
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .into_iter()
+                        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                        .filter(|e| e.reason.as_deref() == Some(reason))
+                        .filter_map(|e| e.note)
+                        .find(|note| note.contains(note_part)))
+                }
+            },
+        )
+        .await
+    }
+
     pub async fn gang_claims(&self, name: &str) -> Result<Vec<ResourceClaim>> {
         let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
         Ok(self.claims().list(&selector).await?.items)
@@ -194,20 +221,45 @@ impl Test {
         Ok(self.pods().list(&selector).await?.items)
     }
 
-    /// Deletes every Workload and waits until their claims are deallocated and gone
-    /// (the operator must run for that), then stops the operator and the checker and
-    /// fails on any invariant violation.
+    /// Deletes every Workload (and Job: their pods may hold claims muster allocated) and
+    /// waits until the claims are deallocated and gone (the operator must run for that),
+    /// then stops the operator and the checker and fails on any invariant violation.
+    /// Every step runs even when one fails, so a failed test leaves nothing behind that
+    /// would hold devices in the next one.
     pub async fn finish(mut self) -> Result<()> {
-        self.workloads()
+        let mut problems: Vec<anyhow::Error> = Vec::new();
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.ns);
+        let background = DeleteParams::background();
+        if let Err(e) = jobs.delete_collection(&background, &ListParams::default()).await {
+            problems.push(anyhow::Error::new(e).context("deleting the test's Jobs"));
+        }
+        if let Err(e) = self
+            .workloads()
             .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await?;
-        self.wait_claims_gone().await?;
+            .await
+        {
+            problems.push(anyhow::Error::new(e).context("deleting the test's Workloads"));
+        }
+        if let Err(e) = self.wait_claims_gone().await {
+            problems.push(e);
+        }
         if let Some(operator) = self.operator.take() {
             operator.stop();
         }
         let violations = self.checker.take().map(Checker::finish).unwrap_or_default();
-        delete_namespace(&self.client, &self.ns).await?;
-        ensure!(violations.is_empty(), "invariant violations: {violations:#?}");
+        if let Err(e) = delete_namespace(&self.client, &self.ns).await {
+            problems.push(e.context("deleting the test's namespace"));
+        }
+        if !violations.is_empty() {
+            problems.push(anyhow::anyhow!("invariant violations: {violations:#?}"));
+        }
+        let problems: Vec<String> = problems.iter().map(|p| format!("{p:#}")).collect();
+        ensure!(
+            problems.is_empty(),
+            "cleaning up after {}: {}",
+            self.name,
+            problems.join("; ")
+        );
         Ok(())
     }
 }
@@ -366,6 +418,15 @@ pub async fn assert_runs_as_planned(test: &Test, name: &str) -> Result<Workload>
         let status = claim.status.as_ref().context("claim status")?;
         let allocation = status.allocation.as_ref().context("allocated")?;
         ensure!(allocation.allocation_timestamp.is_some(), "allocationTimestamp written");
+        ensure!(
+            claim
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == labels::CLAIM_FINALIZER),
+            "{claim_name} allocated by muster, which keeps its finalizer on it"
+        );
         let pod_name = claim_name.trim_end_matches("-gpus");
         let node = &planned[pod_name];
         let results = allocation

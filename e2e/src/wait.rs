@@ -1,4 +1,4 @@
-//! Waiting on conditions instead of sleeping.
+//! Waiting on conditions instead of sleeping, and checking that one keeps holding.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -30,4 +30,24 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Polls `check` every 200 ms for `period` and fails as soon as it does not hold: for
+/// asserting that something does not happen.
+pub async fn holds<F, Fut>(what: &str, period: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + period;
+    while Instant::now() < deadline {
+        if !check().await? {
+            bail!(
+                "{what} stopped holding after {:?}",
+                period - (deadline - Instant::now())
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
-use muster_api::labels;
-use muster_api::v1alpha1::WorkloadPhase;
+use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
+use muster_api::{conditions, labels};
 use muster_e2e::scenario::{allocations, assert_runs_as_planned, gang, with_test};
 use muster_e2e::wait;
 use serde_json::json;
@@ -109,6 +109,19 @@ async fn the_operator_killed_at_any_commit_step_converges() -> Result<()> {
                     },
                 )
                 .await?;
+                let log = operator.log();
+                ensure!(
+                    log.contains(&format!("fault point {fault} reached")),
+                    "the operator stopped at {fault}, not elsewhere; the end of its log:\n{}",
+                    log.lines()
+                        .rev()
+                        .take(40)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
                 test.operator = None;
                 test.start_operator(&[], &[])?;
                 assert_runs_as_planned(test, "victim").await?;
@@ -192,6 +205,112 @@ async fn a_plain_pod_never_gets_a_device_muster_reserved() -> Result<()> {
     .await
 }
 
+/// Without a fence (`--fencing none`), kube-scheduler may give a planned device to another
+/// pod while a gang is being committed: the re-read of all claims after reserving finds
+/// it, the commit is undone, and the gang is placed again away from that device.
+#[tokio::test]
+async fn a_device_taken_during_a_commit_is_caught_and_the_gang_placed_again() -> Result<()> {
+    with_test("conflict", &[], &[], |test| {
+        Box::pin(async move {
+            // Hold the commit once the plan is recorded, until the test says go.
+            let resume = test.cluster.control_plane.run_dir().join(format!("{}-resume", test.ns));
+            let resume_path = resume.display().to_string();
+            test.operator.take().context("operator")?.stop();
+            test.start_operator(
+                &["--fencing", "none"],
+                &[
+                    ("MUSTER_PAUSE_POINT", "after-plan-recorded"),
+                    ("MUSTER_PAUSE_UNTIL", &resume_path),
+                ],
+            )?;
+            // Unfenced GPU nodes: every pod here tolerates the test fleet's fence taint.
+            let tolerate = json!([{"key": labels::FENCE_TAINT, "operator": "Exists"}]);
+            let mut racer = gang("racer", 2, None);
+            for group in racer["spec"]["podGroups"].as_array_mut().context("groups")? {
+                group["template"]["spec"]["tolerations"] = tolerate.clone();
+            }
+            test.create(racer).await?;
+            let workloads = test.workloads();
+            let placement = wait::until("racer's plan to be recorded", Duration::from_secs(60), || {
+                let workloads = workloads.clone();
+                async move {
+                    let placement = workloads.get("racer").await?.status.and_then(|s| s.placement);
+                    Ok(placement.filter(|p| p.state == Some(AdmissionState::Reserving)))
+                }
+            })
+            .await?;
+            let victim = placement
+                .pods
+                .iter()
+                .find(|p| p.name.contains("workers"))
+                .context("a worker")?
+                .node
+                .clone();
+
+            // Meanwhile kube-scheduler places someone else's pod on a planned node and
+            // gives it all eight GPUs there.
+            let intruder: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "intruder"},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": victim},
+                    "tolerations": tolerate,
+                    "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "eight-gpus"}],
+                },
+            }))?;
+            test.pods().create(&PostParams::default(), &intruder).await?;
+            let claims = test.claims();
+            let taken = wait::until("the intruder's claim to be allocated", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                async move {
+                    let held = allocations(&claims).await?;
+                    Ok(held.into_iter().find(|(c, _)| c.starts_with("intruder")))
+                }
+            })
+            .await?;
+            ensure!(
+                taken.1.iter().all(|(pool, _)| *pool == victim),
+                "the intruder's devices are on {victim}: {taken:?}"
+            );
+            std::fs::write(&resume, b"")?;
+
+            // muster reserves, finds the device taken, undoes everything and plans again.
+            let note = test
+                .wait_event("racer", conditions::EVENT_ROLLED_BACK, "is allocated to")
+                .await?;
+            ensure!(note.contains(&taken.0), "the conflict names the other claim: {note}");
+            let workload = assert_runs_as_planned(test, "racer").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(
+                placement
+                    .pods
+                    .iter()
+                    .all(|p| !(p.name.contains("workers") && p.node == victim)),
+                "no worker placed again on {victim}: {:?}",
+                placement.pods
+            );
+            let held = allocations(&test.claims()).await?;
+            ensure!(
+                held.get(&taken.0) == Some(&taken.1),
+                "the intruder keeps its devices: {held:?}"
+            );
+            let (_, metrics) = test.operator.as_ref().context("operator")?.get("/metrics").await?;
+            ensure!(
+                metrics.lines().any(|l| l == "muster_conflicts_total 1"),
+                "one conflict counted:\n{}",
+                metrics
+                    .lines()
+                    .filter(|l| l.contains("conflict"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            test.pods().delete("intruder", &DeleteParams::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again() -> Result<()> {
     let timeout = ["--schedule-timeout", "8"];
@@ -234,6 +353,8 @@ async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again(
                     .wait_admitted_reason("unlucky", "ScheduleTimeout", Duration::from_secs(60))
                     .await?;
                 ensure!(message.contains("not scheduled within 8s"), "{message}");
+                test.wait_event("unlucky", conditions::EVENT_SCHEDULE_TIMEOUT, "not scheduled within 8s")
+                    .await?;
                 let workload = assert_runs_as_planned(test, "unlucky").await?;
                 let placement = workload.status.and_then(|s| s.placement).context("placement")?;
                 let on_victim: Vec<_> = placement

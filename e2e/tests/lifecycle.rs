@@ -10,8 +10,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
+use muster_api::{conditions, labels};
 use muster_e2e::fleet::RACK_LABEL;
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
 use muster_e2e::wait;
@@ -211,6 +211,8 @@ async fn a_lost_node_restarts_the_gang_elsewhere() -> Result<()> {
             nodes.delete(&victim, &DeleteParams::default()).await?;
             let result = async {
                 wait_restarts(test, "sturdy", 1).await?;
+                test.wait_event("sturdy", conditions::EVENT_RESTARTING, &format!("node {victim} of pod"))
+                    .await?;
                 let after = assert_runs_as_planned(test, "sturdy").await?;
                 let placement = after.status.and_then(|s| s.placement).context("placement")?;
                 ensure!(
@@ -237,8 +239,19 @@ async fn a_lost_node_restarts_the_gang_elsewhere() -> Result<()> {
 async fn a_gang_fails_after_max_restarts_and_gives_everything_back() -> Result<()> {
     with_test("max-restarts", &[], &[], |test| {
         Box::pin(async move {
-            test.create(gang("doomed", 2, None)).await?;
+            test.create(with_policy(
+                gang("doomed", 2, None),
+                json!({"failurePolicy": {"maxRestarts": 1}}),
+            ))
+            .await?;
             assert_runs_as_planned(test, "doomed").await?;
+            // The first failure is within the budget: the gang runs again.
+            exit(test, "doomed-workers-1", 1).await?;
+            wait_restarts(test, "doomed", 1).await?;
+            test.wait_phase("doomed", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            assert_runs_as_planned(test, "doomed").await?;
+            // The second is not.
             exit(test, "doomed-workers-0", 1).await?;
             let workload = test
                 .wait_phase("doomed", WorkloadPhase::Failed, Duration::from_secs(60))
@@ -251,7 +264,8 @@ async fn a_gang_fails_after_max_restarts_and_gives_everything_back() -> Result<(
                 .context("Failed")?;
             ensure!(failed.reason == "MaxRestartsExceeded", "{failed:?}");
             ensure!(failed.message.contains("doomed-workers-0 failed"), "{}", failed.message);
-            ensure!(failed.message.contains("maxRestarts is 0"), "{}", failed.message);
+            ensure!(failed.message.contains("maxRestarts is 1"), "{}", failed.message);
+            ensure!(status.restarts == 1, "restarted once, then failed: {}", status.restarts);
             let claims = test.claims();
             wait::until("the devices to be released", Duration::from_secs(60), || {
                 let claims = claims.clone();
@@ -365,12 +379,15 @@ async fn running_pods(test: &Test, name: &str) -> Result<BTreeMap<String, Pod>> 
 async fn extras_beyond_min_count_start_when_they_fit_and_their_loss_does_not_restart_the_gang() -> Result<()> {
     with_test("elastic", &[], &[], |test| {
         Box::pin(async move {
-            // Two of rack-0000's four nodes are taken.
-            test.create(gang("blocker", 2, Some("rack-0000"))).await?;
-            assert_runs_as_planned(test, "blocker").await?;
+            // Two of each rack's four nodes are taken.
+            for (blocker, rack) in [("blocker-a", "rack-0000"), ("blocker-b", "rack-0001")] {
+                test.create(gang(blocker, 2, Some(rack))).await?;
+                assert_runs_as_planned(test, blocker).await?;
+            }
 
-            // Four workers, two of them required: the two extras have no room yet.
-            let mut elastic = gang("elastic", 4, Some("rack-0000"));
+            // Four workers, two of them required, in one rack of the gang's choosing: the
+            // two extras have no room yet.
+            let mut elastic = gang("elastic", 4, None);
             elastic["spec"]["podGroups"][1]["minCount"] = json!(2);
             test.create(elastic).await?;
             let workload = test
@@ -382,39 +399,79 @@ async fn extras_beyond_min_count_start_when_they_fit_and_their_loss_does_not_res
                 "launcher and two workers planned: {:?}",
                 placement.pods
             );
-            for extra in ["elastic-workers-2", "elastic-workers-3"] {
-                let pod = test.pods().get(extra).await?;
-                let gated = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.scheduling_gates.as_ref())
-                    .is_some_and(|g| !g.is_empty());
-                ensure!(gated, "{extra} waits behind its gate");
-            }
-            let held = devices_by_claim(test).await?;
+            let rack = placement.topology_value.clone().context("the gang's rack")?;
+            let (own_blocker, other_blocker) = if rack == "rack-0000" {
+                ("blocker-a", "blocker-b")
+            } else {
+                ("blocker-b", "blocker-a")
+            };
+            let extras_wait = || async {
+                let mut gated = true;
+                for extra in ["elastic-workers-2", "elastic-workers-3"] {
+                    let pod = test.pods().get(extra).await?;
+                    gated &= pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.scheduling_gates.as_ref())
+                        .is_some_and(|g| !g.is_empty());
+                }
+                let held = devices_by_claim(test).await?;
+                let unheld =
+                    !held.contains_key("elastic-workers-2-gpus") && !held.contains_key("elastic-workers-3-gpus");
+                Ok::<_, anyhow::Error>(gated && unheld)
+            };
             ensure!(
-                !held.contains_key("elastic-workers-2-gpus") && !held.contains_key("elastic-workers-3-gpus"),
-                "no devices held for the waiting extras: {held:?}"
+                extras_wait().await?,
+                "the extras wait behind their gates, holding nothing"
             );
 
-            // Room frees: the extras start, in the gang's rack, and the gang runs as planned.
-            test.workloads().delete("blocker", &DeleteParams::default()).await?;
+            // The other rack frees: room for the extras, but outside the gang's rack, so
+            // they keep waiting.
+            test.workloads().delete(other_blocker, &DeleteParams::default()).await?;
+            let claims = test.claims();
+            wait::until(
+                &format!("{other_blocker}'s devices to be free"),
+                Duration::from_secs(60),
+                || {
+                    let claims = claims.clone();
+                    async move {
+                        let held = allocations(&claims).await?;
+                        Ok((!held.keys().any(|c| c.starts_with(other_blocker))).then_some(()))
+                    }
+                },
+            )
+            .await?;
+            wait::holds(
+                "the extras waiting while only another rack has room",
+                Duration::from_secs(5),
+                extras_wait,
+            )
+            .await?;
+
+            // The gang's rack frees: the extras start there, and the gang runs as planned.
+            test.workloads().delete(own_blocker, &DeleteParams::default()).await?;
             let shared: &Test = test;
             wait::until("the extras to run", Duration::from_secs(90), || async move {
                 Ok((running_pods(shared, "elastic").await?.len() == 5).then_some(()))
             })
             .await?;
             let running = assert_runs_as_planned(test, "elastic").await?;
-            ensure!(
-                running
-                    .status
-                    .context("status")?
-                    .placement
-                    .context("placement")?
-                    .pods
-                    .len()
-                    == 5
-            );
+            let placement = running.status.context("status")?.placement.context("placement")?;
+            ensure!(placement.pods.len() == 5, "all planned: {:?}", placement.pods);
+            let racks: BTreeMap<String, String> = test
+                .cluster
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.rack.clone()))
+                .collect();
+            for pod in &placement.pods {
+                ensure!(
+                    racks[&pod.node] == rack,
+                    "{} in {}, the gang's rack is {rack}",
+                    pod.name,
+                    racks[&pod.node]
+                );
+            }
 
             // An extra fails: it is replaced and placed again, and the gang keeps running.
             let failing = test.pods().get("elastic-workers-3").await?.metadata.uid;

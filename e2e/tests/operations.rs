@@ -284,7 +284,7 @@ const NOT_IN_AN_ORDINARY_LIFE: &[(&str, &str, &str)] = &[
     (
         "update",
         "workloads/finalizers.muster.dev",
-        "setting blockOwnerDeletion on owned pods and claims where OwnerReferencesPermissionEnforcement is on",
+        "checked by the API server, not requested: setting blockOwnerDeletion on owned pods and claims under OwnerReferencesPermissionEnforcement (on in the test control plane)",
     ),
     (
         "update",

@@ -977,9 +977,9 @@ impl Admission {
         let Some(names) = deallocated.get(&gang) else {
             return Ok(());
         };
-        let stale = claims.iter().find(|c| {
-            names.contains(&c.name_any()) && c.status.as_ref().is_some_and(|s| s.allocation.is_some())
-        });
+        let stale = claims
+            .iter()
+            .find(|c| names.contains(&c.name_any()) && c.status.as_ref().is_some_and(|s| s.allocation.is_some()));
         if let Some(claim) = stale {
             return Err(RequestError::DeallocationNotSeen(claim.name_any()));
         }

@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
 use muster_e2e::fleet::FleetSpec;
@@ -123,40 +125,37 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Prints the gang's state each time it changes, until it stops progressing.
+/// Prints the gang's state each time it changes (every status write, as watched), until
+/// it runs.
 async fn follow(client: &kube::Client, started: Instant, timeout: Duration) -> Result<()> {
     let workloads: Api<Workload> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let selector = ListParams::default().labels(&format!("{}={EXAMPLE_NAME}", labels::WORKLOAD));
+    let config = watcher::Config::default().fields(&format!("metadata.name={EXAMPLE_NAME}"));
+    let mut changes = watcher(workloads, config).default_backoff().applied_objects().boxed();
     let mut last = String::new();
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        let workload = workloads.get(EXAMPLE_NAME).await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let workload = match tokio::time::timeout_at(deadline, changes.next()).await {
+            Err(_) => anyhow::bail!("the gang did not run within {timeout:?}"),
+            Ok(None) => anyhow::bail!("the watch on the Workload ended"),
+            Ok(Some(Err(e))) => {
+                eprintln!("watching the Workload: {e}; retrying");
+                continue;
+            }
+            Ok(Some(Ok(workload))) => workload,
+        };
         let status = workload.status.clone().unwrap_or_default();
         let admitted = status
             .conditions
             .iter()
             .find(|c| c.type_ == muster_api::conditions::ADMITTED);
-        let gang_pods = pods.list(&selector).await?.items;
-        let gated = gang_pods.iter().filter(|p| crate::status::is_gated(p)).count();
-        let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
-        for pod in &gang_pods {
-            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-                *by_node.entry(node).or_default() += 1;
-            }
-        }
         let line = format!(
-            "{:<9} {:<22} pods {}/{} created, {gated} gated, {} ready{}",
+            "{:<9} {:<12} {}/{} pods ready",
             status.phase.map(|p| format!("{p:?}")).unwrap_or_else(|| "-".into()),
             admitted.map(|c| c.reason.as_str()).unwrap_or("-"),
-            gang_pods.len(),
-            status.pods,
             status.ready_pods,
-            if by_node.is_empty() {
-                String::new()
-            } else {
-                format!(" on {by_node:?}")
-            },
+            status.pods,
         );
         if line != last {
             println!("[{:>6.1}s] {EXAMPLE_NAME}: {line}", started.elapsed().as_secs_f64());
@@ -177,10 +176,19 @@ async fn follow(client: &kube::Client, started: Instant, timeout: Duration) -> R
                         .map(|v| format!(" in rack {v}"))
                         .unwrap_or_default()
                 );
+                let bound: BTreeMap<String, String> = pods
+                    .list(&selector)
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
+                    .collect();
+                for planned in &placement.pods {
+                    let node = bound.get(&planned.name).map(String::as_str).unwrap_or("(not bound)");
+                    println!("  {:<32} planned on {:<12} runs on {node}", planned.name, planned.node);
+                }
             }
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    anyhow::bail!("the gang did not settle within {timeout:?}")
 }
