@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, Kubeconfig, NamedAuthInfo};
 use muster_api::conditions;
-use muster_api::v1alpha1::WorkloadPhase;
+use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_e2e::chart;
 use muster_e2e::operator::Operator;
 use muster_e2e::scenario::{Test, assert_runs_as_planned, gang, with_test};
@@ -103,47 +103,75 @@ async fn a_follower_takes_over_when_the_leader_is_killed_and_nothing_is_admitted
         Box::pin(async move {
             let args = lease_args(&test.ns);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            test.start_operator(&args, &[])?;
-            let other = test.spawn_operator(test.cluster.control_plane.kubeconfig(), &args, &[])?;
-            let mut operators = vec![test.operator.take().context("operator")?, other];
-
-            // One leads; the other is ready (its caches are warm) but does not lead.
-            let leader = wait::until("one operator to lead", Duration::from_secs(60), || {
-                let operators = &operators;
-                async move {
-                    // Both must answer: an operator still starting is not a follower.
-                    let a = metrics(&operators[0]).await?.get("muster_leader") == Some(&1.0);
-                    let b = metrics(&operators[1]).await?.get("muster_leader") == Some(&1.0);
-                    Ok(match (a, b) {
-                        (true, false) => Some(0),
-                        (false, true) => Some(1),
-                        _ => None,
-                    })
-                }
+            // The first operator leads, and holds its first commit half done (claims
+            // written, nothing released) until it is killed.
+            let never = test.cluster.control_plane.run_dir().join(format!("{}-never", test.ns));
+            let never = never.display().to_string();
+            let paused = [
+                ("MUSTER_PAUSE_POINT", "after-all-claims"),
+                ("MUSTER_PAUSE_UNTIL", never.as_str()),
+            ];
+            test.operator.take().context("operator")?.stop();
+            let first = test.spawn_operator(test.cluster.control_plane.kubeconfig(), &args, &paused)?;
+            wait::until("the first operator to lead", Duration::from_secs(60), || {
+                let first = &first;
+                async move { Ok(is_leader(first).await.then_some(())) }
             })
             .await?;
-            let follower = 1 - leader;
-            let (status, _) = operators[follower].get("/readyz").await?;
-            ensure!(status == 200, "the follower is ready, got {status}");
+            let second = test.spawn_operator(test.cluster.control_plane.kubeconfig(), &args, &[])?;
+            wait::until("the second operator to be ready", Duration::from_secs(60), || {
+                let second = &second;
+                async move { Ok((second.get("/readyz").await.ok().map(|(code, _)| code) == Some(200)).then_some(())) }
+            })
+            .await?;
+            ensure!(!is_leader(&second).await, "the second operator follows");
             let lease: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(test.client.clone(), &test.ns);
             let holder = lease.get("muster").await?.spec.and_then(|s| s.holder_identity);
             ensure!(holder.is_some(), "the Lease names its holder");
 
-            // Gangs arrive; the leader dies among them.
-            for name in ["g0", "g1", "g2"] {
+            // Gangs arrive; the leader dies in the middle of committing the first.
+            test.create(gang("g0", 1, None)).await?;
+            let workloads = test.workloads();
+            wait::until("g0's claims to be written", Duration::from_secs(60), || {
+                let (workloads, first) = (workloads.clone(), &first);
+                async move {
+                    let reserving = workloads
+                        .get("g0")
+                        .await?
+                        .status
+                        .and_then(|s| s.placement)
+                        .is_some_and(|p| p.state == Some(AdmissionState::Reserving));
+                    let paused = first.log().contains("pause point after-all-claims reached");
+                    Ok((reserving && paused).then_some(()))
+                }
+            })
+            .await?;
+            for name in ["g1", "g2"] {
                 test.create(gang(name, 1, None)).await?;
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            operators.remove(leader).kill();
+            first.kill();
+            let killed = std::time::Instant::now();
+            wait::until("the follower to lead", Duration::from_secs(30), || {
+                let second = &second;
+                async move { Ok(is_leader(second).await.then_some(())) }
+            })
+            .await?;
+            let takeover = killed.elapsed();
+            println!(
+                "the follower led {:.1} s after the leader was killed (lease 4 s)",
+                takeover.as_secs_f64()
+            );
+            ensure!(
+                takeover < Duration::from_secs(12),
+                "takeover took {takeover:?}, three lease durations"
+            );
             for name in ["g3", "g4"] {
                 test.create(gang(name, 1, None)).await?;
             }
-            test.operator = Some(operators.remove(0));
+            test.operator = Some(second);
             for name in ["g0", "g1", "g2", "g3", "g4"] {
                 assert_runs_as_planned(test, name).await?;
             }
-            let survivor = test.operator.as_ref().context("operator")?;
-            ensure!(is_leader(survivor).await, "the follower leads now");
 
             // Each gang was admitted at most once: one Admitted event, no restart.
             let events: Api<Event> = Api::namespaced(test.client.clone(), &test.ns);

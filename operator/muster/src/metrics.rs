@@ -147,7 +147,7 @@ impl Metrics {
         );
         registry.register(
             "muster_conflicts",
-            "Reserved devices found taken by another claim",
+            "Commits undone because another claim held a planned device",
             metrics.conflicts.clone(),
         );
         registry.register("muster_restarts", "Gang restarts, by reason", metrics.restarts.clone());
