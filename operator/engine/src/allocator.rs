@@ -9,16 +9,18 @@
 //! Two additions: a step budget, so a hopeless request fails fast with a reason, and
 //! deterministic share IDs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::cel::{self, DeviceView};
+// Maps on the search's hot path, keyed by device ids and names from the cluster.
 use crate::claim::{
     AllocatedConfig, Allocation, AllocationMode, ClaimSpec, ConfigSource, ConstraintKind, DeviceId, DeviceRequest,
     DeviceRequestSpec, DeviceResult, MAX_ALLOCATION_RESULTS, TaintEffect,
 };
 use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
 use crate::device::{AttributeValue, Capacity, lookup_attribute};
+use crate::fxhash::FxHashMap;
 use crate::pools::{self, Pool};
 use crate::quantity::Quantity;
 use crate::selector::{NodeSelector, Term};
@@ -50,9 +52,9 @@ pub enum NoFit {
 /// built), on top of [`ClusterState`].
 #[derive(Clone, Debug, Default)]
 pub struct WorkingSet {
-    dedicated: HashMap<DeviceId, u32>,
-    consumed: HashMap<DeviceId, BTreeMap<String, Quantity>>,
-    shared: HashMap<DeviceId, u32>,
+    dedicated: FxHashMap<DeviceId, u32>,
+    consumed: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
+    shared: FxHashMap<DeviceId, u32>,
 }
 
 impl WorkingSet {
@@ -451,14 +453,14 @@ struct Search<'a> {
     node: &'a Node,
     claims: &'a [ClaimRef<'a>],
     pools: Vec<Pool>,
-    requests: HashMap<RequestKey, RequestData<'a>>,
-    selected_sub: HashMap<(usize, usize), usize>,
+    requests: FxHashMap<RequestKey, RequestData<'a>>,
+    selected_sub: FxHashMap<(usize, usize), usize>,
     constraints: Vec<Vec<ConstraintState>>,
     /// Devices taken exclusively by this search, and by which claims.
-    allocating: HashMap<DeviceId, BTreeSet<usize>>,
-    allocating_capacity: HashMap<DeviceId, BTreeMap<String, Quantity>>,
-    consumed_counters: HashMap<usize, BTreeMap<String, BTreeMap<String, Quantity>>>,
-    available_counters: HashMap<usize, BTreeMap<String, BTreeMap<String, Quantity>>>,
+    allocating: FxHashMap<DeviceId, BTreeSet<usize>>,
+    allocating_capacity: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
+    consumed_counters: FxHashMap<usize, BTreeMap<String, BTreeMap<String, Quantity>>>,
+    available_counters: FxHashMap<usize, BTreeMap<String, BTreeMap<String, Quantity>>>,
     results: Vec<Vec<Chosen>>,
     steps_left: u64,
 }
@@ -477,13 +479,13 @@ impl<'a> Search<'a> {
             node,
             claims,
             pools,
-            requests: HashMap::new(),
-            selected_sub: HashMap::new(),
+            requests: FxHashMap::default(),
+            selected_sub: FxHashMap::default(),
             constraints: Vec::new(),
-            allocating: HashMap::new(),
-            allocating_capacity: HashMap::new(),
-            consumed_counters: HashMap::new(),
-            available_counters: HashMap::new(),
+            allocating: FxHashMap::default(),
+            allocating_capacity: FxHashMap::default(),
+            consumed_counters: FxHashMap::default(),
+            available_counters: FxHashMap::default(),
             results: claims.iter().map(|_| Vec::new()).collect(),
             steps_left: 0,
         };
@@ -1060,7 +1062,7 @@ impl<'a> Search<'a> {
 
             // Class configuration first, once per class, then the claim's.
             let mut config: Vec<AllocatedConfig> = Vec::new();
-            let mut class_ranges: HashMap<String, (usize, usize)> = HashMap::new();
+            let mut class_ranges: FxHashMap<String, (usize, usize)> = FxHashMap::default();
             for (request_index, _) in claim.spec.requests.iter().enumerate() {
                 let sub = self
                     .selected_sub

@@ -7,7 +7,7 @@
 //! the real objects never counts anything twice, and `forget` undoes an assumption.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
@@ -112,9 +112,9 @@ pub(crate) type MatchOutcome = Result<bool, String>;
 #[derive(Default, Debug)]
 pub(crate) struct MatchCache {
     /// Selector set → slice name → per device: matches, or the evaluation error.
-    entries: HashMap<usize, HashMap<String, Vec<Option<MatchOutcome>>>>,
+    entries: FxHashMap<usize, FxHashMap<String, Vec<Option<MatchOutcome>>>>,
     /// Interned selector sets.
-    sets: HashMap<Vec<String>, usize>,
+    sets: FxHashMap<Vec<String>, usize>,
 }
 
 impl MatchCache {
@@ -150,7 +150,7 @@ impl MatchCache {
 
 /// Counts per device, looked up by borrowed names (no allocation on the hot path).
 #[derive(Debug, Default)]
-struct DeviceCounts(HashMap<String, HashMap<String, HashMap<String, u32>>>);
+struct DeviceCounts(FxHashMap<String, FxHashMap<String, FxHashMap<String, u32>>>);
 
 impl DeviceCounts {
     fn get(&self, driver: &str, pool: &str, device: &str) -> u32 {
@@ -186,7 +186,7 @@ impl DeviceCounts {
     }
 
     fn len(&self) -> usize {
-        self.0.values().flat_map(|p| p.values()).map(HashMap::len).sum()
+        self.0.values().flat_map(|p| p.values()).map(FxHashMap::len).sum()
     }
 }
 
@@ -220,33 +220,33 @@ pub(crate) type NodeIndex = Vec<(String, Vec<(usize, Arc<Node>)>)>;
 pub struct ClusterState {
     nodes: BTreeMap<String, Arc<Node>>,
     /// Requests of pods bound or nominated to each node.
-    node_usage: HashMap<String, Resources>,
-    pods: HashMap<String, (String, Resources)>,
+    node_usage: FxHashMap<String, Resources>,
+    pods: FxHashMap<String, (String, Resources)>,
     slices: BTreeMap<String, Arc<Slice>>,
-    slices_by_node: HashMap<String, BTreeSet<String>>,
+    slices_by_node: FxHashMap<String, BTreeSet<String>>,
     shared_slices: BTreeSet<String>,
-    slices_by_pool: HashMap<(String, String), BTreeSet<String>>,
+    slices_by_pool: FxHashMap<(String, String), BTreeSet<String>>,
     classes: BTreeMap<String, DeviceClass>,
-    claims: HashMap<String, HeldDevices>,
+    claims: FxHashMap<String, HeldDevices>,
     /// Claims holding each device exclusively (not admin access, not shared).
     dedicated: DeviceCounts,
     /// Capacity consumed by shared allocations of devices that allow several.
-    consumed: HashMap<DeviceId, BTreeMap<String, Quantity>>,
+    consumed: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
     /// Shared allocations per device (with or without consumed capacity).
-    shared: HashMap<DeviceId, u32>,
+    shared: FxHashMap<DeviceId, u32>,
     pub(crate) match_cache: RefCell<MatchCache>,
     /// Compiled CEL selectors by expression text.
-    programs: RefCell<HashMap<String, Result<crate::cel::Program, String>>>,
+    programs: RefCell<FxHashMap<String, Result<crate::cel::Program, String>>>,
     /// Claims assumed by plans, and the pods they placed.
-    assumed: HashMap<String, AssumedPlan>,
+    assumed: FxHashMap<String, AssumedPlan>,
     versions: Versions,
     /// Dense ids for node names, so hot per-node state lives in vectors.
     node_ids: FxHashMap<String, usize>,
     /// Pod shape → node id → room, see [`CachedRoom`].
-    pub(crate) room_cache: RefCell<HashMap<String, Vec<Option<CachedRoom>>>>,
+    pub(crate) room_cache: RefCell<FxHashMap<String, Vec<Option<CachedRoom>>>>,
     /// Label key → value → nodes with it, for topology domains; with the node-set
     /// version it was built at.
-    label_index: RefCell<HashMap<String, (u64, Arc<NodeIndex>)>>,
+    label_index: RefCell<FxHashMap<String, (u64, Arc<NodeIndex>)>>,
     node_set_version: u64,
 }
 
