@@ -11,7 +11,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use muster_api::labels;
-use muster_api::v1alpha1::{AdmissionState, Workload, WorkloadPhase};
+use muster_api::v1alpha1::{AdmissionState, PlacementStatus, Workload, WorkloadPhase};
 use serde_json::{Value, json};
 
 use crate::fleet::{FleetSpec, GPU_DRIVER, RACK_LABEL};
@@ -336,6 +336,17 @@ pub fn gang(name: &str, workers: i32, rack: Option<&str>) -> Value {
             ],
         },
     })
+}
+
+/// The node planned for the gang's first worker.
+pub fn worker_node(placement: &PlacementStatus) -> Result<String> {
+    Ok(placement
+        .pods
+        .iter()
+        .find(|p| p.name.contains("workers"))
+        .context("a planned worker")?
+        .node
+        .clone())
 }
 
 /// Every device of every allocated claim in the namespace, by claim.

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
-use muster_e2e::scenario::{allocations, assert_runs_as_planned, gang, with_test};
+use muster_e2e::scenario::{allocations, assert_runs_as_planned, gang, with_test, worker_node};
 use muster_e2e::wait;
 use serde_json::json;
 
@@ -239,13 +239,7 @@ async fn a_device_taken_during_a_commit_is_caught_and_the_gang_placed_again() ->
                 }
             })
             .await?;
-            let victim = placement
-                .pods
-                .iter()
-                .find(|p| p.name.contains("workers"))
-                .context("a worker")?
-                .node
-                .clone();
+            let victim = worker_node(&placement)?;
 
             // Meanwhile kube-scheduler places someone else's pod on a planned node and
             // gives it all eight GPUs there.
@@ -331,13 +325,7 @@ async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again(
                 // Between plan and bind, another pod takes the CPU of one planned worker node.
                 let workload = test.workloads().get("unlucky").await?;
                 let placement = workload.status.and_then(|s| s.placement).context("placement")?;
-                let victim = placement
-                    .pods
-                    .iter()
-                    .find(|p| p.name.contains("workers"))
-                    .context("a worker")?
-                    .node
-                    .clone();
+                let victim = worker_node(&placement)?;
                 let hog: Pod = serde_json::from_value(json!({
                     "metadata": {"name": "hog"},
                     "spec": {

@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_e2e::fleet::RACK_LABEL;
-use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test, worker_node};
 use muster_e2e::wait;
 use serde_json::{Value, json};
 
@@ -199,13 +199,7 @@ async fn a_lost_node_restarts_the_gang_elsewhere() -> Result<()> {
             .await?;
             let before = assert_runs_as_planned(test, "sturdy").await?;
             let placement = before.status.and_then(|s| s.placement).context("placement")?;
-            let victim = placement
-                .pods
-                .iter()
-                .find(|p| p.name.contains("workers"))
-                .context("worker")?
-                .node
-                .clone();
+            let victim = worker_node(&placement)?;
             let nodes: Api<Node> = Api::all(test.client.clone());
             let node = nodes.get(&victim).await?;
             nodes.delete(&victim, &DeleteParams::default()).await?;
