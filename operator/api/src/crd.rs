@@ -101,3 +101,42 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
         source,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Paths of schema properties without a description, below `path`.
+    fn undescribed(schema: &JSONSchemaProps, path: &str, out: &mut Vec<String>) {
+        for (name, child) in schema.properties.iter().flatten() {
+            let child_path = format!("{path}.{name}");
+            if child.description.as_deref().is_none_or(str::is_empty) {
+                out.push(child_path.clone());
+            }
+            // Inside, the embedded pod template is the core API's, documented by
+            // `kubectl explain pod`.
+            if !child_path.ends_with("podGroups[].template") {
+                undescribed(child, &child_path, out);
+            }
+        }
+        if let Some(JSONSchemaPropsOrArray::Schema(item)) = &schema.items {
+            undescribed(item, &format!("{path}[]"), out);
+        }
+    }
+
+    #[test]
+    fn every_field_has_a_description_for_kubectl_explain() {
+        let crd = workload_crd();
+        let root = crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .expect("schema");
+        let mut missing = Vec::new();
+        for part in ["spec", "status"] {
+            let schema = &root.properties.as_ref().expect("properties")[part];
+            undescribed(schema, part, &mut missing);
+        }
+        assert!(missing.is_empty(), "fields without a description: {missing:#?}");
+    }
+}

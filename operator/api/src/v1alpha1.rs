@@ -312,7 +312,9 @@ pub enum AdmissionState {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlannedPod {
+    /// Name of the pod.
     pub name: String,
+    /// Node the pod is pinned to when it is released.
     pub node: String,
     /// Placed beyond its group's minCount: losing it does not restart the gang.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
