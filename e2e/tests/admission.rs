@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
+use k8s_openapi::api::resource::v1::DeviceTaintRule;
+use kube::api::{Api, DeleteParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
-use muster_e2e::scenario::{allocations, assert_runs_as_planned, gang, with_test, worker_node};
+use muster_e2e::fleet::GPU_DRIVER;
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test, worker_node};
 use muster_e2e::wait;
 use serde_json::json;
 
@@ -303,6 +305,158 @@ async fn a_device_taken_during_a_commit_is_caught_and_the_gang_placed_again() ->
         })
     })
     .await
+}
+
+/// A cluster-wide DeviceTaintRule for the test fleet's driver, removed when dropped (the
+/// control plane is shared by this file's tests).
+struct TaintRule {
+    api: Api<DeviceTaintRule>,
+    name: String,
+}
+
+impl TaintRule {
+    async fn create(test: &Test, name: &str, device: Option<&str>, key: &str) -> Result<Self> {
+        let api: Api<DeviceTaintRule> = Api::all(test.client.clone());
+        let mut selector = json!({"driver": GPU_DRIVER});
+        if let Some(device) = device {
+            selector["device"] = json!(device);
+        }
+        let rule: DeviceTaintRule = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": selector, "taint": {"key": key, "value": "true", "effect": "NoSchedule"}},
+        }))?;
+        api.create(&PostParams::default(), &rule).await?;
+        Ok(TaintRule {
+            api,
+            name: name.to_string(),
+        })
+    }
+
+    async fn delete(self) -> Result<()> {
+        self.api.delete(&self.name, &DeleteParams::default()).await?;
+        Ok(())
+    }
+}
+
+/// muster honours DeviceTaintRules as kube-scheduler does: with gpu-0 of every node
+/// tainted for maintenance, no node has eight usable GPUs, until the rule goes.
+#[tokio::test]
+async fn devices_tainted_by_a_rule_are_not_planned_until_it_goes() -> Result<()> {
+    with_test("maintenance", &[], &[], |test| {
+        Box::pin(async move {
+            let rule = TaintRule::create(test, "maintenance-gpu-0", Some("gpu-0"), "example.com/maintenance").await?;
+            let outcome = async {
+                test.create(gang("patient", 1, None)).await?;
+                let message = test
+                    .wait_admitted_reason("patient", "Unschedulable", Duration::from_secs(60))
+                    .await?;
+                ensure!(held_devices(test).await?.is_empty(), "nothing reserved: {message}");
+                Ok::<_, anyhow::Error>(())
+            }
+            .await;
+            rule.delete().await?;
+            outcome?;
+            assert_runs_as_planned(test, "patient").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// `--fencing device-taint`: the GPUs carry the fence as a device taint that only muster's
+/// claims tolerate. Another pod's claim gets no GPU, but the pod itself may still use a
+/// GPU node's CPU (here the fleet's node taint is tolerated by every pod, as if the nodes
+/// were open).
+#[tokio::test]
+async fn a_device_fence_keeps_other_claims_off_the_gpus_but_not_other_pods_off_the_nodes() -> Result<()> {
+    with_test("device-fence", &["--fencing", "device-taint"], &[], |test| {
+        Box::pin(async move {
+            let rule = TaintRule::create(test, "muster-fence", None, labels::FENCE_TAINT).await?;
+            let outcome = async {
+                let open_nodes = json!([{"key": labels::FENCE_TAINT, "operator": "Exists"}]);
+                let mut fenced = gang("fenced", 2, None);
+                for group in fenced["spec"]["podGroups"].as_array_mut().context("groups")? {
+                    group["template"]["spec"]["tolerations"] = open_nodes.clone();
+                }
+                test.create(fenced).await?;
+                assert_runs_as_planned(test, "fenced").await?;
+                for claim in test.gang_claims("fenced").await? {
+                    let results = claim
+                        .status
+                        .and_then(|s| s.allocation)
+                        .and_then(|a| a.devices)
+                        .and_then(|d| d.results)
+                        .unwrap_or_default();
+                    ensure!(
+                        results.iter().all(|r| r
+                            .tolerations
+                            .iter()
+                            .flatten()
+                            .any(|t| t.key.as_deref() == Some(labels::FENCE_TAINT))),
+                        "each result records the fence's toleration: {results:?}"
+                    );
+                }
+                let outsider = |name: &str, claims: bool| -> Result<Pod> {
+                    let mut spec = json!({
+                        "tolerations": open_nodes,
+                        "containers": [{"name": "main", "image": "x", "resources": {"requests": {"cpu": "1"}}}],
+                    });
+                    if claims {
+                        spec["containers"][0]["resources"]["claims"] = json!([{"name": "gpu"}]);
+                        spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "eight-gpus"}]);
+                    }
+                    Ok(serde_json::from_value(
+                        json!({"metadata": {"name": name}, "spec": spec}),
+                    )?)
+                };
+                test.pods()
+                    .create(&PostParams::default(), &outsider("with-gpus", true)?)
+                    .await?;
+                test.pods()
+                    .create(&PostParams::default(), &outsider("cpu-only", false)?)
+                    .await?;
+                let pods = test.pods();
+                wait::until("the CPU-only pod to run on a GPU node", Duration::from_secs(60), || {
+                    let pods = pods.clone();
+                    async move {
+                        let pod = pods.get("cpu-only").await?;
+                        let bound = pod.spec.and_then(|s| s.node_name).is_some();
+                        Ok((bound && pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
+                    }
+                })
+                .await?;
+                let reason = wait::until("the GPU pod to be found unschedulable", Duration::from_secs(60), || {
+                    let pods = pods.clone();
+                    async move {
+                        let pod = pods.get("with-gpus").await?;
+                        let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+                        let scheduled = conditions.into_iter().find(|c| c.type_ == "PodScheduled");
+                        Ok(scheduled
+                            .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+                            .map(|c| c.message.unwrap_or_default()))
+                    }
+                })
+                .await?;
+                let held = allocations(&test.claims()).await?;
+                ensure!(
+                    !held.keys().any(|c| c.starts_with("with-gpus")),
+                    "the outsider's claim got no device ({reason}): {held:?}"
+                );
+                for name in ["with-gpus", "cpu-only"] {
+                    test.pods().delete(name, &DeleteParams::default()).await?;
+                }
+                Ok::<_, anyhow::Error>(())
+            }
+            .await;
+            rule.delete().await?;
+            outcome
+        })
+    })
+    .await
+}
+
+async fn held_devices(test: &Test) -> Result<Vec<(String, String)>> {
+    Ok(allocations(&test.claims()).await?.into_values().flatten().collect())
 }
 
 #[tokio::test]

@@ -40,7 +40,7 @@ Workload owns, where the OwnerReferencesPermissionEnforcement admission plugin i
   resources: ["resourceclaimtemplates"]
   verbs: ["get"]
 - apiGroups: ["resource.k8s.io"]
-  resources: ["deviceclasses", "resourceslices"]
+  resources: ["deviceclasses", "resourceslices", "devicetaintrules"]
   verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["nodes"]

@@ -810,6 +810,7 @@ impl<'a> Search<'a> {
             let tolerated = device
                 .taints
                 .iter()
+                .chain(self.cluster.rule_taints(&slice.driver, &slice.pool, &device.name))
                 .filter(|t| matches!(t.effect, TaintEffect::NoSchedule | TaintEffect::NoExecute))
                 .all(|t| data.spec.tolerations.iter().any(|tol| tol.tolerates(t)));
             (

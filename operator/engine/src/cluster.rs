@@ -227,6 +227,8 @@ pub struct ClusterState {
     shared_slices: BTreeSet<String>,
     slices_by_pool: FxHashMap<(String, String), BTreeSet<String>>,
     classes: BTreeMap<String, DeviceClass>,
+    /// DeviceTaintRules by name: taints on every device they select.
+    taint_rules: BTreeMap<String, DeviceTaintRule>,
     claims: FxHashMap<String, HeldDevices>,
     /// Claims holding each device exclusively (not admin access, not shared).
     dedicated: DeviceCounts,
@@ -248,6 +250,25 @@ pub struct ClusterState {
     /// version it was built at.
     label_index: RefCell<FxHashMap<String, (u64, Arc<NodeIndex>)>>,
     node_set_version: u64,
+}
+
+/// A DeviceTaintRule (`resource.k8s.io`): its taint applies to every device the selector
+/// matches, as if the driver had published it in the ResourceSlice. An unset field
+/// matches everything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTaintRule {
+    pub driver: Option<String>,
+    pub pool: Option<String>,
+    pub device: Option<String>,
+    pub taint: DeviceTaint,
+}
+
+impl DeviceTaintRule {
+    fn selects(&self, driver: &str, pool: &str, device: &str) -> bool {
+        self.driver.as_deref().is_none_or(|d| d == driver)
+            && self.pool.as_deref().is_none_or(|p| p == pool)
+            && self.device.as_deref().is_none_or(|d| d == device)
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -498,6 +519,32 @@ impl ClusterState {
         if self.classes.remove(name).is_some() {
             self.bump_shared();
         }
+    }
+
+    pub fn upsert_taint_rule(&mut self, name: &str, rule: DeviceTaintRule) {
+        if self.taint_rules.get(name) != Some(&rule) {
+            self.bump_shared();
+        }
+        self.taint_rules.insert(name.to_string(), rule);
+    }
+
+    pub fn remove_taint_rule(&mut self, name: &str) {
+        if self.taint_rules.remove(name).is_some() {
+            self.bump_shared();
+        }
+    }
+
+    /// Taints DeviceTaintRules put on a device, besides those of its slice.
+    pub(crate) fn rule_taints<'a>(
+        &'a self,
+        driver: &'a str,
+        pool: &'a str,
+        device: &'a str,
+    ) -> impl Iterator<Item = &'a DeviceTaint> + 'a {
+        self.taint_rules
+            .values()
+            .filter(move |r| r.selects(driver, pool, device))
+            .map(|r| &r.taint)
     }
 
     pub fn class(&self, name: &str) -> Option<&DeviceClass> {

@@ -30,16 +30,16 @@ use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload
 use muster_api::{conditions, labels};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
-use muster_engine::selector::{NodeTaintEffect, Toleration};
 use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::controller::GangStores;
 use crate::convert;
+use crate::fencing::Fencing;
 use crate::index::Index;
 use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
-use crate::release::{self, Fencing};
+use crate::release;
 use crate::request::{ClaimSources, RequestError, gang_request};
 
 /// Steps after which a test may abort the process (`MUSTER_FAULT_POINT`), to prove that
@@ -522,12 +522,8 @@ impl Admission {
             Vec::new()
         };
         let mut request = gang_request(workload, &sources, &pods)?;
-        // muster's pods tolerate the fence that keeps other pods off the devices.
-        if self.settings.fencing == Fencing::Taint {
-            for group in &mut request.groups {
-                group.shape.tolerations.push(fence_toleration());
-            }
-        }
+        // muster's pods or claims tolerate the fence that keeps others off the devices.
+        self.settings.fencing.apply(&mut request);
         Ok(request)
     }
 
@@ -1221,16 +1217,6 @@ impl Admission {
         if let Err(e) = self.recorder.publish(&event, &workload.object_ref(&())).await {
             warn!(error = %e, "publishing an event failed");
         }
-    }
-}
-
-/// The toleration muster's pods carry for the fence taint.
-pub fn fence_toleration() -> Toleration {
-    Toleration {
-        key: labels::FENCE_TAINT.into(),
-        exists: true,
-        value: String::new(),
-        effect: Some(NodeTaintEffect::NoSchedule),
     }
 }
 

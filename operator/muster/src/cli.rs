@@ -66,10 +66,12 @@ struct RunArgs {
     #[arg(long, default_value_t = 600)]
     starvation_after: u64,
     /// How pods outside muster are kept off the devices muster plans with: `taint` (taint
-    /// GPU nodes with muster.dev/fenced=true:NoSchedule; muster's pods tolerate it) or
-    /// `none` (only the conflict check after reserving).
-    #[arg(long, value_enum, default_value_t = crate::release::Fencing::Taint)]
-    fencing: crate::release::Fencing,
+    /// GPU nodes with muster.dev/fenced=true:NoSchedule; muster's pods tolerate it),
+    /// `device-taint` (taint GPU devices with muster.dev/fenced, effect NoSchedule, by a
+    /// DeviceTaintRule; muster's claims tolerate it) or `none` (only the conflict check
+    /// after reserving).
+    #[arg(long, value_enum, default_value_t = crate::fencing::Fencing::Taint)]
+    fencing: crate::fencing::Fencing,
     /// Parallel API writes while reserving claims and releasing pods.
     #[arg(long, default_value_t = 64)]
     write_parallelism: usize,
@@ -117,6 +119,10 @@ struct PlanArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = PlanOutput::Human)]
     output: PlanOutput,
+    /// Plan as the operator does with this `--fencing` (which fence its pods or claims
+    /// tolerate).
+    #[arg(long, value_enum, default_value_t = crate::fencing::Fencing::Taint)]
+    fencing: crate::fencing::Fencing,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -282,7 +288,7 @@ fn plan(args: PlanArgs) -> Result<()> {
                 .join(", ")
         );
     }
-    let (report, details) = crate::plan::plan(&snapshot, &workloads, &args.namespace)?;
+    let (report, details) = crate::plan::plan(&snapshot, &workloads, &args.namespace, args.fencing)?;
     match args.output {
         PlanOutput::Human => print!("{}", crate::plan::human(&report, &details)),
         PlanOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -472,6 +472,17 @@ fn raw_json(raw: &RawExtension) -> String {
 }
 
 /// A DeviceClass as the engine sees it.
+/// A DeviceTaintRule: its selector (unset fields select everything) and its taint.
+pub fn taint_rule(rule: &resource::DeviceTaintRule) -> muster_engine::cluster::DeviceTaintRule {
+    let selector = rule.spec.device_selector.clone().unwrap_or_default();
+    muster_engine::cluster::DeviceTaintRule {
+        driver: selector.driver,
+        pool: selector.pool,
+        device: selector.device,
+        taint: device_taint(&rule.spec.taint),
+    }
+}
+
 pub fn device_class(class: &resource::DeviceClass) -> model::DeviceClass {
     let spec = class.spec.clone().unwrap_or_default();
     model::DeviceClass {

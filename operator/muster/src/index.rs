@@ -1,5 +1,6 @@
 //! Keeps the engine's [`ClusterState`] in step with the cluster: watches on Nodes, Pods,
-//! ResourceSlices, DeviceClasses and ResourceClaims feed it one change at a time. No
+//! ResourceSlices, DeviceClasses, DeviceTaintRules and ResourceClaims feed it one change
+//! at a time. No
 //! object store is kept for these kinds: the engine's compact model is the cache.
 
 use std::collections::HashSet;
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -20,8 +21,9 @@ use tracing::warn;
 
 use crate::convert;
 
-/// Kinds the index watches; it is ready when every one has listed.
-const KINDS: usize = 5;
+/// Kinds the index watches; it is ready when every one has listed (a kind the cluster
+/// does not serve counts as listed).
+const KINDS: usize = 6;
 
 /// The engine's cluster state, shared with the admission loop.
 pub struct Index {
@@ -136,6 +138,19 @@ impl Indexed for DeviceClass {
     }
 }
 
+impl Indexed for DeviceTaintRule {
+    fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
+        cluster.upsert_taint_rule(
+            self.metadata.name.as_deref().unwrap_or_default(),
+            convert::taint_rule(self),
+        );
+        Ok(())
+    }
+    fn remove(key: &str, cluster: &mut ClusterState) {
+        cluster.remove_taint_rule(key.trim_start_matches('/'));
+    }
+}
+
 impl Indexed for ResourceClaim {
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         let key = Indexed::key(self);
@@ -155,13 +170,34 @@ impl Indexed for ResourceClaim {
 
 /// Watches every kind until the process stops.
 pub async fn run(client: Client, index: Arc<Index>) {
+    let taint_rules = async {
+        if serves_device_taint_rules(&client).await {
+            watch::<DeviceTaintRule>(Api::all(client.clone()), index.clone()).await;
+        } else {
+            index.mark_listed();
+        }
+    };
     tokio::join!(
         watch::<Node>(Api::all(client.clone()), index.clone()),
         watch::<Pod>(Api::all(client.clone()), index.clone()),
         watch::<ResourceSlice>(Api::all(client.clone()), index.clone()),
         watch::<DeviceClass>(Api::all(client.clone()), index.clone()),
-        watch::<ResourceClaim>(Api::all(client), index),
+        watch::<ResourceClaim>(Api::all(client.clone()), index.clone()),
+        taint_rules,
     );
+}
+
+/// Whether the cluster serves DeviceTaintRules in resource.k8s.io/v1 (1.37 on; before,
+/// only behind a feature gate in a beta or alpha version, which muster does not read).
+async fn serves_device_taint_rules(client: &Client) -> bool {
+    let group_version = DeviceTaintRule::api_version(&());
+    match client.list_api_group_resources(&group_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == DeviceTaintRule::plural(&())),
+        Err(e) => {
+            warn!(error = %e, "cannot tell whether the cluster serves DeviceTaintRules; not watching them");
+            false
+        }
+    }
 }
 
 async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {

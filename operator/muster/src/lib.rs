@@ -10,6 +10,7 @@ pub mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod extras;
+pub mod fencing;
 pub mod gang;
 pub mod index;
 pub mod leader;

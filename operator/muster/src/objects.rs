@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use muster_api::Workload;
 use muster_engine::cluster::ClusterState;
 use serde::de::DeserializeOwned;
@@ -33,6 +35,7 @@ pub struct Objects {
     pub pods: Vec<Pod>,
     pub slices: Vec<ResourceSlice>,
     pub classes: Vec<DeviceClass>,
+    pub taint_rules: Vec<DeviceTaintRule>,
     pub claims: Vec<ResourceClaim>,
     pub templates: Vec<ResourceClaimTemplate>,
     pub workloads: Vec<Workload>,
@@ -60,6 +63,7 @@ impl Objects {
         self.pods.extend(other.pods);
         self.slices.extend(other.slices);
         self.classes.extend(other.classes);
+        self.taint_rules.extend(other.taint_rules);
         self.claims.extend(other.claims);
         self.templates.extend(other.templates);
         self.workloads.extend(other.workloads);
@@ -98,6 +102,7 @@ impl Objects {
             | "PodList"
             | "ResourceSliceList"
             | "DeviceClassList"
+            | "DeviceTaintRuleList"
             | "ResourceClaimList"
             | "ResourceClaimTemplateList"
             | "WorkloadList" => {
@@ -114,6 +119,7 @@ impl Objects {
             "Pod" => self.pods.push(typed(value).map_err(bad)?),
             "ResourceSlice" => self.slices.push(typed(value).map_err(bad)?),
             "DeviceClass" => self.classes.push(typed(value).map_err(bad)?),
+            "DeviceTaintRule" => self.taint_rules.push(typed(value).map_err(bad)?),
             "ResourceClaim" => self.claims.push(typed(value).map_err(bad)?),
             "ResourceClaimTemplate" => self.templates.push(typed(value).map_err(bad)?),
             "Workload" => {
@@ -139,6 +145,12 @@ impl Objects {
         }
         for slice in &self.slices {
             cluster.upsert_slice(convert::slice(slice)?);
+        }
+        for rule in &self.taint_rules {
+            cluster.upsert_taint_rule(
+                rule.metadata.name.as_deref().unwrap_or_default(),
+                convert::taint_rule(rule),
+            );
         }
         for pod in &self.pods {
             let (Some(node), Some(spec)) = (convert::pod_node(pod), pod.spec.as_ref()) else {

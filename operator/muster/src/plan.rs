@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use muster_engine::placement::{self, Outcome, PlanOptions};
 use serde::Serialize;
 
+use crate::fencing::Fencing;
 use crate::objects::Objects;
 use crate::request::{ClaimSources, gang_request};
 
@@ -53,9 +54,14 @@ pub struct Details {
     pub unplaced: BTreeMap<String, Vec<String>>,
 }
 
-/// Plans every Workload of `workloads` against `snapshot`. Objects without a namespace
-/// are taken to be in `namespace`.
-pub fn plan(snapshot: &Objects, workloads: &Objects, namespace: &str) -> Result<(Report, Details), anyhow::Error> {
+/// Plans every Workload of `workloads` against `snapshot` as the operator would with
+/// `fencing`. Objects without a namespace are taken to be in `namespace`.
+pub fn plan(
+    snapshot: &Objects,
+    workloads: &Objects,
+    namespace: &str,
+    fencing: Fencing,
+) -> Result<(Report, Details), anyhow::Error> {
     let mut cluster = snapshot.cluster_state()?;
     let mut templates = snapshot.templates.clone();
     templates.extend(workloads.templates.iter().cloned());
@@ -96,7 +102,7 @@ pub fn plan(snapshot: &Objects, workloads: &Objects, namespace: &str) -> Result<
             })
             .map(|p| Arc::new(p.clone()))
             .collect();
-        let request = match gang_request(&workload, &sources, &external) {
+        let mut request = match gang_request(&workload, &sources, &external) {
             Ok(request) => request,
             Err(e) => {
                 report.workloads.push(WorkloadReport {
@@ -108,6 +114,7 @@ pub fn plan(snapshot: &Objects, workloads: &Objects, namespace: &str) -> Result<
                 continue;
             }
         };
+        fencing.apply(&mut request);
         match placement::plan(&cluster, &request, &PlanOptions::default()) {
             Outcome::Unschedulable(why) => report.workloads.push(WorkloadReport {
                 name,
@@ -342,7 +349,7 @@ spec:
     fn plans_in_order_assuming_earlier_workloads() {
         let snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
         let workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
-        let (report, details) = plan(&snapshot, &workloads, "default").unwrap();
+        let (report, details) = plan(&snapshot, &workloads, "default", Fencing::Taint).unwrap();
         let first = &report.workloads[0];
         assert!(first.feasible);
         assert_eq!(first.pods[0].name, "first-w-0");
@@ -366,5 +373,27 @@ spec:
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["workloads"][0]["pods"][0]["devices"][0]["device"], "gpu-0");
         assert_eq!(json["workloads"][0]["reason"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn device_taint_rules_and_the_fencing_mode_decide_what_fits() {
+        let fence = r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceTaintRule
+metadata: {name: fence}
+spec:
+  deviceSelector: {driver: gpu.example.com, pool: n1}
+  taint: {key: muster.dev/fenced, value: "true", effect: NoSchedule}
+"#;
+        let mut snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
+        snapshot.extend(Objects::parse("rule.yaml", fence).unwrap());
+        let workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
+        let (by_node, _) = plan(&snapshot, &workloads, "default", Fencing::Taint).unwrap();
+        assert_eq!(by_node.workloads[0].pods[0].node, "n2", "n1's GPUs are fenced off");
+        let (by_device, _) = plan(&snapshot, &workloads, "default", Fencing::DeviceTaint).unwrap();
+        assert_eq!(
+            by_device.workloads[0].pods[0].node, "n1",
+            "muster's claims tolerate the fence"
+        );
     }
 }

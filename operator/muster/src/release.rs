@@ -10,17 +10,7 @@ use kube::api::{Api, Patch, PatchParams};
 use muster_api::labels;
 use serde_json::json;
 
-/// How muster keeps pods it does not admit off the devices it plans with.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Fencing {
-    /// GPU nodes carry the `muster.dev/fenced:NoSchedule` taint; muster's pods are planned
-    /// and released with a toleration for it, other pods stay off those nodes.
-    #[default]
-    Taint,
-    /// No fence: muster's pods get no toleration, and only the re-read of all claims after
-    /// reserving (the conflict check) catches a device taken by someone else.
-    None,
-}
+use crate::fencing::Fencing;
 
 /// The pod's spec changes that release it to `node`, or `None` if it is released
 /// already.
@@ -55,7 +45,7 @@ pub fn release_patch(pod: &Pod, node: &str, fencing: Fencing) -> Option<serde_js
         }
     }
     let mut tolerations: Vec<Toleration> = spec.tolerations.clone().unwrap_or_default();
-    if fencing == Fencing::Taint
+    if fencing.tolerates_node_fence()
         && !tolerations
             .iter()
             .any(|t| t.key.as_deref() == Some(labels::FENCE_TAINT))

@@ -1,6 +1,6 @@
 use super::*;
 use crate::claim::{ClaimConfig, DeviceConstraint, DeviceTaint, DeviceToleration, OpaqueConfig, TolerationOperator};
-use crate::cluster::{CounterConsumption, CounterSet, DeviceNodes};
+use crate::cluster::{CounterConsumption, CounterSet, DeviceNodes, DeviceTaintRule};
 use crate::device::{RequestPolicy, ValidRange};
 use crate::fixtures::*;
 use crate::selector::{Operator, Requirement};
@@ -248,6 +248,53 @@ fn all_mode_takes_every_matching_device_or_nothing() {
     cluster.upsert_slice(incomplete);
     let e = run(&cluster, &n, &[claim]).unwrap_err();
     assert!(e.message.contains("is currently being updated"), "{e}");
+}
+
+#[test]
+fn device_taint_rules_taint_the_devices_they_select() {
+    let (mut cluster, n) = setup(gpus(3));
+    let rule = |device: Option<&str>, pool: Option<&str>| DeviceTaintRule {
+        driver: Some(GPU.into()),
+        pool: pool.map(Into::into),
+        device: device.map(Into::into),
+        taint: DeviceTaint {
+            key: "maintenance".into(),
+            value: None,
+            effect: TaintEffect::NoSchedule,
+        },
+    };
+    cluster.upsert_taint_rule("gpu-0-broken", rule(Some("gpu-0"), None));
+    cluster.upsert_taint_rule("other-pool", rule(None, Some("n2")));
+    assert_eq!(
+        devices_of(&run(&cluster, &n, &[gpu_claim(2)]).unwrap().unwrap()[0]),
+        ["gpu-1", "gpu-2"],
+        "the rule's device is skipped; a rule for another pool changes nothing"
+    );
+    assert_eq!(run(&cluster, &n, &[gpu_claim(3)]).unwrap(), Err(NoFit::NoSolution));
+
+    let mut tolerant = gpu_claim(3);
+    if let DeviceRequest::Exactly(spec) = &mut tolerant.requests[0] {
+        spec.tolerations.push(DeviceToleration {
+            key: Some("maintenance".into()),
+            operator: TolerationOperator::Exists,
+            value: None,
+            effect: None,
+            toleration_seconds: None,
+        });
+    }
+    assert!(
+        run(&cluster, &n, &[tolerant]).unwrap().is_ok(),
+        "a toleration lets it through"
+    );
+
+    cluster.upsert_taint_rule("whole-driver", rule(None, None));
+    assert_eq!(run(&cluster, &n, &[gpu_claim(1)]).unwrap(), Err(NoFit::NoSolution));
+    cluster.remove_taint_rule("whole-driver");
+    cluster.remove_taint_rule("gpu-0-broken");
+    assert!(
+        run(&cluster, &n, &[gpu_claim(3)]).unwrap().is_ok(),
+        "removed rules taint nothing"
+    );
 }
 
 #[test]
