@@ -194,6 +194,27 @@ impl Test {
         .await
     }
 
+    /// Waits until kube-scheduler finds pod `name` unschedulable, and returns why.
+    pub async fn wait_unschedulable(&self, name: &str) -> Result<String> {
+        let pods = self.pods();
+        wait::until(
+            &format!("{name} to be found unschedulable"),
+            Duration::from_secs(60),
+            || {
+                let pods = pods.clone();
+                async move {
+                    let pod = pods.get(name).await?;
+                    let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+                    let scheduled = conditions.into_iter().find(|c| c.type_ == "PodScheduled");
+                    Ok(scheduled
+                        .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+                        .map(|c| c.message.unwrap_or_default()))
+                }
+            },
+        )
+        .await
+    }
+
     pub async fn gang_claims(&self, name: &str) -> Result<Vec<ResourceClaim>> {
         let selector = ListParams::default().labels(&format!("{}={name}", labels::WORKLOAD));
         Ok(self.claims().list(&selector).await?.items)

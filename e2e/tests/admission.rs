@@ -166,23 +166,7 @@ async fn a_plain_pod_never_gets_a_device_muster_reserved() -> Result<()> {
             assert_runs_as_planned(test, "gang").await?;
             // The fence keeps the pod off every GPU node: it is unschedulable, and its
             // claim never gets a device.
-            let pods = test.pods();
-            let reason = wait::until(
-                "the plain pod to be found unschedulable",
-                Duration::from_secs(60),
-                || {
-                    let pods = pods.clone();
-                    async move {
-                        let pod = pods.get("intruder").await?;
-                        let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
-                        let scheduled = conditions.into_iter().find(|c| c.type_ == "PodScheduled");
-                        Ok(scheduled
-                            .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
-                            .map(|c| c.message.unwrap_or_default()))
-                    }
-                },
-            )
-            .await?;
+            let reason = test.wait_unschedulable("intruder").await?;
             ensure!(reason.contains("untolerated taint"), "the fence is why: {reason}");
             let held = allocations(&test.claims()).await?;
             let gang_devices: BTreeSet<_> = held
@@ -425,18 +409,7 @@ async fn a_device_fence_keeps_other_claims_off_the_gpus_but_not_other_pods_off_t
                     }
                 })
                 .await?;
-                let reason = wait::until("the GPU pod to be found unschedulable", Duration::from_secs(60), || {
-                    let pods = pods.clone();
-                    async move {
-                        let pod = pods.get("with-gpus").await?;
-                        let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
-                        let scheduled = conditions.into_iter().find(|c| c.type_ == "PodScheduled");
-                        Ok(scheduled
-                            .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
-                            .map(|c| c.message.unwrap_or_default()))
-                    }
-                })
-                .await?;
+                let reason = test.wait_unschedulable("with-gpus").await?;
                 let held = allocations(&test.claims()).await?;
                 ensure!(
                     !held.keys().any(|c| c.starts_with("with-gpus")),
