@@ -178,6 +178,12 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>) -> (Gang
     )
 }
 
+/// The Workload a gang object names in its `muster.dev/workload` label.
+fn labelled_workload<K: Resource>(object: K) -> Option<ObjectRef<Workload>> {
+    let name = object.labels().get(labels::WORKLOAD)?;
+    Some(ObjectRef::new(name).within(&object.namespace()?))
+}
+
 /// The Workload controller, ready to run; [`WorkloadController::store`] gives its cache
 /// of Workloads.
 pub struct WorkloadController {
@@ -198,8 +204,10 @@ impl WorkloadController {
             instance: std::env::var("POD_NAME").ok(),
         };
         let controller = Controller::new(Api::<Workload>::all(client.clone()), watcher::Config::default())
-            .owns_stream(watches.pods)
-            .owns_stream(watches.claims)
+            // Pods and claims may belong to other controllers (a Job's pods, the claims
+            // kube-controller-manager makes for them): they find their Workload by label.
+            .watches_stream(watches.pods, labelled_workload)
+            .watches_stream(watches.claims, labelled_workload)
             .owns_stream(watches.services)
             .with_config(kube::runtime::controller::Config::default().concurrency(settings.concurrency));
         let context = Arc::new(Context {
@@ -769,4 +777,26 @@ fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Ac
     let delay = Duration::from_secs(1u64 << (*count - 1).min(8)).min(Duration::from_secs(300));
     warn!(workload = %workload.name_any(), namespace = ?workload.namespace(), error = %error, kind = error.metric_label(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gang_objects_of_any_owner_find_their_workload_by_label() {
+        let job_pod: Pod = serde_json::from_value(json!({"metadata": {
+            "name": "trainers-0-abcde",
+            "namespace": "team",
+            "labels": {labels::WORKLOAD: "trainers"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "trainers", "uid": "1"}],
+        }}))
+        .unwrap();
+        assert_eq!(
+            labelled_workload(job_pod),
+            Some(ObjectRef::<Workload>::new("trainers").within("team"))
+        );
+        let stranger: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "team"}})).unwrap();
+        assert_eq!(labelled_workload(stranger), None);
+    }
 }
