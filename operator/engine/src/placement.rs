@@ -69,7 +69,36 @@ pub struct Plan {
     pub unplaced: Vec<String>,
 }
 
+/// A planned pod as [`ClusterState::assume`] takes it: pod, node, requests.
+pub type AssumedPod = (String, String, Resources);
+/// A planned claim as [`ClusterState::assume`] takes it: claim and its devices.
+pub type AssumedClaim = (String, Vec<crate::claim::DeviceResult>);
+
 impl Plan {
+    /// The plan's pods and claims in the form [`ClusterState::assume`] takes, so the next
+    /// plan sees them as taken before the cluster shows them.
+    pub fn assumption(&self, request: &GangRequest) -> (Vec<AssumedPod>, Vec<AssumedClaim>) {
+        let pods = self
+            .pods
+            .iter()
+            .map(|p| {
+                let requests = request
+                    .groups
+                    .iter()
+                    .find(|g| g.name == p.group)
+                    .map(|g| g.shape.requests.clone())
+                    .unwrap_or_default();
+                (p.pod.clone(), p.node.clone(), requests)
+            })
+            .collect();
+        let claims = self
+            .claims
+            .iter()
+            .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
+            .collect();
+        (pods, claims)
+    }
+
     /// Number of devices the plan allocates.
     pub fn device_count(&self) -> usize {
         self.claims.iter().map(|c| c.allocation.devices.len()).sum()

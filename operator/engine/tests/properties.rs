@@ -1937,33 +1937,6 @@ proptest! {
     }
 }
 
-/// The pods and claims of `plan` as [`ClusterState::assume`] takes them.
-/// A pod as [`ClusterState::assume`] takes it: name, node, requests.
-type AssumedPod = (String, String, Resources);
-/// A claim as [`ClusterState::assume`] takes it: key, devices.
-type AssumedClaim = (String, Vec<DeviceResult>);
-
-fn assumption(gang: &GangRequest, plan: &Plan) -> (Vec<AssumedPod>, Vec<AssumedClaim>) {
-    let pods = plan
-        .pods
-        .iter()
-        .map(|p| {
-            let group = gang
-                .groups
-                .iter()
-                .find(|g| g.name == p.group)
-                .expect("group of a placed pod");
-            (p.pod.clone(), p.node.clone(), group.shape.requests.clone())
-        })
-        .collect();
-    let claims = plan
-        .claims
-        .iter()
-        .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
-        .collect();
-    (pods, claims)
-}
-
 fn devices_of(plan: &Plan) -> BTreeSet<DeviceId> {
     plan.claims
         .iter()
@@ -1999,7 +1972,7 @@ proptest! {
             prop_assert_eq!(&placement::plan(&cluster, &b, &options), &b_alone);
             return Ok(());
         };
-        let (pods, claims) = assumption(&a, a_plan);
+        let (pods, claims) = a_plan.assumption(&a);
         cluster.assume("ns/a", &pods, &claims);
 
         let b_outcome = placement::plan(&cluster, &b, &options);

@@ -653,30 +653,8 @@ impl Admission {
         self.checkpoint(FaultPoint::AfterPlanRecorded).await;
 
         // The next plan must see these devices and pods as taken.
-        {
-            let requests: BTreeMap<&str, &muster_engine::resources::Resources> = request
-                .groups
-                .iter()
-                .map(|g| (g.name.as_str(), &g.shape.requests))
-                .collect();
-            let pods: Vec<_> = plan
-                .pods
-                .iter()
-                .map(|p| {
-                    (
-                        p.pod.clone(),
-                        p.node.clone(),
-                        requests.get(p.group.as_str()).map(|r| (*r).clone()).unwrap_or_default(),
-                    )
-                })
-                .collect();
-            let claims: Vec<_> = plan
-                .claims
-                .iter()
-                .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
-                .collect();
-            self.index.cluster().assume(&gang, &pods, &claims);
-        }
+        let (pods, claims) = plan.assumption(request);
+        self.index.cluster().assume(&gang, &pods, &claims);
 
         match self
             .reserve(workload, plan)

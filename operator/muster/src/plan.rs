@@ -183,27 +183,7 @@ pub fn plan(
                     details.unplaced.insert(name.clone(), plan.unplaced.clone());
                 }
                 // The next Workload sees this one as placed.
-                let requests: BTreeMap<&str, &muster_engine::resources::Resources> = request
-                    .groups
-                    .iter()
-                    .map(|g| (g.name.as_str(), &g.shape.requests))
-                    .collect();
-                let assumed_pods: Vec<_> = plan
-                    .pods
-                    .iter()
-                    .map(|p| {
-                        (
-                            p.pod.clone(),
-                            p.node.clone(),
-                            requests.get(p.group.as_str()).map(|r| (*r).clone()).unwrap_or_default(),
-                        )
-                    })
-                    .collect();
-                let assumed_claims: Vec<_> = plan
-                    .claims
-                    .iter()
-                    .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
-                    .collect();
+                let (assumed_pods, assumed_claims) = plan.assumption(&request);
                 cluster.assume(&request.name, &assumed_pods, &assumed_claims);
                 report.workloads.push(WorkloadReport {
                     name,

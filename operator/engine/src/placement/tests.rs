@@ -335,16 +335,7 @@ fn an_assumed_plan_is_seen_by_the_next_plan() {
     let mut cluster = gpu_cluster(8, 8, 2, 2);
     let gang = gpu_gang("g", 2, 8, Some(RACK), None);
     let first = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
-    let pods: Vec<(String, String, Resources)> = first
-        .pods
-        .iter()
-        .map(|p| (p.pod.clone(), p.node.clone(), gang.groups[0].shape.requests.clone()))
-        .collect();
-    let claims: Vec<(String, Vec<DeviceResult>)> = first
-        .claims
-        .iter()
-        .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
-        .collect();
+    let (pods, claims) = first.assumption(&gang);
     cluster.assume("ns/g", &pods, &claims);
     let second = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
     assert_ne!(second.topology_value, first.topology_value, "the first rack is taken");
