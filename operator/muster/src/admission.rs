@@ -23,9 +23,9 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
@@ -606,6 +606,35 @@ impl Admission {
         }
     }
 
+    /// Runs `write` for every item, `--write-parallelism` at a time, and fails with the
+    /// first error once all have run. A test may abort after the first success (`first`).
+    async fn write_all<'i, T, F, Fut>(&self, items: &'i [T], first: FaultPoint, write: F) -> Result<(), CommitError>
+    where
+        F: Fn(&'i T) -> Fut,
+        Fut: std::future::Future<Output = Result<(), kube::Error>>,
+    {
+        let first_done = std::sync::atomic::AtomicBool::new(false);
+        let results: Vec<Result<(), kube::Error>> = stream::iter(items)
+            .map(|item| {
+                let written = write(item);
+                let first_done = &first_done;
+                async move {
+                    written.await?;
+                    if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        self.fault(first);
+                    }
+                    Ok(())
+                }
+            })
+            .buffer_unordered(self.settings.write_parallelism.max(1))
+            .collect()
+            .await;
+        match results.into_iter().find(Result::is_err) {
+            Some(Err(e)) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// [`Self::fault`], then a test's pause at `point`, if either is set.
     async fn checkpoint(&self, point: FaultPoint) {
         self.fault(point);
@@ -711,34 +740,23 @@ impl Admission {
     /// devices. On error, the caller undoes what was written.
     pub(crate) async fn reserve(&self, workload: &Workload, plan: &Plan) -> Result<(), CommitError> {
         let timestamp = now();
-        let first_done = std::sync::atomic::AtomicBool::new(false);
-        let results: Vec<Result<(), kube::Error>> = stream::iter(&plan.claims)
-            .map(|claim| {
-                let (namespace, name) = claim.claim.split_once('/').unwrap_or(("", &claim.claim));
-                let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
-                let mut allocation = convert::allocation_to_kube(&claim.allocation);
-                allocation.allocation_timestamp = Some(timestamp.clone());
-                let first_done = &first_done;
-                async move {
-                    ensure_finalizer(&api, name).await?;
-                    let patch = json!({"status": {"allocation": allocation}});
-                    let params = PatchParams {
-                        field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
-                        ..PatchParams::default()
-                    };
-                    api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
-                    if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                        self.fault(FaultPoint::AfterFirstClaim);
-                    }
-                    Ok(())
-                }
-            })
-            .buffer_unordered(self.settings.write_parallelism.max(1))
-            .collect()
-            .await;
-        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
-            return Err(e.into());
-        }
+        self.write_all(&plan.claims, FaultPoint::AfterFirstClaim, |claim| {
+            let (namespace, name) = claim.claim.split_once('/').unwrap_or(("", &claim.claim));
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+            let mut allocation = convert::allocation_to_kube(&claim.allocation);
+            allocation.allocation_timestamp = Some(timestamp.clone());
+            async move {
+                ensure_finalizer(&api, name).await?;
+                let patch = json!({"status": {"allocation": allocation}});
+                let params = PatchParams {
+                    field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                    ..PatchParams::default()
+                };
+                api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
+                Ok(())
+            }
+        })
+        .await?;
         self.checkpoint(FaultPoint::AfterAllClaims).await;
         self.check_conflicts(workload, plan).await
     }
@@ -797,33 +815,21 @@ impl Admission {
             .into_iter()
             .map(|p| (p.name_any(), p))
             .collect();
-        let first_done = std::sync::atomic::AtomicBool::new(false);
-        let results: Vec<Result<(), kube::Error>> = stream::iter(&placement.pods)
-            .map(|planned| {
-                let api = api.clone();
-                let cached = pods.get(&planned.name).cloned();
-                let first_done = &first_done;
-                async move {
-                    release::release(
-                        &api,
-                        &planned.name,
-                        &planned.node,
-                        cached.as_deref(),
-                        self.settings.fencing,
-                    )
-                    .await?;
-                    if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                        self.fault(FaultPoint::AfterFirstRelease);
-                    }
-                    Ok(())
-                }
-            })
-            .buffer_unordered(self.settings.write_parallelism.max(1))
-            .collect()
-            .await;
-        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
-            return Err(e.into());
-        }
+        self.write_all(&placement.pods, FaultPoint::AfterFirstRelease, |planned| {
+            let api = api.clone();
+            let cached = pods.get(&planned.name).cloned();
+            async move {
+                release::release(
+                    &api,
+                    &planned.name,
+                    &planned.node,
+                    cached.as_deref(),
+                    self.settings.fencing,
+                )
+                .await
+            }
+        })
+        .await?;
         let mut released = placement.clone();
         released.state = Some(AdmissionState::Released);
         released.released_at = Some(now());
@@ -1184,17 +1190,7 @@ impl Admission {
     }
 
     pub(crate) async fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
-        let note: String = note.chars().take(1000).collect();
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &workload.object_ref(&())).await {
-            warn!(error = %e, "publishing an event failed");
-        }
+        crate::controller::publish_event(&self.recorder, workload, type_, reason, action, note).await;
     }
 }
 

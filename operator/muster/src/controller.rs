@@ -756,14 +756,27 @@ fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
 }
 
 async fn publish(ctx: &Context, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
+    publish_event(&ctx.recorder, workload, type_, reason, action, note).await;
+}
+
+/// Records an event about `workload`; a note longer than an event holds is cut. A failure
+/// is logged, never fatal.
+pub(crate) async fn publish_event(
+    recorder: &Recorder,
+    workload: &Workload,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let event = Event {
         type_,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(note.chars().take(1000).collect()),
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &workload.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&event, &workload.object_ref(&())).await {
         warn!(error = %e, "publishing an event failed");
     }
 }
