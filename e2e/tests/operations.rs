@@ -57,14 +57,15 @@ async fn metrics_and_probes_describe_the_running_operator() -> Result<()> {
             let (status, _) = operator.get("/nothing-here").await?;
             ensure!(status == 404, "unknown paths are 404, got {status}");
             // The phase gauge follows the status a moment later.
-            let mut seen = BTreeMap::new();
-            for _ in 0..50 {
-                seen = metrics(operator).await?;
-                if seen.get("muster_workloads{phase=\"Running\"}") == Some(&1.0) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            let seen = wait::until(
+                "the phase gauge to count the gang Running",
+                Duration::from_secs(10),
+                || async {
+                    let seen = metrics(operator).await?;
+                    Ok((seen.get("muster_workloads{phase=\"Running\"}") == Some(&1.0)).then_some(seen))
+                },
+            )
+            .await?;
             for (sample, at_least) in [
                 ("muster_workloads{phase=\"Running\"}", 1.0),
                 ("muster_reservations_total", 1.0),
