@@ -62,7 +62,7 @@ cp -r "$kwok_dir/kustomize/stage/node" "$kwok_dir/kustomize/stage/pod" "$bin/sta
 chmod -R u+w "$bin/stages"
 
 "$bin/kube-apiserver" --version >&2
-"$bin/etcd" --version | head -n1 >&2
+"$bin/etcd" --version 2>&1 | sed -n 1p >&2
 printf '%s\n' "$k8s_version" > "$bin/.complete"
 echo "control plane built in $(( $(date +%s) - start ))s" >&2
 echo "$bin"
