@@ -1,0 +1,102 @@
+//! Committing a plan: the journal entries a commit writes. The operator runs the
+//! commit as one sequence:
+//!
+//! 1. record [`reserving`] (the intent: these claims may be allocated);
+//! 2. allocate every claim, each conditional on the version the plan saw;
+//! 3. check that no other claim took a planned device;
+//! 4. record [`reserved`];
+//! 5. release every pod and record `Released` — which is what [`crate::decide`] does
+//!    for a `Reserved` gang, so the commit finishes through it.
+//!
+//! A commit that fails before step 4 deallocates what it wrote and records [`failed`]
+//! (still `Reserving`, with the cause); [`crate::decide`] then gives back whatever is
+//! still allocated and queues the gang. Extras of a running gang are committed the same
+//! way, with [`with_extras`] and [`extras_released`].
+
+use crate::{Journal, Millis, PlannedPod, Reason, State};
+
+/// What a plan places: pods on nodes, claims to allocate, for the status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub pods: Vec<PlannedPod>,
+    pub claims: Vec<String>,
+    pub topology_value: Option<String>,
+    pub devices: i32,
+}
+
+impl Placement {
+    fn nodes(&self) -> Vec<String> {
+        let mut nodes: Vec<String> = self.pods.iter().map(|p| p.node.clone()).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+}
+
+/// Step 1: the plan, recorded before any claim is written.
+pub fn reserving(placement: &Placement, now: Millis) -> Journal {
+    Journal {
+        state: State::Reserving,
+        since: now,
+        nodes: placement.nodes(),
+        pods: placement
+            .pods
+            .iter()
+            .map(|p| PlannedPod {
+                released_at: None,
+                ..p.clone()
+            })
+            .collect(),
+        claims: placement.claims.clone(),
+        released_at: None,
+        reuse_reservation: false,
+        retired: Vec::new(),
+        cause: None,
+        topology_value: placement.topology_value.clone(),
+        devices: placement.devices,
+    }
+}
+
+/// Step 4: every claim is allocated and checked.
+pub fn reserved(journal: &Journal, now: Millis) -> Journal {
+    journal.moved(State::Reserved, now)
+}
+
+/// A commit that failed before every claim was allocated and checked: still
+/// `Reserving`, so that whatever is still allocated is given back before the gang is
+/// queued, with the reason it reports then.
+pub fn failed(journal: &Journal, reason: Reason, message: String) -> Journal {
+    Journal {
+        cause: Some((reason, message)),
+        ..journal.clone()
+    }
+}
+
+/// Extras placed while the gang runs, recorded (not yet released) before their claims
+/// are written. If their commit stops, [`crate::decide`] drops them.
+pub fn with_extras(journal: &Journal, extras: &Placement) -> Journal {
+    let mut grown = journal.clone();
+    grown.pods.extend(extras.pods.iter().map(|p| PlannedPod {
+        released_at: None,
+        extra: true,
+        ..p.clone()
+    }));
+    grown.claims.extend(extras.claims.iter().cloned());
+    grown.devices += extras.devices;
+    let mut nodes: Vec<String> = grown.pods.iter().map(|p| p.node.clone()).collect();
+    nodes.sort();
+    nodes.dedup();
+    grown.nodes = nodes;
+    grown
+}
+
+/// Extras whose claims are allocated and checked, about to be released.
+pub fn extras_released(journal: &Journal, extras: &Placement, now: Millis) -> Journal {
+    let mut released = journal.clone();
+    for pod in released.pods.iter_mut() {
+        if extras.pods.iter().any(|p| p.name == pod.name) {
+            pod.released_at = Some(now);
+        }
+    }
+    released
+}

@@ -1,0 +1,588 @@
+//! The next step of a placed gang, for every recorded state.
+
+use std::collections::BTreeSet;
+
+use crate::{
+    Condition, ConditionType, Effect, EventKind, Gang, Journal, NodeHealth, Phase, Pin, PodView, Reason, Record,
+    Settings, State, Step,
+};
+
+/// What to do next for a gang, from what is observed. A gang without a journal is
+/// queued: placing it is the planner's business, not the state machine's.
+///
+/// Must not be called for a gang whose commit is under way in this process: a
+/// `Reserving` journal is taken for one a stopped operator left behind and undone.
+pub fn decide(gang: &Gang, settings: &Settings) -> Step {
+    let Some(journal) = gang.journal else {
+        return Step::idle();
+    };
+    match journal.state {
+        State::Finished => expire(gang),
+        State::Finishing => finishing(gang, journal),
+        State::Suspending => suspending(gang, journal),
+        // An unchecked reservation is undone as such (it releases no pod); a suspended
+        // gang then stays out of the queue.
+        State::Reserving => undo_reserving(gang, journal),
+        _ if gang.spec.suspend => Step::effects(vec![record(
+            Some(journal.moved(State::Suspending, gang.now)),
+            vec![admitted(
+                false,
+                Reason::Suspended,
+                "spec.suspend is true: giving back the gang's pods and devices".into(),
+            )],
+        )]),
+        State::Reserved => reserved(gang, journal, settings),
+        State::Released => released(gang, journal, settings),
+        State::TearingDown => tearing_down(gang, journal),
+        State::Restarting => restarting(gang, journal),
+    }
+}
+
+fn record(journal: Option<Journal>, conditions: Vec<Condition>) -> Effect {
+    Effect::Record(Record {
+        journal,
+        conditions,
+        restarts: None,
+    })
+}
+
+fn condition(type_: ConditionType, status: bool, reason: Reason, message: String) -> Condition {
+    Condition {
+        type_,
+        status,
+        reason,
+        message,
+    }
+}
+
+fn admitted(status: bool, reason: Reason, message: String) -> Condition {
+    condition(ConditionType::Admitted, status, reason, message)
+}
+
+fn event(kind: EventKind, warning: bool, action: &'static str, note: String) -> Effect {
+    Effect::Event {
+        kind,
+        warning,
+        action,
+        note,
+    }
+}
+
+/// Deletes the pods not already being deleted: at once where their node is gone (no
+/// kubelet will confirm the end), with their grace period elsewhere.
+fn delete<'p>(gang: &Gang, pods: impl IntoIterator<Item = &'p PodView>) -> Vec<Effect> {
+    let (mut immediately, mut graceful) = (Vec::new(), Vec::new());
+    for pod in pods.into_iter().filter(|p| !p.deleting) {
+        let entry = pod.reference();
+        if pod.node.as_deref().is_some_and(|n| gang.node(n) == NodeHealth::Gone) {
+            immediately.push(entry);
+        } else {
+            graceful.push(entry);
+        }
+    }
+    let mut effects = Vec::new();
+    if !immediately.is_empty() {
+        effects.push(Effect::DeletePods {
+            pods: immediately,
+            immediately: true,
+        });
+    }
+    if !graceful.is_empty() {
+        effects.push(Effect::DeletePods {
+            pods: graceful,
+            immediately: false,
+        });
+    }
+    effects
+}
+
+/// Where a set of claims stands in being given back.
+enum Claims {
+    /// None of them holds an allocation.
+    Free,
+    /// Some still do: deallocate those no running pod uses (if any); the others wait.
+    Held(Option<Effect>),
+}
+
+/// Gives back `claims`. A claim is deallocated only while no pod but the gang's
+/// terminated ones reserves it: a pod being deleted, or anyone else's pod, may still
+/// run on its devices.
+fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> Claims {
+    let finished: Vec<String> = gang
+        .pods
+        .iter()
+        .filter(|p| p.phase.terminal())
+        .map(|p| p.uid.clone())
+        .collect();
+    let mut free_now = Vec::new();
+    let mut held = false;
+    for name in claims {
+        let Some(claim) = gang.claim(name).filter(|c| c.allocated) else {
+            continue;
+        };
+        held = true;
+        if claim.reserved_for.iter().all(|uid| finished.contains(uid)) {
+            free_now.push(name.clone());
+        }
+    }
+    if !held {
+        return Claims::Free;
+    }
+    Claims::Held((!free_now.is_empty()).then(|| Effect::Deallocate {
+        claims: free_now,
+        finished,
+    }))
+}
+
+fn held(effect: Option<Effect>) -> Step {
+    Step::effects(effect.into_iter().collect())
+}
+
+/// A commit no live operator finishes: give back what it allocated, then queue.
+fn undo_reserving(gang: &Gang, journal: &Journal) -> Step {
+    match give_back(gang, &journal.claims) {
+        Claims::Held(effect) => held(effect),
+        Claims::Free => {
+            let (reason, message) = journal.cause.clone().unwrap_or((
+                Reason::RolledBack,
+                "a commit interrupted while reserving devices was undone; the gang is queued again".into(),
+            ));
+            Step::effects(vec![
+                record(None, vec![admitted(false, reason, message.clone())]),
+                event(EventKind::RolledBack, true, "Reserve", message),
+            ])
+        }
+    }
+}
+
+/// Takes an admitted gang apart to queue it again.
+fn tear_down(gang: &Gang, journal: &Journal, reason: Reason, message: String, kind: EventKind) -> Step {
+    let mut tearing = journal.moved(State::TearingDown, gang.now);
+    tearing.cause = Some((reason, message.clone()));
+    Step::effects(vec![
+        record(Some(tearing), vec![admitted(false, reason, message.clone())]),
+        event(kind, true, "TearDown", message),
+    ])
+}
+
+/// Every claim allocated: release the planned pods once they all exist.
+fn reserved(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
+    if let Some(lost) = journal
+        .claims
+        .iter()
+        .find(|c| !gang.claim(c).is_some_and(|c| c.allocated))
+    {
+        let message = format!("claim {lost} lost its allocation before the gang was released; placing it again");
+        return tear_down(gang, journal, Reason::RolledBack, message, EventKind::RolledBack);
+    }
+    let missing: Vec<&str> = journal
+        .pods
+        .iter()
+        .filter(|p| gang.current_pod(&p.name).is_none())
+        .map(|p| p.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        let waited = gang.now - journal.since;
+        if waited < settings.release_timeout {
+            return Step::idle().then_recheck_in(settings.release_timeout - waited);
+        }
+        let message = format!(
+            "{} planned pods did not appear within {}s ({}); giving the reservation back",
+            missing.len(),
+            settings.release_timeout / 1000,
+            first(&missing)
+        );
+        return tear_down(gang, journal, Reason::ReleaseTimeout, message, EventKind::RolledBack);
+    }
+    let gated: Vec<Pin> = journal
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let pod = gang.current_pod(&p.name).filter(|pod| pod.gated)?;
+            Some(Pin {
+                pod: pod.reference(),
+                node: p.node.clone(),
+            })
+        })
+        .collect();
+    if !gated.is_empty() {
+        return Step::effects(vec![Effect::Release { pods: gated }]);
+    }
+    let mut released = journal.moved(State::Released, gang.now);
+    released.released_at = Some(gang.now);
+    released.cause = None;
+    for pod in &mut released.pods {
+        pod.released_at = Some(gang.now);
+    }
+    let message = match &journal.topology_value {
+        Some(value) => format!(
+            "reserved {} devices on {} nodes ({value}); pods released to the scheduler",
+            journal.devices,
+            journal.nodes.len()
+        ),
+        None => format!(
+            "reserved {} devices on {} nodes; pods released to the scheduler",
+            journal.devices,
+            journal.nodes.len()
+        ),
+    };
+    Step::effects(vec![
+        record(Some(released), vec![admitted(true, Reason::Admitted, message.clone())]),
+        event(EventKind::Admitted, false, "Admit", message),
+    ])
+}
+
+fn first(names: &[&str]) -> String {
+    let mut shown = names.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        shown.push_str(", ...");
+    }
+    shown
+}
+
+/// Every pod of the success groups succeeded (at least minCount, none still running).
+fn succeeded(gang: &Gang) -> Option<String> {
+    let groups: Vec<&str> = if gang.spec.success_groups.is_empty() {
+        gang.spec.groups.iter().map(|g| g.name.as_str()).collect()
+    } else {
+        gang.spec.success_groups.iter().map(String::as_str).collect()
+    };
+    let all = gang
+        .spec
+        .groups
+        .iter()
+        .filter(|g| groups.contains(&g.name.as_str()))
+        .all(|g| {
+            let members: Vec<&PodView> = gang
+                .current_pods()
+                .filter(|p| p.group.as_deref() == Some(g.name.as_str()))
+                .collect();
+            let done = members.iter().filter(|p| p.phase == Phase::Succeeded).count();
+            let settled = members
+                .iter()
+                .all(|p| (p.gated && !p.deleting) || p.phase == Phase::Succeeded);
+            done as i32 >= g.min_count && settled
+        });
+    all.then(|| format!("every pod of {} succeeded", groups.join(", ")))
+}
+
+/// Why the gang's core (its pods within minCount) cannot go on, if it cannot.
+fn core_failure(gang: &Gang, journal: &Journal) -> Option<(Reason, String)> {
+    for planned in journal.core() {
+        let pod = gang.current_pods().find(|p| p.name == planned.name);
+        let problem = match pod {
+            None => (Reason::PodLost, format!("pod {} disappeared", planned.name)),
+            Some(p) if p.deleting => (Reason::PodLost, format!("pod {} is being deleted", planned.name)),
+            Some(p) if p.gated => (Reason::PodLost, format!("pod {} was replaced", planned.name)),
+            Some(p) if p.phase == Phase::Failed => {
+                let why = p.message.as_deref().unwrap_or_default();
+                let message = format!("pod {} failed {why}", planned.name);
+                (Reason::PodFailed, message.trim().to_string())
+            }
+            Some(p) => match p.node.as_deref().filter(|n| gang.node(n) == NodeHealth::Gone) {
+                Some(node) => (Reason::NodeLost, format!("node {node} of pod {} is gone", planned.name)),
+                None => continue,
+            },
+        };
+        return Some(problem);
+    }
+    None
+}
+
+/// A released gang: success, failure and restarts, extras, and the scheduler's pace.
+fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
+    if let Some(message) = succeeded(gang) {
+        let finishing = journal.moved(State::Finishing, gang.now);
+        return Step::effects(vec![
+            record(
+                Some(finishing),
+                vec![condition(
+                    ConditionType::Succeeded,
+                    true,
+                    Reason::SucceededPodGroups,
+                    message.clone(),
+                )],
+            ),
+            event(EventKind::Succeeded, false, "Finish", message),
+        ]);
+    }
+    if let Some((reason, message)) = core_failure(gang, journal) {
+        return fail_or_restart(gang, journal, reason, message);
+    }
+    let mut step = extras(gang, journal, settings);
+    if step.record().is_some() {
+        return step;
+    }
+
+    // Waiting for the scheduler to bind every released core pod.
+    let unbound: Vec<&str> = journal
+        .core()
+        .filter(|p| gang.current_pod(&p.name).is_some_and(|pod| pod.node.is_none()))
+        .map(|p| p.name.as_str())
+        .collect();
+    if unbound.is_empty() {
+        return step;
+    }
+    let waited = gang.now - journal.released_at.unwrap_or(journal.since);
+    if waited < settings.schedule_timeout {
+        return step.then_recheck_in(settings.schedule_timeout - waited);
+    }
+    let message = format!(
+        "{} of {} released pods were not scheduled within {}s ({}); tearing the gang down to place it again",
+        unbound.len(),
+        journal.core().count(),
+        settings.schedule_timeout / 1000,
+        first(&unbound)
+    );
+    step = tear_down(
+        gang,
+        journal,
+        Reason::ScheduleTimeout,
+        message,
+        EventKind::ScheduleTimeout,
+    );
+    step
+}
+
+fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: String) -> Step {
+    let restarts = gang.restarts;
+    let max = gang.spec.max_restarts;
+    if restarts >= max {
+        let message =
+            format!("{message}; the gang was restarted {restarts} times and failurePolicy.maxRestarts is {max}");
+        let finishing = journal.moved(State::Finishing, gang.now);
+        return Step::effects(vec![
+            record(
+                Some(finishing),
+                vec![condition(
+                    ConditionType::Failed,
+                    true,
+                    Reason::MaxRestartsExceeded,
+                    message.clone(),
+                )],
+            ),
+            event(EventKind::Failed, true, "Finish", message),
+        ]);
+    }
+    // Claims kube-controller-manager made for another controller's pods go with them.
+    let reuse = !gang.spec.has_external_groups() && reservation_healthy(gang, journal);
+    let mut restarting = journal.moved(State::Restarting, gang.now);
+    restarting.reuse_reservation = reuse;
+    restarting.released_at = None;
+    restarting.retired = gang.pods.iter().map(|p| p.uid.clone()).collect();
+    let how = if reuse {
+        "onto the same nodes and devices"
+    } else {
+        "after placing the gang again"
+    };
+    let note = format!("{message}; restarting the gang (restart {}) {how}", restarts + 1);
+    Step::effects(vec![
+        Effect::Record(Record {
+            journal: Some(restarting),
+            conditions: vec![condition(ConditionType::Restarting, true, reason, note.clone())],
+            restarts: Some(restarts + 1),
+        }),
+        event(EventKind::Restarting, true, "Restart", note),
+    ])
+}
+
+/// The planned nodes exist and are schedulable, and every claim still holds its
+/// devices, which their drivers still publish.
+fn reservation_healthy(gang: &Gang, journal: &Journal) -> bool {
+    journal.nodes.iter().all(|n| gang.node(n) == NodeHealth::Ready)
+        && gang.devices_published
+        && journal
+            .claims
+            .iter()
+            .all(|c| gang.claim(c).is_some_and(|c| c.allocated))
+}
+
+/// Extras of a running gang: an extra that failed, was lost or replaced, or was not
+/// scheduled in time is dropped (its reservation given back; it is placed again like
+/// any waiting extra). Dropping is recorded first (`released_at` cleared), then the pod
+/// is deleted, then its claims deallocated, then it leaves the journal.
+fn extras(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
+    let mut to_drop = BTreeSet::new();
+    let mut recheck: Option<i64> = None;
+    for extra in journal.pods.iter().filter(|p| p.extra) {
+        let Some(released_at) = extra.released_at else {
+            continue;
+        };
+        let pod = gang.current_pods().find(|p| p.name == extra.name);
+        let drop = match pod {
+            // muster makes its own pods again under the same name; another controller's
+            // replacement has a new name and is placed as a new extra.
+            None => gang.spec.has_external_groups(),
+            Some(p) if p.deleting => false,
+            Some(p) if p.gated || p.phase == Phase::Failed => true,
+            Some(p) => match p.node.as_deref() {
+                Some(node) => gang.node(node) == NodeHealth::Gone,
+                None => {
+                    let waited = gang.now - released_at;
+                    if waited < settings.schedule_timeout {
+                        let left = settings.schedule_timeout - waited;
+                        recheck = Some(recheck.map_or(left, |r| r.min(left)));
+                    }
+                    waited >= settings.schedule_timeout
+                }
+            },
+        };
+        if drop {
+            to_drop.insert(extra.name.clone());
+        }
+    }
+    if !to_drop.is_empty() {
+        let mut dropping = journal.clone();
+        for pod in dropping.pods.iter_mut().filter(|p| to_drop.contains(&p.name)) {
+            pod.released_at = None;
+        }
+        return Step::effects(vec![record(Some(dropping), vec![])]);
+    }
+
+    // Extras being dropped: pod first, then claims, then the journal.
+    let mut effects = Vec::new();
+    let mut gone = BTreeSet::new();
+    for extra in journal.pods.iter().filter(|p| p.extra && p.released_at.is_none()) {
+        let pod = gang.current_pods().find(|p| p.name == extra.name);
+        if let Some(pod) = pod.filter(|p| !p.gated) {
+            effects.extend(delete(gang, [pod]));
+            continue;
+        }
+        match give_back(gang, &extra.claims) {
+            Claims::Free => {
+                gone.insert(extra.name.clone());
+            }
+            Claims::Held(effect) => effects.extend(effect),
+        }
+    }
+    if !gone.is_empty() {
+        let mut kept = journal.clone();
+        let claims: BTreeSet<&String> = journal
+            .pods
+            .iter()
+            .filter(|p| gone.contains(&p.name))
+            .flat_map(|p| &p.claims)
+            .collect();
+        kept.pods.retain(|p| !gone.contains(&p.name));
+        kept.claims.retain(|c| !claims.contains(c));
+        kept.nodes = kept
+            .pods
+            .iter()
+            .map(|p| p.node.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        effects.insert(0, record(Some(kept), vec![]));
+    }
+    let step = Step::effects(effects);
+    match recheck {
+        Some(r) => step.then_recheck_in(r),
+        None => step,
+    }
+}
+
+/// Released pods not all scheduled in time, a reservation given back, or pods that
+/// never appeared: delete the released pods, give the claims back, queue.
+fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
+    let planned: BTreeSet<&str> = journal.pods.iter().map(|p| p.name.as_str()).collect();
+    let left: Vec<&PodView> = gang
+        .current_pods()
+        .filter(|p| planned.contains(p.name.as_str()) && !p.gated)
+        .collect();
+    if !left.is_empty() {
+        return Step::effects(delete(gang, left));
+    }
+    match give_back(gang, &journal.claims) {
+        Claims::Held(effect) => held(effect),
+        Claims::Free => {
+            let (reason, message) = journal
+                .cause
+                .clone()
+                .unwrap_or((Reason::ScheduleTimeout, "the gang was taken apart".into()));
+            Step::effects(vec![record(None, vec![admitted(false, reason, message)])])
+        }
+    }
+}
+
+/// The retired attempt's pods go; then the gang goes back onto its reservation or
+/// gives it back and is queued.
+fn restarting(gang: &Gang, journal: &Journal) -> Step {
+    let left: Vec<&PodView> = gang.pods.iter().filter(|p| journal.retired.contains(&p.uid)).collect();
+    if !left.is_empty() {
+        return Step::effects(delete(gang, left));
+    }
+    let attempt = gang.restarts;
+    if journal.reuse_reservation && reservation_healthy(gang, journal) {
+        let mut reserved = journal.moved(State::Reserved, gang.now);
+        reserved.reuse_reservation = false;
+        reserved.retired.clear();
+        let message = format!("attempt {attempt} goes onto the same nodes and devices");
+        return Step::effects(vec![record(
+            Some(reserved),
+            vec![condition(ConditionType::Restarting, false, Reason::Restarted, message)],
+        )]);
+    }
+    match give_back(gang, &journal.claims) {
+        Claims::Held(effect) => held(effect),
+        Claims::Free => {
+            let message = format!("attempt {attempt} is queued to be placed again");
+            Step::effects(vec![record(
+                None,
+                vec![
+                    condition(ConditionType::Restarting, false, Reason::Restarted, message.clone()),
+                    admitted(false, Reason::Restarted, message),
+                ],
+            )])
+        }
+    }
+}
+
+/// `spec.suspend`: the released pods go, then the claims are given back. A resume in
+/// the middle finishes the suspension first; then the gang is queued.
+fn suspending(gang: &Gang, journal: &Journal) -> Step {
+    let left: Vec<&PodView> = gang.pods.iter().filter(|p| !p.gated).collect();
+    if !left.is_empty() {
+        return Step::effects(delete(gang, left));
+    }
+    match give_back(gang, &journal.claims) {
+        Claims::Held(effect) => held(effect),
+        Claims::Free => {
+            let message = if gang.spec.suspend {
+                "spec.suspend is true: the gang holds nothing"
+            } else {
+                "the gang was suspended and gave everything back; resumed, it is queued again"
+            };
+            Step::effects(vec![record(
+                None,
+                vec![admitted(false, Reason::Suspended, message.into())],
+            )])
+        }
+    }
+}
+
+/// Succeeded or failed: stop what still runs, give every claim back, hold nothing.
+fn finishing(gang: &Gang, journal: &Journal) -> Step {
+    let running: Vec<&PodView> = gang.pods.iter().filter(|p| !p.phase.terminal()).collect();
+    let mut effects = delete(gang, running);
+    match give_back(gang, &journal.claims) {
+        Claims::Held(effect) => effects.extend(effect),
+        Claims::Free => effects.push(record(Some(journal.moved(State::Finished, gang.now)), vec![])),
+    }
+    Step::effects(effects)
+}
+
+/// A finished gang with `ttlSecondsAfterFinished`: deleted when the time is up.
+fn expire(gang: &Gang) -> Step {
+    let (Some(ttl), Some(finished_at)) = (gang.spec.ttl_seconds_after_finished, gang.finished_at) else {
+        return Step::idle();
+    };
+    let due = finished_at + ttl.max(0) * 1000;
+    if gang.now < due {
+        return Step::idle().then_recheck_in(due - gang.now);
+    }
+    let note = format!("deleted {ttl}s after it finished (ttlSecondsAfterFinished)");
+    Step::effects(vec![
+        event(EventKind::Expired, false, "Delete", note),
+        Effect::DeleteWorkload,
+    ])
+}

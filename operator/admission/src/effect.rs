@@ -1,0 +1,170 @@
+//! What the state machine asks the operator to do.
+
+use crate::{Journal, Millis};
+
+/// Status conditions the admission side of muster owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConditionType {
+    Admitted,
+    Restarting,
+    Succeeded,
+    Failed,
+}
+
+/// Condition and event reasons of the state machine (PascalCase when written).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    Reserving,
+    Admitted,
+    RolledBack,
+    Conflict,
+    ScheduleTimeout,
+    ReleaseTimeout,
+    Suspended,
+    PodFailed,
+    PodLost,
+    NodeLost,
+    MaxRestartsExceeded,
+    SucceededPodGroups,
+    Restarted,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Reserving => "Reserving",
+            Reason::Admitted => "Admitted",
+            Reason::RolledBack => "RolledBack",
+            Reason::Conflict => "Conflict",
+            Reason::ScheduleTimeout => "ScheduleTimeout",
+            Reason::ReleaseTimeout => "ReleaseTimeout",
+            Reason::Suspended => "Suspended",
+            Reason::PodFailed => "PodFailed",
+            Reason::PodLost => "PodLost",
+            Reason::NodeLost => "NodeLost",
+            Reason::MaxRestartsExceeded => "MaxRestartsExceeded",
+            Reason::SucceededPodGroups => "SucceededPodGroups",
+            Reason::Restarted => "Restarted",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Reason> {
+        const ALL: [Reason; 13] = [
+            Reason::Reserving,
+            Reason::Admitted,
+            Reason::RolledBack,
+            Reason::Conflict,
+            Reason::ScheduleTimeout,
+            Reason::ReleaseTimeout,
+            Reason::Suspended,
+            Reason::PodFailed,
+            Reason::PodLost,
+            Reason::NodeLost,
+            Reason::MaxRestartsExceeded,
+            Reason::SucceededPodGroups,
+            Reason::Restarted,
+        ];
+        ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    pub type_: ConditionType,
+    pub status: bool,
+    pub reason: Reason,
+    pub message: String,
+}
+
+/// A write of the Workload's status, conditional on the version observed: the journal
+/// (`None` removes it: the gang is queued), conditions to set, the restart count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub journal: Option<Journal>,
+    pub conditions: Vec<Condition>,
+    pub restarts: Option<i32>,
+}
+
+/// Events muster publishes about a Workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Admitted,
+    RolledBack,
+    ScheduleTimeout,
+    Restarting,
+    Succeeded,
+    Failed,
+    Expired,
+}
+
+/// A pod as observed: a write to it is conditional on its uid, so that a pod made
+/// again under the same name is never taken for the one observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    pub name: String,
+    pub uid: String,
+}
+
+/// A pod to release onto its planned node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pin {
+    pub pod: PodRef,
+    pub node: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Write the status (see [`Record`]).
+    Record(Record),
+    /// Delete these pods with their grace period, or at once when their node is gone
+    /// (no kubelet will confirm the end).
+    DeletePods { pods: Vec<PodRef>, immediately: bool },
+    /// Clear the allocation of these claims, each against a fresh read, and only while
+    /// its `reservedFor` lists no pod but those in `finished` (uids of the gang's
+    /// pods that have terminated): a pod that may still run keeps its devices.
+    Deallocate { claims: Vec<String>, finished: Vec<String> },
+    /// Remove the gang gate of these pods, pinning each to its node.
+    Release { pods: Vec<Pin> },
+    /// Delete the Workload (its TTL after finishing ran out).
+    DeleteWorkload,
+    /// Publish an event.
+    Event {
+        kind: EventKind,
+        warning: bool,
+        action: &'static str,
+        note: String,
+    },
+}
+
+/// What to do now, and when to look again at the latest if nothing changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    pub effects: Vec<Effect>,
+    pub recheck_in: Option<Millis>,
+}
+
+impl Step {
+    pub fn idle() -> Step {
+        Step::default()
+    }
+
+    pub fn effects(effects: Vec<Effect>) -> Step {
+        Step {
+            effects,
+            recheck_in: None,
+        }
+    }
+
+    pub fn then_recheck_in(mut self, millis: Millis) -> Step {
+        self.recheck_in = Some(self.recheck_in.map_or(millis, |m| m.min(millis)).max(0));
+        self
+    }
+
+    /// The status write among the effects, if any.
+    pub fn record(&self) -> Option<&Record> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::Record(r) => Some(r),
+            _ => None,
+        })
+    }
+}

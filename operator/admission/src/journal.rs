@@ -1,0 +1,87 @@
+//! The journal: what muster recorded about a gang's placement, before acting on it.
+
+use crate::{Millis, Reason};
+
+/// Where a placed gang stands. Each state names the writes that may be under way, so
+/// that whoever observes it next can finish or undo them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum State {
+    /// The plan is recorded; claims are being allocated. No pod is released.
+    Reserving,
+    /// Every claim is allocated; the planned pods are being released.
+    Reserved,
+    /// Every planned pod was released to the scheduler.
+    Released,
+    /// The gang is being taken apart to be queued again: its released pods are deleted,
+    /// then its claims deallocated.
+    TearingDown,
+    /// A pod failed or was lost: the attempt's pods (`retired`) are being deleted; then
+    /// the gang goes back onto its reservation or into the queue.
+    Restarting,
+    /// `spec.suspend` was set: the released pods are deleted and the claims
+    /// deallocated; then the gang holds nothing.
+    Suspending,
+    /// The gang succeeded or failed: what still runs is stopped and the claims are
+    /// deallocated.
+    Finishing,
+    /// Nothing is held any more.
+    Finished,
+}
+
+/// A pod and the node it was planned on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedPod {
+    pub name: String,
+    pub node: String,
+    /// Beyond its group's minCount: its loss does not restart the gang.
+    pub extra: bool,
+    /// When an extra was released; `None` while its reservation is being made (a plan
+    /// recorded but not released yet, undone if no live commit finishes it).
+    pub released_at: Option<Millis>,
+    /// An extra's own claims (not shared with the gang), given back when it is dropped.
+    pub claims: Vec<String>,
+}
+
+/// The recorded placement of a gang (`status.placement`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Journal {
+    pub state: State,
+    /// When `state` was entered.
+    pub since: Millis,
+    pub pods: Vec<PlannedPod>,
+    /// The claims muster allocated (or is allocating) for the gang.
+    pub claims: Vec<String>,
+    /// When the gang's core pods were released.
+    pub released_at: Option<Millis>,
+    /// While restarting: the next attempt goes onto the same reservation.
+    pub reuse_reservation: bool,
+    /// While restarting: the uids of the attempt's pods that must be gone first.
+    pub retired: Vec<String>,
+    /// Why the gang is being taken apart (TearingDown, or a Reserving commit that
+    /// failed): the reason the gang reports when it is queued again.
+    pub cause: Option<(Reason, String)>,
+    /// Carried for the status: the topology value, node list and device count.
+    pub topology_value: Option<String>,
+    pub nodes: Vec<String>,
+    pub devices: i32,
+}
+
+impl Journal {
+    /// The same journal in `state`, entered at `now`.
+    pub fn moved(&self, state: State, now: Millis) -> Journal {
+        Journal {
+            state,
+            since: now,
+            ..self.clone()
+        }
+    }
+
+    pub fn planned(&self, name: &str) -> Option<&PlannedPod> {
+        self.pods.iter().find(|p| p.name == name)
+    }
+
+    /// The planned pods within their group's minCount.
+    pub fn core(&self) -> impl Iterator<Item = &PlannedPod> {
+        self.pods.iter().filter(|p| !p.extra)
+    }
+}

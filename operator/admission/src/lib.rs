@@ -1,0 +1,32 @@
+//! The state machine of a gang that muster has placed: what to write next, decided from
+//! what is observed. Pure and synchronous: no Kubernetes client, no clock (time is a
+//! parameter), no I/O. The operator observes a Workload, its pods and its claims, calls
+//! [`decide`], performs the returned [`Effect`]s in order (stopping at the first that
+//! fails) and observes again.
+//!
+//! Every transition that writes more than once records its intent first: the
+//! [`Journal`] (the Workload's `status.placement`) names the state, and each state's
+//! writes are idempotent and derived from the journal and the observation, so an operator
+//! that stops anywhere finishes or undoes the transition when it observes again. Writes
+//! carry preconditions: the journal is written against the observed Workload version,
+//! and a claim is deallocated only against a fresh read that shows no consumer but the
+//! gang's finished pods.
+//!
+//! The commit of a plan (record, reserve, check, release) is a fixed sequence of
+//! effects, [`commit::sequence`]; a commit that stops part-way leaves the journal in
+//! `Reserving` or `Reserved`, which [`decide`] undoes or finishes.
+#![forbid(unsafe_code)]
+
+pub mod commit;
+mod decide;
+mod effect;
+mod journal;
+mod observe;
+
+pub use decide::decide;
+pub use effect::{Condition, ConditionType, Effect, EventKind, Pin, PodRef, Reason, Record, Step};
+pub use journal::{Journal, PlannedPod, State};
+pub use observe::{ClaimView, Gang, GroupSpec, NodeHealth, Phase, PodView, Settings, Spec};
+
+/// Wall-clock time in milliseconds since the Unix epoch, as recorded in the journal.
+pub type Millis = i64;

@@ -1,0 +1,163 @@
+//! What the operator observes about a gang, in the core's own terms.
+
+use std::collections::BTreeMap;
+
+use crate::{Journal, Millis};
+
+/// Timeouts of the state machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// How long released pods may stay unscheduled before the gang (or an extra) is
+    /// taken apart and placed again.
+    pub schedule_timeout: Millis,
+    /// How long a reserved gang may wait for its planned pods to exist before its
+    /// reservation is given back.
+    pub release_timeout: Millis,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            schedule_timeout: 120_000,
+            release_timeout: 120_000,
+        }
+    }
+}
+
+/// The part of the Workload spec the state machine reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Spec {
+    pub suspend: bool,
+    pub groups: Vec<GroupSpec>,
+    /// Groups whose success is the gang's (empty: every group).
+    pub success_groups: Vec<String>,
+    pub max_restarts: i32,
+    pub ttl_seconds_after_finished: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSpec {
+    pub name: String,
+    pub min_count: i32,
+    /// muster makes the group's pods (it has a template); otherwise another controller
+    /// does, and its pods carry no attempt label.
+    pub managed: bool,
+}
+
+impl Spec {
+    pub fn group(&self, name: &str) -> Option<&GroupSpec> {
+        self.groups.iter().find(|g| g.name == name)
+    }
+
+    pub fn has_external_groups(&self) -> bool {
+        self.groups.iter().any(|g| !g.managed)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl Phase {
+    pub fn terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+/// A pod carrying the gang's label.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    pub group: Option<String>,
+    /// The attempt label of muster's own pods; `None` for other controllers' pods.
+    pub attempt: Option<i32>,
+    /// Still behind muster's scheduling gate.
+    pub gated: bool,
+    pub phase: Phase,
+    /// The node it is bound to.
+    pub node: Option<String>,
+    /// Being deleted (its containers may still run).
+    pub deleting: bool,
+    /// Why it failed, if it says.
+    pub message: Option<String>,
+}
+
+impl PodView {
+    pub fn reference(&self) -> crate::PodRef {
+        crate::PodRef {
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
+}
+
+/// A claim of the gang.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimView {
+    pub name: String,
+    pub allocated: bool,
+    /// The uids of the pods in `status.reservedFor`.
+    pub reserved_for: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeHealth {
+    Ready,
+    /// Cordoned: running pods keep running, nothing new should go there.
+    Unschedulable,
+    Gone,
+}
+
+/// Everything observed about one gang.
+#[derive(Clone, Debug)]
+pub struct Gang<'a> {
+    pub spec: &'a Spec,
+    /// `status.placement`; `None` while the gang is queued (or never placed).
+    pub journal: Option<&'a Journal>,
+    /// `status.restarts`: the attempt muster's pods of the current attempt carry.
+    pub restarts: i32,
+    /// When the gang succeeded or failed for good, if it did.
+    pub finished_at: Option<Millis>,
+    pub pods: &'a [PodView],
+    pub claims: &'a [ClaimView],
+    /// Health of the nodes the journal names; a node not listed is gone.
+    pub nodes: &'a BTreeMap<String, NodeHealth>,
+    /// Every device the gang's claims hold is still published by its driver.
+    pub devices_published: bool,
+    pub now: Millis,
+}
+
+impl Gang<'_> {
+    pub fn node(&self, name: &str) -> NodeHealth {
+        self.nodes.get(name).copied().unwrap_or(NodeHealth::Gone)
+    }
+
+    pub fn claim(&self, name: &str) -> Option<&ClaimView> {
+        self.claims.iter().find(|c| c.name == name)
+    }
+
+    pub fn pod(&self, name: &str) -> Option<&PodView> {
+        self.pods.iter().find(|p| p.name == name)
+    }
+
+    /// The pods of the current attempt: muster's with the current attempt label, other
+    /// controllers' that are not retired.
+    pub fn current_pods(&self) -> impl Iterator<Item = &PodView> {
+        let retired: &[String] = self.journal.map_or(&[], |j| &j.retired);
+        self.pods.iter().filter(move |p| match p.attempt {
+            Some(a) => a == self.restarts,
+            None => !retired.contains(&p.uid),
+        })
+    }
+
+    /// The current attempt's pod of this name, unless it is being deleted.
+    pub fn current_pod(&self, name: &str) -> Option<&PodView> {
+        self.current_pods().find(|p| p.name == name && !p.deleting)
+    }
+}
