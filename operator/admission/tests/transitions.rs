@@ -1,0 +1,284 @@
+//! The state machine's transitions, one rule at a time.
+
+use std::collections::BTreeMap;
+
+use muster_admission::{
+    ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason,
+    Settings, Spec, State, Step, decide,
+};
+
+const SETTINGS: Settings = Settings {
+    schedule_timeout: 120_000,
+    release_timeout: 120_000,
+};
+
+fn spec(min_count: i32, managed: bool) -> Spec {
+    Spec {
+        suspend: false,
+        groups: vec![GroupSpec {
+            name: "w".into(),
+            min_count,
+            managed,
+        }],
+        success_groups: vec![],
+        max_restarts: 3,
+        ttl_seconds_after_finished: None,
+    }
+}
+
+fn planned(name: &str, extra: bool, released_at: Option<i64>) -> PlannedPod {
+    PlannedPod {
+        name: name.into(),
+        node: "n1".into(),
+        extra,
+        released_at,
+        claims: if extra { vec![format!("{name}-gpu")] } else { vec![] },
+    }
+}
+
+fn journal(state: State, since: i64, pods: Vec<PlannedPod>, claims: &[&str]) -> Journal {
+    Journal {
+        state,
+        since,
+        pods,
+        claims: claims.iter().map(|c| c.to_string()).collect(),
+        released_at: Some(0),
+        reuse_reservation: false,
+        retired: vec![],
+        cause: None,
+        topology_value: None,
+        nodes: vec!["n1".into()],
+        devices: 1,
+    }
+}
+
+fn pod(name: &str, uid: &str, attempt: Option<i32>, gated: bool, phase: Phase, bound: bool) -> PodView {
+    PodView {
+        name: name.into(),
+        uid: uid.into(),
+        group: Some("w".into()),
+        attempt,
+        gated,
+        phase,
+        node: bound.then(|| "n1".to_string()),
+        deleting: false,
+        message: None,
+    }
+}
+
+fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
+    ClaimView {
+        name: name.into(),
+        allocated,
+        reserved_for: reserved_for.iter().map(|u| u.to_string()).collect(),
+    }
+}
+
+fn step(spec: &Spec, journal: &Journal, restarts: i32, pods: &[PodView], claims: &[ClaimView], now: i64) -> Step {
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let gang = Gang {
+        spec,
+        journal: Some(journal),
+        restarts,
+        finished_at: None,
+        pods,
+        claims,
+        nodes: &nodes,
+        devices_published: true,
+        now,
+    };
+    decide(&gang, &SETTINGS)
+}
+
+fn recorded_state(step: &Step) -> Option<Option<State>> {
+    step.record().map(|r| r.journal.as_ref().map(|j| j.state))
+}
+
+fn deallocates(step: &Step) -> Vec<String> {
+    step.effects
+        .iter()
+        .flat_map(|e| match e {
+            Effect::Deallocate { claims, .. } => claims.clone(),
+            _ => vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn an_extra_released_long_after_the_gang_does_not_tear_it_down() {
+    // Admitted at 0; an extra released at 500 s, still waiting for the scheduler at 501 s.
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0)), planned("g-w-1", true, Some(500_000))],
+        &["g-w-0-gpu", "g-w-1-gpu"],
+    );
+    let pods = [
+        pod("g-w-0", "u0", Some(0), false, Phase::Running, true),
+        pod("g-w-1", "u1", Some(0), false, Phase::Pending, false),
+    ];
+    let s = step(&spec(1, true), &j, 0, &pods, &[], 501_000);
+    assert_eq!(recorded_state(&s), None, "{s:?}");
+    assert_eq!(s.recheck_in, Some(119_000));
+    // Past its own timeout the extra alone is dropped, not the gang.
+    let s = step(&spec(1, true), &j, 0, &pods, &[], 621_000);
+    let record = s.record().expect("a record");
+    let kept = record.journal.as_ref().expect("journal");
+    assert_eq!(kept.state, State::Released);
+    assert_eq!(kept.planned("g-w-1").and_then(|p| p.released_at), None);
+}
+
+#[test]
+fn a_claim_reserved_by_a_pod_outside_the_gang_is_never_deallocated() {
+    let j = journal(
+        State::Finishing,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-shared"],
+    );
+    let pods = [pod("g-w-0", "u0", Some(0), false, Phase::Succeeded, true)];
+    let claims = [claim("g-shared", true, &["u0", "someone-else"])];
+    let s = step(&spec(1, true), &j, 0, &pods, &claims, 1000);
+    assert!(deallocates(&s).is_empty(), "{s:?}");
+    assert_eq!(
+        recorded_state(&s),
+        None,
+        "the gang keeps finishing while the claim is used"
+    );
+    // Once only the gang's finished pod reserves it, it is given back.
+    let claims = [claim("g-shared", true, &["u0"])];
+    let s = step(&spec(1, true), &j, 0, &pods, &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-shared".to_string()]);
+}
+
+#[test]
+fn pods_being_deleted_keep_their_devices() {
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let mut terminating = pod("g-w-0", "u0", Some(0), false, Phase::Running, true);
+    terminating.deleting = true;
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let s = step(&spec(1, true), &j, 0, &[terminating], &claims, 1000);
+    assert!(s.effects.is_empty(), "waits for the pod to be gone: {s:?}");
+}
+
+#[test]
+fn suspend_is_recorded_first_and_a_quick_resume_fails_nothing() {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let running = pod("g-w-0", "u0", Some(0), false, Phase::Running, true);
+    let mut suspended = spec(1, true);
+    suspended.suspend = true;
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let s = step(&suspended, &j, 0, std::slice::from_ref(&running), &claims, 1000);
+    assert_eq!(recorded_state(&s), Some(Some(State::Suspending)));
+
+    // Resumed while the pod still terminates: the suspension finishes, nothing failed.
+    let suspending = journal(State::Suspending, 1000, j.pods.clone(), &["g-w-0-gpu"]);
+    let mut terminating = running.clone();
+    terminating.deleting = true;
+    let s = step(&spec(1, true), &suspending, 0, &[terminating], &claims, 2000);
+    assert!(s.effects.is_empty(), "{s:?}");
+    let free = [claim("g-w-0-gpu", false, &[])];
+    let s = step(&spec(1, true), &suspending, 0, &[], &free, 3000);
+    let record = s.record().expect("a record");
+    assert_eq!(record.journal, None);
+    assert!(
+        record
+            .conditions
+            .iter()
+            .all(|c| c.type_ == ConditionType::Admitted && c.reason == Reason::Suspended)
+    );
+}
+
+#[test]
+fn a_gang_of_another_controllers_pods_restarts_by_uid() {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("job-a", false, Some(0))],
+        &["job-a-gpu"],
+    );
+    let failed = pod("job-a", "u-old", None, false, Phase::Failed, true);
+    let claims = [claim("job-a-gpu", true, &["u-old"])];
+    let s = step(&spec(1, false), &j, 0, std::slice::from_ref(&failed), &claims, 1000);
+    let record = s.record().expect("a record");
+    let restarting = record.journal.as_ref().expect("journal");
+    assert_eq!(restarting.state, State::Restarting);
+    assert_eq!(restarting.retired, vec!["u-old".to_string()]);
+    assert!(
+        !restarting.reuse_reservation,
+        "other controllers' claims go with their pods"
+    );
+    assert_eq!(record.restarts, Some(1));
+
+    // The Job's replacement (a new uid, no attempt label) is not deleted; the old one is.
+    let replacement = pod("job-b", "u-new", None, true, Phase::Pending, false);
+    let s = step(
+        &spec(1, false),
+        restarting,
+        1,
+        &[failed.clone(), replacement.clone()],
+        &claims,
+        2000,
+    );
+    let deleted: Vec<&str> = s
+        .effects
+        .iter()
+        .flat_map(|e| match e {
+            Effect::DeletePods { pods, .. } => pods.iter().map(|p| p.uid.as_str()).collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(deleted, vec!["u-old"]);
+}
+
+#[test]
+fn a_restart_without_reuse_gives_the_claims_back_before_it_forgets_them() {
+    let mut j = journal(
+        State::Restarting,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    j.retired = vec!["u0".into()];
+    let claims = [claim("g-w-0-gpu", true, &[])];
+    let s = step(&spec(1, true), &j, 1, &[], &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+    assert_eq!(recorded_state(&s), None, "the journal stays until the claim is free");
+    let s = step(&spec(1, true), &j, 1, &[], &[claim("g-w-0-gpu", false, &[])], 2000);
+    assert_eq!(recorded_state(&s), Some(None));
+}
+
+#[test]
+fn a_reservation_whose_pods_never_appear_is_given_back() {
+    let j = journal(State::Reserved, 0, vec![planned("g-w-0", false, None)], &["g-w-0-gpu"]);
+    let claims = [claim("g-w-0-gpu", true, &[])];
+    let s = step(&spec(1, true), &j, 0, &[], &claims, 60_000);
+    assert!(s.effects.is_empty());
+    assert_eq!(s.recheck_in, Some(60_000));
+    let s = step(&spec(1, true), &j, 0, &[], &claims, 120_000);
+    let record = s.record().expect("a record");
+    let tearing = record.journal.as_ref().expect("journal");
+    assert_eq!(tearing.state, State::TearingDown);
+    assert_eq!(tearing.cause.as_ref().map(|c| c.0), Some(Reason::ReleaseTimeout));
+}
+
+#[test]
+fn an_interrupted_commit_is_undone_even_when_suspended() {
+    let j = journal(State::Reserving, 0, vec![planned("g-w-0", false, None)], &["g-w-0-gpu"]);
+    let mut suspended = spec(1, true);
+    suspended.suspend = true;
+    let claims = [claim("g-w-0-gpu", true, &[])];
+    let s = step(&suspended, &j, 0, &[], &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+    assert_eq!(recorded_state(&s), None);
+}
