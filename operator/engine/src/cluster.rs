@@ -282,6 +282,25 @@ impl ClusterState {
         Self::default()
     }
 
+    /// The same nodes, devices, classes and taint rules with nothing running and nothing
+    /// allocated: what a gang could have if it had the cluster to itself.
+    pub fn emptied(&self) -> ClusterState {
+        let mut empty = ClusterState::new();
+        for node in self.nodes.values() {
+            empty.upsert_node((**node).clone());
+        }
+        for slice in self.slices.values() {
+            empty.upsert_slice((**slice).clone());
+        }
+        for class in self.classes.values() {
+            empty.upsert_class(class.clone());
+        }
+        for (name, rule) in &self.taint_rules {
+            empty.upsert_taint_rule(name, rule.clone());
+        }
+        empty
+    }
+
     // ---- nodes ----
 
     pub fn upsert_node(&mut self, node: Node) {
