@@ -14,7 +14,7 @@ use crate::{
 /// `Reserving` journal is taken for one a stopped operator left behind and undone.
 pub fn decide(gang: &Gang, settings: &Settings) -> Step {
     let Some(journal) = gang.journal else {
-        return Step::idle();
+        return queued(gang);
     };
     match journal.state {
         State::Finished => expire(gang),
@@ -36,6 +36,20 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
         State::TearingDown => tearing_down(gang, journal),
         State::Restarting => restarting(gang, journal),
     }
+}
+
+/// muster's own pods labelled with an attempt before the current one (made while the
+/// Workload controller still saw the old restart count): they go, and come back with
+/// the current attempt.
+fn stale<'g>(gang: &'g Gang) -> impl Iterator<Item = &'g PodView> {
+    gang.pods
+        .iter()
+        .filter(|p| p.attempt.is_some_and(|a| a < gang.restarts))
+}
+
+/// A queued gang holds nothing; pods of an old attempt that still wait at the gate go.
+fn queued(gang: &Gang) -> Step {
+    Step::effects(delete(gang, stale(gang).filter(|p| p.gated)))
 }
 
 fn record(journal: Option<Journal>, conditions: Vec<Condition>) -> Effect {
@@ -101,7 +115,7 @@ enum Claims {
     /// None of them holds an allocation.
     Free,
     /// Some still do: deallocate those no running pod uses (if any); the others wait.
-    Held(Option<Effect>),
+    Held(Option<Box<Effect>>),
 }
 
 /// Gives back `claims`. A claim is deallocated only while no pod but the gang's
@@ -128,14 +142,17 @@ fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> C
     if !held {
         return Claims::Free;
     }
-    Claims::Held((!free_now.is_empty()).then(|| Effect::Deallocate {
+    if free_now.is_empty() {
+        return Claims::Held(None);
+    }
+    Claims::Held(Some(Box::new(Effect::Deallocate {
         claims: free_now,
         finished,
-    }))
+    })))
 }
 
-fn held(effect: Option<Effect>) -> Step {
-    Step::effects(effect.into_iter().collect())
+fn held(effect: Option<Box<Effect>>) -> Step {
+    Step::effects(effect.map(|e| *e).into_iter().collect())
 }
 
 /// A commit no live operator finishes: give back what it allocated, then queue.
@@ -452,7 +469,7 @@ fn extras(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
             Claims::Free => {
                 gone.insert(extra.name.clone());
             }
-            Claims::Held(effect) => effects.extend(effect),
+            Claims::Held(effect) => effects.extend(effect.map(|e| *e)),
         }
     }
     if !gone.is_empty() {
@@ -507,7 +524,12 @@ fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
 /// The retired attempt's pods go; then the gang goes back onto its reservation or
 /// gives it back and is queued.
 fn restarting(gang: &Gang, journal: &Journal) -> Step {
-    let left: Vec<&PodView> = gang.pods.iter().filter(|p| journal.retired.contains(&p.uid)).collect();
+    let left: Vec<&PodView> = gang
+        .pods
+        .iter()
+        .filter(|p| journal.retired.contains(&p.uid))
+        .chain(stale(gang))
+        .collect();
     if !left.is_empty() {
         return Step::effects(delete(gang, left));
     }
@@ -565,7 +587,7 @@ fn finishing(gang: &Gang, journal: &Journal) -> Step {
     let running: Vec<&PodView> = gang.pods.iter().filter(|p| !p.phase.terminal()).collect();
     let mut effects = delete(gang, running);
     match give_back(gang, &journal.claims) {
-        Claims::Held(effect) => effects.extend(effect),
+        Claims::Held(effect) => effects.extend(effect.map(|e| *e)),
         Claims::Free => effects.push(record(Some(journal.moved(State::Finished, gang.now)), vec![])),
     }
     Step::effects(effects)

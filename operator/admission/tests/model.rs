@@ -130,6 +130,7 @@ impl World {
 
 /// What the operator does next: one API write (or read) at a time.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Op {
     Record {
         gang: String,
@@ -237,6 +238,8 @@ const SETTINGS: Settings = Settings {
 
 struct Sim {
     world: World,
+    /// The restart count each gang has in the Workload controller's cache, which lags.
+    controller_sees: BTreeMap<String, i32>,
     op: Operator,
     rng: Rng,
     /// Percent chance that a write fails (conflict, timeout).
@@ -303,6 +306,7 @@ impl Sim {
         op.restart(&world);
         Sim {
             world,
+            controller_sees: BTreeMap::new(),
             op,
             rng,
             fail_rate: 0,
@@ -330,6 +334,10 @@ impl Sim {
         let names: Vec<String> = self.world.workloads.keys().cloned().collect();
         for gang in names {
             let w = self.world.workloads[&gang].clone();
+            if !self.chaos || self.rng.chance(50) {
+                self.controller_sees.insert(gang.clone(), w.restarts);
+            }
+            let attempt = self.controller_sees.get(&gang).copied().unwrap_or(0);
             let finished = w.finished_at.is_some();
             if w.spec.suspend || finished {
                 let gated: Vec<String> = self
@@ -362,7 +370,7 @@ impl Sim {
                         uid,
                         workload: Some(gang.clone()),
                         group: "w".into(),
-                        attempt: Some(w.restarts),
+                        attempt: Some(attempt),
                         gated: true,
                         pin: None,
                         phase: Phase::Pending,
@@ -646,10 +654,6 @@ impl Sim {
         let gang = names[self.op.cursor % names.len()].clone();
         self.op.cursor += 1;
         let Some(w) = self.op.workload(&gang) else { return };
-        if w.journal.is_none() {
-            self.plan(&gang, &w);
-            return;
-        }
         let claims = self.op.claims();
         let pods: Vec<PodView> = self
             .op
@@ -703,6 +707,9 @@ impl Sim {
             now: self.world.now,
         };
         let step = decide(&view, &SETTINGS);
+        if journal.is_none() && !step.effects.is_empty() {
+            self.note(format!("queued {gang}: {:?}", step.effects));
+        }
         if journal.as_ref().is_some_and(|j| j.state == State::Released) {
             self.op.assumed.remove(&gang);
         }
@@ -743,8 +750,13 @@ impl Sim {
                 Effect::Event { .. } => {}
             }
         }
-        if journal.is_some_and(|j| j.state == State::Released) {
-            self.extras(&gang, &w);
+        if !self.op.queue.is_empty() {
+            return;
+        }
+        match journal.map(|j| j.state) {
+            None => self.plan(&gang, &w),
+            Some(State::Released) => self.extras(&gang, &w),
+            Some(_) => {}
         }
     }
 
@@ -993,11 +1005,19 @@ impl Sim {
                 if w.journal != expected {
                     return false;
                 }
-                if let Some(j) = &record.journal {
-                    if j.state == State::Reserving && expected.is_none() {
-                        let devices: Vec<Dev> = Vec::new();
-                        self.op.assumed.entry(gang.clone()).or_insert(devices);
+                match &record.journal {
+                    Some(j) if j.state == State::Reserving && expected.is_none() => {
+                        self.op.assumed.entry(gang.clone()).or_default();
                     }
+                    // As the operator does: a gang queued again, or released, assumes
+                    // nothing any more (the cache shows what it holds).
+                    None => {
+                        self.op.assumed.remove(&gang);
+                    }
+                    Some(j) if j.state == State::Released && self.op.live.as_deref() != Some(gang.as_str()) => {
+                        self.op.assumed.remove(&gang);
+                    }
+                    _ => {}
                 }
                 let rv = self.world.bump();
                 let now = self.world.now;
@@ -1146,14 +1166,15 @@ impl Sim {
                 if self.op.live.as_deref() == Some(gang.as_str()) {
                     self.op.live = None;
                 }
-                if gang.ends_with("+extras") {
-                    self.op.assumed.remove(&gang);
-                } else if self
-                    .world
-                    .workloads
-                    .get(&gang)
-                    .is_none_or(|w| w.journal.as_ref().is_none_or(|j| j.state == State::Reserving))
-                {
+                // An extras commit's assumption ends with it; a gang's once it is
+                // released (or was never recorded).
+                let done = gang.ends_with("+extras")
+                    || self
+                        .world
+                        .workloads
+                        .get(&gang)
+                        .is_none_or(|w| w.journal.as_ref().is_none_or(|j| j.state == State::Reserving));
+                if done {
                     self.op.assumed.remove(&gang);
                 }
                 true
@@ -1224,6 +1245,35 @@ impl Sim {
                 None => {
                     if !held.is_empty() {
                         return Err(format!("queued gang {gang} holds {held:?}"));
+                    }
+                    // Waiting is right only while its minimum does not fit.
+                    let free = self.world.devices().len() - self.world.allocated().len();
+                    let needed = w.spec.groups[0].min_count as usize + usize::from(w.shared);
+                    if !w.spec.suspend && w.finished_at.is_none() && free >= needed {
+                        let pods: Vec<String> = self
+                            .world
+                            .pods
+                            .iter()
+                            .filter(|(_, p)| p.workload.as_deref() == Some(gang.as_str()))
+                            .map(|(n, p)| {
+                                format!("{n} attempt={:?} gated={} deleting={}", p.attempt, p.gated, p.deleting)
+                            })
+                            .collect();
+                        let claims: Vec<String> = self
+                            .op
+                            .claims()
+                            .iter()
+                            .filter(|(_, c)| c.workload.as_deref() == Some(gang.as_str()))
+                            .map(|(n, c)| format!("{n} {:?} {:?}", c.allocation, c.reserved_for))
+                            .collect();
+                        return Err(format!(
+                            "queued gang {gang} would fit ({free} devices free) but is not admitted; restarts {}, \
+                             replicas {}, pods {pods:?}, claims as the operator sees them {claims:?}, free as it sees \
+                             them {:?}",
+                            w.restarts,
+                            w.replicas,
+                            self.free_devices()
+                        ));
                     }
                 }
                 Some(j) => {

@@ -282,3 +282,42 @@ fn an_interrupted_commit_is_undone_even_when_suspended() {
     assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
     assert_eq!(recorded_state(&s), None);
 }
+
+#[test]
+fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
+    let stale = pod("g-w-0", "u0", Some(0), true, Phase::Pending, false);
+    let current = pod("g-w-1", "u1", Some(1), true, Phase::Pending, false);
+    let nodes: BTreeMap<String, NodeHealth> = BTreeMap::new();
+    let spec = spec(1, true);
+    let pods = [stale.clone(), current.clone()];
+    let queued = Gang {
+        spec: &spec,
+        journal: None,
+        restarts: 1,
+        finished_at: None,
+        pods: &pods,
+        claims: &[],
+        nodes: &nodes,
+        devices_published: true,
+        now: 0,
+    };
+    let s = decide(&queued, &SETTINGS);
+    assert_eq!(
+        s.effects,
+        vec![Effect::DeletePods {
+            pods: vec![stale.reference()],
+            immediately: false
+        }]
+    );
+    // Restarting: a pod made for the old attempt after the restart was recorded goes too.
+    let mut j = journal(
+        State::Restarting,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    j.reuse_reservation = true;
+    let s = step(&spec, &j, 1, &pods, &[claim("g-w-0-gpu", true, &[])], 1000);
+    assert_eq!(recorded_state(&s), None, "{s:?}");
+    assert!(matches!(&s.effects[..], [Effect::DeletePods { pods, .. }] if pods == &vec![stale.reference()]));
+}
