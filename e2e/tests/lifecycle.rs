@@ -266,8 +266,16 @@ async fn a_gang_fails_after_max_restarts_and_gives_everything_back() -> Result<(
                 async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
             })
             .await?;
-            let placement = test.workloads().get("doomed").await?.status.and_then(|s| s.placement);
-            ensure!(placement.and_then(|p| p.state) == Some(AdmissionState::Finished));
+            // Finished is recorded once muster sees every claim free.
+            let workloads = test.workloads();
+            wait::until("the gang to hold nothing", Duration::from_secs(30), || {
+                let workloads = workloads.clone();
+                async move {
+                    let placement = workloads.get("doomed").await?.status.and_then(|s| s.placement);
+                    Ok((placement.and_then(|p| p.state) == Some(AdmissionState::Finished)).then_some(()))
+                }
+            })
+            .await?;
             // The failed pod stays for its logs; nothing runs again.
             let pods: Vec<Pod> = test.gang_pods("doomed").await?;
             ensure!(

@@ -54,6 +54,9 @@ pub const REASON_ROLLED_BACK: &str = "RolledBack";
 pub const REASON_CONFLICT: &str = "Conflict";
 /// Released pods were not all scheduled in time; the gang was torn down and queued.
 pub const REASON_SCHEDULE_TIMEOUT: &str = "ScheduleTimeout";
+/// Reserved, but the planned pods did not all appear in time; the reservation was given
+/// back and the gang queued again.
+pub const REASON_RELEASE_TIMEOUT: &str = "ReleaseTimeout";
 /// The gang's request is invalid for the cluster (unknown DeviceClass, CEL error...).
 pub const REASON_INVALID_REQUEST: &str = "InvalidRequest";
 

@@ -298,9 +298,13 @@ pub enum AdmissionState {
     /// The released pods were not all scheduled in time: the pods are being deleted and
     /// the claims deallocated, after which the gang is queued again.
     TearingDown,
-    /// A pod failed or was lost: the attempt's pods are being deleted; then the gang is
-    /// released again onto its reservation (`reuseReservation`) or queued again.
+    /// A pod failed or was lost: the attempt's pods (`retiredPods`) are being deleted;
+    /// then the gang is released again onto its reservation (`reuseReservation`) or its
+    /// claims are deallocated and it is queued again.
     Restarting,
+    /// `spec.suspend` was set: the released pods are being deleted and the claims
+    /// deallocated; then the gang holds nothing.
+    Suspending,
     /// The gang succeeded or failed: its remaining pods are stopped and its claims
     /// deallocated.
     Finishing,
@@ -319,6 +323,13 @@ pub struct PlannedPod {
     /// Placed beyond its group's minCount: losing it does not restart the gang.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub extra: bool,
+    /// When an extra pod was released; absent while its reservation is being made or
+    /// given back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// An extra pod's own ResourceClaims, deallocated when it is dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<String>,
 }
 
 /// The placement muster chose for the gang, and how far its commit got.
@@ -328,6 +339,9 @@ pub struct PlacementStatus {
     /// Commit progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<AdmissionState>,
+    /// When the current state was entered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// Value of the required topology label shared by every node of the gang.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology_value: Option<String>,
@@ -350,4 +364,8 @@ pub struct PlacementStatus {
     /// onto the same reservation without planning again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reuse_reservation: bool,
+    /// While restarting: the uids of the attempt's pods that must be gone before the
+    /// next attempt starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired_pods: Vec<String>,
 }

@@ -26,7 +26,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
-use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload, WorkloadPhase};
+use muster_admission::commit;
+use muster_admission::{
+    ClaimView, ConditionType, Effect, EventKind, Gang, Journal, NodeHealth, PodView, Reason, Record, State,
+};
+use muster_api::v1alpha1::{PlacementStatus, Workload, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
@@ -36,54 +40,15 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::controller::GangStores;
 use crate::convert;
+use crate::faults::Write;
 use crate::fencing::Fencing;
 use crate::index::Index;
 use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
+use crate::observe;
 use crate::release;
 use crate::request::{ClaimSources, RequestError, gang_request};
 
-/// Steps after which a test may abort the process (`MUSTER_FAULT_POINT`), to prove that
-/// a restart converges, or hold the commit until a file exists (`MUSTER_PAUSE_POINT`,
-/// `MUSTER_PAUSE_UNTIL`), to change the cluster in the middle of a commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultPoint {
-    AfterPlanRecorded,
-    AfterFirstClaim,
-    AfterAllClaims,
-    AfterReserved,
-    AfterFirstRelease,
-}
-
-impl FaultPoint {
-    pub const ALL: [FaultPoint; 5] = [
-        FaultPoint::AfterPlanRecorded,
-        FaultPoint::AfterFirstClaim,
-        FaultPoint::AfterAllClaims,
-        FaultPoint::AfterReserved,
-        FaultPoint::AfterFirstRelease,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultPoint::AfterPlanRecorded => "after-plan-recorded",
-            FaultPoint::AfterFirstClaim => "after-first-claim",
-            FaultPoint::AfterAllClaims => "after-all-claims",
-            FaultPoint::AfterReserved => "after-reserved",
-            FaultPoint::AfterFirstRelease => "after-first-release",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|f| f.name() == text)
-    }
-}
-
-/// Test-only: hold the commit at `point` until the file `until` exists.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pause {
-    pub point: FaultPoint,
-    pub until: std::path::PathBuf,
-}
+pub use crate::faults::{FaultPoint, Pause};
 
 /// Workloads by phase, and the queue, for the metrics.
 fn record_phases(workloads: &[Arc<Workload>], queued: usize) {
@@ -148,15 +113,80 @@ struct Waiting {
     next_try: Instant,
     failures: u32,
     changes_seen: u64,
+    /// It would fit on the cluster with nothing else on it: only such a gang may hold
+    /// the queue back once it has waited long (the starvation rule).
+    could_ever_fit: bool,
 }
 
-/// Why a commit stopped.
+/// Why a commit or a step stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {
     #[error("Kubernetes API request failed: {0}")]
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Conflict(String),
+}
+
+/// Objects this loop wrote, by `namespace/name`, until the cache shows them: the loop
+/// reads its own writes, so it never acts on a copy older than what it did.
+struct OwnWrites<K> {
+    objects: std::sync::Mutex<HashMap<String, Arc<K>>>,
+}
+
+impl<K> Default for OwnWrites<K> {
+    fn default() -> Self {
+        OwnWrites {
+            objects: std::sync::Mutex::default(),
+        }
+    }
+}
+
+fn version<K: kube::Resource>(object: &K) -> u64 {
+    object
+        .meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+impl<K: kube::Resource> OwnWrites<K> {
+    fn remember(&self, object: K) {
+        let key = convert::key(object.meta().namespace.as_deref(), object.meta().name.as_deref());
+        self.objects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, Arc::new(object));
+    }
+
+    /// `cached`, or this loop's newer write of the same object.
+    fn overlay(&self, cached: Arc<K>) -> Arc<K> {
+        let key = convert::key(cached.meta().namespace.as_deref(), cached.meta().name.as_deref());
+        let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
+        match objects.get(&key) {
+            Some(own) if own.meta().uid == cached.meta().uid && version(own.as_ref()) > version(cached.as_ref()) => {
+                own.clone()
+            }
+            Some(_) => {
+                objects.remove(&key);
+                cached
+            }
+            None => cached,
+        }
+    }
+
+    /// Forgets writes of objects the cache no longer has.
+    fn prune(&self, exists: impl Fn(&str) -> bool) {
+        self.objects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| exists(key));
+    }
+
+    /// Whether the cache has not caught up with this loop's write of `key`.
+    fn pending(&self, key: &str) -> bool {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner()).contains_key(key)
+    }
 }
 
 pub struct Admission {
@@ -171,9 +201,10 @@ pub struct Admission {
     waiting: HashMap<String, Waiting>,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
     written: std::sync::Mutex<HashMap<String, Arc<Workload>>>,
-    /// Claims deallocated when a gang's commit was undone, by gang, until the cache shows
-    /// them free: planning before that would take their stale allocations as the gang's.
-    deallocated: std::sync::Mutex<HashMap<String, BTreeSet<String>>>,
+    own_pods: OwnWrites<Pod>,
+    own_claims: OwnWrites<ResourceClaim>,
+    /// Fault points already passed (each aborts at its first write).
+    passed: std::sync::Mutex<BTreeSet<String>>,
 }
 
 /// Conditions the admission loop owns.
@@ -193,29 +224,6 @@ pub(crate) struct StatusUpdate {
     pub(crate) restarts: Option<i32>,
 }
 
-impl StatusUpdate {
-    /// Only the placement changes.
-    pub(crate) fn placement(placement: PlacementStatus) -> Self {
-        StatusUpdate {
-            conditions: vec![],
-            placement: Some(Some(placement)),
-            restarts: None,
-        }
-    }
-}
-
-impl Admission {
-    /// The gang's claims in the cache, by name.
-    pub(crate) fn claims_by_name(&self, workload: &Workload) -> BTreeMap<String, Arc<ResourceClaim>> {
-        let namespace = workload.namespace().unwrap_or_default();
-        self.stores
-            .claims_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|c| (c.name_any(), c))
-            .collect()
-    }
-}
-
 pub(crate) fn key(workload: &Workload) -> String {
     convert::key(
         workload.metadata.namespace.as_deref(),
@@ -233,6 +241,51 @@ pub(crate) fn condition<'a>(workload: &'a Workload, type_: &str) -> Option<&'a C
 
 pub(crate) fn now() -> Time {
     Time(Timestamp::now())
+}
+
+/// Whether a Workload finished (succeeded or failed for good).
+pub fn finished(workload: &Workload) -> bool {
+    observe::finished_at(workload).is_some()
+}
+
+fn condition_type(type_: ConditionType) -> &'static str {
+    match type_ {
+        ConditionType::Admitted => conditions::ADMITTED,
+        ConditionType::Restarting => conditions::RESTARTING,
+        ConditionType::Succeeded => conditions::SUCCEEDED,
+        ConditionType::Failed => conditions::FAILED,
+    }
+}
+
+fn event_reason(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Admitted => conditions::EVENT_ADMITTED,
+        EventKind::RolledBack => conditions::EVENT_ROLLED_BACK,
+        EventKind::ScheduleTimeout => conditions::EVENT_SCHEDULE_TIMEOUT,
+        EventKind::Restarting => conditions::EVENT_RESTARTING,
+        EventKind::Succeeded => conditions::EVENT_SUCCEEDED,
+        EventKind::Failed => conditions::EVENT_FAILED,
+        EventKind::Expired => conditions::EVENT_EXPIRED,
+    }
+}
+
+fn write_of(effect: &Effect) -> Option<Write> {
+    match effect {
+        Effect::Record(_) => Some(Write::Record),
+        Effect::DeletePods { .. } => Some(Write::Delete),
+        Effect::Deallocate { .. } => Some(Write::Deallocate),
+        Effect::Release { .. } => Some(Write::Release),
+        Effect::DeleteWorkload | Effect::Event { .. } => None,
+    }
+}
+
+fn ignore_gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Ok(_) => Ok(()),
+        // Gone, or made again under the same name (the uid precondition failed).
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 impl Admission {
@@ -260,7 +313,17 @@ impl Admission {
             wake,
             waiting: HashMap::new(),
             written: std::sync::Mutex::default(),
-            deallocated: std::sync::Mutex::default(),
+            own_pods: OwnWrites::default(),
+            own_claims: OwnWrites::default(),
+            passed: std::sync::Mutex::default(),
+        }
+    }
+
+    fn core_settings(&self) -> muster_admission::Settings {
+        let timeout = self.settings.schedule_timeout.as_millis() as i64;
+        muster_admission::Settings {
+            schedule_timeout: timeout,
+            release_timeout: timeout,
         }
     }
 
@@ -271,7 +334,6 @@ impl Admission {
         let _ = self.workloads.wait_until_ready().await;
         let _ = self.priorities.wait_until_ready().await;
         info!("admission loop started");
-        self.recover().await;
         loop {
             let started = Instant::now();
             let next = self.pass().await;
@@ -286,36 +348,24 @@ impl Admission {
         }
     }
 
-    /// Finishes or undoes commits a previous run left half done.
-    async fn recover(&mut self) {
-        for workload in self.current_workloads() {
-            let Some(state) = placement_of(&workload).and_then(|p| p.state) else {
-                continue;
-            };
-            let result = match state {
-                AdmissionState::Reserving => {
-                    info!(workload = %key(&workload), "undoing a commit interrupted while reserving");
-                    self.undo(
-                        &workload,
-                        conditions::REASON_ROLLED_BACK,
-                        "a restarted operator undid a commit that was interrupted while reserving devices".into(),
-                    )
-                    .await
-                }
-                AdmissionState::Reserved => {
-                    info!(workload = %key(&workload), "finishing a commit interrupted while releasing");
-                    self.finish_release(&workload).await
-                }
-                AdmissionState::Released
-                | AdmissionState::TearingDown
-                | AdmissionState::Restarting
-                | AdmissionState::Finishing
-                | AdmissionState::Finished => Ok(()),
-            };
-            if let Err(e) = result {
-                warn!(workload = %key(&workload), error = %e, "recovery failed; retrying in the next pass");
-            }
-        }
+    /// The gang's pods: the cache, with this loop's own newer writes.
+    pub(crate) fn gang_pods(&self, workload: &Workload) -> Vec<Arc<Pod>> {
+        let namespace = workload.namespace().unwrap_or_default();
+        self.stores
+            .pods_of(&namespace, &workload.name_any())
+            .into_iter()
+            .map(|p| self.own_pods.overlay(p))
+            .collect()
+    }
+
+    /// The gang's claims: the cache, with this loop's own newer writes.
+    pub(crate) fn gang_claims(&self, workload: &Workload) -> Vec<Arc<ResourceClaim>> {
+        let namespace = workload.namespace().unwrap_or_default();
+        self.stores
+            .claims_of(&namespace, &workload.name_any())
+            .into_iter()
+            .map(|c| self.own_claims.overlay(c))
+            .collect()
     }
 
     /// One look at every gang. Returns how long to wait at most before the next pass.
@@ -324,31 +374,25 @@ impl Admission {
         let mut next = Duration::from_secs(5);
         let workloads = self.current_workloads();
         self.collect_claims().await;
+        let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<String> {
+            store
+                .iter()
+                .map(|p| convert::key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()))
+                .collect()
+        };
+        let pods = keys(self.stores.pods.state());
+        self.own_pods.prune(|k| pods.contains(k));
+        let claims: BTreeSet<String> = self
+            .stores
+            .claims
+            .state()
+            .iter()
+            .map(|c| convert::key(c.metadata.namespace.as_deref(), c.metadata.name.as_deref()))
+            .collect();
+        self.own_claims.prune(|k| claims.contains(k));
 
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
-            let state = placement_of(workload).and_then(|p| p.state);
-            let suspended = workload.spec.suspend == Some(true);
-            let result = match state {
-                Some(AdmissionState::Finished) => self.expire(workload, &mut next).await,
-                Some(AdmissionState::Finishing) => self.finish_step(workload).await,
-                Some(_) if suspended => self.suspend_step(workload).await,
-                Some(AdmissionState::Released) => self.supervise(workload, &mut next).await,
-                Some(AdmissionState::TearingDown) => self.tear_down(workload).await,
-                Some(AdmissionState::Restarting) => self.restart_step(workload).await,
-                Some(AdmissionState::Reserved) => self.finish_release(workload).await,
-                // A live commit finishes or rolls back before the pass continues; this is
-                // left over from an earlier failure.
-                Some(AdmissionState::Reserving) => {
-                    self.undo(
-                        workload,
-                        conditions::REASON_ROLLED_BACK,
-                        "undid an unfinished commit".into(),
-                    )
-                    .await
-                }
-                None => Ok(()),
-            };
-            if let Err(e) = result {
+            if let Err(e) = self.advance(workload, &mut next).await {
                 warn!(workload = %key(workload), error = %e, "admission step failed; retrying");
                 next = next.min(Duration::from_secs(2));
             }
@@ -369,8 +413,9 @@ impl Admission {
             .collect();
         queue.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         record_phases(&workloads, queue.len());
-        let live: BTreeSet<String> = workloads.iter().map(|w| key(w)).collect();
-        self.waiting.retain(|k, _| live.contains(k));
+        // Only gangs in the queue wait; a suspended or finished one starts afresh.
+        let queued: BTreeSet<String> = queue.iter().map(|(_, _, k, _)| k.clone()).collect();
+        self.waiting.retain(|k, _| queued.contains(k));
 
         let changes = self.index.changes();
         let mut blocking: Option<(i32, String)> = None;
@@ -409,37 +454,46 @@ impl Admission {
                             .saturating_duration_since(Instant::now())
                             .max(Duration::from_millis(100)),
                     );
-                    if waiting.since.elapsed() > self.settings.starvation_after {
+                    if waiting.since.elapsed() > self.settings.starvation_after && waiting.could_ever_fit {
                         blocking = Some((priority, name.clone()));
                     }
                     continue;
                 }
             }
-            match self.try_admit(&workload).await {
-                Ok(true) => {
+            let attempt = self.try_admit(&workload).await;
+            match attempt {
+                Ok(Admit::Committed) => {
                     self.waiting.remove(&name);
                 }
-                Ok(false) => {
+                outcome => {
+                    let could_ever_fit = match &outcome {
+                        Ok(Admit::DoesNotFit { could_ever_fit }) => *could_ever_fit,
+                        Ok(Admit::Committed) => true,
+                        // A commit that failed, or an invalid request, waits like a gang
+                        // that does not fit, but never holds the queue back.
+                        Ok(Admit::RolledBack) | Ok(Admit::Invalid) | Err(_) => false,
+                    };
+                    if let Err(e) = &outcome {
+                        warn!(workload = %key(&workload), error = %e, "admission failed");
+                    }
                     let entry = self.waiting.entry(name.clone()).or_insert(Waiting {
                         since: Instant::now(),
                         next_try: Instant::now(),
                         failures: 0,
                         changes_seen: 0,
+                        could_ever_fit,
                     });
                     entry.failures += 1;
                     entry.changes_seen = changes;
+                    entry.could_ever_fit = could_ever_fit;
                     // 1 s, 2 s, 4 s ... at most a minute between attempts.
-                    let backoff = Duration::from_secs(1u64 << entry.failures.min(6).saturating_sub(1))
+                    let backoff = Duration::from_secs(1u64 << entry.failures.min(7).saturating_sub(1))
                         .min(Duration::from_secs(60));
                     entry.next_try = Instant::now() + backoff;
                     next = next.min(backoff);
-                    if entry.since.elapsed() > self.settings.starvation_after {
+                    if entry.since.elapsed() > self.settings.starvation_after && could_ever_fit {
                         blocking = Some((priority, name));
                     }
-                }
-                Err(e) => {
-                    warn!(workload = %key(&workload), error = %e, "admission failed");
-                    next = next.min(Duration::from_secs(2));
                 }
             }
         }
@@ -451,7 +505,7 @@ impl Admission {
         if workload.metadata.deletion_timestamp.is_some() || workload.spec.suspend == Some(true) {
             return false;
         }
-        if crate::lifecycle::finished(workload) {
+        if finished(workload) {
             return false;
         }
         if placement_of(workload).and_then(|p| p.state).is_some() {
@@ -462,8 +516,6 @@ impl Admission {
         if !created {
             return false;
         }
-        let namespace = workload.namespace().unwrap_or_default();
-        let name = workload.name_any();
         let expected: i32 = workload
             .spec
             .pod_groups
@@ -471,8 +523,13 @@ impl Admission {
             .filter(|g| g.template.is_some())
             .map(|g| g.replicas)
             .sum();
-        let pods = self.stores.pods_of(&namespace, &name);
-        let gated = pods.iter().filter(|p| crate::status::is_gated(p)).count();
+        let pods = self.gang_pods(workload);
+        let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
+        let gated = pods
+            .iter()
+            .filter(|p| crate::status::is_gated(p) && p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.labels().get(labels::ATTEMPT).is_none_or(|a| *a == attempt))
+            .count();
         // Pods of template-less groups: at least minCount, all waiting at the gate.
         let external_ready = workload
             .spec
@@ -506,6 +563,14 @@ impl Admission {
     /// The gang request for a Workload whose objects exist: claims from the cluster.
     pub(crate) fn request(&self, workload: &Workload) -> Result<GangRequest, RequestError> {
         let namespace = workload.namespace().unwrap_or_default();
+        // A claim this loop deallocated that the cache still shows allocated would be
+        // planned as the gang's own: wait until the cache catches up.
+        for claim in self.stores.claims_of(&namespace, &workload.name_any()) {
+            let claim_key = convert::key(Some(&namespace), claim.metadata.name.as_deref());
+            if self.own_claims.pending(&claim_key) && !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), &claim) {
+                return Err(RequestError::DeallocationNotSeen(claim.name_any()));
+            }
+        }
         let claims: Vec<ResourceClaim> = self
             .stores
             .claims
@@ -514,10 +579,9 @@ impl Admission {
             .filter(|c| c.metadata.namespace.as_deref() == Some(&namespace))
             .map(|c| (**c).clone())
             .collect();
-        self.check_deallocations_seen(workload, &claims)?;
         let sources = ClaimSources::new(&[], &claims);
         let pods = if crate::membership::has_external_groups(workload) {
-            self.stores.pods_of(&namespace, &workload.name_any())
+            self.gang_pods(workload)
         } else {
             Vec::new()
         };
@@ -527,28 +591,37 @@ impl Admission {
         Ok(request)
     }
 
-    /// Plans a gang and commits it if it fits. `Ok(false)`: it does not fit now.
-    async fn try_admit(&mut self, workload: &Workload) -> Result<bool, CommitError> {
+    /// Plans a gang and commits it if it fits.
+    async fn try_admit(&mut self, workload: &Workload) -> Result<Admit, CommitError> {
         let request = match self.request(workload) {
             Ok(request) => request,
-            Err(e) if e.is_waiting() => return Ok(false),
+            Err(e) if e.is_waiting() => return Ok(Admit::DoesNotFit { could_ever_fit: false }),
             Err(e) => {
-                self.set_admitted(
-                    workload,
-                    false,
-                    conditions::REASON_INVALID_REQUEST,
-                    &e.to_string(),
-                    None,
-                )
-                .await?;
-                return Ok(false);
+                let message = e.to_string();
+                if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
+                    self.set_admitted(workload, false, conditions::REASON_INVALID_REQUEST, &message, None)
+                        .await?;
+                }
+                return Ok(Admit::Invalid);
             }
         };
         let started = Instant::now();
-        let outcome = {
+        let (outcome, could_ever_fit) = {
             let _span = info_span!("plan", workload = %key(workload)).entered();
             let cluster = self.index.cluster();
-            placement::plan(&cluster, &request, &self.settings.plan)
+            let outcome = placement::plan(&cluster, &request, &self.settings.plan);
+            // Only a gang that would fit on the cluster with nothing else on it may hold
+            // the queue back (starvation rule).
+            let could_ever_fit = match &outcome {
+                Outcome::Placed(_) => true,
+                Outcome::Unschedulable(_) => {
+                    matches!(
+                        placement::plan(&cluster.emptied(), &request, &self.settings.plan),
+                        Outcome::Placed(_)
+                    )
+                }
+            };
+            (outcome, could_ever_fit)
         };
         let planned_in = started.elapsed();
         let label = OutcomeLabel {
@@ -564,7 +637,10 @@ impl Admission {
             .observe(metrics::seconds(planned_in));
         match outcome {
             Outcome::Unschedulable(why) => {
-                let message = why.to_string();
+                let mut message = why.to_string();
+                if !could_ever_fit {
+                    message.push_str("; it would not fit even on an empty cluster");
+                }
                 let previous = condition(workload, conditions::ADMITTED).map(|c| (c.reason.clone(), c.message.clone()));
                 if previous != Some((conditions::REASON_UNSCHEDULABLE.to_string(), message.clone())) {
                     info!(workload = %key(workload), reason = %message, "gang does not fit");
@@ -579,7 +655,7 @@ impl Admission {
                     )
                     .await;
                 }
-                Ok(false)
+                Ok(Admit::DoesNotFit { could_ever_fit })
             }
             Outcome::Placed(plan) => {
                 info!(workload = %key(workload), pods = plan.pods.len(), devices = plan.device_count(), planned_ms = planned_in.as_millis() as u64, "gang fits; committing");
@@ -588,13 +664,20 @@ impl Admission {
                     .commit(workload, &request, &plan)
                     .instrument(info_span!("commit", workload = %key(workload)))
                     .await;
-                let outcome = if committed.is_ok() { "committed" } else { "failed" };
+                let outcome = if matches!(committed, Ok(true)) {
+                    "committed"
+                } else {
+                    "failed"
+                };
                 metrics::get()
                     .commit_duration
                     .get_or_create(&OutcomeLabel { outcome })
                     .observe(metrics::seconds(started.elapsed()));
-                committed?;
-                Ok(true)
+                Ok(if committed? {
+                    Admit::Committed
+                } else {
+                    Admit::RolledBack
+                })
             }
         }
     }
@@ -608,30 +691,43 @@ impl Admission {
 
     /// Runs `write` for every item, `--write-parallelism` at a time, and fails with the
     /// first error once all have run. A test may abort after the first success (`first`).
-    async fn write_all<'i, T, F, Fut>(&self, items: &'i [T], first: FaultPoint, write: F) -> Result<(), CommitError>
+    async fn write_all<'i, T, F, Fut, R>(
+        &self,
+        items: &'i [T],
+        first: FaultPoint,
+        write: F,
+    ) -> Result<Vec<R>, CommitError>
     where
         F: Fn(&'i T) -> Fut,
-        Fut: std::future::Future<Output = Result<(), kube::Error>>,
+        Fut: std::future::Future<Output = Result<R, CommitError>>,
     {
         let first_done = std::sync::atomic::AtomicBool::new(false);
-        let results: Vec<Result<(), kube::Error>> = stream::iter(items)
+        let results: Vec<Result<R, CommitError>> = stream::iter(items)
             .map(|item| {
                 let written = write(item);
                 let first_done = &first_done;
                 async move {
-                    written.await?;
+                    let result = written.await?;
                     if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                        self.fault(first);
+                        self.checkpoint(first).await;
                     }
-                    Ok(())
+                    Ok(result)
                 }
             })
             .buffer_unordered(self.settings.write_parallelism.max(1))
             .collect()
             .await;
-        match results.into_iter().find(Result::is_err) {
-            Some(Err(e)) => Err(e.into()),
-            _ => Ok(()),
+        let mut done = Vec::with_capacity(results.len());
+        let mut failed = None;
+        for result in results {
+            match result {
+                Ok(r) => done.push(r),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(done),
         }
     }
 
@@ -647,122 +743,456 @@ impl Admission {
         }
     }
 
-    async fn commit(&mut self, workload: &Workload, request: &GangRequest, plan: &Plan) -> Result<(), CommitError> {
-        let gang = key(workload);
-        let placement = PlacementStatus {
-            state: Some(AdmissionState::Reserving),
-            topology_value: plan.topology_value.clone(),
-            nodes: plan.nodes(),
-            devices: plan.device_count() as i32,
-            pods: plan
-                .pods
+    /// The core's picture of a placed gang, and its next step.
+    fn observe_and_decide(&self, workload: &Workload) -> (Option<Journal>, muster_admission::Step) {
+        let journal = observe::journal(workload);
+        let spec = observe::spec(workload);
+        let pods = self.gang_pods(workload);
+        let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
+        let claims = self.gang_claims(workload);
+        let claim_views: Vec<ClaimView> = claims.iter().map(|c| observe::claim(c)).collect();
+        let (nodes, devices_published) = {
+            let cluster = self.index.cluster();
+            let names: BTreeSet<&str> = journal
                 .iter()
-                .map(|p| PlannedPod {
-                    name: p.pod.split_once('/').map_or(p.pod.clone(), |(_, n)| n.to_string()),
-                    node: p.node.clone(),
-                    extra: request.is_extra(&p.group, &p.pod),
+                .flat_map(|j| &j.nodes)
+                .map(String::as_str)
+                .chain(pod_views.iter().filter_map(|p| p.node.as_deref()))
+                .collect();
+            let nodes: BTreeMap<String, NodeHealth> = names
+                .into_iter()
+                .filter_map(|n| {
+                    let node = cluster.node(n)?;
+                    let health = if node.unschedulable {
+                        NodeHealth::Unschedulable
+                    } else {
+                        NodeHealth::Ready
+                    };
+                    Some((n.to_string(), health))
+                })
+                .collect();
+            let published = claims
+                .iter()
+                .filter(|c| {
+                    journal
+                        .iter()
+                        .flat_map(|j| &j.claims)
+                        .any(|name| Some(name) == c.metadata.name.as_ref())
+                })
+                .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
+                .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                .all(|r| cluster.device_published(&r.driver, &r.pool, &r.device));
+            (nodes, published)
+        };
+        let gang = Gang {
+            spec: &spec,
+            journal: journal.as_ref(),
+            restarts: workload.status.as_ref().map_or(0, |s| s.restarts),
+            finished_at: observe::finished_at(workload),
+            pods: &pod_views,
+            claims: &claim_views,
+            nodes: &nodes,
+            devices_published,
+            now: observe::now_millis(),
+        };
+        let step = muster_admission::decide(&gang, &self.core_settings());
+        (journal, step)
+    }
+
+    /// One step of a placed gang's state machine; a released gang's waiting extras are
+    /// placed when nothing else is to be done.
+    async fn advance(&self, workload: &Workload, next: &mut Duration) -> Result<(), CommitError> {
+        let (journal, step) = self.observe_and_decide(workload);
+        let state = journal.as_ref().map(|j| j.state);
+        if !step.effects.is_empty() {
+            tracing::debug!(workload = %key(workload), ?state, effects = ?step.effects, "state machine step");
+        }
+        if let Some(millis) = step.recheck_in {
+            *next = (*next).min(Duration::from_millis(millis.max(0) as u64 + 100));
+        }
+        let idle = step.effects.is_empty();
+        self.execute(workload, state, step.effects).await?;
+        if let Some(journal) = journal.filter(|j| idle && j.state == State::Released)
+            && workload.spec.suspend != Some(true)
+        {
+            self.place_extras(workload, &journal).await?;
+        }
+        Ok(())
+    }
+
+    /// Performs the state machine's effects in order, stopping at the first that fails.
+    async fn execute(
+        &self,
+        workload: &Workload,
+        state: Option<State>,
+        effects: Vec<Effect>,
+    ) -> Result<(), CommitError> {
+        let namespace = workload.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        for effect in effects {
+            let write = write_of(&effect);
+            match effect {
+                // A record that changes nothing is not written: a decision can never spin
+                // on it.
+                Effect::Record(record)
+                    if record.conditions.is_empty()
+                        && record.restarts.is_none()
+                        && record.journal == observe::journal(workload) =>
+                {
+                    warn!(workload = %key(workload), "the state machine asked to record the journal unchanged; skipped");
+                }
+                Effect::Record(record) => {
+                    if record.journal.is_none() {
+                        self.check_claims_free(workload, &claims).await?;
+                    }
+                    self.record(workload, record).await?;
+                }
+                Effect::DeletePods {
+                    pods: targets,
+                    immediately,
+                } => {
+                    for target in targets {
+                        let params = DeleteParams {
+                            grace_period_seconds: immediately.then_some(0),
+                            preconditions: Some(kube::api::Preconditions {
+                                uid: Some(target.uid.clone()),
+                                resource_version: None,
+                            }),
+                            ..DeleteParams::default()
+                        };
+                        match pods.delete(&target.name, &params).await {
+                            Ok(either) => {
+                                if let Some(pod) = either.left() {
+                                    self.own_pods.remember(pod);
+                                }
+                            }
+                            Err(e) => ignore_gone(Err::<(), _>(e))?,
+                        }
+                    }
+                }
+                Effect::Deallocate {
+                    claims: names,
+                    finished,
+                } => {
+                    for name in names {
+                        if let Some(claim) = deallocate(&claims, &name, &finished).await? {
+                            self.own_claims.remember(claim);
+                        }
+                    }
+                }
+                Effect::Release { pods: pins } => {
+                    let released = self
+                        .write_all(&pins, FaultPoint::AfterFirstRelease, |pin| {
+                            let api = pods.clone();
+                            let cached = self
+                                .gang_pods(workload)
+                                .into_iter()
+                                .find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str()));
+                            async move {
+                                release::release(
+                                    &api,
+                                    &pin.pod.name,
+                                    &pin.pod.uid,
+                                    &pin.node,
+                                    cached.as_deref(),
+                                    self.settings.fencing,
+                                )
+                                .await
+                                .map_err(CommitError::from)
+                            }
+                        })
+                        .await?;
+                    for pod in released.into_iter().flatten() {
+                        self.own_pods.remember(pod);
+                    }
+                }
+                Effect::DeleteWorkload => {
+                    let api: Api<Workload> = Api::namespaced(self.client.clone(), &namespace);
+                    ignore_gone(api.delete(&workload.name_any(), &DeleteParams::default()).await)?;
+                }
+                Effect::Event {
+                    kind,
+                    warning,
+                    action,
+                    note,
+                } => {
+                    if kind == EventKind::ScheduleTimeout {
+                        metrics::get().schedule_timeouts.inc();
+                    }
+                    let type_ = if warning { EventType::Warning } else { EventType::Normal };
+                    self.event(workload, type_, event_reason(kind), action, note).await;
+                }
+            }
+            if let (Some(state), Some(write)) = (state, write) {
+                self.transition_checkpoint(FaultPoint::After(state, write)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before a gang's journal is cleared (it is queued, holding nothing): a fresh read
+    /// of every claim it names, so that a cache behind an allocation never lets one leak.
+    async fn check_claims_free(&self, workload: &Workload, api: &Api<ResourceClaim>) -> Result<(), CommitError> {
+        for name in placement_of(workload).map(|p| p.claims.clone()).unwrap_or_default() {
+            let Some(claim) = api.get_opt(&name).await? else {
+                continue;
+            };
+            if claim.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+                return Err(CommitError::Conflict(format!(
+                    "claim {name} is still allocated; looking again before queueing {}",
+                    key(workload)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A state machine's fault point: aborts (or pauses) at its first write only, so a
+    /// restarted operator can get past it.
+    async fn transition_checkpoint(&self, point: FaultPoint) {
+        if self.settings.fault != Some(point) && self.settings.pause.as_ref().is_none_or(|p| p.point != point) {
+            return;
+        }
+        if self
+            .passed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(point.name())
+        {
+            self.checkpoint(point).await;
+        }
+    }
+
+    /// Writes a status record of the state machine (against the journal observed), and
+    /// keeps the metrics and the cluster model in step with it.
+    pub(crate) async fn record(&self, workload: &Workload, record: Record) -> Result<Arc<Workload>, CommitError> {
+        let update = StatusUpdate {
+            conditions: record
+                .conditions
+                .iter()
+                .map(|c| {
+                    (
+                        condition_type(c.type_),
+                        c.status,
+                        c.reason.as_str().to_string(),
+                        c.message.clone(),
+                    )
                 })
                 .collect(),
-            claims: plan
-                .claims
-                .iter()
-                .map(|c| c.claim.split_once('/').map_or(c.claim.clone(), |(_, n)| n.to_string()))
-                .collect(),
-            released_at: None,
-            reuse_reservation: false,
+            placement: Some(record.journal.as_ref().map(observe::placement)),
+            restarts: record.restarts,
         };
-        self.set_admitted(
-            workload,
-            false,
-            conditions::REASON_RESERVING,
-            "reserving the gang's devices",
-            Some(&placement),
-        )
-        .await?;
+        let written = self.write_status(workload, update).await?;
+        let gang = key(workload);
+        for c in &record.conditions {
+            match (c.type_, c.status) {
+                (ConditionType::Restarting, true) => {
+                    metrics::get()
+                        .restarts
+                        .get_or_create(&ReasonLabel {
+                            reason: c.reason.as_str().to_string(),
+                        })
+                        .inc();
+                }
+                (ConditionType::Admitted, true) => {
+                    self.index.cluster().confirm(&gang);
+                    if workload.status.as_ref().is_none_or(|s| s.restarts == 0)
+                        && let Some(created) = &workload.metadata.creation_timestamp
+                    {
+                        let waited = Timestamp::now().duration_since(created.0).unsigned_abs();
+                        metrics::get().submit_to_admitted.observe(waited.as_secs_f64());
+                    }
+                }
+                (ConditionType::Admitted, false) if record.journal.is_none() => {
+                    self.index.cluster().forget(&gang);
+                    metrics::get()
+                        .rollbacks
+                        .get_or_create(&ReasonLabel {
+                            reason: c.reason.as_str().to_string(),
+                        })
+                        .inc();
+                }
+                _ => {}
+            }
+        }
+        Ok(written)
+    }
+
+    /// Commits a plan: record, reserve, check, then release through the state machine.
+    /// `Ok(false)`: the commit was undone.
+    async fn commit(&mut self, workload: &Workload, request: &GangRequest, plan: &Plan) -> Result<bool, CommitError> {
+        let gang = key(workload);
+        let placement = core_placement(request, plan);
+        let journal = commit::reserving(&placement, observe::now_millis());
+        let recorded = self
+            .record(
+                workload,
+                Record {
+                    journal: Some(journal.clone()),
+                    conditions: vec![muster_admission::Condition {
+                        type_: ConditionType::Admitted,
+                        status: false,
+                        reason: Reason::Reserving,
+                        message: "reserving the gang's devices".into(),
+                    }],
+                    restarts: None,
+                },
+            )
+            .await?;
         self.checkpoint(FaultPoint::AfterPlanRecorded).await;
 
         // The next plan must see these devices and pods as taken.
         let (pods, claims) = plan.assumption(request);
         self.index.cluster().assume(&gang, &pods, &claims);
 
-        match self
-            .reserve(workload, plan)
+        if let Err(e) = self
+            .reserve(plan)
             .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
             .await
         {
-            Ok(()) => {
-                metrics::get().reservations.inc();
-                metrics::get().reserved_devices.inc_by(plan.device_count() as u64);
-            }
-            Err(e) => {
-                if matches!(e, CommitError::Conflict(_)) {
-                    metrics::get().conflicts.inc();
-                }
-                let message = format!("reserving failed and was undone: {e}");
-                let reason = if matches!(e, CommitError::Conflict(_)) {
-                    conditions::REASON_CONFLICT
-                } else {
-                    conditions::REASON_ROLLED_BACK
-                };
-                self.index.cluster().forget(&gang);
-                let claims: BTreeSet<String> = placement.claims.iter().cloned().collect();
-                self.undo_claims(workload, &claims, reason, message.clone()).await?;
-                self.event(
-                    workload,
-                    EventType::Warning,
-                    conditions::EVENT_ROLLED_BACK,
-                    "Reserve",
-                    message,
-                )
-                .await;
-                return Ok(());
-            }
+            self.index.cluster().forget(&gang);
+            self.fail_commit(&recorded, &journal, e).await?;
+            return Ok(false);
         }
-        let mut placement = placement;
-        placement.state = Some(AdmissionState::Reserved);
-        self.set_admitted(
-            workload,
-            false,
-            conditions::REASON_RESERVING,
-            "every claim is allocated; releasing pods",
-            Some(&placement),
+        metrics::get().reservations.inc();
+        metrics::get().reserved_devices.inc_by(plan.device_count() as u64);
+        let reserved = self
+            .record(
+                &recorded,
+                Record {
+                    journal: Some(commit::reserved(&journal, observe::now_millis())),
+                    conditions: vec![muster_admission::Condition {
+                        type_: ConditionType::Admitted,
+                        status: false,
+                        reason: Reason::Reserving,
+                        message: "every claim is allocated; releasing pods".into(),
+                    }],
+                    restarts: None,
+                },
+            )
+            .await?;
+        self.checkpoint(FaultPoint::AfterReserved).await;
+        // The state machine releases the pods, then records the gang as released.
+        let mut next = Duration::MAX;
+        async {
+            self.advance(&reserved, &mut next).await?;
+            let current = self.current_workload(&gang).unwrap_or(reserved.clone());
+            self.advance(&current, &mut next).await
+        }
+        .instrument(info_span!("release", workload = %gang, pods = plan.pods.len()))
+        .await?;
+        Ok(true)
+    }
+
+    /// A commit that failed before every claim was allocated and checked: undo its own
+    /// writes and record the cause; the state machine gives back whatever is left.
+    async fn fail_commit(
+        &self,
+        recorded: &Workload,
+        journal: &Journal,
+        failure: (CommitError, Vec<ResourceClaim>),
+    ) -> Result<(), CommitError> {
+        let (error, written) = failure;
+        let conflict = matches!(error, CommitError::Conflict(_));
+        if conflict {
+            metrics::get().conflicts.inc();
+        }
+        let reason = if conflict { Reason::Conflict } else { Reason::RolledBack };
+        let message = format!("reserving failed and was undone: {error}");
+        let namespace = recorded.namespace().unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let written_names: BTreeSet<String> = written.iter().map(|c| c.name_any()).collect();
+        self.undo_allocations(&api, written).await?;
+        // Only the claims this commit allocated are left to give back: a claim someone
+        // else allocated meanwhile is not the gang's to clear.
+        let mut failed = commit::failed(journal, reason, message.clone());
+        failed.claims.retain(|c| written_names.contains(c));
+        self.record(
+            recorded,
+            Record {
+                journal: Some(failed),
+                conditions: vec![muster_admission::Condition {
+                    type_: ConditionType::Admitted,
+                    status: false,
+                    reason,
+                    message: message.clone(),
+                }],
+                restarts: None,
+            },
         )
         .await?;
-        self.checkpoint(FaultPoint::AfterReserved).await;
-        self.release_all(workload, &placement)
-            .instrument(info_span!("release", workload = %gang, pods = placement.pods.len()))
-            .await?;
-        self.index.cluster().confirm(&gang);
+        warn!(workload = %key(recorded), "{message}");
         Ok(())
     }
 
-    /// Allocates every planned claim, then checks that no other claim holds any of the
-    /// devices. On error, the caller undoes what was written.
-    pub(crate) async fn reserve(&self, workload: &Workload, plan: &Plan) -> Result<(), CommitError> {
-        let timestamp = now();
-        self.write_all(&plan.claims, FaultPoint::AfterFirstClaim, |claim| {
-            let (namespace, name) = claim.claim.split_once('/').unwrap_or(("", &claim.claim));
-            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
-            let mut allocation = convert::allocation_to_kube(&claim.allocation);
-            allocation.allocation_timestamp = Some(timestamp.clone());
-            async move {
-                ensure_finalizer(&api, name).await?;
-                let patch = json!({"status": {"allocation": allocation}});
-                let params = PatchParams {
-                    field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
-                    ..PatchParams::default()
-                };
-                api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
-                Ok(())
+    /// Undoes allocations a commit wrote, each only while the claim is as the commit
+    /// left it: whatever changed it since is not the commit's to undo.
+    pub(crate) async fn undo_allocations(
+        &self,
+        api: &Api<ResourceClaim>,
+        written: Vec<ResourceClaim>,
+    ) -> Result<(), CommitError> {
+        for claim in written {
+            if let Some(claim) = undo_allocation(api, &claim).await? {
+                self.own_claims.remember(claim);
             }
-        })
-        .await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remember_pod(&self, pod: Pod) {
+        self.own_pods.remember(pod);
+    }
+
+    /// Allocates every planned claim, each only if it is still unallocated, then checks
+    /// that no other claim holds any of the devices. On error, the claims written so
+    /// far come back with it.
+    pub(crate) async fn reserve(&self, plan: &Plan) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
+        let timestamp = now();
+        let written = std::sync::Mutex::new(Vec::new());
+        let result = self
+            .write_all(&plan.claims, FaultPoint::AfterFirstClaim, |claim| {
+                let (namespace, name) = claim.claim.split_once('/').unwrap_or(("", &claim.claim));
+                let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+                let mut allocation = convert::allocation_to_kube(&claim.allocation);
+                allocation.allocation_timestamp = Some(timestamp.clone());
+                let written = &written;
+                async move {
+                    let current = ensure_finalizer(&api, name).await?;
+                    if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+                        return Err(CommitError::Conflict(format!(
+                            "ResourceClaim {name} was allocated by someone else meanwhile"
+                        )));
+                    }
+                    let patch = json!({
+                        "metadata": {"resourceVersion": current.resource_version()},
+                        "status": {"allocation": allocation},
+                    });
+                    let params = PatchParams {
+                        field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                        ..PatchParams::default()
+                    };
+                    let claim = api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
+                    self.own_claims.remember(claim.clone());
+                    written.lock().unwrap_or_else(|p| p.into_inner()).push(claim);
+                    Ok(())
+                }
+            })
+            .await;
+        let written = written.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = result {
+            return Err((e, written));
+        }
         self.checkpoint(FaultPoint::AfterAllClaims).await;
-        self.check_conflicts(workload, plan).await
+        match self.check_conflicts(plan).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, written)),
+        }
     }
 
     /// A fresh read of every claim: no claim outside the gang holds a planned device.
-    async fn check_conflicts(&self, workload: &Workload, plan: &Plan) -> Result<(), CommitError> {
+    async fn check_conflicts(&self, plan: &Plan) -> Result<(), CommitError> {
         let ours: BTreeSet<&str> = plan.claims.iter().map(|c| c.claim.as_str()).collect();
         let planned: BTreeMap<muster_engine::claim::DeviceId, &str> = plan
             .claims
@@ -796,8 +1226,7 @@ impl Admission {
                 };
                 if let Some(mine) = planned.get(&id) {
                     return Err(CommitError::Conflict(format!(
-                        "device {id} planned for {mine} is allocated to {claim_key}; workload {}",
-                        key(workload)
+                        "device {id} planned for {mine} is allocated to {claim_key}"
                     )));
                 }
             }
@@ -805,265 +1234,22 @@ impl Admission {
         Ok(())
     }
 
-    /// Releases every planned pod not yet released, then records the gang as admitted.
-    async fn release_all(&self, workload: &Workload, placement: &PlacementStatus) -> Result<(), CommitError> {
-        let namespace = workload.namespace().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let pods: BTreeMap<String, Arc<Pod>> = self
-            .stores
-            .pods_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|p| (p.name_any(), p))
-            .collect();
-        self.write_all(&placement.pods, FaultPoint::AfterFirstRelease, |planned| {
-            let api = api.clone();
-            let cached = pods.get(&planned.name).cloned();
-            async move {
-                release::release(
-                    &api,
-                    &planned.name,
-                    &planned.node,
-                    cached.as_deref(),
-                    self.settings.fencing,
-                )
-                .await
-            }
-        })
-        .await?;
-        let mut released = placement.clone();
-        released.state = Some(AdmissionState::Released);
-        released.released_at = Some(now());
-        let message = match &placement.topology_value {
-            Some(value) => format!(
-                "reserved {} devices on {} nodes ({value}); pods released to the scheduler",
-                placement.devices,
-                placement.nodes.len()
-            ),
-            None => format!(
-                "reserved {} devices on {} nodes; pods released to the scheduler",
-                placement.devices,
-                placement.nodes.len()
-            ),
-        };
-        self.set_admitted(workload, true, conditions::REASON_ADMITTED, &message, Some(&released))
-            .await?;
-        if workload.status.as_ref().is_none_or(|s| s.restarts == 0)
-            && let Some(created) = &workload.metadata.creation_timestamp
-        {
-            let waited = Timestamp::now().duration_since(created.0).unsigned_abs();
-            metrics::get().submit_to_admitted.observe(waited.as_secs_f64());
-        }
-        self.event(
-            workload,
-            EventType::Normal,
-            conditions::EVENT_ADMITTED,
-            "Admit",
-            message,
-        )
-        .await;
-        Ok(())
-    }
-
-    async fn finish_release(&self, workload: &Workload) -> Result<(), CommitError> {
-        let Some(placement) = placement_of(workload).cloned() else {
-            return Ok(());
-        };
-        // Every claim must still hold its allocation; otherwise start over.
-        let namespace = workload.namespace().unwrap_or_default();
-        let claims = self.claims_by_name(workload);
-        let intact = placement.claims.iter().all(|c| {
-            claims
-                .get(c)
-                .is_some_and(|claim| claim.status.as_ref().is_some_and(|s| s.allocation.is_some()))
-        });
-        if !intact {
-            return self
-                .undo(
-                    workload,
-                    conditions::REASON_ROLLED_BACK,
-                    "a reserved claim lost its allocation; starting over".into(),
-                )
-                .await;
-        }
-        // After a restart, the controller recreates the pods: release them once all exist.
-        let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
-        let pods: BTreeMap<String, Arc<Pod>> = self
-            .stores
-            .pods_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|p| (p.name_any(), p))
-            .collect();
-        let ready = placement.pods.iter().all(|planned| {
-            pods.get(&planned.name).is_some_and(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(labels::ATTEMPT))
-                    .is_none_or(|a| *a == attempt)
-                    && p.metadata.deletion_timestamp.is_none()
-            })
-        });
-        if !ready {
-            return Ok(());
-        }
-        self.release_all(workload, &placement).await
-    }
-
-    /// Clears the allocations of the gang's claims (all of them, whoever wrote them) and
-    /// the recorded plan; the gang is queued again.
-    pub(crate) async fn undo(&self, workload: &Workload, reason: &str, message: String) -> Result<(), CommitError> {
-        let claims: BTreeSet<String> = placement_of(workload)
-            .map(|p| p.claims.iter().cloned().collect())
-            .unwrap_or_default();
-        self.undo_claims(workload, &claims, reason, message).await
-    }
-
-    /// [`Self::undo`] for the planned `claims` (names in the Workload's namespace), for a
-    /// commit whose `workload` copy predates the recorded placement.
-    async fn undo_claims(
-        &self,
-        workload: &Workload,
-        claims: &BTreeSet<String>,
-        reason: &str,
-        message: String,
-    ) -> Result<(), CommitError> {
-        let namespace = workload.namespace().unwrap_or_default();
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
-        for name in claims {
-            deallocate(&api, name).await?;
-        }
-        if !claims.is_empty() {
-            self.deallocated
-                .lock()
-                .expect("deallocated claims")
-                .insert(key(workload), claims.clone());
-        }
-        self.index.cluster().forget(&key(workload));
-        self.set_admitted(workload, false, reason, &message, None).await?;
-        metrics::get()
-            .rollbacks
-            .get_or_create(&ReasonLabel {
-                reason: reason.to_string(),
-            })
-            .inc();
-        Ok(())
-    }
-
-    /// Fails with a waiting error while a claim deallocated by an undone commit of this
-    /// gang still shows an allocation in `claims` (the cache).
-    fn check_deallocations_seen(&self, workload: &Workload, claims: &[ResourceClaim]) -> Result<(), RequestError> {
-        let gang = key(workload);
-        let mut deallocated = self.deallocated.lock().expect("deallocated claims");
-        let Some(names) = deallocated.get(&gang) else {
-            return Ok(());
-        };
-        let stale = claims
-            .iter()
-            .find(|c| names.contains(&c.name_any()) && c.status.as_ref().is_some_and(|s| s.allocation.is_some()));
-        if let Some(claim) = stale {
-            return Err(RequestError::DeallocationNotSeen(claim.name_any()));
-        }
-        deallocated.remove(&gang);
-        Ok(())
-    }
-
-    /// Released pods not all bound: after the schedule timeout, the gang is torn down.
-    pub(crate) async fn check_schedule_timeout(
-        &self,
-        workload: &Workload,
-        placement: &PlacementStatus,
-        bound: &BTreeSet<&str>,
-        next: &mut Duration,
-    ) -> Result<(), CommitError> {
-        let released_at = placement.released_at.as_ref().map(|t| t.0).unwrap_or(Timestamp::now());
-        let waited = Timestamp::now().duration_since(released_at).unsigned_abs();
-        if waited < self.settings.schedule_timeout {
-            *next = (*next).min(self.settings.schedule_timeout - waited + Duration::from_millis(100));
-            return Ok(());
-        }
-        let unbound: Vec<&str> = placement
-            .pods
-            .iter()
-            .filter(|p| !bound.contains(p.name.as_str()))
-            .map(|p| p.name.as_str())
-            .collect();
-        let message = format!(
-            "{} of {} released pods were not scheduled within {}s ({}); tearing the gang down to place it again",
-            unbound.len(),
-            placement.pods.len(),
-            self.settings.schedule_timeout.as_secs(),
-            unbound.iter().take(5).copied().collect::<Vec<_>>().join(", ")
-        );
-        warn!(workload = %key(workload), "{message}");
-        metrics::get().schedule_timeouts.inc();
-        let mut tearing = placement.clone();
-        tearing.state = Some(AdmissionState::TearingDown);
-        self.set_admitted(
-            workload,
-            false,
-            conditions::REASON_SCHEDULE_TIMEOUT,
-            &message,
-            Some(&tearing),
-        )
-        .await?;
-        self.event(
-            workload,
-            EventType::Warning,
-            conditions::EVENT_SCHEDULE_TIMEOUT,
-            "TearDown",
-            message,
-        )
-        .await;
-        Ok(())
-    }
-
-    /// Deletes the gang's pods (the controller recreates them gated), deallocates its
-    /// claims once no pod uses them, then queues the gang again.
-    async fn tear_down(&self, workload: &Workload) -> Result<(), CommitError> {
-        let Some(placement) = placement_of(workload) else {
-            return Ok(());
-        };
-        let namespace = workload.namespace().unwrap_or_default();
-        let name = workload.name_any();
-        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let planned: BTreeSet<&str> = placement.pods.iter().map(|p| p.name.as_str()).collect();
-        let mut old_pods_left = false;
-        for pod in self.stores.pods_of(&namespace, &name) {
-            // Pods still gated were recreated already; the rest belong to the attempt.
-            if crate::status::is_gated(&pod) || !planned.contains(pod.name_any().as_str()) {
-                continue;
-            }
-            old_pods_left = true;
-            if pod.metadata.deletion_timestamp.is_none() {
-                match pods_api
-                    .delete(
-                        &pod.name_any(),
-                        &DeleteParams {
-                            grace_period_seconds: Some(0),
-                            ..DeleteParams::default()
-                        },
-                    )
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        if old_pods_left {
-            return Ok(());
-        }
-        let reason = condition(workload, conditions::ADMITTED).map(|c| (c.reason.clone(), c.message.clone()));
-        let (reason, message) = reason.unwrap_or_else(|| (conditions::REASON_SCHEDULE_TIMEOUT.into(), String::new()));
-        self.undo(workload, &reason, message).await
-    }
-
     /// Claims being deleted, and claims a deleted Workload only joined (a user's): clear
-    /// the allocation muster wrote once no pod uses them, then let go.
+    /// the allocation muster wrote once no pod that may run uses them, then let go.
     async fn collect_claims(&self) {
-        // Terminating pods may still use their devices: only pods that are gone free them.
-        let live: BTreeSet<String> = self.stores.pods.state().iter().filter_map(|p| p.uid()).collect();
+        let finished: Vec<String> = self
+            .stores
+            .pods
+            .state()
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
+            .filter_map(|p| p.uid())
+            .collect();
         let workloads: BTreeSet<String> = self.current_workloads().iter().map(|w| key(w)).collect();
         for claim in self.stores.claims.state() {
             let has_finalizer = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
@@ -1075,19 +1261,22 @@ impl Admission {
             if !has_finalizer || (claim.metadata.deletion_timestamp.is_none() && !orphaned) {
                 continue;
             }
+            // A pod that may still run keeps it: look again once the cache says otherwise.
             let in_use = claim
                 .status
                 .as_ref()
                 .and_then(|s| s.reserved_for.as_ref())
-                .is_some_and(|r| r.iter().any(|c| live.contains(&c.uid)));
+                .is_some_and(|r| r.iter().any(|c| !finished.contains(&c.uid)));
             if in_use {
                 continue;
             }
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
             let result = async {
-                match deallocate(&api, &claim.name_any()).await? {
-                    Some(current) => remove_finalizer(&api, &current).await,
-                    None => Ok(()),
+                match deallocate(&api, &claim.name_any(), &finished).await? {
+                    Some(current) if current.status.as_ref().is_none_or(|s| s.allocation.is_none()) => {
+                        remove_finalizer(&api, &current).await
+                    }
+                    _ => Ok(()),
                 }
             }
             .await;
@@ -1105,57 +1294,105 @@ impl Admission {
         reason: &str,
         message: &str,
         placement: Option<&PlacementStatus>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<(), CommitError> {
         let update = StatusUpdate {
             conditions: vec![(conditions::ADMITTED, admitted, reason.to_string(), message.to_string())],
             placement: Some(placement.cloned()),
             restarts: None,
         };
-        self.write_status(workload, update).await
+        self.write_status(workload, update).await.map(|_| ())
     }
 
     /// Applies the admission loop's part of the status: every condition it owns, the
     /// restart count and the placement, each taken from `update` or kept as it is. (A
     /// server-side apply that left an owned field out would remove it.)
-    pub(crate) async fn write_status(&self, workload: &Workload, update: StatusUpdate) -> Result<(), kube::Error> {
-        let current = workload.status.clone().unwrap_or_default();
-        let mut owned: Vec<Condition> = current
-            .conditions
-            .iter()
-            .filter(|c| ADMISSION_CONDITIONS.contains(&c.type_.as_str()))
-            .cloned()
-            .collect();
-        for (type_, status, reason, message) in &update.conditions {
-            crate::status::set_condition(
-                &mut owned,
-                type_,
-                *status,
-                reason,
-                message,
-                workload.metadata.generation,
-                &now(),
-            );
-        }
-        let placement = update.placement.unwrap_or(current.placement);
-        let restarts = update.restarts.unwrap_or(current.restarts);
-        let mut status = json!({"conditions": owned, "restarts": restarts});
-        if let Some(placement) = placement {
-            status["placement"] = serde_json::to_value(placement).unwrap_or_default();
-        }
-        let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": status});
+    ///
+    /// The write is conditional on the journal `workload` shows: it is made against
+    /// that resourceVersion, and when another writer changed the object meanwhile, it is
+    /// made again against a fresh read only if the journal there is still the same.
+    pub(crate) async fn write_status(
+        &self,
+        workload: &Workload,
+        update: StatusUpdate,
+    ) -> Result<Arc<Workload>, CommitError> {
         let api: Api<Workload> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        let written = api
-            .patch_status(
-                &workload.name_any(),
-                &PatchParams::apply(labels::ADMISSION_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
-        self.written
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key(&written), Arc::new(written));
-        Ok(())
+        let expected = placement_of(workload).cloned();
+        let mut base = workload.clone();
+        for _ in 0..10 {
+            let current = base.status.clone().unwrap_or_default();
+            let mut owned: Vec<Condition> = current
+                .conditions
+                .iter()
+                .filter(|c| ADMISSION_CONDITIONS.contains(&c.type_.as_str()))
+                .cloned()
+                .collect();
+            for (type_, status, reason, message) in &update.conditions {
+                crate::status::set_condition(
+                    &mut owned,
+                    type_,
+                    *status,
+                    reason,
+                    message,
+                    base.metadata.generation,
+                    &now(),
+                );
+            }
+            let placement = update.placement.clone().unwrap_or(current.placement.clone());
+            let restarts = update.restarts.unwrap_or(current.restarts);
+            let mut status = json!({"conditions": owned, "restarts": restarts});
+            if let Some(placement) = placement {
+                status["placement"] = serde_json::to_value(placement).unwrap_or_default();
+            }
+            let patch = json!({
+                "apiVersion": "muster.dev/v1alpha1",
+                "kind": "Workload",
+                "metadata": {"resourceVersion": base.resource_version()},
+                "status": status,
+            });
+            match api
+                .patch_status(
+                    &workload.name_any(),
+                    &PatchParams::apply(labels::ADMISSION_FIELD_MANAGER).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await
+            {
+                Ok(written) => {
+                    let written = Arc::new(written);
+                    self.written
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(key(&written), written.clone());
+                    return Ok(written);
+                }
+                // Another writer (the Workload controller, say) changed the object: try
+                // again against the newest copy the cache has, if its journal is still
+                // the one this write was decided on. (No read: muster may only patch.)
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let Some(fresh) = self.current_workload(&key(workload)) else {
+                        return Err(CommitError::Conflict(format!("{} is gone", key(workload))));
+                    };
+                    if placement_of(&fresh) != expected.as_ref() {
+                        return Err(CommitError::Conflict(format!(
+                            "the placement of {} changed meanwhile; looking again",
+                            key(workload)
+                        )));
+                    }
+                    base = (*fresh).clone();
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(CommitError::Conflict(format!(
+            "the status of {} kept changing; looking again",
+            key(workload)
+        )))
+    }
+
+    /// The Workload as this loop last saw it.
+    fn current_workload(&self, gang: &str) -> Option<Arc<Workload>> {
+        self.current_workloads().into_iter().find(|w| key(w) == gang)
     }
 
     /// The Workloads as the loop last saw them: the cache, or what its own last write
@@ -1163,13 +1400,6 @@ impl Admission {
     /// commit a gang twice).
     pub(crate) fn current_workloads(&self) -> Vec<Arc<Workload>> {
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        let version = |w: &Workload| {
-            w.metadata
-                .resource_version
-                .as_deref()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
         let cached = self.workloads.state();
         let live: BTreeSet<String> = cached.iter().map(|w| key(w)).collect();
         written.retain(|k, _| live.contains(k));
@@ -1178,7 +1408,7 @@ impl Admission {
             .map(|w| {
                 let k = key(&w);
                 match written.get(&k) {
-                    Some(mine) if version(mine) > version(&w) => mine.clone(),
+                    Some(mine) if version(mine.as_ref()) > version(w.as_ref()) => mine.clone(),
                     Some(_) => {
                         written.remove(&k);
                         w
@@ -1194,33 +1424,130 @@ impl Admission {
     }
 }
 
+/// What came of trying to admit a queued gang.
+enum Admit {
+    Committed,
+    /// The commit found a conflict or failed, and was undone.
+    RolledBack,
+    /// Not now; `could_ever_fit`: it would fit on the cluster with nothing else on it.
+    DoesNotFit {
+        could_ever_fit: bool,
+    },
+    /// The request is wrong for this cluster (the condition says why).
+    Invalid,
+}
+
+/// The engine's plan in the state machine's terms: an extra's own claims go with it.
+pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Placement {
+    let short = |k: &str| k.split_once('/').map_or(k, |(_, n)| n).to_string();
+    let own_claims: BTreeMap<&str, &Vec<String>> = request
+        .groups
+        .iter()
+        .flat_map(|g| &g.pods)
+        .map(|p| (p.name.as_str(), &p.claims))
+        .collect();
+    let shared: BTreeSet<&str> = request.shared_claims.iter().map(|c| c.key.as_str()).collect();
+    commit::Placement {
+        pods: plan
+            .pods
+            .iter()
+            .map(|p| {
+                let extra = request.is_extra(&p.group, &p.pod);
+                muster_admission::PlannedPod {
+                    name: short(&p.pod),
+                    node: p.node.clone(),
+                    extra,
+                    released_at: None,
+                    claims: if extra {
+                        own_claims
+                            .get(p.pod.as_str())
+                            .into_iter()
+                            .flat_map(|c| c.iter())
+                            .filter(|c| !shared.contains(c.as_str()))
+                            .map(|c| short(c))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect(),
+        claims: plan.claims.iter().map(|c| short(&c.claim)).collect(),
+        topology_value: plan.topology_value.clone(),
+        devices: plan.device_count() as i32,
+    }
+}
+
 /// Adds muster's finalizer to a claim that lacks it (claims muster did not create).
-async fn ensure_finalizer(api: &Api<ResourceClaim>, name: &str) -> Result<(), kube::Error> {
+/// Returns the claim as it is now.
+async fn ensure_finalizer(api: &Api<ResourceClaim>, name: &str) -> Result<ResourceClaim, kube::Error> {
     let claim = api.get(name).await?;
     if claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER) {
-        return Ok(());
+        return Ok(claim);
     }
     let mut finalizers = claim.finalizers().to_vec();
     finalizers.push(labels::CLAIM_FINALIZER.into());
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": claim.resource_version()}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    Ok(())
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await
 }
 
-/// Clears a claim's allocation, and `reservedFor` with it (the API allows clearing the
-/// allocation only together with an empty `reservedFor`). Returns the claim as it is now.
-pub(crate) async fn deallocate(api: &Api<ResourceClaim>, name: &str) -> Result<Option<ResourceClaim>, kube::Error> {
+/// The patch that clears a claim's allocation, and `reservedFor` with it (the API allows
+/// clearing the allocation only together with an empty `reservedFor`), conditional on
+/// the version read.
+fn deallocation(claim: &ResourceClaim) -> serde_json::Value {
+    json!({
+        "metadata": {"resourceVersion": claim.resource_version()},
+        "status": {"allocation": null, "reservedFor": null},
+    })
+}
+
+/// Clears a claim's allocation after a fresh read, unless a pod other than those in
+/// `finished` reserves it: a pod that may still run keeps its devices. Returns the claim
+/// as it is now (`None`: gone).
+pub(crate) async fn deallocate(
+    api: &Api<ResourceClaim>,
+    name: &str,
+    finished: &[String],
+) -> Result<Option<ResourceClaim>, kube::Error> {
     let Some(claim) = api.get_opt(name).await? else {
         return Ok(None);
     };
-    if claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none() {
+    let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
+        return Ok(Some(claim));
+    };
+    let in_use = status.reserved_for.iter().flatten().any(|r| !finished.contains(&r.uid));
+    if in_use {
         return Ok(Some(claim));
     }
-    let patch = json!({"status": {"allocation": null, "reservedFor": null}});
-    Ok(Some(
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?,
-    ))
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&deallocation(&claim)))
+        .await
+    {
+        Ok(claim) => Ok(Some(claim)),
+        // Changed meanwhile: looked at again in the next pass.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Some(claim)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Undoes an allocation this loop wrote, only while the claim is as the write left it.
+async fn undo_allocation(
+    api: &Api<ResourceClaim>,
+    written: &ResourceClaim,
+) -> Result<Option<ResourceClaim>, kube::Error> {
+    match api
+        .patch_status(
+            &written.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&deallocation(written)),
+        )
+        .await
+    {
+        Ok(claim) => Ok(Some(claim)),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Removes muster's finalizer, guarded by a test of its position in the list.

@@ -282,20 +282,21 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         }
     };
     if workload.spec.suspend == Some(true) {
-        // Hold nothing: pods go now, claims are deallocated by the admission loop.
+        // Hold nothing: gated pods go now. Released pods are the admission loop's: it
+        // records the suspension first, deletes them, then gives their devices back.
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
         for pod in ctx
             .stores
             .pods_of(&namespace, &name)
             .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && status::is_gated(p))
         {
             ignore_missing(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
         }
         write_status(workload, ctx, &Progress::Suspended).await?;
         return Ok(Action::await_change());
     }
-    if crate::lifecycle::finished(workload) {
+    if crate::admission::finished(workload) {
         // A finished gang is not run again; its pods stay for their logs.
         write_status(workload, ctx, &Progress::AllCreated).await?;
         return Ok(Action::await_change());

@@ -10,14 +10,15 @@ pub mod convert;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod extras;
+pub mod faults;
 pub mod fencing;
 pub mod gang;
 pub mod index;
 pub mod leader;
-pub mod lifecycle;
 pub mod membership;
 pub mod metrics;
 pub mod objects;
+pub mod observe;
 pub mod plan;
 pub mod release;
 pub mod rendezvous;

@@ -62,32 +62,45 @@ pub fn release_patch(pod: &Pod, node: &str, fencing: Fencing) -> Option<serde_js
         {"op": "replace", "path": "/spec/schedulingGates", "value": remaining},
         {"op": "add", "path": "/spec/affinity", "value": affinity},
         {"op": "add", "path": "/spec/tolerations", "value": tolerations},
+        // Never another pod made under the same name.
+        {"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid},
     ]))
 }
 
-/// Releases pod `name` to `node`, starting from `cached` when given; a stale copy is
-/// read again.
+/// Releases pod `name` — the one with `uid`, never another made under the same name —
+/// to `node`, starting from `cached` when given; a stale copy is read again. Returns the
+/// pod as released (`None`: it was released already).
 pub async fn release(
     api: &Api<Pod>,
     name: &str,
+    uid: &str,
     node: &str,
     cached: Option<&Pod>,
     fencing: Fencing,
-) -> Result<(), kube::Error> {
+) -> Result<Option<Pod>, kube::Error> {
     let mut current = match cached {
         Some(pod) => pod.clone(),
         None => api.get(name).await?,
     };
     for _ in 0..5 {
+        if current.metadata.uid.as_deref() != Some(uid) {
+            return Err(kube::Error::Api(Box::new(
+                kube::core::Status::failure(
+                    &format!("pod {name} was made again; not releasing the new one"),
+                    "Conflict",
+                )
+                .with_code(409),
+            )));
+        }
         let Some(patch) = release_patch(&current, node, fencing) else {
-            return Ok(());
+            return Ok(None);
         };
         let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
         match api
             .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await
         {
-            Ok(_) => return Ok(()),
+            Ok(pod) => return Ok(Some(pod)),
             // The test of resourceVersion failed (422) or a conflict (409): read again.
             Err(kube::Error::Api(status)) if status.code == 422 || status.code == 409 => {
                 current = api.get(name).await?
@@ -106,7 +119,8 @@ mod tests {
     use super::*;
 
     fn pod(spec: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p", "resourceVersion": "7"}, "spec": spec})).unwrap()
+        serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u-1", "resourceVersion": "7"}, "spec": spec}))
+            .unwrap()
     }
 
     #[test]
@@ -125,6 +139,7 @@ mod tests {
             &json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}])
         );
         assert_eq!(patch[3]["value"][0]["key"], labels::FENCE_TAINT);
+        assert_eq!(patch[4], json!({"op": "test", "path": "/metadata/uid", "value": "u-1"}));
     }
 
     #[test]

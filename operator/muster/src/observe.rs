@@ -1,0 +1,279 @@
+//! What the admission state machine sees: a Workload, its pods and its claims in the
+//! core's terms, and the journal (`status.placement`) converted both ways.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use muster_admission::{ClaimView, Journal, Millis, Phase, PlannedPod as CorePlannedPod, PodView, Reason, Spec, State};
+use muster_api::conditions;
+use muster_api::labels;
+use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload};
+
+pub fn millis(time: &Time) -> Millis {
+    time.0.as_millisecond()
+}
+
+pub fn time(millis: Millis) -> Time {
+    Time(Timestamp::from_millisecond(millis).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+pub fn now_millis() -> Millis {
+    Timestamp::now().as_millisecond()
+}
+
+fn state(state: AdmissionState) -> State {
+    match state {
+        AdmissionState::Reserving => State::Reserving,
+        AdmissionState::Reserved => State::Reserved,
+        AdmissionState::Released => State::Released,
+        AdmissionState::TearingDown => State::TearingDown,
+        AdmissionState::Restarting => State::Restarting,
+        AdmissionState::Suspending => State::Suspending,
+        AdmissionState::Finishing => State::Finishing,
+        AdmissionState::Finished => State::Finished,
+    }
+}
+
+fn admission_state(state: State) -> AdmissionState {
+    match state {
+        State::Reserving => AdmissionState::Reserving,
+        State::Reserved => AdmissionState::Reserved,
+        State::Released => AdmissionState::Released,
+        State::TearingDown => AdmissionState::TearingDown,
+        State::Restarting => AdmissionState::Restarting,
+        State::Suspending => AdmissionState::Suspending,
+        State::Finishing => AdmissionState::Finishing,
+        State::Finished => AdmissionState::Finished,
+    }
+}
+
+/// Reasons a gang being taken apart reports when it is queued again.
+const CAUSES: [Reason; 4] = [
+    Reason::RolledBack,
+    Reason::Conflict,
+    Reason::ScheduleTimeout,
+    Reason::ReleaseTimeout,
+];
+
+/// The journal of a Workload, if it has one. The cause of a teardown or a failed
+/// commit is the `Admitted` condition written with it.
+pub fn journal(workload: &Workload) -> Option<Journal> {
+    let placement = workload.status.as_ref()?.placement.as_ref()?;
+    let state = state(placement.state?);
+    let cause = crate::admission::condition(workload, conditions::ADMITTED)
+        .filter(|_| matches!(state, State::Reserving | State::TearingDown))
+        .and_then(|c| Some((Reason::parse(&c.reason)?, c.message.clone())))
+        .filter(|(reason, _)| CAUSES.contains(reason));
+    let released_at = placement.released_at.as_ref().map(millis);
+    Some(Journal {
+        state,
+        since: placement
+            .since
+            .as_ref()
+            .map(millis)
+            .or(released_at)
+            .unwrap_or_else(now_millis),
+        pods: placement
+            .pods
+            .iter()
+            .map(|p| CorePlannedPod {
+                name: p.name.clone(),
+                node: p.node.clone(),
+                extra: p.extra,
+                // Before extras carried their own release time (journals without
+                // `since`), the gang's stood for it.
+                released_at: p
+                    .released_at
+                    .as_ref()
+                    .map(millis)
+                    .or(released_at.filter(|_| p.extra && placement.since.is_none())),
+                claims: p.claims.clone(),
+            })
+            .collect(),
+        claims: placement.claims.clone(),
+        released_at,
+        reuse_reservation: placement.reuse_reservation,
+        retired: placement.retired_pods.clone(),
+        cause,
+        topology_value: placement.topology_value.clone(),
+        nodes: placement.nodes.clone(),
+        devices: placement.devices,
+    })
+}
+
+/// The journal as the Workload's `status.placement`.
+pub fn placement(journal: &Journal) -> PlacementStatus {
+    PlacementStatus {
+        state: Some(admission_state(journal.state)),
+        since: Some(time(journal.since)),
+        topology_value: journal.topology_value.clone(),
+        nodes: journal.nodes.clone(),
+        devices: journal.devices,
+        pods: journal
+            .pods
+            .iter()
+            .map(|p| PlannedPod {
+                name: p.name.clone(),
+                node: p.node.clone(),
+                extra: p.extra,
+                released_at: p.released_at.filter(|_| p.extra).map(time),
+                claims: p.claims.clone(),
+            })
+            .collect(),
+        claims: journal.claims.clone(),
+        released_at: journal.released_at.map(time),
+        reuse_reservation: journal.reuse_reservation,
+        retired_pods: journal.retired.clone(),
+    }
+}
+
+/// The part of the spec the state machine reads.
+pub fn spec(workload: &Workload) -> Spec {
+    Spec {
+        suspend: workload.spec.suspend == Some(true),
+        groups: workload
+            .spec
+            .pod_groups
+            .iter()
+            .map(|g| muster_admission::GroupSpec {
+                name: g.name.clone(),
+                min_count: g.min_count(),
+                managed: g.template.is_some(),
+            })
+            .collect(),
+        success_groups: workload
+            .spec
+            .success_policy
+            .as_ref()
+            .and_then(|p| p.pod_groups.clone())
+            .unwrap_or_default(),
+        max_restarts: workload.spec.failure_policy.as_ref().map_or(0, |p| p.max_restarts),
+        ttl_seconds_after_finished: workload.spec.ttl_seconds_after_finished.map(i64::from),
+    }
+}
+
+/// When the Workload succeeded or failed for good, if it did.
+pub fn finished_at(workload: &Workload) -> Option<Millis> {
+    [conditions::SUCCEEDED, conditions::FAILED]
+        .iter()
+        .filter_map(|t| crate::admission::condition(workload, t).filter(|c| c.status == "True"))
+        .map(|c| millis(&c.last_transition_time))
+        .next()
+}
+
+pub fn pod(pod: &Pod) -> PodView {
+    let label = |key: &str| pod.labels().get(key).cloned();
+    let status = pod.status.as_ref();
+    let phase = match status.and_then(|s| s.phase.as_deref()) {
+        Some("Pending") | None => Phase::Pending,
+        Some("Running") => Phase::Running,
+        Some("Succeeded") => Phase::Succeeded,
+        Some("Failed") => Phase::Failed,
+        Some(_) => Phase::Unknown,
+    };
+    PodView {
+        name: pod.name_any(),
+        uid: pod.uid().unwrap_or_default(),
+        group: label(labels::POD_GROUP),
+        attempt: label(labels::ATTEMPT).and_then(|a| a.parse().ok()),
+        gated: crate::status::is_gated(pod),
+        phase,
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        deleting: pod.metadata.deletion_timestamp.is_some(),
+        message: status.and_then(|s| s.reason.clone().or(s.message.clone())),
+    }
+}
+
+pub fn claim(claim: &ResourceClaim) -> ClaimView {
+    let status = claim.status.as_ref();
+    ClaimView {
+        name: claim.name_any(),
+        allocated: status.is_some_and(|s| s.allocation.is_some()),
+        reserved_for: status
+            .and_then(|s| s.reserved_for.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|r| r.uid.clone())
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_journal_survives_the_status_round_trip() {
+        let journal = Journal {
+            state: State::Restarting,
+            since: 1_700_000_000_000,
+            pods: vec![
+                CorePlannedPod {
+                    name: "g-w-0".into(),
+                    node: "n1".into(),
+                    extra: false,
+                    released_at: None,
+                    claims: vec![],
+                },
+                CorePlannedPod {
+                    name: "g-w-1".into(),
+                    node: "n2".into(),
+                    extra: true,
+                    released_at: Some(1_700_000_001_000),
+                    claims: vec!["g-w-1-gpus".into()],
+                },
+                // Being dropped (or not released yet): stays so, not the gang's time.
+                CorePlannedPod {
+                    name: "g-w-2".into(),
+                    node: "n2".into(),
+                    extra: true,
+                    released_at: None,
+                    claims: vec!["g-w-2-gpus".into()],
+                },
+            ],
+            claims: vec!["g-w-0-gpus".into(), "g-w-1-gpus".into()],
+            released_at: Some(1_700_000_000_500),
+            reuse_reservation: true,
+            retired: vec!["uid-1".into()],
+            cause: None,
+            topology_value: Some("rack-1".into()),
+            nodes: vec!["n1".into(), "n2".into()],
+            devices: 16,
+        };
+        let mut workload: Workload = serde_json::from_value(serde_json::json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "g", "namespace": "ns"},
+            "spec": {"podGroups": [{"name": "w", "replicas": 2, "minCount": 1}]},
+        }))
+        .expect("workload");
+        workload.status = Some(muster_api::v1alpha1::WorkloadStatus {
+            placement: Some(placement(&journal)),
+            ..Default::default()
+        });
+        assert_eq!(self::journal(&workload), Some(journal));
+    }
+
+    #[test]
+    fn reasons_match_the_api_constants() {
+        for (reason, constant) in [
+            (Reason::Reserving, conditions::REASON_RESERVING),
+            (Reason::Admitted, conditions::REASON_ADMITTED),
+            (Reason::RolledBack, conditions::REASON_ROLLED_BACK),
+            (Reason::Conflict, conditions::REASON_CONFLICT),
+            (Reason::ScheduleTimeout, conditions::REASON_SCHEDULE_TIMEOUT),
+            (Reason::ReleaseTimeout, conditions::REASON_RELEASE_TIMEOUT),
+            (Reason::Suspended, conditions::REASON_SUSPENDED),
+            (Reason::PodFailed, conditions::REASON_POD_FAILED),
+            (Reason::PodLost, conditions::REASON_POD_LOST),
+            (Reason::NodeLost, conditions::REASON_NODE_LOST),
+            (Reason::MaxRestartsExceeded, conditions::REASON_MAX_RESTARTS),
+            (Reason::SucceededPodGroups, conditions::REASON_SUCCEEDED),
+            (Reason::Restarted, conditions::REASON_RESTARTED),
+        ] {
+            assert_eq!(reason.as_str(), constant);
+            assert_eq!(Reason::parse(constant), Some(reason));
+        }
+    }
+}
