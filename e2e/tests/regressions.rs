@@ -1,0 +1,344 @@
+//! One test per defect the admission state machine closed, on the real control plane.
+//! Each failed before the state machine drove admission.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use muster_api::labels;
+use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
+use muster_e2e::fleet::{GPU_DRIVER, RACK_LABEL};
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
+use muster_e2e::wait;
+use serde_json::json;
+
+/// Makes a pod's containers exit with `code` (the test kwok stage).
+async fn exit(test: &Test, pod: &str, code: u8) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {"muster-e2e-exit": code.to_string()}}});
+    test.pods()
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn restarts(test: &Test, name: &str) -> Result<i32> {
+    Ok(test.workloads().get(name).await?.status.map_or(0, |s| s.restarts))
+}
+
+/// Defect 1: an extra released long after the gang was admitted measured its schedule
+/// timeout from the gang's release, and tore the running gang down.
+#[tokio::test]
+async fn defect_1_an_extra_released_after_the_schedule_timeout_does_not_tear_the_gang_down() -> Result<()> {
+    with_test("late-extra", &["--schedule-timeout", "5"], &[], |test| {
+        Box::pin(async move {
+            // Two of rack-0000's four nodes are taken.
+            test.create(gang("blocker", 2, Some("rack-0000"))).await?;
+            assert_runs_as_planned(test, "blocker").await?;
+            let mut elastic = gang("elastic", 4, Some("rack-0000"));
+            elastic["spec"]["podGroups"][1]["minCount"] = json!(2);
+            test.create(elastic).await?;
+            test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            // Longer than the schedule timeout passes before the extras have room.
+            let workloads = test.workloads();
+            wait::holds("the gang running without its extras", Duration::from_secs(7), || {
+                let workloads = workloads.clone();
+                async move {
+                    let w = workloads.get("elastic").await?;
+                    let placement = w.status.and_then(|s| s.placement);
+                    Ok(placement.is_some_and(|p| p.state == Some(AdmissionState::Released) && p.pods.len() == 3))
+                }
+            })
+            .await?;
+            test.workloads().delete("blocker", &DeleteParams::default()).await?;
+            let pods = test.pods();
+            wait::until("the extras to run", Duration::from_secs(90), || {
+                let pods = pods.clone();
+                async move {
+                    let running = pods
+                        .list(&ListParams::default().labels(&format!("{}=elastic", labels::WORKLOAD)))
+                        .await?
+                        .items
+                        .into_iter()
+                        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                        .count();
+                    Ok((running == 5).then_some(()))
+                }
+            })
+            .await?;
+            // The gang was never torn down: no restart, same attempt, still released.
+            let workload = test.workloads().get("elastic").await?;
+            let status = workload.status.context("status")?;
+            let admitted = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Admitted")
+                .context("Admitted")?;
+            ensure!(admitted.status == "True", "{admitted:?}");
+            ensure!(status.restarts == 0, "restarts: {}", status.restarts);
+            let core = test.pods().get("elastic-workers-0").await?;
+            ensure!(core.metadata.deletion_timestamp.is_none(), "the core pods stay");
+            assert_runs_as_planned(test, "elastic").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Defect 2: a claim the gang shares with a pod outside it was deallocated when the gang
+/// ended, while that pod still ran on its device.
+#[tokio::test]
+async fn defect_2_a_shared_claim_another_pod_uses_stays_allocated_after_the_gang_ends() -> Result<()> {
+    with_test("shared-claim", &[], &[], |test| {
+        Box::pin(async move {
+            let claims = test.claims();
+            let claim: ResourceClaim = serde_json::from_value(json!({
+                "metadata": {"name": "shared-gpu"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}},
+            }))?;
+            claims.create(&PostParams::default(), &claim).await?;
+            // The worker's only device is the shared claim's.
+            let mut workload = gang("sharer", 1, None);
+            let worker = &mut workload["spec"]["podGroups"][1]["template"]["spec"];
+            worker["resourceClaims"] = json!([]);
+            worker["containers"][0]["resources"]["claims"] = json!([{"name": "fabric"}]);
+            workload["spec"]["resourceClaims"] =
+                json!([{"name": "fabric", "resourceClaimName": "shared-gpu", "podGroups": ["workers"]}]);
+            workload["spec"]["successPolicy"] = json!({"podGroups": ["launcher"]});
+            test.create(workload).await?;
+            test.wait_phase("sharer", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let held = allocations(&test.claims()).await?;
+            ensure!(held.contains_key("shared-gpu"), "muster allocated the shared claim: {held:?}");
+
+            // A plain pod joins the claim; kube-scheduler puts it where the device is.
+            let outsider: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "outsider"},
+                "spec": {
+                    "containers": [{"name": "main", "image": "tool", "resources": {"claims": [{"name": "gpu"}]}}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}],
+                    "tolerations": [{"key": labels::FENCE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                },
+            }))?;
+            test.pods().create(&PostParams::default(), &outsider).await?;
+            let pods = test.pods();
+            let outsider_uid = wait::until("the outsider to run", Duration::from_secs(60), || {
+                let pods = pods.clone();
+                async move {
+                    let pod = pods.get("outsider").await?;
+                    let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                    Ok(running.then(|| pod.metadata.uid.clone().unwrap_or_default()))
+                }
+            })
+            .await?;
+
+            // The gang succeeds and gives back what only it used.
+            exit(test, "sharer-launcher-0", 0).await?;
+            test.wait_phase("sharer", WorkloadPhase::Succeeded, Duration::from_secs(60))
+                .await?;
+            let claims_api = test.claims();
+            wait::until("the gang's own claims to be free", Duration::from_secs(60), || {
+                let claims = claims_api.clone();
+                async move {
+                    let held = allocations(&claims).await?;
+                    Ok(held.keys().all(|c| c == "shared-gpu").then_some(()))
+                }
+            })
+            .await?;
+            // The shared claim stays allocated and reserved for the outsider.
+            let claims_api = test.claims();
+            let outsider_uid = &outsider_uid;
+            wait::holds("the outsider keeping its device", Duration::from_secs(5), || {
+                let claims = claims_api.clone();
+                async move {
+                    let claim = claims.get("shared-gpu").await?;
+                    let status = claim.status.unwrap_or_default();
+                    let reserved = status.reserved_for.unwrap_or_default();
+                    Ok(status.allocation.is_some() && reserved.iter().any(|r| &r.uid == outsider_uid))
+                }
+            })
+            .await?;
+            // Once the outsider is gone, the gang gives the claim back and finishes.
+            test.pods().delete("outsider", &DeleteParams::default()).await?;
+            let (claims, workloads) = (test.claims(), test.workloads());
+            wait::until("the gang to hold nothing and finish", Duration::from_secs(60), || {
+                let (claims, workloads) = (claims.clone(), workloads.clone());
+                async move {
+                    let held = allocations(&claims).await?;
+                    let state = workloads
+                        .get("sharer")
+                        .await?
+                        .status
+                        .and_then(|s| s.placement)
+                        .and_then(|p| p.state);
+                    Ok((held.is_empty() && state == Some(AdmissionState::Finished)).then_some(()))
+                }
+            })
+            .await?;
+            test.claims().delete("shared-gpu", &DeleteParams::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Defect 6: resuming a suspended gang while its pods still terminated marked it
+/// Failed (the pods looked lost).
+#[tokio::test]
+async fn defect_6_a_quick_resume_while_pods_terminate_runs_the_gang_again() -> Result<()> {
+    with_test("quick-resume", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("toggled", 2, None)).await?;
+            assert_runs_as_planned(test, "toggled").await?;
+            let params = PatchParams::default();
+            test.workloads()
+                .patch("toggled", &params, &Patch::Merge(&json!({"spec": {"suspend": true}})))
+                .await?;
+            test.workloads()
+                .patch("toggled", &params, &Patch::Merge(&json!({"spec": {"suspend": false}})))
+                .await?;
+            let workload = test
+                .wait_phase("toggled", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            let status = workload.status.context("status")?;
+            ensure!(
+                !status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Failed" && c.status == "True"),
+                "the gang did not fail: {:?}",
+                status.conditions
+            );
+            ensure!(status.restarts == 0, "no restart: {}", status.restarts);
+            assert_runs_as_planned(test, "toggled").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Defect 7: a gang of another controller's pods could not restart: its pods have no
+/// attempt label, so every pod the Job made again was deleted as old.
+#[tokio::test]
+async fn defect_7_a_gang_of_job_pods_restarts_after_losing_a_pod() -> Result<()> {
+    with_test("job-restart", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(json!({
+                "apiVersion": "muster.dev/v1alpha1",
+                "kind": "Workload",
+                "metadata": {"name": "trainers"},
+                "spec": {
+                    "topology": {"required": RACK_LABEL},
+                    "podGroups": [{"name": "workers", "replicas": 2}],
+                    "failurePolicy": {"maxRestarts": 2},
+                },
+            }))
+            .await?;
+            let job: Job = serde_json::from_value(json!({
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "trainers"},
+                "spec": {
+                    "completionMode": "Indexed",
+                    "completions": 2,
+                    "parallelism": 2,
+                    "backoffLimit": 6,
+                    "template": {
+                        "metadata": {"labels": {labels::WORKLOAD: "trainers", labels::POD_GROUP: "workers"}},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "schedulingGates": [{"name": labels::GANG_GATE}],
+                            "containers": [{
+                                "name": "main",
+                                "image": "trainer",
+                                "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
+                            }],
+                            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+                        },
+                    },
+                },
+            }))?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.create(&PostParams::default(), &job).await?;
+            let workload = test
+                .wait_phase("trainers", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let first = workload.status.and_then(|s| s.placement).context("placement")?;
+            let lost = first.pods.first().context("a planned pod")?.name.clone();
+            test.pods().delete(&lost, &DeleteParams::default()).await?;
+
+            // One restart: the Job's new pods join, are placed and run.
+            let api = test.workloads();
+            wait::until("the gang to restart once and run", Duration::from_secs(120), || {
+                let api = api.clone();
+                async move {
+                    let w = api.get("trainers").await?;
+                    let status = w.status.unwrap_or_default();
+                    let running = status.phase == Some(WorkloadPhase::Running);
+                    Ok((status.restarts == 1 && running).then_some(()))
+                }
+            })
+            .await?;
+            let workload = test.workloads().get("trainers").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(
+                placement.pods.iter().all(|p| p.name != lost),
+                "the lost pod's replacement runs: {:?}",
+                placement.pods
+            );
+            ensure!(restarts(test, "trainers").await? == 1);
+            for planned in &placement.pods {
+                let pod = test.pods().get(&planned.name).await?;
+                let node = pod.spec.and_then(|s| s.node_name).context("bound")?;
+                ensure!(node == planned.node, "{} on {node}, planned {}", planned.name, planned.node);
+            }
+            jobs.delete("trainers", &DeleteParams::background()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Defect 10: a gang that can never fit blocked every gang behind it once it had waited
+/// past the starvation limit.
+#[tokio::test]
+async fn defect_10_a_gang_that_can_never_fit_does_not_hold_the_queue() -> Result<()> {
+    with_test("never-fits", &["--starvation-after", "1"], &[], |test| {
+        Box::pin(async move {
+            // Nine workers with eight GPUs each in one rack of four nodes: never.
+            test.create(gang("huge", 9, None)).await?;
+            let message = test
+                .wait_admitted_reason("huge", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            ensure!(message.contains("would not fit even on an empty cluster"), "{message}");
+            let api = test.workloads();
+            wait::until(
+                "huge to have waited past the starvation limit",
+                Duration::from_secs(30),
+                || {
+                    let api = api.clone();
+                    async move {
+                        let w = api.get("huge").await?;
+                        let since = w
+                            .status
+                            .unwrap_or_default()
+                            .conditions
+                            .into_iter()
+                            .find(|c| c.type_ == "Admitted")
+                            .map(|c| c.last_transition_time.0);
+                        let waited = since.map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t).as_secs_f64());
+                        Ok(waited.filter(|w| *w > 2.0).map(|_| ()))
+                    }
+                },
+            )
+            .await?;
+            test.create(gang("small", 1, None)).await?;
+            assert_runs_as_planned(test, "small").await?;
+            Ok(())
+        })
+    })
+    .await
+}

@@ -1,0 +1,161 @@
+//! The operator killed right after a write of each transition of a running gang —
+//! suspend, success, restart — converges once it is back: the transition finishes, and
+//! nothing leaks. (The commit's own steps are covered in the admission tests.)
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use kube::api::{Patch, PatchParams};
+use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
+use muster_e2e::wait;
+use serde_json::json;
+
+#[derive(Clone, Copy, Debug)]
+enum Drive {
+    Suspend,
+    Succeed,
+    Restart,
+}
+
+async fn exit(test: &Test, pod: &str, code: u8) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {"muster-e2e-exit": code.to_string()}}});
+    test.pods()
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn drive(test: &Test, how: Drive) -> Result<()> {
+    match how {
+        Drive::Suspend => {
+            test.workloads()
+                .patch(
+                    "victim",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"suspend": true}})),
+                )
+                .await?;
+        }
+        Drive::Succeed => exit(test, "victim-launcher-0", 0).await?,
+        Drive::Restart => exit(test, "victim-workers-1", 1).await?,
+    }
+    Ok(())
+}
+
+/// Where the gang must end up once the transition is finished.
+async fn converged(test: &Test, how: Drive) -> Result<()> {
+    let claims = test.claims();
+    match how {
+        Drive::Suspend => {
+            test.wait_phase("victim", WorkloadPhase::Suspended, Duration::from_secs(90))
+                .await?;
+            wait::until("the suspended gang to hold nothing", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+            })
+            .await?;
+            test.workloads()
+                .patch(
+                    "victim",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"suspend": false}})),
+                )
+                .await?;
+            assert_runs_as_planned(test, "victim").await?;
+        }
+        Drive::Succeed => {
+            test.wait_phase("victim", WorkloadPhase::Succeeded, Duration::from_secs(90))
+                .await?;
+            let workloads = test.workloads();
+            wait::until("the finished gang to hold nothing", Duration::from_secs(60), || {
+                let (claims, workloads) = (claims.clone(), workloads.clone());
+                async move {
+                    let held = allocations(&claims).await?;
+                    let state = workloads
+                        .get("victim")
+                        .await?
+                        .status
+                        .and_then(|s| s.placement)
+                        .and_then(|p| p.state);
+                    Ok((held.is_empty() && state == Some(AdmissionState::Finished)).then_some(()))
+                }
+            })
+            .await?;
+        }
+        Drive::Restart => {
+            let workloads = test.workloads();
+            wait::until("the gang to have restarted once", Duration::from_secs(90), || {
+                let workloads = workloads.clone();
+                async move {
+                    let w = workloads.get("victim").await?;
+                    Ok(w.status.is_some_and(|s| s.restarts == 1).then_some(()))
+                }
+            })
+            .await?;
+            test.wait_phase("victim", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            assert_runs_as_planned(test, "victim").await?;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_operator_killed_after_any_write_of_a_transition_converges() -> Result<()> {
+    let cases = [
+        (Drive::Suspend, "after-released-record"),
+        (Drive::Suspend, "after-suspending-delete"),
+        (Drive::Suspend, "after-suspending-deallocate"),
+        (Drive::Suspend, "after-suspending-record"),
+        (Drive::Succeed, "after-finishing-delete"),
+        (Drive::Succeed, "after-finishing-deallocate"),
+        (Drive::Succeed, "after-finishing-record"),
+        (Drive::Restart, "after-restarting-delete"),
+        (Drive::Restart, "after-restarting-record"),
+        (Drive::Restart, "after-reserved-release"),
+        (Drive::Restart, "after-reserved-record"),
+    ];
+    for (how, fault) in cases {
+        let name = format!("crash-{fault}");
+        with_test(&name, &[], &[], |test| {
+            Box::pin(async move {
+                let mut workload = gang("victim", 2, None);
+                workload["spec"]["successPolicy"] = json!({"podGroups": ["launcher"]});
+                workload["spec"]["failurePolicy"] = json!({"maxRestarts": 1});
+                test.create(workload).await?;
+                assert_runs_as_planned(test, "victim").await?;
+
+                // The same operator, now set to abort after the transition's write.
+                if let Some(operator) = test.operator.take() {
+                    operator.stop();
+                }
+                test.start_operator(&[], &[("MUSTER_FAULT_POINT", fault)])?;
+                drive(test, how).await?;
+                let operator = test.operator.as_mut().context("operator")?;
+                wait::until(
+                    &format!("the operator to abort {fault}"),
+                    Duration::from_secs(90),
+                    || {
+                        let exited = operator.check_running().is_err();
+                        async move { Ok(exited.then_some(())) }
+                    },
+                )
+                .await?;
+                let log = operator.log();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                ensure!(
+                    log.contains(&format!("fault point {fault} reached")),
+                    "the operator stopped at {fault}, not elsewhere; the end of its log:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+                test.operator = None;
+                test.start_operator(&[], &[])?;
+                converged(test, how).await
+            })
+        })
+        .await
+        .with_context(|| format!("after a crash {fault} ({how:?})"))?;
+    }
+    Ok(())
+}
