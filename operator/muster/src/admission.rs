@@ -44,7 +44,7 @@ use crate::faults::Write;
 use crate::fencing::Fencing;
 use crate::index::Index;
 use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
-use crate::observe;
+use crate::observe::{self, condition, finished};
 use crate::release;
 use crate::request::{ClaimSources, RequestError, gang_request};
 
@@ -235,17 +235,8 @@ pub(crate) fn placement_of(workload: &Workload) -> Option<&PlacementStatus> {
     workload.status.as_ref()?.placement.as_ref()
 }
 
-pub(crate) fn condition<'a>(workload: &'a Workload, type_: &str) -> Option<&'a Condition> {
-    workload.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
-}
-
 pub(crate) fn now() -> Time {
     Time(Timestamp::now())
-}
-
-/// Whether a Workload finished (succeeded or failed for good).
-pub fn finished(workload: &Workload) -> bool {
-    observe::finished_at(workload).is_some()
 }
 
 fn condition_type(type_: ConditionType) -> &'static str {

@@ -296,7 +296,7 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         write_status(workload, ctx, &Progress::Suspended).await?;
         return Ok(Action::await_change());
     }
-    if crate::admission::finished(workload) {
+    if crate::observe::finished(workload) {
         // A finished gang is not run again; its pods stay for their logs.
         write_status(workload, ctx, &Progress::AllCreated).await?;
         return Ok(Action::await_change());

@@ -17,6 +17,7 @@ pub mod index;
 pub mod leader;
 pub mod membership;
 pub mod metrics;
+pub mod names;
 pub mod objects;
 pub mod observe;
 pub mod plan;

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use muster_admission::{ClaimView, Journal, Millis, Phase, PlannedPod as CorePlannedPod, PodView, Reason, Spec, State};
@@ -62,7 +62,7 @@ const CAUSES: [Reason; 4] = [
 pub fn journal(workload: &Workload) -> Option<Journal> {
     let placement = workload.status.as_ref()?.placement.as_ref()?;
     let state = state(placement.state?);
-    let cause = crate::admission::condition(workload, conditions::ADMITTED)
+    let cause = condition(workload, conditions::ADMITTED)
         .filter(|_| matches!(state, State::Reserving | State::TearingDown))
         .and_then(|c| Some((Reason::parse(&c.reason)?, c.message.clone())))
         .filter(|(reason, _)| CAUSES.contains(reason));
@@ -154,11 +154,20 @@ pub fn spec(workload: &Workload) -> Spec {
     }
 }
 
+pub(crate) fn condition<'a>(workload: &'a Workload, type_: &str) -> Option<&'a Condition> {
+    workload.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether a Workload finished (succeeded or failed for good).
+pub fn finished(workload: &Workload) -> bool {
+    finished_at(workload).is_some()
+}
+
 /// When the Workload succeeded or failed for good, if it did.
 pub fn finished_at(workload: &Workload) -> Option<Millis> {
     [conditions::SUCCEEDED, conditions::FAILED]
         .iter()
-        .filter_map(|t| crate::admission::condition(workload, t).filter(|c| c.status == "True"))
+        .filter_map(|t| condition(workload, t).filter(|c| c.status == "True"))
         .map(|c| millis(&c.last_transition_time))
         .next()
 }
