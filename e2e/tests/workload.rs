@@ -536,6 +536,20 @@ async fn invalid_workloads_are_refused_with_clear_messages() -> Result<()> {
         "successPolicy.podGroups may only name pod groups",
     )
     .await?;
+    // Defect 13: a gang too big to record its placement.
+    expect_refused(
+        &api,
+        with(base.clone(), "/spec/podGroups/1/replicas", json!(5_000)),
+        "at most 4096 pods in all groups together",
+    )
+    .await?;
+    // Defect 11: a shared claim named like a pod's claim would take its object name.
+    expect_refused(
+        &api,
+        with(base.clone(), "/spec/resourceClaims/0/name", json!("workers-0-gpus")),
+        "may not be named <group>-<index>-<name>",
+    )
+    .await?;
     expect_refused(
         &api,
         with(base.clone(), "/spec/resourceClaims/0/podGroups", json!(["nope"])),

@@ -12,6 +12,10 @@ pub const MAX_REPLICAS: i32 = 10_000;
 pub const MAX_POD_GROUPS: usize = 16;
 /// Upper bound on gang-shared claims per Workload.
 pub const MAX_SHARED_CLAIMS: usize = 32;
+/// Upper bound on the pods of a Workload, all groups together, so that its recorded
+/// placement (`status.placement`, a pod name and node per pod) stays far below the
+/// object size etcd accepts.
+pub const MAX_PODS: i32 = 4096;
 /// Longest `<workload>` + `<group>` so that `<workload>-<group>-<index>` (index up to
 /// 9999) is a valid DNS label (63 characters): pod names double as hostnames.
 pub const MAX_WORKLOAD_AND_GROUP_NAME: usize = 63 - 2 - 4;
@@ -45,6 +49,8 @@ pub const MAX_WORKLOAD_AND_GROUP_NAME: usize = 63 - 2 - 4;
 #[x_kube(
     validation = Rule::new("!has(self.successPolicy) || !has(self.successPolicy.podGroups) || self.successPolicy.podGroups.all(n, self.podGroups.exists(g, g.name == n))").message("successPolicy.podGroups may only name pod groups of this Workload"),
     validation = Rule::new("!has(self.resourceClaims) || self.resourceClaims.all(c, !has(c.podGroups) || c.podGroups.all(n, self.podGroups.exists(g, g.name == n)))").message("resourceClaims[].podGroups may only name pod groups of this Workload"),
+    validation = Rule::new("self.podGroups.map(g, g.replicas).sum() <= 4096").message("a Workload may have at most 4096 pods in all groups together, so that its placement can be recorded in its status"),
+    validation = Rule::new("!has(self.resourceClaims) || self.resourceClaims.all(c, !has(c.resourceClaimTemplateName) || self.podGroups.all(g, !c.name.matches('^' + g.name + '-[0-9]+-')))").message("a shared claim made from a template may not be named <group>-<index>-<name>: its object <workload>-<claim> would be the name of a pod's claim <workload>-<group>-<index>-<name>"),
 )]
 pub struct WorkloadSpec {
     /// When true, the gang holds nothing: no pods run and every device reservation is

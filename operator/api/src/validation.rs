@@ -2,7 +2,9 @@
 //! an API server (files given to `muster plan`). The API server enforces the same rules
 //! through the CRD schema; the messages are the same.
 
-use crate::v1alpha1::{MAX_POD_GROUPS, MAX_REPLICAS, MAX_SHARED_CLAIMS, MAX_WORKLOAD_AND_GROUP_NAME, Workload};
+use crate::v1alpha1::{
+    MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, MAX_SHARED_CLAIMS, MAX_WORKLOAD_AND_GROUP_NAME, Workload,
+};
 
 fn is_dns_label(name: &str) -> bool {
     !name.is_empty()
@@ -58,6 +60,11 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
             problems.push(format!("metadata.name and each pod group name may have at most {MAX_WORKLOAD_AND_GROUP_NAME} characters together, so that pod names <workload>-<group>-<index> stay valid DNS labels (63 characters)"));
         }
     }
+    if spec.pod_groups.iter().map(|g| i64::from(g.replicas)).sum::<i64>() > i64::from(MAX_PODS) {
+        problems.push(format!(
+            "a Workload may have at most {MAX_PODS} pods in all groups together, so that its placement can be recorded in its status"
+        ));
+    }
     if spec.resource_claims.len() > MAX_SHARED_CLAIMS {
         problems.push(format!(
             "spec.resourceClaims: at most {MAX_SHARED_CLAIMS} shared claims are allowed"
@@ -73,6 +80,19 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
             && spec.resource_claims.iter().position(|c| c.name == claim.name) == Some(i)
         {
             problems.push("shared resource claim names must be unique within a Workload".into());
+        }
+        let collides = |group: &str| {
+            claim
+                .name
+                .strip_prefix(group)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|rest| {
+                    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+                    digits > 0 && rest[digits..].starts_with('-')
+                })
+        };
+        if claim.resource_claim_template_name.is_some() && spec.pod_groups.iter().any(|g| collides(&g.name)) {
+            problems.push("a shared claim made from a template may not be named <group>-<index>-<name>: its object <workload>-<claim> would be the name of a pod's claim <workload>-<group>-<index>-<name>".into());
         }
         if claim
             .pod_groups
@@ -113,8 +133,13 @@ mod tests {
             "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2, minCount: 1}\n",
         );
         assert_eq!(validate(&good), Ok(()));
+        // A shared claim whose name only starts like a group's is fine.
+        let fine = workload(
+            "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2}\n  resourceClaims:\n  - {name: a-fabric, resourceClaimTemplateName: t}\n",
+        );
+        assert_eq!(validate(&fine), Ok(()));
         let bad = workload(
-            "kind: Workload\nmetadata: {name: 9w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2, minCount: 3}\n  - {name: a, replicas: 0}\n  resourceClaims:\n  - {name: c, podGroups: [nope]}\n  successPolicy: {podGroups: [zzz]}\n",
+            "kind: Workload\nmetadata: {name: 9w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2, minCount: 3}\n  - {name: a, replicas: 0}\n  - {name: b, replicas: 5000}\n  resourceClaims:\n  - {name: c, podGroups: [nope]}\n  - {name: a-0-gpus, resourceClaimTemplateName: t}\n  successPolicy: {podGroups: [zzz]}\n",
         );
         let problems = validate(&bad).unwrap_err();
         for expected in [
@@ -125,6 +150,8 @@ mod tests {
             "exactly one of resourceClaimTemplateName and resourceClaimName",
             "resourceClaims[].podGroups may only name pod groups",
             "successPolicy.podGroups may only name pod groups",
+            "at most 4096 pods in all groups together",
+            "may not be named <group>-<index>-<name>",
         ] {
             assert!(
                 problems.iter().any(|p| p.contains(expected)),
