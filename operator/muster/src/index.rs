@@ -109,7 +109,7 @@ impl Indexed for Pod {
             (Some(node), Some(spec)) => {
                 cluster.upsert_pod(&key, &node, convert::pod_requests(&format!("Pod {key}"), spec)?)
             }
-            _ => cluster.remove_pod(&key),
+            _ => cluster.observe_pod_unbound(&key),
         }
         Ok(())
     }
@@ -160,7 +160,7 @@ impl Indexed for ResourceClaim {
             .and_then(|s| s.allocation.as_ref())
             .map(|a| convert::allocation_devices(&format!("ResourceClaim {key}"), a))
             .transpose()?;
-        cluster.set_claim_allocation(&key, devices);
+        cluster.observe_claim_allocation(&key, devices);
         Ok(())
     }
     fn remove(key: &str, cluster: &mut ClusterState) {
@@ -170,41 +170,55 @@ impl Indexed for ResourceClaim {
 
 /// Watches every kind until the process stops.
 pub async fn run(client: Client, index: Arc<Index>) {
-    let taint_rules = async {
-        if serves_device_taint_rules(&client).await {
-            watch::<DeviceTaintRule>(Api::all(client.clone()), index.clone()).await;
-        } else {
-            index.mark_listed();
-        }
-    };
     tokio::join!(
-        watch::<Node>(Api::all(client.clone()), index.clone()),
-        watch::<Pod>(Api::all(client.clone()), index.clone()),
-        watch::<ResourceSlice>(Api::all(client.clone()), index.clone()),
-        watch::<DeviceClass>(Api::all(client.clone()), index.clone()),
-        watch::<ResourceClaim>(Api::all(client.clone()), index.clone()),
-        taint_rules,
+        watch::<Node>(Api::all(client.clone()), index.clone(), false),
+        watch::<Pod>(Api::all(client.clone()), index.clone(), false),
+        watch::<ResourceSlice>(Api::all(client.clone()), index.clone(), false),
+        watch::<DeviceClass>(Api::all(client.clone()), index.clone(), false),
+        watch::<ResourceClaim>(Api::all(client.clone()), index.clone(), false),
+        watch_taint_rules(client.clone(), index.clone()),
     );
 }
 
-/// Whether the cluster serves DeviceTaintRules in resource.k8s.io/v1 (1.37 on; before,
-/// only behind a feature gate in a beta or alpha version, which muster does not read).
-async fn serves_device_taint_rules(client: &Client) -> bool {
+/// Watches DeviceTaintRules where the cluster serves them in resource.k8s.io/v1 (1.37
+/// on; before, only behind a feature gate in a beta or alpha version, which muster does
+/// not read). A failed discovery is asked again with backoff, not taken for a "no"; the
+/// index does not wait for it to be ready.
+async fn watch_taint_rules(client: Client, index: Arc<Index>) {
     let group_version = DeviceTaintRule::api_version(&());
-    match client.list_api_group_resources(&group_version).await {
-        Ok(list) => list.resources.iter().any(|r| r.name == DeviceTaintRule::plural(&())),
-        Err(e) => {
-            warn!(error = %e, "cannot tell whether the cluster serves DeviceTaintRules; not watching them");
-            false
+    let mut counted = false;
+    let mut delay = std::time::Duration::from_secs(1);
+    loop {
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == DeviceTaintRule::plural(&())) => {
+                return watch::<DeviceTaintRule>(Api::all(client.clone()), index, counted).await;
+            }
+            Ok(_) => {
+                if !counted {
+                    index.mark_listed();
+                }
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in = ?delay, "cannot tell whether the cluster serves DeviceTaintRules; asking again");
+                if !counted {
+                    counted = true;
+                    index.mark_listed();
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+            }
         }
     }
 }
 
-async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
+/// Feeds one kind into the cluster state; `counted`: its first list already counts
+/// towards the index being ready.
+async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>, counted: bool) {
     let kind = K::kind(&());
     let mut known: HashSet<String> = HashSet::new();
     let mut relisting: Option<HashSet<String>> = None;
-    let mut listed_once = false;
+    let mut listed_once = counted;
     let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
     while let Some(event) = events.next().await {
         let event = match event {
