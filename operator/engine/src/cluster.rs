@@ -599,6 +599,25 @@ impl ClusterState {
         }
     }
 
+    /// What a watch reports about a claim. While a plan assumes the claim, a report of
+    /// no allocation is older than the plan's own write and is ignored: only an
+    /// allocation the cluster shows, or [`ClusterState::forget`], replaces the assumed one.
+    pub fn observe_claim_allocation(&mut self, key: &str, devices: Option<Vec<DeviceResult>>) {
+        if devices.is_none() && self.assumed.values().any(|p| p.claims.iter().any(|c| c == key)) {
+            return;
+        }
+        self.set_claim_allocation(key, devices);
+    }
+
+    /// What a watch reports about a pod that is not bound (or gone): its usage is
+    /// dropped, unless a plan assumes the pod on its node.
+    pub fn observe_pod_unbound(&mut self, key: &str) {
+        if self.assumed.values().any(|p| p.pods.iter().any(|pod| pod == key)) {
+            return;
+        }
+        self.remove_pod(key);
+    }
+
     /// Whether the engine knows `key` as allocated.
     pub fn claim_allocated(&self, key: &str) -> bool {
         self.claims.contains_key(key)
@@ -826,5 +845,43 @@ mod tests {
         c.forget("plan");
         assert_eq!(c.free_resources(&node).cpu_millis, 6000);
         assert!(!c.device_allocated(&id("g0")));
+    }
+
+    #[test]
+    fn a_stale_watch_event_does_not_erase_an_assumption() {
+        let mut c = ClusterState::new();
+        let node = Node {
+            name: "n".into(),
+            allocatable: Resources {
+                cpu_millis: 8000,
+                pods: 10,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        c.upsert_node(node.clone());
+        let req = Resources {
+            cpu_millis: 2000,
+            pods: 1,
+            ..Default::default()
+        };
+        c.assume(
+            "plan",
+            &[("ns/q".into(), "n".into(), req)],
+            &[("ns/claim".into(), vec![result("g0", None, &[])])],
+        );
+        // Events older than the plan's writes: the claim unallocated, the pod unbound.
+        c.observe_claim_allocation("ns/claim", None);
+        c.observe_pod_unbound("ns/q");
+        assert!(c.device_allocated(&id("g0")), "the assumed allocation stays");
+        assert_eq!(c.free_resources(&node).cpu_millis, 6000, "the assumed pod stays");
+        // The cluster's own allocation replaces it; once confirmed, the watch rules.
+        c.observe_claim_allocation("ns/claim", Some(vec![result("g1", None, &[])]));
+        assert!(c.device_allocated(&id("g1")) && !c.device_allocated(&id("g0")));
+        c.confirm("plan");
+        c.observe_claim_allocation("ns/claim", None);
+        c.observe_pod_unbound("ns/q");
+        assert!(!c.device_allocated(&id("g1")));
+        assert_eq!(c.free_resources(&node).cpu_millis, 8000);
     }
 }
