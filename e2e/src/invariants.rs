@@ -2,10 +2,14 @@
 //! not stay broken for longer than one commit window (a commit that finds a conflict
 //! undoes its writes within it):
 //! - no device is in two allocations (admin access and shared devices aside);
-//! - no gang (an existing Workload) holds allocated claims while it is not admitted
-//!   (placement not Released);
+//! - no gang that is queued or reserving holds allocated claims past the window, and a
+//!   deleted gang's claims are given back;
+//! - a claim muster allocated for a gang is one the gang's placement names, and a
+//!   released gang holds every claim its placement names;
 //! - no released gang holds its devices while one of its planned minCount pods cannot be
 //!   scheduled (the operator tears such a gang down after `--schedule-timeout`).
+//!
+//! A check that cannot read the cluster for longer than the window is a violation too.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -32,8 +36,32 @@ impl Checker {
         let found = violations.clone();
         let task = tokio::spawn(async move {
             let mut broken_since: HashMap<String, Instant> = HashMap::new();
+            let mut failing_since: Option<Instant> = None;
             loop {
-                if let Ok(broken) = check(&client).await {
+                let broken = match check(&client).await {
+                    Ok(broken) => {
+                        failing_since = None;
+                        Ok(broken)
+                    }
+                    Err(e) => {
+                        let since = *failing_since.get_or_insert_with(Instant::now);
+                        Err((since, e))
+                    }
+                };
+                let broken = match broken {
+                    Ok(broken) => Some(broken),
+                    Err((since, e)) => {
+                        if since.elapsed() > commit_window {
+                            let problem = format!("the invariants could not be checked for {commit_window:?}: {e}");
+                            let mut found = found.lock().expect("violations");
+                            if !found.contains(&problem) {
+                                found.push(problem);
+                            }
+                        }
+                        None
+                    }
+                };
+                if let Some(broken) = broken {
                     let now = Instant::now();
                     broken_since.retain(|problem, _| broken.contains(problem));
                     let mut found = found.lock().expect("violations");
@@ -75,7 +103,8 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
     let mut problems = BTreeSet::new();
 
     let mut holders: BTreeMap<(String, String, String), String> = BTreeMap::new();
-    let mut gang_holds: BTreeMap<String, usize> = BTreeMap::new();
+    // Per gang, its allocated claims and whether muster allocated each (its finalizer).
+    let mut gang_holds: BTreeMap<String, Vec<(String, bool)>> = BTreeMap::new();
     for claim in &claims {
         let name = format!(
             "{}/{}",
@@ -87,7 +116,16 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
         };
         if let Some(workload) = claim.metadata.labels.as_ref().and_then(|l| l.get(labels::WORKLOAD)) {
             let gang = format!("{}/{workload}", claim.metadata.namespace.clone().unwrap_or_default());
-            *gang_holds.entry(gang).or_default() += 1;
+            let muster_allocated = claim
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == labels::CLAIM_FINALIZER);
+            gang_holds
+                .entry(gang)
+                .or_default()
+                .push((name.clone(), muster_allocated));
         }
         for result in allocation.devices.iter().flat_map(|d| d.results.iter().flatten()) {
             if result.admin_access == Some(true) || result.share_id.is_some() {
@@ -113,20 +151,56 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
             (key, w.status.as_ref().and_then(|s| s.placement.clone()))
         })
         .collect();
-    for (gang, count) in gang_holds {
-        // A deleted gang's claims wait for garbage collection; they are not a gang
-        // waiting to be placed.
+    for (gang, held) in gang_holds {
         let Some(placement) = placements.get(&gang) else {
+            problems.insert(format!(
+                "deleted gang {gang} still holds {} allocated claims ({})",
+                held.len(),
+                held.iter()
+                    .map(|(name, _)| name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
             continue;
         };
-        let released = placement
-            .as_ref()
-            .and_then(|p| p.state)
-            .is_some_and(|s| s == AdmissionState::Released);
-        if !released {
+        let state = placement.as_ref().and_then(|p| p.state);
+        if matches!(state, None | Some(AdmissionState::Reserving)) {
             problems.insert(format!(
-                "gang {gang} holds {count} allocated claims without being admitted"
+                "gang {gang} holds {} allocated claims without being admitted",
+                held.len()
             ));
+        }
+        // What muster allocated for the gang is what its placement names.
+        let named: BTreeSet<&str> = placement
+            .iter()
+            .flat_map(|p| p.claims.iter().map(String::as_str))
+            .collect();
+        for (claim, muster_allocated) in &held {
+            let short = claim.split_once('/').map_or(claim.as_str(), |(_, n)| n);
+            if *muster_allocated && state.is_some() && !named.contains(short) {
+                problems.insert(format!(
+                    "gang {gang} holds {claim}, which muster allocated but its placement does not name"
+                ));
+            }
+        }
+    }
+    for (gang, placement) in &placements {
+        let Some(placement) = placement.as_ref().filter(|p| p.state == Some(AdmissionState::Released)) else {
+            continue;
+        };
+        let namespace = gang.split_once('/').map_or("", |(ns, _)| ns);
+        for claim in &placement.claims {
+            let key = format!("{namespace}/{claim}");
+            let allocated = claims.iter().any(|c| {
+                c.metadata.namespace.as_deref() == Some(namespace)
+                    && c.metadata.name.as_deref() == Some(claim.as_str())
+                    && c.status.as_ref().is_some_and(|s| s.allocation.is_some())
+            });
+            if !allocated {
+                problems.insert(format!(
+                    "released gang {gang} does not hold {key}, which its placement names"
+                ));
+            }
         }
     }
     let unschedulable: BTreeSet<String> = pods

@@ -115,6 +115,16 @@ impl Operator {
         Ok((status, body))
     }
 
+    /// Stops the operator's process (SIGSTOP), as a stalled machine or a long pause
+    /// would; [`Operator::resume`] lets it go on.
+    pub fn freeze(&self) -> Result<()> {
+        self.processes.signal_component("muster", "STOP")
+    }
+
+    pub fn resume(&self) -> Result<()> {
+        self.processes.signal_component("muster", "CONT")
+    }
+
     /// Kills the operator at once, as a crash would.
     pub fn kill(mut self) {
         self.processes.stop(Duration::ZERO);

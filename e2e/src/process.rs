@@ -132,6 +132,15 @@ impl ProcessGroup {
         self.components.iter_mut().find(|c| c.name == name)
     }
 
+    /// Sends `signal` (as `kill` names it: STOP, CONT, ...) to one component.
+    pub fn signal_component(&self, name: &str, signal_name: &str) -> Result<()> {
+        let Some(component) = self.components.iter().find(|c| c.name == name) else {
+            bail!("no component named {name}");
+        };
+        signal(&component.pid().to_string(), signal_name);
+        Ok(())
+    }
+
     /// Terminates one component and waits for it to exit.
     pub fn stop_component(&mut self, name: &str, grace: Duration) -> Result<()> {
         let Some(index) = self.components.iter().position(|c| c.name == name) else {

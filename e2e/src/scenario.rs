@@ -33,7 +33,8 @@ pub async fn cluster() -> Result<&'static SharedCluster> {
     .await
 }
 
-pub const COMMIT_WINDOW: Duration = Duration::from_secs(30);
+/// How long an invariant may stay broken: one commit, or one transition's writes.
+pub const COMMIT_WINDOW: Duration = Duration::from_secs(10);
 
 pub struct Test {
     pub client: kube::Client,

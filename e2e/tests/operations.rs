@@ -196,6 +196,98 @@ async fn a_follower_takes_over_when_the_leader_is_killed_and_nothing_is_admitted
     .await
 }
 
+/// Defect 3: a leader stalled (SIGSTOP) in the middle of a commit for longer than its
+/// Lease, while a follower takes over, must not write once it runs again: it stops at
+/// its next write, and nothing is allocated twice or leaked.
+#[tokio::test]
+async fn a_stalled_leader_writes_nothing_after_a_follower_took_over() -> Result<()> {
+    with_test("stalled-leader", &[], &[], |test| {
+        Box::pin(async move {
+            let args = [
+                "--leader-elect".to_string(),
+                format!("--leader-election-namespace={}", test.ns),
+                "--leader-election-lease-duration=4".to_string(),
+            ];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            // The leader holds its first commit right after recording the plan.
+            let go_on = test.cluster.control_plane.run_dir().join(format!("{}-go-on", test.ns));
+            let go_on_text = go_on.display().to_string();
+            let paused = [
+                ("MUSTER_PAUSE_POINT", "after-plan-recorded"),
+                ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+            ];
+            test.operator.take().context("operator")?.stop();
+            let mut first = test.spawn_operator(test.cluster.control_plane.kubeconfig(), &args, &paused)?;
+            wait::until("the first operator to lead", Duration::from_secs(60), || {
+                let first = &first;
+                async move { Ok(is_leader(first).await.then_some(())) }
+            })
+            .await?;
+            let second = test.spawn_operator(test.cluster.control_plane.kubeconfig(), &args, &[])?;
+            test.create(gang("g0", 1, None)).await?;
+            wait::until("the leader to pause in g0's commit", Duration::from_secs(60), || {
+                let first = &first;
+                async move {
+                    Ok(first
+                        .log()
+                        .contains("pause point after-plan-recorded reached")
+                        .then_some(()))
+                }
+            })
+            .await?;
+
+            // The leader stalls; the follower takes over and admits g0 and g1 itself.
+            first.freeze()?;
+            test.create(gang("g1", 1, None)).await?;
+            wait::until("the follower to lead", Duration::from_secs(30), || {
+                let second = &second;
+                async move { Ok(is_leader(second).await.then_some(())) }
+            })
+            .await?;
+            let held: &Test = test;
+            for name in ["g0", "g1"] {
+                held.wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
+                    .await?;
+            }
+
+            // The old leader runs again, and would go on with its commit.
+            std::fs::write(&go_on, b"")?;
+            first.resume()?;
+            wait::until("the stalled leader to stop", Duration::from_secs(30), || {
+                let exited = first.check_running().is_err();
+                async move { Ok(exited.then_some(())) }
+            })
+            .await?;
+            let log = first.log();
+            ensure!(
+                log.contains("may have passed to another replica") || log.contains("lost the leader Lease"),
+                "the stalled leader stopped because it no longer led; the end of its log:\n{}",
+                log.lines()
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            // It went no further with its commit: writing it would have met the
+            // follower's allocations.
+            ensure!(
+                !log.contains("reserving failed"),
+                "the stalled leader wrote after it had lost the Lease"
+            );
+            test.operator = Some(second);
+            // The gangs run as planned on the devices they hold.
+            for name in ["g0", "g1"] {
+                assert_runs_as_planned(test, name).await?;
+            }
+            Ok(())
+        })
+    })
+    .await
+}
+
 /// A kubeconfig for `account`, with a token from the TokenRequest API and the cluster of
 /// `admin`.
 async fn service_account_kubeconfig(test: &Test, namespace: &str, account: &str) -> Result<std::path::PathBuf> {

@@ -43,6 +43,7 @@ use crate::convert;
 use crate::faults::Write;
 use crate::fencing::Fencing;
 use crate::index::Index;
+use crate::leader::LeaseGuard;
 use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
 use crate::observe::{self, condition, finished};
 use crate::release;
@@ -91,6 +92,9 @@ pub struct Settings {
     pub plan: PlanOptions,
     /// How pods outside muster are kept off the devices it plans with.
     pub fencing: Fencing,
+    /// With leader election: whether this process still leads, checked before every
+    /// write.
+    pub lease: Option<LeaseGuard>,
 }
 
 impl Default for Settings {
@@ -103,6 +107,7 @@ impl Default for Settings {
             pause: None,
             plan: PlanOptions::default(),
             fencing: Fencing::default(),
+            lease: None,
         }
     }
 }
@@ -307,6 +312,16 @@ impl Admission {
             own_pods: OwnWrites::default(),
             own_claims: OwnWrites::default(),
             passed: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Stops the process before a write once the Lease may be someone else's: a leader
+    /// that was stalled (a long pause, a stopped process) must not write after a
+    /// follower could have taken over.
+    pub(crate) fn ensure_leading(&self) {
+        if self.settings.lease.as_ref().is_some_and(|l| !l.held()) {
+            tracing::error!("the leader Lease may have passed to another replica: stopping before the next write");
+            std::process::exit(1);
         }
     }
 
@@ -822,6 +837,7 @@ impl Admission {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
         for effect in effects {
+            self.ensure_leading();
             let write = write_of(&effect);
             match effect {
                 // A record that changes nothing is not written: a decision can never spin
@@ -881,6 +897,7 @@ impl Admission {
                                 .into_iter()
                                 .find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str()));
                             async move {
+                                self.ensure_leading();
                                 release::release(
                                     &api,
                                     &pin.pod.name,
@@ -1125,6 +1142,7 @@ impl Admission {
         written: Vec<ResourceClaim>,
     ) -> Result<(), CommitError> {
         for claim in written {
+            self.ensure_leading();
             if let Some(claim) = undo_allocation(api, &claim).await? {
                 self.own_claims.remember(claim);
             }
@@ -1150,6 +1168,7 @@ impl Admission {
                 allocation.allocation_timestamp = Some(timestamp.clone());
                 let written = &written;
                 async move {
+                    self.ensure_leading();
                     let current = ensure_finalizer(&api, name).await?;
                     if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
                         return Err(CommitError::Conflict(format!(
@@ -1261,6 +1280,7 @@ impl Admission {
             if in_use {
                 continue;
             }
+            self.ensure_leading();
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
             let result = async {
                 match deallocate(&api, &claim.name_any(), &finished).await? {
@@ -1310,6 +1330,7 @@ impl Admission {
         let expected = placement_of(workload).cloned();
         let mut base = workload.clone();
         for _ in 0..10 {
+            self.ensure_leading();
             let current = base.status.clone().unwrap_or_default();
             let mut owned: Vec<Condition> = current
                 .conditions

@@ -103,6 +103,7 @@ impl Admission {
         .await?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
         for planned in &placement.pods {
+            self.ensure_leading();
             let Some(pod) = pods.iter().find(|p| p.name_any() == planned.name) else {
                 continue;
             };

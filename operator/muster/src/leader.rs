@@ -6,6 +6,8 @@
 //! the renew deadline: two leaders must never write at once, and a restart is the
 //! simplest way back to being a clean follower.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -55,10 +57,41 @@ pub fn identity() -> String {
     format!("{host}_{}_{nanos:08x}", std::process::id())
 }
 
+/// Whether this process may still act as the leader: until two thirds of a lease
+/// duration after its last renewal, measured on the monotonic clock (which keeps
+/// running while the process is stopped). Writers check it before every write, so a
+/// leader that was stalled past that point writes nothing more.
+#[derive(Clone, Debug)]
+pub struct LeaseGuard {
+    /// Milliseconds after `start` until which the Lease is held.
+    held_until: Arc<AtomicU64>,
+    start: Instant,
+}
+
+impl LeaseGuard {
+    fn new() -> Self {
+        LeaseGuard {
+            held_until: Arc::new(AtomicU64::new(0)),
+            start: Instant::now(),
+        }
+    }
+
+    fn renewed(&self, renewed_at: Instant, deadline: Duration) {
+        let until = (renewed_at + deadline).duration_since(self.start).as_millis() as u64;
+        self.held_until.store(until, Ordering::SeqCst);
+    }
+
+    /// Whether the Lease is still held.
+    pub fn held(&self) -> bool {
+        (self.start.elapsed().as_millis() as u64) < self.held_until.load(Ordering::SeqCst)
+    }
+}
+
 /// A candidate for the Lease.
 pub struct Elector {
     api: Api<Lease>,
     settings: Settings,
+    guard: LeaseGuard,
     /// The holder and renew time last seen, and when they were first seen.
     observed: Option<(Option<String>, Option<MicroTime>, Instant)>,
 }
@@ -68,16 +101,24 @@ impl Elector {
         Elector {
             api: Api::namespaced(client, &settings.namespace),
             settings,
+            guard: LeaseGuard::new(),
             observed: None,
         }
+    }
+
+    /// What writers check before every write.
+    pub fn guard(&self) -> LeaseGuard {
+        self.guard.clone()
     }
 
     /// Waits until this process holds the Lease.
     pub async fn acquire(&mut self) {
         info!(lease = %self.settings.name, namespace = %self.settings.namespace, identity = %self.settings.identity, "waiting to lead");
         loop {
+            let asked = Instant::now();
             match self.try_acquire_or_renew().await {
                 Ok(true) => {
+                    self.guard.renewed(asked, self.settings.renew_deadline);
                     info!(identity = %self.settings.identity, "leading");
                     return;
                 }
@@ -93,8 +134,14 @@ impl Elector {
         let mut renewed = Instant::now();
         loop {
             tokio::time::sleep(self.settings.retry_period).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => renewed = Instant::now(),
+            // A renewal counts from when it was asked for: the answer may come late.
+            let asked = Instant::now();
+            let attempt = tokio::time::timeout(self.settings.retry_period, self.try_acquire_or_renew()).await;
+            match attempt.unwrap_or_else(|_| Err(kube::Error::Service("renewing the Lease timed out".into()))) {
+                Ok(true) => {
+                    renewed = asked;
+                    self.guard.renewed(asked, self.settings.renew_deadline);
+                }
                 Ok(false) => {
                     warn!("another process took the leader Lease");
                     return;

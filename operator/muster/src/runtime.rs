@@ -63,6 +63,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         if let Some(elector) = elector.as_mut() {
             elector.acquire().await;
         }
+        let guard = elector.as_ref().map(Elector::guard);
         crate::metrics::get().leader.set(1);
         let wake = Arc::new(Notify::new());
         let (stores, watches) = controller::gang_watches(&client, wake.clone());
@@ -79,12 +80,24 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             controller.store(),
             stores,
             priorities.clone(),
-            settings.admission.clone(),
+            crate::admission::Settings {
+                lease: guard,
+                ..settings.admission.clone()
+            },
             wake,
         );
+        // Renewal runs on its own task, so that nothing the admission loop does (a long
+        // plan, a slow write) can delay it.
+        let keeper = elector.take().map(|mut elector| {
+            tokio::spawn(async move {
+                elector.keep().await;
+            })
+        });
         let keep = async {
-            match elector.as_mut() {
-                Some(elector) => elector.keep().await,
+            match keeper {
+                Some(keeper) => {
+                    let _ = keeper.await;
+                }
                 None => std::future::pending().await,
             }
         };
@@ -96,9 +109,9 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         };
         crate::metrics::get().leader.set(0);
         if ended == Ended::Stopped
-            && let Some(elector) = elector.as_mut()
+            && let Some(settings) = settings.leader_election.clone()
         {
-            elector.release().await;
+            Elector::new(client.clone(), settings).release().await;
         }
         ended
     };
