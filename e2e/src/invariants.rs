@@ -22,6 +22,9 @@ use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, Workload};
 use tokio::task::JoinHandle;
 
+/// How long a deleted gang may take to give its claims back.
+const DELETION_WINDOW: Duration = Duration::from_secs(60);
+
 /// A background checker; [`Checker::finish`] returns every violation seen.
 pub struct Checker {
     violations: Arc<Mutex<Vec<String>>>,
@@ -67,8 +70,15 @@ impl Checker {
                     let mut found = found.lock().expect("violations");
                     for problem in broken {
                         let since = *broken_since.entry(problem.clone()).or_insert(now);
-                        let problem = format!("{problem} (for more than {commit_window:?})");
-                        if now.duration_since(since) > commit_window && !found.contains(&problem) {
+                        // A deleted gang gives its claims back once its pods have ended,
+                        // which takes their termination grace, not one commit.
+                        let window = if problem.starts_with("deleted gang") {
+                            commit_window.max(DELETION_WINDOW)
+                        } else {
+                            commit_window
+                        };
+                        let problem = format!("{problem} (for more than {window:?})");
+                        if now.duration_since(since) > window && !found.contains(&problem) {
                             found.push(problem);
                         }
                     }

@@ -185,6 +185,71 @@ async fn defect_2_a_shared_claim_another_pod_uses_stays_allocated_after_the_gang
     .await
 }
 
+/// Defect 4: the conflict check read the claims once; an allocation another scheduler
+/// wrote after that read went unseen, and a device stayed with two claims. Now a
+/// released gang whose device another claim holds too gives way and is placed again.
+#[tokio::test]
+async fn defect_4_an_allocation_written_after_the_conflict_check_is_caught() -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-defect-4-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let paused = [
+        ("MUSTER_PAUSE_POINT", "after-reserved"),
+        ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+    ];
+    with_test("late-intruder", &[], &paused, |test| {
+        let go_on = go_on.clone();
+        Box::pin(async move {
+            test.create(gang("victim", 1, None)).await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until("the commit to pause after its check", Duration::from_secs(60), || {
+                let reached = operator.log().contains("pause point after-reserved reached");
+                async move { Ok(reached.then_some(())) }
+            })
+            .await?;
+            // Another scheduler writes an allocation of one of the gang's devices now.
+            let held = allocations(&test.claims()).await?;
+            let (pool, device) = held
+                .get("victim-workers-0-gpus")
+                .and_then(|d| d.first().cloned())
+                .context("the gang's first device")?;
+            let claim: ResourceClaim = serde_json::from_value(json!({
+                "metadata": {"name": "intruder"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}},
+            }))?;
+            test.claims().create(&PostParams::default(), &claim).await?;
+            let allocation = json!({"status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": GPU_DRIVER, "pool": pool, "device": device},
+            ]}}}});
+            test.claims()
+                .patch_status("intruder", &PatchParams::default(), &Patch::Merge(&allocation))
+                .await?;
+            std::fs::write(&go_on, b"")?;
+
+            // The gang is released, sees the double allocation, gives way and runs again
+            // on other devices; the intruder keeps its device.
+            test.wait_event("victim", "RolledBack", "allocated to another claim as well")
+                .await?;
+            test.wait_phase("victim", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let held = allocations(&test.claims()).await?;
+            ensure!(
+                held.get("intruder") == Some(&vec![(pool.clone(), device.clone())]),
+                "the intruder keeps its device: {held:?}"
+            );
+            ensure!(
+                held.iter()
+                    .filter(|(name, _)| name.as_str() != "intruder")
+                    .all(|(_, devices)| !devices.contains(&(pool.clone(), device.clone()))),
+                "no claim of the gang holds the intruder's device: {held:?}"
+            );
+            test.claims().delete("intruder", &DeleteParams::default()).await?;
+            let _ = std::fs::remove_file(&go_on);
+            Ok(())
+        })
+    })
+    .await
+}
+
 /// Defect 6: resuming a suspended gang while its pods still terminated marked it
 /// Failed (the pods looked lost).
 #[tokio::test]

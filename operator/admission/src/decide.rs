@@ -31,6 +31,15 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
                 "spec.suspend is true: giving back the gang's pods and devices".into(),
             )],
         )]),
+        // A device of the gang is allocated to another claim as well: the gang gives
+        // way, since muster can only take back what it allocated.
+        State::Reserved | State::Released if !gang.conflicted.is_empty() => {
+            let message = format!(
+                "a device of claim {} is allocated to another claim as well; taking the gang apart to place it again",
+                gang.conflicted.join(", ")
+            );
+            tear_down(gang, journal, Reason::Conflict, message, EventKind::RolledBack)
+        }
         State::Reserved => reserved(gang, journal, settings),
         State::Released => released(gang, journal, settings),
         State::TearingDown => tearing_down(gang, journal),

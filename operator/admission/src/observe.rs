@@ -130,6 +130,10 @@ pub struct Gang<'a> {
     pub nodes: &'a BTreeMap<String, NodeHealth>,
     /// Every device the gang's claims hold is still published by its driver.
     pub devices_published: bool,
+    /// The gang's claims that hold a device some other claim holds too: an allocation
+    /// written after the commit's conflict check (kube-scheduler decides in memory and
+    /// writes later).
+    pub conflicted: &'a [String],
     pub now: Millis,
 }
 

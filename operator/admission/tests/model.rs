@@ -704,6 +704,7 @@ impl Sim {
             claims: &claim_views,
             nodes: &nodes,
             devices_published,
+            conflicted: &[],
             now: self.world.now,
         };
         let step = decide(&view, &SETTINGS);

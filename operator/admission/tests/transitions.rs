@@ -85,6 +85,7 @@ fn step(spec: &Spec, journal: &Journal, restarts: i32, pods: &[PodView], claims:
         claims,
         nodes: &nodes,
         devices_published: true,
+        conflicted: &[],
         now,
     };
     decide(&gang, &SETTINGS)
@@ -299,6 +300,7 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
         claims: &[],
         nodes: &nodes,
         devices_published: true,
+        conflicted: &[],
         now: 0,
     };
     let s = decide(&queued, &SETTINGS);
@@ -320,4 +322,36 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
     let s = step(&spec, &j, 1, &pods, &[claim("g-w-0-gpu", true, &[])], 1000);
     assert_eq!(recorded_state(&s), None, "{s:?}");
     assert!(matches!(&s.effects[..], [Effect::DeletePods { pods, .. }] if pods == &vec![stale.reference()]));
+}
+
+#[test]
+fn a_released_gang_whose_device_another_claim_also_holds_gives_way() {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let pods = [pod("g-w-0", "u0", Some(0), false, Phase::Running, true)];
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let conflicted = vec!["g-w-0-gpu".to_string()];
+    let spec = spec(1, true);
+    let gang = Gang {
+        spec: &spec,
+        journal: Some(&j),
+        restarts: 0,
+        finished_at: None,
+        pods: &pods,
+        claims: &claims,
+        nodes: &nodes,
+        devices_published: true,
+        conflicted: &conflicted,
+        now: 1000,
+    };
+    let s = decide(&gang, &SETTINGS);
+    let record = s.record().expect("a record");
+    let tearing = record.journal.as_ref().expect("journal");
+    assert_eq!(tearing.state, State::TearingDown);
+    assert_eq!(tearing.cause.as_ref().map(|c| c.0), Some(Reason::Conflict));
 }

@@ -674,6 +674,12 @@ impl ClusterState {
         self.dedicated.get(&id.driver, &id.pool, &id.device) > 0
     }
 
+    /// How many claims hold a device exclusively: more than one is a double
+    /// allocation, which the API server does not prevent.
+    pub fn exclusive_holders(&self, driver: &str, pool: &str, device: &str) -> u32 {
+        self.dedicated.get(driver, pool, device)
+    }
+
     /// [`ClusterState::device_allocated`] by names.
     pub fn device_allocated_by_name(&self, driver: &str, pool: &str, device: &str) -> bool {
         self.dedicated.get(driver, pool, device) > 0

@@ -210,7 +210,13 @@ pub struct Admission {
     own_claims: OwnWrites<ResourceClaim>,
     /// Fault points already passed (each aborts at its first write).
     passed: std::sync::Mutex<BTreeSet<String>>,
+    /// Since when a gang's claim has looked doubly allocated, by (gang, claim).
+    conflicts_seen: std::sync::Mutex<HashMap<(String, String), Instant>>,
 }
+
+/// How long a double allocation of a released gang's device must last before the gang
+/// gives way.
+const CONFLICT_SETTLE: Duration = Duration::from_secs(2);
 
 /// Conditions the admission loop owns.
 const ADMISSION_CONDITIONS: [&str; 4] = [
@@ -312,6 +318,7 @@ impl Admission {
             own_pods: OwnWrites::default(),
             own_claims: OwnWrites::default(),
             passed: std::sync::Mutex::default(),
+            conflicts_seen: std::sync::Mutex::default(),
         }
     }
 
@@ -749,6 +756,26 @@ impl Admission {
         }
     }
 
+    /// Of `seen` (the gang's claims whose devices another claim holds too, as the
+    /// index shows now), those seen so continuously for [`CONFLICT_SETTLE`].
+    /// The second value: whether some are still settling.
+    fn lasting_conflicts(&self, workload: &Workload, seen: Vec<String>) -> (Vec<String>, bool) {
+        let gang = key(workload);
+        let mut since = self.conflicts_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        since.retain(|(g, claim), _| *g != gang || seen.contains(claim));
+        let settling = !seen.is_empty();
+        let lasting: Vec<String> = seen
+            .into_iter()
+            .filter(|claim| {
+                let first = *since.entry((gang.clone(), claim.clone())).or_insert(now);
+                now.duration_since(first) >= CONFLICT_SETTLE
+            })
+            .collect();
+        let settling = settling && lasting.is_empty();
+        (lasting, settling)
+    }
+
     /// The core's picture of a placed gang, and its next step.
     fn observe_and_decide(&self, workload: &Workload) -> (Option<Journal>, muster_admission::Step) {
         let journal = observe::journal(workload);
@@ -757,7 +784,7 @@ impl Admission {
         let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
         let claims = self.gang_claims(workload);
         let claim_views: Vec<ClaimView> = claims.iter().map(|c| observe::claim(c)).collect();
-        let (nodes, devices_published) = {
+        let (nodes, devices_published, conflicted, settling) = {
             let cluster = self.index.cluster();
             let names: BTreeSet<&str> = journal
                 .iter()
@@ -777,6 +804,28 @@ impl Admission {
                     Some((n.to_string(), health))
                 })
                 .collect();
+            let conflicted: Vec<String> = claims
+                .iter()
+                .filter(|c| {
+                    journal
+                        .iter()
+                        .flat_map(|j| &j.claims)
+                        .any(|name| Some(name) == c.metadata.name.as_ref())
+                })
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.allocation.as_ref())
+                        .into_iter()
+                        .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                        .filter(|r| r.admin_access != Some(true) && r.share_id.is_none())
+                        .any(|r| cluster.exclusive_holders(&r.driver, &r.pool, &r.device) > 1)
+                })
+                .map(|c| c.name_any())
+                .collect();
+            // The index can lag (a deallocation seen after the allocation that followed
+            // it): only an overlap that lasts is a conflict.
+            let (conflicted, settling) = self.lasting_conflicts(workload, conflicted);
             let published = claims
                 .iter()
                 .filter(|c| {
@@ -788,7 +837,7 @@ impl Admission {
                 .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
                 .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
                 .all(|r| cluster.device_published(&r.driver, &r.pool, &r.device));
-            (nodes, published)
+            (nodes, published, conflicted, settling)
         };
         let gang = Gang {
             spec: &spec,
@@ -799,9 +848,13 @@ impl Admission {
             claims: &claim_views,
             nodes: &nodes,
             devices_published,
+            conflicted: &conflicted,
             now: observe::now_millis(),
         };
-        let step = muster_admission::decide(&gang, &self.core_settings());
+        let mut step = muster_admission::decide(&gang, &self.core_settings());
+        if settling {
+            step = step.then_recheck_in(500);
+        }
         (journal, step)
     }
 
@@ -993,6 +1046,13 @@ impl Admission {
         };
         let written = self.write_status(workload, update).await?;
         let gang = key(workload);
+        if record
+            .journal
+            .as_ref()
+            .is_some_and(|j| j.state == State::TearingDown && j.cause.as_ref().is_some_and(|c| c.0 == Reason::Conflict))
+        {
+            metrics::get().conflicts.inc();
+        }
         for c in &record.conditions {
             match (c.type_, c.status) {
                 (ConditionType::Restarting, true) => {
