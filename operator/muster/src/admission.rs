@@ -42,6 +42,7 @@ use crate::controller::GangStores;
 use crate::convert;
 use crate::faults::Write;
 use crate::fencing::Fencing;
+use crate::gang_index::GangIndex;
 use crate::index::Index;
 use crate::leader::LeaseGuard;
 use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
@@ -210,6 +211,8 @@ pub struct Admission {
     own_claims: OwnWrites<ResourceClaim>,
     /// Fault points already passed (each aborts at its first write).
     passed: std::sync::Mutex<BTreeSet<String>>,
+    /// The gang objects of the caches, grouped once per pass.
+    gangs: std::sync::Mutex<Arc<GangIndex>>,
     /// Since when a gang's claim has looked doubly allocated, by (gang, claim).
     conflicts_seen: std::sync::Mutex<HashMap<(String, String), Instant>>,
 }
@@ -319,6 +322,7 @@ impl Admission {
             own_claims: OwnWrites::default(),
             passed: std::sync::Mutex::default(),
             conflicts_seen: std::sync::Mutex::default(),
+            gangs: std::sync::Mutex::default(),
         }
     }
 
@@ -361,23 +365,29 @@ impl Admission {
         }
     }
 
-    /// The gang's pods: the cache, with this loop's own newer writes.
+    fn gangs(&self) -> Arc<GangIndex> {
+        self.gangs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The gang's pods: the cache (as grouped for this pass), with this loop's own
+    /// newer writes.
     pub(crate) fn gang_pods(&self, workload: &Workload) -> Vec<Arc<Pod>> {
         let namespace = workload.namespace().unwrap_or_default();
-        self.stores
-            .pods_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|p| self.own_pods.overlay(p))
+        self.gangs()
+            .pods(&namespace, &workload.name_any())
+            .iter()
+            .map(|p| self.own_pods.overlay(p.clone()))
             .collect()
     }
 
-    /// The gang's claims: the cache, with this loop's own newer writes.
+    /// The gang's claims: the cache (as grouped for this pass), with this loop's own
+    /// newer writes.
     pub(crate) fn gang_claims(&self, workload: &Workload) -> Vec<Arc<ResourceClaim>> {
         let namespace = workload.namespace().unwrap_or_default();
-        self.stores
-            .claims_of(&namespace, &workload.name_any())
-            .into_iter()
-            .map(|c| self.own_claims.overlay(c))
+        self.gangs()
+            .claims(&namespace, &workload.name_any())
+            .iter()
+            .map(|c| self.own_claims.overlay(c.clone()))
             .collect()
     }
 
@@ -386,6 +396,7 @@ impl Admission {
         // A safety net: every event wakes the loop anyway.
         let mut next = Duration::from_secs(5);
         let workloads = self.current_workloads();
+        *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));
         self.collect_claims().await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<String> {
             store
@@ -578,21 +589,16 @@ impl Admission {
         let namespace = workload.namespace().unwrap_or_default();
         // A claim this loop deallocated that the cache still shows allocated would be
         // planned as the gang's own: wait until the cache catches up.
-        for claim in self.stores.claims_of(&namespace, &workload.name_any()) {
+        let gangs = self.gangs();
+        let claims = gangs.claims(&namespace, &workload.name_any());
+        for claim in claims {
             let claim_key = convert::key(Some(&namespace), claim.metadata.name.as_deref());
-            if self.own_claims.pending(&claim_key) && !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), &claim) {
+            if self.own_claims.pending(&claim_key) && !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), claim) {
                 return Err(RequestError::DeallocationNotSeen(claim.name_any()));
             }
         }
-        let claims: Vec<ResourceClaim> = self
-            .stores
-            .claims
-            .state()
-            .iter()
-            .filter(|c| c.metadata.namespace.as_deref() == Some(&namespace))
-            .map(|c| (**c).clone())
-            .collect();
-        let sources = ClaimSources::new(&[], &claims);
+        // Every claim of the gang carries its label (muster's own, and those it joined).
+        let sources = ClaimSources::from_claims(claims.iter().map(AsRef::as_ref));
         let pods = if crate::membership::has_external_groups(workload) {
             self.gang_pods(workload)
         } else {

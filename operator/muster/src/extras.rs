@@ -22,9 +22,6 @@ use crate::release;
 impl Admission {
     /// Places the waiting extras of a released gang that now fit.
     pub(crate) async fn place_extras(&self, workload: &Workload, journal: &Journal) -> Result<(), CommitError> {
-        let Ok(request) = self.request(workload) else {
-            return Ok(());
-        };
         let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
         let pods: Vec<std::sync::Arc<Pod>> = self
             .gang_pods(workload)
@@ -41,6 +38,14 @@ impl Admission {
         if waiting.is_empty() {
             return Ok(());
         }
+        // A gang that is not what the cluster can place now waits like any other.
+        let request = match self.request(workload) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::debug!(workload = %key(workload), error = %e, "extras wait");
+                return Ok(());
+            }
+        };
         let short = |k: &str| k.split_once('/').map_or(k, |(_, n)| n).to_string();
         let mut extras = request.clone();
         for group in &mut extras.groups {

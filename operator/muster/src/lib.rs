@@ -13,6 +13,7 @@ pub mod extras;
 pub mod faults;
 pub mod fencing;
 pub mod gang;
+pub mod gang_index;
 pub mod index;
 pub mod leader;
 pub mod membership;

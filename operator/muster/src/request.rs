@@ -74,6 +74,22 @@ impl<'a> ClaimSources<'a> {
         }
     }
 
+    /// Claims only (no templates), from wherever they are kept.
+    pub fn from_claims(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Self {
+        ClaimSources {
+            templates: BTreeMap::new(),
+            claims: claims
+                .into_iter()
+                .map(|c| {
+                    (
+                        convert::key(c.metadata.namespace.as_deref(), c.metadata.name.as_deref()),
+                        c,
+                    )
+                })
+                .collect(),
+        }
+    }
+
     /// The spec (and allocation, if any) of claim object `name`: the claim's own when it
     /// exists, else its template's.
     fn resolve(

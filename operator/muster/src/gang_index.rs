@@ -1,0 +1,55 @@
+//! The gang objects of the caches — pods and claims carrying the `muster.dev/workload`
+//! label — grouped by namespace and Workload, taken once per admission pass, so that
+//! looking at every gang costs one walk over the caches rather than one per gang.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Resource;
+use muster_api::labels;
+
+use crate::controller::GangStores;
+
+type GangKey = (String, String);
+
+#[derive(Default)]
+pub struct GangIndex {
+    pods: HashMap<GangKey, Vec<Arc<Pod>>>,
+    claims: HashMap<GangKey, Vec<Arc<ResourceClaim>>>,
+}
+
+fn group<K: Resource>(objects: Vec<Arc<K>>) -> HashMap<GangKey, Vec<Arc<K>>> {
+    let mut grouped: HashMap<GangKey, Vec<Arc<K>>> = HashMap::new();
+    for object in objects {
+        let meta = object.meta();
+        let Some(workload) = meta.labels.as_ref().and_then(|l| l.get(labels::WORKLOAD)) else {
+            continue;
+        };
+        let key = (meta.namespace.clone().unwrap_or_default(), workload.clone());
+        grouped.entry(key).or_default().push(object);
+    }
+    grouped
+}
+
+impl GangIndex {
+    pub fn of(stores: &GangStores) -> Self {
+        GangIndex {
+            pods: group(stores.pods.state()),
+            claims: group(stores.claims.state()),
+        }
+    }
+
+    pub fn pods(&self, namespace: &str, workload: &str) -> &[Arc<Pod>] {
+        self.pods
+            .get(&(namespace.to_string(), workload.to_string()))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    pub fn claims(&self, namespace: &str, workload: &str) -> &[Arc<ResourceClaim>] {
+        self.claims
+            .get(&(namespace.to_string(), workload.to_string()))
+            .map_or(&[], Vec::as_slice)
+    }
+}
