@@ -113,8 +113,9 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
     let mut problems = BTreeSet::new();
 
     let mut holders: BTreeMap<(String, String, String), String> = BTreeMap::new();
-    // Per gang, its allocated claims and whether muster allocated each (its finalizer).
-    let mut gang_holds: BTreeMap<String, Vec<(String, bool)>> = BTreeMap::new();
+    // Per gang, its allocated claims: whether muster allocated each (its finalizer) and
+    // whether a pod reserves it.
+    let mut gang_holds: BTreeMap<String, Vec<(String, bool, bool)>> = BTreeMap::new();
     for claim in &claims {
         let name = format!(
             "{}/{}",
@@ -132,10 +133,15 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
                 .iter()
                 .flatten()
                 .any(|f| f == labels::CLAIM_FINALIZER);
+            let reserved = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.reserved_for.as_ref())
+                .is_some_and(|r| !r.is_empty());
             gang_holds
                 .entry(gang)
                 .or_default()
-                .push((name.clone(), muster_allocated));
+                .push((name.clone(), muster_allocated, reserved));
         }
         for result in allocation.devices.iter().flat_map(|d| d.results.iter().flatten()) {
             if result.admin_access == Some(true) || result.share_id.is_some() {
@@ -150,6 +156,17 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
             }
         }
     }
+    let deleting: BTreeSet<String> = workloads
+        .iter()
+        .filter(|w| w.metadata.deletion_timestamp.is_some())
+        .map(|w| {
+            format!(
+                "{}/{}",
+                w.metadata.namespace.clone().unwrap_or_default(),
+                w.metadata.name.clone().unwrap_or_default()
+            )
+        })
+        .collect();
     let placements: BTreeMap<String, _> = workloads
         .iter()
         .map(|w| {
@@ -163,14 +180,20 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
         .collect();
     for (gang, held) in gang_holds {
         let Some(placement) = placements.get(&gang) else {
-            problems.insert(format!(
-                "deleted gang {gang} still holds {} allocated claims ({})",
-                held.len(),
-                held.iter()
-                    .map(|(name, _)| name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+            // What muster allocated and no pod uses any more must be given back; a claim
+            // another pod (or a Job's pod the gang leaves behind) still uses stays.
+            let stale: Vec<&str> = held
+                .iter()
+                .filter(|(_, muster_allocated, reserved)| *muster_allocated && !reserved)
+                .map(|(name, _, _)| name.as_str())
+                .collect();
+            if !stale.is_empty() {
+                problems.insert(format!(
+                    "deleted gang {gang} still holds {} allocated claims ({})",
+                    stale.len(),
+                    stale.join(", ")
+                ));
+            }
             continue;
         };
         let state = placement.as_ref().and_then(|p| p.state);
@@ -185,7 +208,7 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
             .iter()
             .flat_map(|p| p.claims.iter().map(String::as_str))
             .collect();
-        for (claim, muster_allocated) in &held {
+        for (claim, muster_allocated, _) in &held {
             let short = claim.split_once('/').map_or(claim.as_str(), |(_, n)| n);
             if *muster_allocated && state.is_some() && !named.contains(short) {
                 problems.insert(format!(
@@ -199,14 +222,20 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
             continue;
         };
         let namespace = gang.split_once('/').map_or("", |(ns, _)| ns);
+        if deleting.contains(gang) {
+            continue;
+        }
         for claim in &placement.claims {
             let key = format!("{namespace}/{claim}");
-            let allocated = claims.iter().any(|c| {
-                c.metadata.namespace.as_deref() == Some(namespace)
-                    && c.metadata.name.as_deref() == Some(claim.as_str())
-                    && c.status.as_ref().is_some_and(|s| s.allocation.is_some())
+            let object = claims.iter().find(|c| {
+                c.metadata.namespace.as_deref() == Some(namespace) && c.metadata.name.as_deref() == Some(claim.as_str())
             });
-            if !allocated {
+            // A claim that is gone or going (kube-controller-manager deletes a finished
+            // Job pod's claim) is not the gang's to hold.
+            let Some(object) = object.filter(|c| c.metadata.deletion_timestamp.is_none()) else {
+                continue;
+            };
+            if object.status.as_ref().is_none_or(|s| s.allocation.is_none()) {
                 problems.insert(format!(
                     "released gang {gang} does not hold {key}, which its placement names"
                 ));

@@ -34,7 +34,7 @@ pub async fn cluster() -> Result<&'static SharedCluster> {
 }
 
 /// How long an invariant may stay broken: one commit, or one transition's writes.
-pub const COMMIT_WINDOW: Duration = Duration::from_secs(10);
+pub const COMMIT_WINDOW: Duration = Duration::from_secs(20);
 
 pub struct Test {
     pub client: kube::Client,

@@ -275,6 +275,11 @@ impl DeviceTaintRule {
 struct AssumedPlan {
     pods: Vec<String>,
     claims: Vec<String>,
+    /// What the watch last reported about the assumed claims meanwhile (absent: no
+    /// report), restored by [`ClusterState::forget`].
+    observed_claims: FxHashMap<String, Option<Vec<DeviceResult>>>,
+    /// Likewise for the assumed pods: `Some((node, requests))` bound, `None` not.
+    observed_pods: FxHashMap<String, Option<(String, Resources)>>,
 }
 
 impl ClusterState {
@@ -603,16 +608,29 @@ impl ClusterState {
     /// no allocation is older than the plan's own write and is ignored: only an
     /// allocation the cluster shows, or [`ClusterState::forget`], replaces the assumed one.
     pub fn observe_claim_allocation(&mut self, key: &str, devices: Option<Vec<DeviceResult>>) {
-        if devices.is_none() && self.assumed.values().any(|p| p.claims.iter().any(|c| c == key)) {
-            return;
+        if let Some(plan) = self.assumed.values_mut().find(|p| p.claims.iter().any(|c| c == key)) {
+            plan.observed_claims.insert(key.to_string(), devices.clone());
+            if devices.is_none() {
+                return;
+            }
         }
         self.set_claim_allocation(key, devices);
+    }
+
+    /// What a watch reports about a bound pod.
+    pub fn observe_pod_bound(&mut self, key: &str, node: &str, requests: Resources) {
+        if let Some(plan) = self.assumed.values_mut().find(|p| p.pods.iter().any(|pod| pod == key)) {
+            plan.observed_pods
+                .insert(key.to_string(), Some((node.to_string(), requests.clone())));
+        }
+        self.upsert_pod(key, node, requests);
     }
 
     /// What a watch reports about a pod that is not bound (or gone): its usage is
     /// dropped, unless a plan assumes the pod on its node.
     pub fn observe_pod_unbound(&mut self, key: &str) {
-        if self.assumed.values().any(|p| p.pods.iter().any(|pod| pod == key)) {
+        if let Some(plan) = self.assumed.values_mut().find(|p| p.pods.iter().any(|pod| pod == key)) {
+            plan.observed_pods.insert(key.to_string(), None);
             return;
         }
         self.remove_pod(key);
@@ -728,18 +746,24 @@ impl ClusterState {
             AssumedPlan {
                 pods: pods.iter().map(|(p, _, _)| p.clone()).collect(),
                 claims: claims.iter().map(|(c, _)| c.clone()).collect(),
+                ..AssumedPlan::default()
             },
         );
     }
 
-    /// Undoes [`ClusterState::assume`].
+    /// Undoes [`ClusterState::assume`]: what the plan entered goes, and what the watch
+    /// reported meanwhile takes its place.
     pub fn forget(&mut self, plan_key: &str) {
-        if let Some(plan) = self.assumed.remove(plan_key) {
+        if let Some(mut plan) = self.assumed.remove(plan_key) {
             for pod in &plan.pods {
-                self.remove_pod(pod);
+                match plan.observed_pods.remove(pod).flatten() {
+                    Some((node, requests)) => self.upsert_pod(pod, &node, requests),
+                    None => self.remove_pod(pod),
+                }
             }
             for claim in &plan.claims {
-                self.set_claim_allocation(claim, None);
+                let observed = plan.observed_claims.remove(claim).flatten();
+                self.set_claim_allocation(claim, observed);
             }
         }
     }
@@ -884,6 +908,11 @@ mod tests {
         // The cluster's own allocation replaces it; once confirmed, the watch rules.
         c.observe_claim_allocation("ns/claim", Some(vec![result("g1", None, &[])]));
         assert!(c.device_allocated(&id("g1")) && !c.device_allocated(&id("g0")));
+        // Forgetting restores what the watch reported meanwhile.
+        c.assume("other", &[], &[("ns/second".into(), vec![result("g2", None, &[])])]);
+        c.observe_claim_allocation("ns/second", Some(vec![result("g3", None, &[])]));
+        c.forget("other");
+        assert!(c.device_allocated(&id("g3")) && !c.device_allocated(&id("g2")));
         c.confirm("plan");
         c.observe_claim_allocation("ns/claim", None);
         c.observe_pod_unbound("ns/q");

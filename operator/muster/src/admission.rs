@@ -30,7 +30,7 @@ use muster_admission::commit;
 use muster_admission::{
     ClaimView, ConditionType, Effect, EventKind, Gang, Journal, NodeHealth, PodView, Reason, Record, State,
 };
-use muster_api::v1alpha1::{PlacementStatus, Workload, WorkloadPhase};
+use muster_api::v1alpha1::{AdmissionState, PlacementStatus, Workload, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
@@ -397,6 +397,8 @@ impl Admission {
         let mut next = Duration::from_secs(5);
         let workloads = self.current_workloads();
         *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));
+        self.reconcile_assumptions(&workloads);
+        self.prune_conflicts(&workloads);
         self.collect_claims().await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<String> {
             store
@@ -597,8 +599,9 @@ impl Admission {
                 return Err(RequestError::DeallocationNotSeen(claim.name_any()));
             }
         }
-        // Every claim of the gang carries its label (muster's own, and those it joined).
-        let sources = ClaimSources::from_claims(claims.iter().map(AsRef::as_ref));
+        // Claims muster made or joined carry a gang's label; one the Workload shares with
+        // another carries the other's.
+        let sources = ClaimSources::from_claims(gangs.namespace_claims(&namespace).iter().map(AsRef::as_ref));
         let pods = if crate::membership::has_external_groups(workload) {
             self.gang_pods(workload)
         } else {
@@ -762,6 +765,41 @@ impl Admission {
         }
     }
 
+    /// Every assumption ends with the commit that made it: confirmed once the gang is
+    /// released, forgotten once it holds nothing or is gone. A commit whose final record
+    /// failed (or a Workload deleted mid-commit) would otherwise leave one behind, and
+    /// devices would look taken for good.
+    fn reconcile_assumptions(&self, workloads: &[Arc<Workload>]) {
+        let states: HashMap<String, Option<AdmissionState>> = workloads
+            .iter()
+            .filter(|w| w.metadata.deletion_timestamp.is_none())
+            .map(|w| (key(w), placement_of(w).and_then(|p| p.state)))
+            .collect();
+        let mut cluster = self.index.cluster();
+        let plans: Vec<String> = cluster.assumed_plans().map(String::from).collect();
+        for plan in plans {
+            // An extras commit ends within the call that made it.
+            if plan.ends_with("+extras") {
+                cluster.forget(&plan);
+                continue;
+            }
+            match states.get(&plan) {
+                Some(Some(AdmissionState::Reserving | AdmissionState::Reserved)) => {}
+                Some(Some(AdmissionState::Released | AdmissionState::Restarting)) => cluster.confirm(&plan),
+                _ => cluster.forget(&plan),
+            }
+        }
+    }
+
+    /// Forgets double-allocation sightings of gangs that are gone.
+    fn prune_conflicts(&self, workloads: &[Arc<Workload>]) {
+        let live: BTreeSet<String> = workloads.iter().map(|w| key(w)).collect();
+        self.conflicts_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(gang, _), _| live.contains(gang));
+    }
+
     /// Of `seen` (the gang's claims whose devices another claim holds too, as the
     /// index shows now), those seen so continuously for [`CONFLICT_SETTLE`].
     /// The second value: whether some are still settling.
@@ -919,6 +957,7 @@ impl Admission {
                     immediately,
                 } => {
                     for target in targets {
+                        self.ensure_leading();
                         let params = DeleteParams {
                             grace_period_seconds: immediately.then_some(0),
                             preconditions: Some(kube::api::Preconditions {
@@ -942,6 +981,7 @@ impl Admission {
                     finished,
                 } => {
                     for name in names {
+                        self.ensure_leading();
                         if let Some(claim) = deallocate(&claims, &name, &finished).await? {
                             self.own_claims.remember(claim);
                         }

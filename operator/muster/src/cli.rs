@@ -206,6 +206,7 @@ async fn run(args: RunArgs) -> Result<()> {
         controller: controller::Settings {
             create_parallelism: args.create_parallelism,
             concurrency: args.concurrency,
+            ..controller::Settings::default()
         },
         admission: crate::admission::Settings {
             schedule_timeout: std::time::Duration::from_secs(args.schedule_timeout),

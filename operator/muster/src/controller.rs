@@ -52,6 +52,9 @@ pub struct Settings {
     pub create_parallelism: usize,
     /// Workloads reconciled at the same time.
     pub concurrency: u16,
+    /// With leader election: whether this process still leads, checked before a
+    /// reconcile writes.
+    pub lease: Option<crate::leader::LeaseGuard>,
 }
 
 impl Default for Settings {
@@ -59,6 +62,7 @@ impl Default for Settings {
         Settings {
             create_parallelism: 32,
             concurrency: 8,
+            lease: None,
         }
     }
 }
@@ -259,6 +263,10 @@ async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action,
 }
 
 async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
+    if ctx.settings.lease.as_ref().is_some_and(|l| !l.held()) {
+        tracing::error!("the leader Lease may have passed to another replica: stopping before the next write");
+        std::process::exit(1);
+    }
     let name = workload.name_any();
     let namespace = workload.namespace().unwrap_or_default();
     let has_finalizer = workload.finalizers().iter().any(|f| f == labels::WORKLOAD_FINALIZER);

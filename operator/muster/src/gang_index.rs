@@ -18,6 +18,9 @@ type GangKey = (String, String);
 pub struct GangIndex {
     pods: HashMap<GangKey, Vec<Arc<Pod>>>,
     claims: HashMap<GangKey, Vec<Arc<ResourceClaim>>>,
+    /// Every gang's claims of a namespace: a claim two Workloads share carries only the
+    /// label of the first that joined it.
+    namespace_claims: HashMap<String, Vec<Arc<ResourceClaim>>>,
 }
 
 fn group<K: Resource>(objects: Vec<Arc<K>>) -> HashMap<GangKey, Vec<Arc<K>>> {
@@ -35,10 +38,21 @@ fn group<K: Resource>(objects: Vec<Arc<K>>) -> HashMap<GangKey, Vec<Arc<K>>> {
 
 impl GangIndex {
     pub fn of(stores: &GangStores) -> Self {
+        let claims = stores.claims.state();
+        let mut namespace_claims: HashMap<String, Vec<Arc<ResourceClaim>>> = HashMap::new();
+        for claim in &claims {
+            let namespace = claim.meta().namespace.clone().unwrap_or_default();
+            namespace_claims.entry(namespace).or_default().push(claim.clone());
+        }
         GangIndex {
             pods: group(stores.pods.state()),
-            claims: group(stores.claims.state()),
+            claims: group(claims),
+            namespace_claims,
         }
+    }
+
+    pub fn namespace_claims(&self, namespace: &str) -> &[Arc<ResourceClaim>] {
+        self.namespace_claims.get(namespace).map_or(&[], Vec::as_slice)
     }
 
     pub fn pods(&self, namespace: &str, workload: &str) -> &[Arc<Pod>] {

@@ -107,7 +107,7 @@ impl Indexed for Pod {
         let key = Indexed::key(self);
         match (convert::pod_node(self), self.spec.as_ref()) {
             (Some(node), Some(spec)) => {
-                cluster.upsert_pod(&key, &node, convert::pod_requests(&format!("Pod {key}"), spec)?)
+                cluster.observe_pod_bound(&key, &node, convert::pod_requests(&format!("Pod {key}"), spec)?)
             }
             _ => cluster.observe_pod_unbound(&key),
         }

@@ -61,6 +61,9 @@ impl RequestError {
 pub struct ClaimSources<'a> {
     pub templates: BTreeMap<String, &'a ResourceClaimTemplate>,
     pub claims: BTreeMap<String, &'a ResourceClaim>,
+    /// Claims only, as the operator sees them: a claim not among them does not exist
+    /// yet (it is waited for), rather than being taken from its template.
+    claims_only: bool,
 }
 
 impl<'a> ClaimSources<'a> {
@@ -71,6 +74,7 @@ impl<'a> ClaimSources<'a> {
         ClaimSources {
             templates: templates.iter().map(|t| (key(&t.metadata), t)).collect(),
             claims: claims.iter().map(|c| (key(&c.metadata), c)).collect(),
+            claims_only: false,
         }
     }
 
@@ -87,6 +91,7 @@ impl<'a> ClaimSources<'a> {
                     )
                 })
                 .collect(),
+            claims_only: true,
         }
     }
 
@@ -110,7 +115,7 @@ impl<'a> ClaimSources<'a> {
                 .transpose()?;
             return Ok((spec, allocation));
         }
-        let Some(template) = template else {
+        let Some(template) = template.filter(|_| !self.claims_only) else {
             return Err(RequestError::MissingClaim(key));
         };
         let template_key = format!("{namespace}/{template}");
@@ -234,6 +239,9 @@ pub fn gang_request(
                         gang::pod_claim_object_name(&pod_name, own)
                     };
                     let existing = sources.claims.get(&format!("{namespace}/{object_name}"));
+                    if existing.is_none() && sources.claims_only {
+                        return Err(RequestError::MissingClaim(format!("{namespace}/{object_name}")));
+                    }
                     let allocation = existing
                         .and_then(|c| c.status.as_ref()?.allocation.as_ref())
                         .map(|a| convert::allocation(&format!("ResourceClaim {namespace}/{object_name}"), a))

@@ -69,7 +69,10 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         let (stores, watches) = controller::gang_watches(&client, wake.clone());
         let controller = WorkloadController::new(
             client.clone(),
-            settings.controller.clone(),
+            controller::Settings {
+                lease: guard.clone(),
+                ..settings.controller.clone()
+            },
             stores.clone(),
             watches,
             wake.clone(),
@@ -86,17 +89,35 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             },
             wake,
         );
-        // Renewal runs on its own task, so that nothing the admission loop does (a long
-        // plan, a slow write) can delay it.
+        // Renewal runs on a thread and runtime of its own, so that nothing the operator
+        // does (a long plan, busy worker threads, a slow write) can delay it.
+        let (lost, lost_lease) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stop_keeping) = tokio::sync::oneshot::channel::<()>();
         let keeper = elector.take().map(|mut elector| {
-            tokio::spawn(async move {
-                elector.keep().await;
+            std::thread::spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        error!(error = %e, "cannot start the Lease keeper");
+                        let _ = lost.send(());
+                        return;
+                    }
+                };
+                runtime.block_on(async {
+                    tokio::select! {
+                        _ = elector.keep() => {
+                            let _ = lost.send(());
+                        }
+                        // A clean stop: the Lease is given up by the caller.
+                        _ = stop_keeping => {}
+                    }
+                });
             })
         });
         let keep = async {
             match keeper {
-                Some(keeper) => {
-                    let _ = keeper.await;
+                Some(_) => {
+                    let _ = lost_lease.await;
                 }
                 None => std::future::pending().await,
             }
@@ -108,6 +129,12 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             _ = keep => Ended::LostLease,
         };
         crate::metrics::get().leader.set(0);
+        let _ = stop.send(());
+        if let Some(keeper) = keeper {
+            // The keeper stops renewing before the Lease is given up, so it cannot take
+            // it again behind the release.
+            let _ = tokio::task::spawn_blocking(move || keeper.join()).await;
+        }
         if ended == Ended::Stopped
             && let Some(settings) = settings.leader_election.clone()
         {
