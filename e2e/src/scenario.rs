@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, PlacementStatus, Workload, WorkloadPhase};
 use serde_json::{Value, json};
@@ -19,6 +19,35 @@ use crate::invariants::Checker;
 use crate::operator::Operator;
 use crate::testing::{SharedCluster, delete_namespace, exclusive, namespace, shared_cluster};
 use crate::wait;
+
+/// An Indexed Job whose pods join group `group` of Workload `workload`: gated, labelled,
+/// each with an eight-GPU claim from the test's template.
+pub fn job_joining(workload: &str, group: &str, pods: i32) -> Value {
+    json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": workload},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": pods,
+            "parallelism": pods,
+            "backoffLimit": 6,
+            "template": {
+                "metadata": {"labels": {labels::WORKLOAD: workload, labels::POD_GROUP: group}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "schedulingGates": [{"name": labels::GANG_GATE}],
+                    "containers": [{
+                        "name": "main",
+                        "image": "trainer",
+                        "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
+                    }],
+                    "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+                },
+            },
+        },
+    })
+}
 
 /// Two racks of four fenced nodes, eight GPUs and 64 CPUs each.
 pub async fn cluster() -> Result<&'static SharedCluster> {
@@ -152,6 +181,64 @@ impl Test {
     }
 
     /// Waits for the Admitted condition to have `reason`, and returns its message.
+    /// Makes a pod's containers exit with `code` (the test kwok stage reads the
+    /// annotation).
+    pub async fn exit_pod(&self, pod: &str, code: u8) -> Result<()> {
+        let patch = json!({"metadata": {"annotations": {"muster-e2e-exit": code.to_string()}}});
+        self.pods()
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until the `Admitted` condition of `name` has not changed for `seconds`.
+    pub async fn wait_admitted_unchanged_for(&self, name: &str, seconds: f64) -> Result<()> {
+        let api = self.workloads();
+        wait::until(
+            &format!("{name} to have waited {seconds} s"),
+            Duration::from_secs(30),
+            || {
+                let api = api.clone();
+                async move {
+                    let w = api.get(name).await?;
+                    let since = w
+                        .status
+                        .unwrap_or_default()
+                        .conditions
+                        .into_iter()
+                        .find(|c| c.type_ == "Admitted")
+                        .map(|c| c.last_transition_time.0);
+                    let waited = since.map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t).as_secs_f64());
+                    Ok(waited.filter(|w| *w > seconds).map(|_| ()))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until `name` is `Finished` and no claim of the namespace is allocated.
+    pub async fn wait_finished_holding_nothing(&self, name: &str) -> Result<()> {
+        let (claims, workloads) = (self.claims(), self.workloads());
+        wait::until(
+            &format!("{name} to be finished and hold nothing"),
+            Duration::from_secs(60),
+            || {
+                let (claims, workloads) = (claims.clone(), workloads.clone());
+                async move {
+                    let held = allocations(&claims).await?;
+                    let state = workloads
+                        .get(name)
+                        .await?
+                        .status
+                        .and_then(|s| s.placement)
+                        .and_then(|p| p.state);
+                    Ok((held.is_empty() && state == Some(AdmissionState::Finished)).then_some(()))
+                }
+            },
+        )
+        .await
+    }
+
     pub async fn wait_admitted_reason(&self, name: &str, reason: &str, timeout: Duration) -> Result<String> {
         let api = self.workloads();
         wait::until(&format!("{name}'s Admitted reason to be {reason}"), timeout, || {

@@ -500,27 +500,8 @@ async fn a_gang_waiting_too_long_is_not_overtaken_by_smaller_ones() -> Result<()
             test.create(gang("big", 4, Some("rack-0000"))).await?;
             test.wait_admitted_reason("big", "Unschedulable", Duration::from_secs(60))
                 .await?;
-            let api = test.workloads();
-            wait::until(
-                "big to have waited past the starvation limit",
-                Duration::from_secs(30),
-                || {
-                    let api = api.clone();
-                    async move {
-                        let w = api.get("big").await?;
-                        let since = w
-                            .status
-                            .unwrap_or_default()
-                            .conditions
-                            .into_iter()
-                            .find(|c| c.type_ == "Admitted")
-                            .map(|c| c.last_transition_time.0);
-                        let waited = since.map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t).as_secs_f64());
-                        Ok(waited.filter(|w| *w > 4.0).map(|_| ()))
-                    }
-                },
-            )
-            .await?;
+            // Past the starvation limit.
+            test.wait_admitted_unchanged_for("big", 4.0).await?;
             // A small gang that would fit elsewhere must wait behind it.
             test.create(gang("late", 1, Some("rack-0001"))).await?;
             let message = test

@@ -13,18 +13,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_e2e::fleet::RACK_LABEL;
-use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test, worker_node};
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node};
 use muster_e2e::wait;
 use serde_json::{Value, json};
-
-/// Makes a pod's containers exit with `code` (the test kwok stage).
-async fn exit(test: &Test, pod: &str, code: u8) -> Result<()> {
-    let patch = json!({"metadata": {"annotations": {"muster-e2e-exit": code.to_string()}}});
-    test.pods()
-        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
 
 fn with_policy(mut workload: Value, policy: Value) -> Value {
     if let (Some(spec), Some(extra)) = (workload["spec"].as_object_mut(), policy.as_object()) {
@@ -93,7 +84,7 @@ async fn a_gang_succeeds_when_its_success_groups_do_and_expires_after_its_ttl() 
             let policy = json!({"successPolicy": {"podGroups": ["launcher"]}, "ttlSecondsAfterFinished": 3});
             test.create(with_policy(gang("job", 2, None), policy)).await?;
             assert_runs_as_planned(test, "job").await?;
-            exit(test, "job-launcher-0", 0).await?;
+            test.exit_pod("job-launcher-0", 0).await?;
             let workload = test
                 .wait_phase("job", WorkloadPhase::Succeeded, Duration::from_secs(60))
                 .await?;
@@ -152,7 +143,7 @@ async fn a_failed_pod_restarts_the_gang_on_its_reservation() -> Result<()> {
             let before = assert_runs_as_planned(test, "flaky").await?;
             let nodes_before = before.status.and_then(|s| s.placement).context("placement")?.pods;
             let devices_before = devices_by_claim(test).await?;
-            exit(test, "flaky-workers-1", 1).await?;
+            test.exit_pod("flaky-workers-1", 1).await?;
             wait_restarts(test, "flaky", 1).await?;
             let after = test
                 .wait_phase("flaky", WorkloadPhase::Running, Duration::from_secs(90))
@@ -240,13 +231,13 @@ async fn a_gang_fails_after_max_restarts_and_gives_everything_back() -> Result<(
             .await?;
             assert_runs_as_planned(test, "doomed").await?;
             // The first failure is within the budget: the gang runs again.
-            exit(test, "doomed-workers-1", 1).await?;
+            test.exit_pod("doomed-workers-1", 1).await?;
             wait_restarts(test, "doomed", 1).await?;
             test.wait_phase("doomed", WorkloadPhase::Running, Duration::from_secs(90))
                 .await?;
             assert_runs_as_planned(test, "doomed").await?;
             // The second is not.
-            exit(test, "doomed-workers-0", 1).await?;
+            test.exit_pod("doomed-workers-0", 1).await?;
             let workload = test
                 .wait_phase("doomed", WorkloadPhase::Failed, Duration::from_secs(60))
                 .await?;
@@ -477,7 +468,7 @@ async fn extras_beyond_min_count_start_when_they_fit_and_their_loss_does_not_res
 
             // An extra fails: it is replaced and placed again, and the gang keeps running.
             let failing = test.pods().get("elastic-workers-3").await?.metadata.uid;
-            exit(test, "elastic-workers-3", 1).await?;
+            test.exit_pod("elastic-workers-3", 1).await?;
             let shared: &Test = test;
             let failing = &failing;
             wait::until(
@@ -522,29 +513,7 @@ async fn a_jobs_pods_join_a_template_less_workload_and_run_as_one_gang() -> Resu
                 "spec": {"topology": {"required": RACK_LABEL}, "podGroups": [{"name": "workers", "replicas": 2}]},
             }))
             .await?;
-            let job: Job = serde_json::from_value(json!({
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {"name": "trainers"},
-                "spec": {
-                    "completionMode": "Indexed",
-                    "completions": 2,
-                    "parallelism": 2,
-                    "template": {
-                        "metadata": {"labels": {labels::WORKLOAD: "trainers", labels::POD_GROUP: "workers"}},
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "schedulingGates": [{"name": labels::GANG_GATE}],
-                            "containers": [{
-                                "name": "main",
-                                "image": "trainer",
-                                "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
-                            }],
-                            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
-                        },
-                    },
-                },
-            }))?;
+            let job: Job = serde_json::from_value(job_joining("trainers", "workers", 2))?;
             let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
             jobs.create(&PostParams::default(), &job).await?;
 
@@ -564,8 +533,18 @@ async fn a_jobs_pods_join_a_template_less_workload_and_run_as_one_gang() -> Resu
             for planned in &placement.pods {
                 let pod = test.pods().get(&planned.name).await?;
                 let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).context("bound")?;
-                ensure!(node == planned.node, "{} on {node}, planned {}", planned.name, planned.node);
-                ensure!(racks[&node] == rack, "{} in {}, the gang's rack is {rack}", planned.name, racks[&node]);
+                ensure!(
+                    node == planned.node,
+                    "{} on {node}, planned {}",
+                    planned.name,
+                    planned.node
+                );
+                ensure!(
+                    racks[&node] == rack,
+                    "{} in {}, the gang's rack is {rack}",
+                    planned.name,
+                    racks[&node]
+                );
                 // The claim kube-controller-manager generated holds eight devices of that
                 // node, allocated by muster and reserved for the pod.
                 let claim_name = pod
@@ -596,7 +575,7 @@ async fn a_jobs_pods_join_a_template_less_workload_and_run_as_one_gang() -> Resu
             // The Job's pods complete: the gang succeeds, the Job completes and the
             // devices are given back.
             for planned in &placement.pods {
-                exit(test, &planned.name, 0).await?;
+                test.exit_pod(&planned.name, 0).await?;
             }
             test.wait_phase("trainers", WorkloadPhase::Succeeded, Duration::from_secs(90))
                 .await?;

@@ -11,18 +11,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_e2e::fleet::{GPU_DRIVER, RACK_LABEL};
-use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, job_joining, with_test};
 use muster_e2e::wait;
 use serde_json::json;
-
-/// Makes a pod's containers exit with `code` (the test kwok stage).
-async fn exit(test: &Test, pod: &str, code: u8) -> Result<()> {
-    let patch = json!({"metadata": {"annotations": {"muster-e2e-exit": code.to_string()}}});
-    test.pods()
-        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
 
 async fn restarts(test: &Test, name: &str) -> Result<i32> {
     Ok(test.workloads().get(name).await?.status.map_or(0, |s| s.restarts))
@@ -136,7 +127,7 @@ async fn defect_2_a_shared_claim_another_pod_uses_stays_allocated_after_the_gang
             .await?;
 
             // The gang succeeds and gives back what only it used.
-            exit(test, "sharer-launcher-0", 0).await?;
+            test.exit_pod("sharer-launcher-0", 0).await?;
             test.wait_phase("sharer", WorkloadPhase::Succeeded, Duration::from_secs(60))
                 .await?;
             let claims_api = test.claims();
@@ -163,21 +154,7 @@ async fn defect_2_a_shared_claim_another_pod_uses_stays_allocated_after_the_gang
             .await?;
             // Once the outsider is gone, the gang gives the claim back and finishes.
             test.pods().delete("outsider", &DeleteParams::default()).await?;
-            let (claims, workloads) = (test.claims(), test.workloads());
-            wait::until("the gang to hold nothing and finish", Duration::from_secs(60), || {
-                let (claims, workloads) = (claims.clone(), workloads.clone());
-                async move {
-                    let held = allocations(&claims).await?;
-                    let state = workloads
-                        .get("sharer")
-                        .await?
-                        .status
-                        .and_then(|s| s.placement)
-                        .and_then(|p| p.state);
-                    Ok((held.is_empty() && state == Some(AdmissionState::Finished)).then_some(()))
-                }
-            })
-            .await?;
+            test.wait_finished_holding_nothing("sharer").await?;
             test.claims().delete("shared-gpu", &DeleteParams::default()).await?;
             Ok(())
         })
@@ -302,30 +279,7 @@ async fn defect_7_a_gang_of_job_pods_restarts_after_losing_a_pod() -> Result<()>
                 },
             }))
             .await?;
-            let job: Job = serde_json::from_value(json!({
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {"name": "trainers"},
-                "spec": {
-                    "completionMode": "Indexed",
-                    "completions": 2,
-                    "parallelism": 2,
-                    "backoffLimit": 6,
-                    "template": {
-                        "metadata": {"labels": {labels::WORKLOAD: "trainers", labels::POD_GROUP: "workers"}},
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "schedulingGates": [{"name": labels::GANG_GATE}],
-                            "containers": [{
-                                "name": "main",
-                                "image": "trainer",
-                                "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
-                            }],
-                            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
-                        },
-                    },
-                },
-            }))?;
+            let job: Job = serde_json::from_value(job_joining("trainers", "workers", 2))?;
             let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
             jobs.create(&PostParams::default(), &job).await?;
             let workload = test
@@ -358,7 +312,12 @@ async fn defect_7_a_gang_of_job_pods_restarts_after_losing_a_pod() -> Result<()>
             for planned in &placement.pods {
                 let pod = test.pods().get(&planned.name).await?;
                 let node = pod.spec.and_then(|s| s.node_name).context("bound")?;
-                ensure!(node == planned.node, "{} on {node}, planned {}", planned.name, planned.node);
+                ensure!(
+                    node == planned.node,
+                    "{} on {node}, planned {}",
+                    planned.name,
+                    planned.node
+                );
             }
             jobs.delete("trainers", &DeleteParams::background()).await?;
             Ok(())
@@ -379,27 +338,8 @@ async fn defect_10_a_gang_that_can_never_fit_does_not_hold_the_queue() -> Result
                 .wait_admitted_reason("huge", "Unschedulable", Duration::from_secs(60))
                 .await?;
             ensure!(message.contains("would not fit even on an empty cluster"), "{message}");
-            let api = test.workloads();
-            wait::until(
-                "huge to have waited past the starvation limit",
-                Duration::from_secs(30),
-                || {
-                    let api = api.clone();
-                    async move {
-                        let w = api.get("huge").await?;
-                        let since = w
-                            .status
-                            .unwrap_or_default()
-                            .conditions
-                            .into_iter()
-                            .find(|c| c.type_ == "Admitted")
-                            .map(|c| c.last_transition_time.0);
-                        let waited = since.map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t).as_secs_f64());
-                        Ok(waited.filter(|w| *w > 2.0).map(|_| ()))
-                    }
-                },
-            )
-            .await?;
+            // Past the starvation limit.
+            test.wait_admitted_unchanged_for("huge", 2.0).await?;
             test.create(gang("small", 1, None)).await?;
             assert_runs_as_planned(test, "small").await?;
             Ok(())

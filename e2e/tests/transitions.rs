@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use kube::api::{Patch, PatchParams};
-use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
+use muster_api::v1alpha1::WorkloadPhase;
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
 use muster_e2e::wait;
 use serde_json::json;
@@ -16,14 +16,6 @@ enum Drive {
     Suspend,
     Succeed,
     Restart,
-}
-
-async fn exit(test: &Test, pod: &str, code: u8) -> Result<()> {
-    let patch = json!({"metadata": {"annotations": {"muster-e2e-exit": code.to_string()}}});
-    test.pods()
-        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
 }
 
 async fn drive(test: &Test, how: Drive) -> Result<()> {
@@ -37,8 +29,8 @@ async fn drive(test: &Test, how: Drive) -> Result<()> {
                 )
                 .await?;
         }
-        Drive::Succeed => exit(test, "victim-launcher-0", 0).await?,
-        Drive::Restart => exit(test, "victim-workers-1", 1).await?,
+        Drive::Succeed => test.exit_pod("victim-launcher-0", 0).await?,
+        Drive::Restart => test.exit_pod("victim-workers-1", 1).await?,
     }
     Ok(())
 }
@@ -67,21 +59,7 @@ async fn converged(test: &Test, how: Drive) -> Result<()> {
         Drive::Succeed => {
             test.wait_phase("victim", WorkloadPhase::Succeeded, Duration::from_secs(90))
                 .await?;
-            let workloads = test.workloads();
-            wait::until("the finished gang to hold nothing", Duration::from_secs(60), || {
-                let (claims, workloads) = (claims.clone(), workloads.clone());
-                async move {
-                    let held = allocations(&claims).await?;
-                    let state = workloads
-                        .get("victim")
-                        .await?
-                        .status
-                        .and_then(|s| s.placement)
-                        .and_then(|p| p.state);
-                    Ok((held.is_empty() && state == Some(AdmissionState::Finished)).then_some(()))
-                }
-            })
-            .await?;
+            test.wait_finished_holding_nothing("victim").await?;
         }
         Drive::Restart => {
             let workloads = test.workloads();

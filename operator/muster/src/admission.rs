@@ -1142,16 +1142,7 @@ impl Admission {
         let recorded = self
             .record(
                 workload,
-                Record {
-                    journal: Some(journal.clone()),
-                    conditions: vec![muster_admission::Condition {
-                        type_: ConditionType::Admitted,
-                        status: false,
-                        reason: Reason::Reserving,
-                        message: "reserving the gang's devices".into(),
-                    }],
-                    restarts: None,
-                },
+                reserving_record(journal.clone(), "reserving the gang's devices"),
             )
             .await?;
         self.checkpoint(FaultPoint::AfterPlanRecorded).await;
@@ -1174,16 +1165,10 @@ impl Admission {
         let reserved = self
             .record(
                 &recorded,
-                Record {
-                    journal: Some(commit::reserved(&journal, observe::now_millis())),
-                    conditions: vec![muster_admission::Condition {
-                        type_: ConditionType::Admitted,
-                        status: false,
-                        reason: Reason::Reserving,
-                        message: "every claim is allocated; releasing pods".into(),
-                    }],
-                    restarts: None,
-                },
+                reserving_record(
+                    commit::reserved(&journal, observe::now_millis()),
+                    "every claim is allocated; releasing pods",
+                ),
             )
             .await?;
         self.checkpoint(FaultPoint::AfterReserved).await;
@@ -1539,6 +1524,20 @@ impl Admission {
 
     pub(crate) async fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
         crate::controller::publish_event(&self.recorder, workload, type_, reason, action, note).await;
+    }
+}
+
+/// A commit's record of its progress: the journal, and `Admitted` false while reserving.
+fn reserving_record(journal: Journal, message: &str) -> Record {
+    Record {
+        journal: Some(journal),
+        conditions: vec![muster_admission::Condition {
+            type_: ConditionType::Admitted,
+            status: false,
+            reason: Reason::Reserving,
+            message: message.into(),
+        }],
+        restarts: None,
     }
 }
 
