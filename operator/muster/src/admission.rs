@@ -1,16 +1,20 @@
-//! The admission loop: the one place where gangs are placed. Waiting gangs are planned
-//! in priority-then-age order against the engine's picture of the cluster; a gang that
-//! fits is committed: the plan is recorded on the Workload, every claim of the gang is
-//! allocated, the allocations are checked against the cluster, and only then is every
-//! pod released (gate removed, pinned to its planned node). Any failure before release
-//! undoes the writes made so far. A restarted operator finds half-done commits in the
-//! recorded plan and undoes or finishes them. Released gangs whose pods are not all
-//! scheduled in time are torn down as a unit and queued again.
+//! The admission loop: the one place where gangs are placed and where their devices
+//! are given back. Each pass, every placed gang takes one step of its state machine
+//! (`muster-admission`'s `decide`): the loop observes the gang — journal, pods, claims,
+//! node health — and performs the writes the machine returns, each conditional (the
+//! recorded journal, a pod's uid, a fresh read of a claim), reading its own writes until
+//! the caches show them. Then waiting gangs are planned in priority-then-age order
+//! against the engine's picture of the cluster; a gang that fits is committed: the plan
+//! is recorded on the Workload, every claim of the gang is allocated, the allocations
+//! are checked against the cluster, and only then is every pod released (gate removed,
+//! pinned to its planned node). A commit that fails before release undoes its own
+//! writes; whatever is left, a restarted operator finds in the journal and undoes or
+//! finishes. With leader election, nothing is written once the Lease may have passed.
 //!
 //! Starvation rule: gangs are tried in priority-then-age order and a smaller gang may be
-//! admitted past a larger one that does not fit (backfill), except that once a gang has
-//! waited longer than `starvation_after`, no gang of the same or lower priority queued
-//! behind it is admitted until it is.
+//! admitted past a larger one that does not fit (backfill), except that once a gang that
+//! would fit an empty cluster has waited longer than `starvation_after`, no gang of the
+//! same or lower priority queued behind it is admitted until it is.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
