@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
@@ -320,6 +320,48 @@ async fn defect_7_a_gang_of_job_pods_restarts_after_losing_a_pod() -> Result<()>
                 );
             }
             jobs.delete("trainers", &DeleteParams::background()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Defect 9: a reservation waited forever for planned pods that never came, holding
+/// every device of the gang. Here a quota stops the restarted gang's pods from being
+/// made: the reservation is given back after the timeout, and the gang runs again once
+/// pods can be made.
+#[tokio::test]
+async fn defect_9_a_reservation_whose_pods_never_appear_is_given_back() -> Result<()> {
+    with_test("no-pods", &["--schedule-timeout", "5"], &[], |test| {
+        Box::pin(async move {
+            let mut workload = gang("stuck", 1, None);
+            workload["spec"]["failurePolicy"] = json!({"maxRestarts": 1});
+            test.create(workload).await?;
+            assert_runs_as_planned(test, "stuck").await?;
+            let quotas: Api<ResourceQuota> = Api::namespaced(test.client.clone(), &test.ns);
+            let quota: ResourceQuota = serde_json::from_value(json!({
+                "metadata": {"name": "no-pods"},
+                "spec": {"hard": {"pods": "0"}},
+            }))?;
+            quotas.create(&PostParams::default(), &quota).await?;
+            // A pod fails: the gang restarts onto its reservation, but no pod can be made.
+            test.exit_pod("stuck-workers-0", 1).await?;
+            let message = test
+                .wait_admitted_reason("stuck", "ReleaseTimeout", Duration::from_secs(90))
+                .await?;
+            ensure!(message.contains("did not appear"), "{message}");
+            let claims = test.claims();
+            wait::until("the reservation to be given back", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+            })
+            .await?;
+            // Pods can be made again: the gang is placed and runs.
+            quotas.delete("no-pods", &DeleteParams::default()).await?;
+            test.wait_phase("stuck", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            assert_runs_as_planned(test, "stuck").await?;
+            ensure!(restarts(test, "stuck").await? == 1, "restarted once");
             Ok(())
         })
     })
