@@ -20,6 +20,17 @@ use crate::operator::Operator;
 use crate::testing::{SharedCluster, delete_namespace, exclusive, namespace, shared_cluster};
 use crate::wait;
 
+/// A Workload of one template-less group `group` of `replicas` pods in one rack: its
+/// pods come from another controller (see [`job_joining`]).
+pub fn workload_of_joining_pods(name: &str, group: &str, replicas: i32) -> Value {
+    json!({
+        "apiVersion": "muster.dev/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name},
+        "spec": {"topology": {"required": RACK_LABEL}, "podGroups": [{"name": group, "replicas": replicas}]},
+    })
+}
+
 /// An Indexed Job whose pods join group `group` of Workload `workload`: gated, labelled,
 /// each with an eight-GPU claim from the test's template.
 pub fn job_joining(workload: &str, group: &str, pods: i32) -> Value {

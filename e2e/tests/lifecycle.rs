@@ -12,8 +12,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
-use muster_e2e::fleet::RACK_LABEL;
-use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node};
+use muster_e2e::scenario::{
+    Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node, workload_of_joining_pods,
+};
 use muster_e2e::wait;
 use serde_json::{Value, json};
 
@@ -506,13 +507,7 @@ async fn extras_beyond_min_count_start_when_they_fit_and_their_loss_does_not_res
 async fn a_jobs_pods_join_a_template_less_workload_and_run_as_one_gang() -> Result<()> {
     with_test("job", &[], &[], |test| {
         Box::pin(async move {
-            test.create(json!({
-                "apiVersion": "muster.dev/v1alpha1",
-                "kind": "Workload",
-                "metadata": {"name": "trainers"},
-                "spec": {"topology": {"required": RACK_LABEL}, "podGroups": [{"name": "workers", "replicas": 2}]},
-            }))
-            .await?;
+            test.create(workload_of_joining_pods("trainers", "workers", 2)).await?;
             let job: Job = serde_json::from_value(job_joining("trainers", "workers", 2))?;
             let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
             jobs.create(&PostParams::default(), &job).await?;

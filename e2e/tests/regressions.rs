@@ -10,8 +10,10 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
-use muster_e2e::fleet::{GPU_DRIVER, RACK_LABEL};
-use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, job_joining, with_test};
+use muster_e2e::fleet::GPU_DRIVER;
+use muster_e2e::scenario::{
+    Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, workload_of_joining_pods,
+};
 use muster_e2e::wait;
 use serde_json::json;
 
@@ -268,17 +270,9 @@ async fn defect_6_a_quick_resume_while_pods_terminate_runs_the_gang_again() -> R
 async fn defect_7_a_gang_of_job_pods_restarts_after_losing_a_pod() -> Result<()> {
     with_test("job-restart", &[], &[], |test| {
         Box::pin(async move {
-            test.create(json!({
-                "apiVersion": "muster.dev/v1alpha1",
-                "kind": "Workload",
-                "metadata": {"name": "trainers"},
-                "spec": {
-                    "topology": {"required": RACK_LABEL},
-                    "podGroups": [{"name": "workers", "replicas": 2}],
-                    "failurePolicy": {"maxRestarts": 2},
-                },
-            }))
-            .await?;
+            let mut workload = workload_of_joining_pods("trainers", "workers", 2);
+            workload["spec"]["failurePolicy"] = json!({"maxRestarts": 2});
+            test.create(workload).await?;
             let job: Job = serde_json::from_value(job_joining("trainers", "workers", 2))?;
             let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
             jobs.create(&PostParams::default(), &job).await?;

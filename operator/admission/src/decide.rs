@@ -335,7 +335,7 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     if let Some((reason, message)) = core_failure(gang, journal) {
         return fail_or_restart(gang, journal, reason, message);
     }
-    let mut step = extras(gang, journal, settings);
+    let step = extras(gang, journal, settings);
     if step.record().is_some() {
         return step;
     }
@@ -360,14 +360,13 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         settings.schedule_timeout / 1000,
         first(&unbound)
     );
-    step = tear_down(
+    tear_down(
         gang,
         journal,
         Reason::ScheduleTimeout,
         message,
         EventKind::ScheduleTimeout,
-    );
-    step
+    )
 }
 
 fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: String) -> Step {

@@ -120,6 +120,15 @@ impl World {
             .collect()
     }
 
+    /// Pods of no gang: someone else's.
+    fn intruders(&self) -> Vec<String> {
+        self.pods
+            .iter()
+            .filter(|(_, p)| p.workload.is_none())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     fn allocated(&self) -> BTreeSet<Dev> {
         self.claims
             .values()
@@ -562,14 +571,7 @@ impl Sim {
     /// gang's shared claim once it is allocated. It may end later.
     fn intrude(&mut self) {
         if self.rng.chance(30) {
-            let intruders: Vec<String> = self
-                .world
-                .pods
-                .iter()
-                .filter(|(_, p)| p.workload.is_none())
-                .map(|(n, _)| n.clone())
-                .collect();
-            if let Some(p) = intruders.first() {
+            if let Some(p) = self.world.intruders().first() {
                 self.note(format!("intruder {p} ends"));
                 self.world.pods.remove(p);
             }
@@ -1350,14 +1352,7 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
     for w in sim.world.workloads.values_mut() {
         w.spec.suspend = false;
     }
-    let intruders: Vec<String> = sim
-        .world
-        .pods
-        .iter()
-        .filter(|(_, p)| p.workload.is_none())
-        .map(|(n, _)| n.clone())
-        .collect();
-    for p in intruders {
+    for p in sim.world.intruders() {
         sim.world.pods.remove(&p);
     }
     for up in sim.world.nodes.values_mut() {

@@ -841,8 +841,8 @@ mod tests {
         assert!(!c.device_in_any_use(&id("g2")), "admin access holds nothing");
     }
 
-    #[test]
-    fn pods_use_node_resources_once_per_key() {
+    /// A state with node `n` (8 CPUs, 10 pods) and a 2-CPU pod request.
+    fn one_node_and_a_pod_request() -> (ClusterState, Node, Resources) {
         let mut c = ClusterState::new();
         let node = Node {
             name: "n".into(),
@@ -859,6 +859,12 @@ mod tests {
             pods: 1,
             ..Default::default()
         };
+        (c, node, req)
+    }
+
+    #[test]
+    fn pods_use_node_resources_once_per_key() {
+        let (mut c, node, req) = one_node_and_a_pod_request();
         c.upsert_pod("ns/p", "n", req.clone());
         c.upsert_pod("ns/p", "n", req.clone());
         assert_eq!(c.free_resources(&node).cpu_millis, 6000);
@@ -879,22 +885,7 @@ mod tests {
 
     #[test]
     fn a_stale_watch_event_does_not_erase_an_assumption() {
-        let mut c = ClusterState::new();
-        let node = Node {
-            name: "n".into(),
-            allocatable: Resources {
-                cpu_millis: 8000,
-                pods: 10,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        c.upsert_node(node.clone());
-        let req = Resources {
-            cpu_millis: 2000,
-            pods: 1,
-            ..Default::default()
-        };
+        let (mut c, node, req) = one_node_and_a_pod_request();
         c.assume(
             "plan",
             &[("ns/q".into(), "n".into(), req)],

@@ -192,11 +192,6 @@ impl<K: kube::Resource> OwnWrites<K> {
             .unwrap_or_else(|p| p.into_inner())
             .retain(|key, _| exists(key));
     }
-
-    /// Whether the cache has not caught up with this loop's write of `key`.
-    fn pending(&self, key: &str) -> bool {
-        self.objects.lock().unwrap_or_else(|p| p.into_inner()).contains_key(key)
-    }
 }
 
 pub struct Admission {
@@ -334,9 +329,8 @@ impl Admission {
     /// that was stalled (a long pause, a stopped process) must not write after a
     /// follower could have taken over.
     pub(crate) fn ensure_leading(&self) {
-        if self.settings.lease.as_ref().is_some_and(|l| !l.held()) {
-            tracing::error!("the leader Lease may have passed to another replica: stopping before the next write");
-            std::process::exit(1);
+        if let Some(lease) = &self.settings.lease {
+            lease.exit_unless_held();
         }
     }
 
@@ -598,8 +592,7 @@ impl Admission {
         let gangs = self.gangs();
         let claims = gangs.claims(&namespace, &workload.name_any());
         for claim in claims {
-            let claim_key = convert::key(Some(&namespace), claim.metadata.name.as_deref());
-            if self.own_claims.pending(&claim_key) && !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), claim) {
+            if !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), claim) {
                 return Err(RequestError::DeallocationNotSeen(claim.name_any()));
             }
         }
@@ -1560,7 +1553,6 @@ enum Admit {
 
 /// The engine's plan in the state machine's terms: an extra's own claims go with it.
 pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Placement {
-    let short = |k: &str| k.split_once('/').map_or(k, |(_, n)| n).to_string();
     let own_claims: BTreeMap<&str, &Vec<String>> = request
         .groups
         .iter()
@@ -1575,7 +1567,7 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
             .map(|p| {
                 let extra = request.is_extra(&p.group, &p.pod);
                 muster_admission::PlannedPod {
-                    name: short(&p.pod),
+                    name: convert::name_of(&p.pod),
                     node: p.node.clone(),
                     extra,
                     released_at: None,
@@ -1585,7 +1577,7 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
                             .into_iter()
                             .flat_map(|c| c.iter())
                             .filter(|c| !shared.contains(c.as_str()))
-                            .map(|c| short(c))
+                            .map(|c| convert::name_of(c))
                             .collect()
                     } else {
                         Vec::new()
@@ -1593,7 +1585,7 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
                 }
             })
             .collect(),
-        claims: plan.claims.iter().map(|c| short(&c.claim)).collect(),
+        claims: plan.claims.iter().map(|c| convert::name_of(&c.claim)).collect(),
         topology_value: plan.topology_value.clone(),
         devices: plan.device_count() as i32,
     }

@@ -263,9 +263,8 @@ async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action,
 }
 
 async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
-    if ctx.settings.lease.as_ref().is_some_and(|l| !l.held()) {
-        tracing::error!("the leader Lease may have passed to another replica: stopping before the next write");
-        std::process::exit(1);
+    if let Some(lease) = &ctx.settings.lease {
+        lease.exit_unless_held();
     }
     let name = workload.name_any();
     let namespace = workload.namespace().unwrap_or_default();

@@ -206,6 +206,11 @@ pub fn key(namespace: Option<&str>, name: Option<&str>) -> String {
     format!("{}/{}", namespace.unwrap_or_default(), name.unwrap_or_default())
 }
 
+/// The name part of a [`key`].
+pub fn name_of(key: &str) -> String {
+    key.split_once('/').map_or(key, |(_, name)| name).to_string()
+}
+
 pub fn tolerations(list: &[core::Toleration]) -> Vec<Toleration> {
     list.iter()
         .map(|t| Toleration {

@@ -16,6 +16,7 @@ use muster_engine::placement::{self, Outcome};
 use tracing::info;
 
 use crate::admission::{Admission, CommitError, core_placement, key};
+use crate::convert;
 use crate::observe;
 use crate::release;
 
@@ -46,10 +47,9 @@ impl Admission {
                 return Ok(());
             }
         };
-        let short = |k: &str| k.split_once('/').map_or(k, |(_, n)| n).to_string();
         let mut extras = request.clone();
         for group in &mut extras.groups {
-            group.pods.retain(|p| waiting.contains(&short(&p.name)));
+            group.pods.retain(|p| waiting.contains(&convert::name_of(&p.name)));
             group.min_count = 0;
             // The gang's placement domain.
             if let (Some(key), Some(value)) = (&extras.topology.required, &journal.topology_value) {

@@ -85,6 +85,15 @@ impl LeaseGuard {
     pub fn held(&self) -> bool {
         (self.start.elapsed().as_millis() as u64) < self.held_until.load(Ordering::SeqCst)
     }
+
+    /// Stops the process unless the Lease is still held: called before a write, so a
+    /// leader that was stalled past its Lease writes nothing more.
+    pub fn exit_unless_held(&self) {
+        if !self.held() {
+            tracing::error!("the leader Lease may have passed to another replica: stopping before the next write");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// A candidate for the Lease.
