@@ -215,7 +215,7 @@ impl Matcher {
             })?;
             programs.push(program);
         }
-        let set = cluster.match_cache.borrow_mut().set_id(&all);
+        let set = crate::cluster::locked(&cluster.match_cache).set_id(&all);
         let matcher = Matcher {
             set,
             programs,
@@ -235,12 +235,12 @@ impl Matcher {
         device_index: usize,
         node: &Node,
     ) -> Result<bool, AllocationError> {
-        let cached = cluster.match_cache.borrow().get(self.set, &slice.name, device_index);
+        let cached = crate::cluster::locked(&cluster.match_cache).get(self.set, &slice.name, device_index);
         let outcome = match cached {
             Some(outcome) => outcome,
             None => {
                 let outcome = self.evaluate(slice, device_index);
-                cluster.match_cache.borrow_mut().put(
+                crate::cluster::locked(&cluster.match_cache).put(
                     self.set,
                     &slice.name,
                     slice.devices.len(),

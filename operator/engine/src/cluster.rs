@@ -6,9 +6,8 @@
 //! entered under the same keys the watch will later report, so assuming and then seeing
 //! the real objects never counts anything twice, and `forget` undoes an assumption.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
 use crate::device::{Attributes, Capacities};
@@ -109,7 +108,7 @@ struct HeldDevices {
 pub(crate) type MatchOutcome = Result<bool, String>;
 
 /// How a slice's devices matched selectors before; cleared when the slice changes.
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone)]
 pub(crate) struct MatchCache {
     /// Selector set → slice name → per device: matches, or the evaluation error.
     entries: FxHashMap<usize, FxHashMap<String, Vec<Option<MatchOutcome>>>>,
@@ -149,7 +148,7 @@ impl MatchCache {
 }
 
 /// Counts per device, looked up by borrowed names (no allocation on the hot path).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct DeviceCounts(FxHashMap<String, FxHashMap<String, FxHashMap<String, u32>>>);
 
 impl DeviceCounts {
@@ -205,7 +204,7 @@ pub(crate) struct CachedRoom {
 
 /// Change counters: a node's own (by node id), and one for everything shared by all
 /// nodes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Versions {
     tick: u64,
     nodes: Vec<u64>,
@@ -215,7 +214,8 @@ struct Versions {
 /// Nodes grouped by the value of a label, with their ids.
 pub(crate) type NodeIndex = Vec<(String, Vec<(usize, Arc<Node>)>)>;
 
-/// The cluster as the engine knows it.
+/// The cluster as the engine knows it. It is `Send + Sync` and cheap to share: a
+/// planner can work on a snapshot while the watches move on (see [`Clone`]).
 #[derive(Debug, Default)]
 pub struct ClusterState {
     nodes: BTreeMap<String, Arc<Node>>,
@@ -236,19 +236,19 @@ pub struct ClusterState {
     consumed: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
     /// Shared allocations per device (with or without consumed capacity).
     shared: FxHashMap<DeviceId, u32>,
-    pub(crate) match_cache: RefCell<MatchCache>,
+    pub(crate) match_cache: Mutex<MatchCache>,
     /// Compiled CEL selectors by expression text.
-    programs: RefCell<FxHashMap<String, Result<crate::cel::Program, String>>>,
+    programs: Mutex<FxHashMap<String, Result<crate::cel::Program, String>>>,
     /// Claims assumed by plans, and the pods they placed.
     assumed: FxHashMap<String, AssumedPlan>,
     versions: Versions,
     /// Dense ids for node names, so hot per-node state lives in vectors.
     node_ids: FxHashMap<String, usize>,
     /// Pod shape → node id → room, see [`CachedRoom`].
-    pub(crate) room_cache: RefCell<FxHashMap<String, Vec<Option<CachedRoom>>>>,
+    pub(crate) room_cache: Mutex<FxHashMap<String, Vec<Option<CachedRoom>>>>,
     /// Label key → value → nodes with it, for topology domains; with the node-set
     /// version it was built at.
-    label_index: RefCell<FxHashMap<String, (u64, Arc<NodeIndex>)>>,
+    label_index: Mutex<FxHashMap<String, (u64, Arc<NodeIndex>)>>,
     node_set_version: u64,
 }
 
@@ -280,6 +280,51 @@ struct AssumedPlan {
     observed_claims: FxHashMap<String, Option<Vec<DeviceResult>>>,
     /// Likewise for the assumed pods: `Some((node, requests))` bound, `None` not.
     observed_pods: FxHashMap<String, Option<(String, Resources)>>,
+}
+
+/// A cache behind a lock: a poisoned lock only means a planner panicked mid-update,
+/// and every cache entry is checked against versions before use.
+pub(crate) fn locked<T>(cache: &Mutex<T>) -> MutexGuard<'_, T> {
+    cache.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A copy of a cache, or an empty one while a planner is using it: caches only save work.
+fn copy_of<T: Clone + Default>(cache: &Mutex<T>) -> Mutex<T> {
+    Mutex::new(match cache.try_lock() {
+        Ok(guard) => guard.clone(),
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().clone(),
+        Err(std::sync::TryLockError::WouldBlock) => T::default(),
+    })
+}
+
+/// A full copy, so that one side can change while the other plans. The caches come
+/// along when free; a cache in use by a planner starts empty in the copy.
+impl Clone for ClusterState {
+    fn clone(&self) -> Self {
+        ClusterState {
+            nodes: self.nodes.clone(),
+            node_usage: self.node_usage.clone(),
+            pods: self.pods.clone(),
+            slices: self.slices.clone(),
+            slices_by_node: self.slices_by_node.clone(),
+            shared_slices: self.shared_slices.clone(),
+            slices_by_pool: self.slices_by_pool.clone(),
+            classes: self.classes.clone(),
+            taint_rules: self.taint_rules.clone(),
+            claims: self.claims.clone(),
+            dedicated: self.dedicated.clone(),
+            consumed: self.consumed.clone(),
+            shared: self.shared.clone(),
+            match_cache: copy_of(&self.match_cache),
+            programs: copy_of(&self.programs),
+            assumed: self.assumed.clone(),
+            versions: self.versions.clone(),
+            node_ids: self.node_ids.clone(),
+            room_cache: copy_of(&self.room_cache),
+            label_index: copy_of(&self.label_index),
+            node_set_version: self.node_set_version,
+        }
+    }
 }
 
 impl ClusterState {
@@ -354,7 +399,7 @@ impl ClusterState {
     /// the nodes. `None` as key: every node, in one group.
     pub(crate) fn nodes_by_label(&self, key: Option<&str>) -> Arc<NodeIndex> {
         let cache_key = key.unwrap_or("").to_string();
-        if let Some((version, index)) = self.label_index.borrow().get(&cache_key)
+        if let Some((version, index)) = locked(&self.label_index).get(&cache_key)
             && *version == self.node_set_version
         {
             return index.clone();
@@ -377,9 +422,7 @@ impl ClusterState {
                 .map(|(v, nodes)| (v.to_string(), nodes))
                 .collect::<NodeIndex>(),
         );
-        self.label_index
-            .borrow_mut()
-            .insert(cache_key, (self.node_set_version, index.clone()));
+        locked(&self.label_index).insert(cache_key, (self.node_set_version, index.clone()));
         index
     }
 
@@ -490,7 +533,10 @@ impl ClusterState {
         if let Some(set) = self.slices_by_pool.get_mut(&(old.driver.clone(), old.pool.clone())) {
             set.remove(name);
         }
-        self.match_cache.get_mut().forget_slice(name);
+        self.match_cache
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .forget_slice(name);
     }
 
     pub fn slice(&self, name: &str) -> Option<&Arc<Slice>> {
@@ -577,13 +623,11 @@ impl ClusterState {
 
     /// The compiled selector for `expression` (compiled once, errors included).
     pub(crate) fn program(&self, expression: &str) -> Result<crate::cel::Program, String> {
-        if let Some(cached) = self.programs.borrow().get(expression) {
+        if let Some(cached) = locked(&self.programs).get(expression) {
             return cached.clone();
         }
         let compiled = crate::cel::compile(expression).map_err(|e| e.message);
-        self.programs
-            .borrow_mut()
-            .insert(expression.to_string(), compiled.clone());
+        locked(&self.programs).insert(expression.to_string(), compiled.clone());
         compiled
     }
 
@@ -696,6 +740,23 @@ impl ClusterState {
     /// allocation, which the API server does not prevent.
     pub fn exclusive_holders(&self, driver: &str, pool: &str, device: &str) -> u32 {
         self.dedicated.get(driver, pool, device)
+    }
+
+    /// The claims holding a device exclusively, in name order. A scan of every claim:
+    /// for explaining a conflict, not for planning.
+    pub fn exclusive_holder_names(&self, id: &DeviceId) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .claims
+            .iter()
+            .filter(|(_, held)| {
+                held.devices
+                    .iter()
+                    .any(|d| d.admin_access != Some(true) && d.share_id.is_none() && d.device_id() == *id)
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// [`ClusterState::device_allocated`] by names.

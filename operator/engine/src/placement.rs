@@ -27,6 +27,8 @@ pub struct PlanOptions {
     pub step_budget: u64,
     /// Topology domains tried with exact placement before giving up.
     pub max_domains: usize,
+    /// Nodes the plan must not use: held for a gang that has waited longest.
+    pub excluded_nodes: std::sync::Arc<BTreeSet<String>>,
 }
 
 impl Default for PlanOptions {
@@ -34,6 +36,7 @@ impl Default for PlanOptions {
         PlanOptions {
             step_budget: 20_000_000,
             max_domains: 32,
+            excluded_nodes: Default::default(),
         }
     }
 }
@@ -155,6 +158,15 @@ pub fn plan(cluster: &ClusterState, gang: &GangRequest, options: &PlanOptions) -
     }
 }
 
+/// Every node that could take at least one pod of the gang as the cluster is now, in
+/// name order: its reach. On [`ClusterState::emptied`], every node it could ever use.
+pub fn reachable_nodes(cluster: &ClusterState, gang: &GangRequest, options: &PlanOptions) -> BTreeSet<String> {
+    match Planner::new(cluster, gang, options) {
+        Ok(planner) => planner.candidates.iter().map(|c| c.node.name.clone()).collect(),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
 struct Candidate {
     node: std::sync::Arc<Node>,
     /// Index of the node's value of the required label in the node index.
@@ -247,7 +259,7 @@ impl<'a> Planner<'a> {
             }
         }
         let index = self.index.clone();
-        let mut cache = cluster.room_cache.borrow_mut();
+        let mut cache = crate::cluster::locked(&cluster.room_cache);
         if cache.len() > 64 {
             cache.clear();
         }
@@ -260,6 +272,10 @@ impl<'a> Planner<'a> {
                 .enumerate()
                 .flat_map(|(d, (_, nodes))| nodes.iter().map(move |n| (d, n)))
             {
+                if self.options.excluded_nodes.contains(&node.name) {
+                    self.reject("held for a gang that has waited longest".into());
+                    continue;
+                }
                 let version = cluster.node_version(*id);
                 let start = self.rooms.len();
                 let mut why_not = None;

@@ -351,3 +351,40 @@ fn an_assumed_plan_is_seen_by_the_next_plan() {
         "forgotten: the rack is free again"
     );
 }
+
+#[test]
+fn excluded_nodes_are_not_used_and_the_reason_says_why() {
+    let cluster = gpu_cluster(4, 8, 2, 2);
+    let held: BTreeSet<String> = ["node-00000", "node-00001"].into_iter().map(String::from).collect();
+    let options = PlanOptions {
+        excluded_nodes: std::sync::Arc::new(held),
+        ..PlanOptions::default()
+    };
+    let outcome = plan(&cluster, &gpu_gang("g", 2, 8, Some(RACK), None), &options);
+    assert_eq!(placed(&outcome).nodes(), ["node-00002", "node-00003"]);
+    let why = reasons(&plan(&cluster, &gpu_gang("g", 3, 8, None, None), &options));
+    assert!(why.contains("held for a gang that has waited longest"), "{why}");
+}
+
+#[test]
+fn a_gang_reaches_only_the_nodes_it_could_use() {
+    let mut cluster = gpu_cluster(4, 8, 2, 2);
+    occupy(&mut cluster, "node-00003", 8);
+    let gang = gpu_gang("g", 1, 8, Some(RACK), None);
+    let now = reachable_nodes(&cluster, &gang, &PlanOptions::default());
+    assert_eq!(
+        now.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["node-00000", "node-00001", "node-00002"]
+    );
+    let ever = reachable_nodes(&cluster.emptied(), &gang, &PlanOptions::default());
+    assert_eq!(ever.len(), 4);
+    // A pod needing more GPUs than any node has reaches nothing.
+    assert!(
+        reachable_nodes(
+            &cluster.emptied(),
+            &gpu_gang("g", 1, 9, None, None),
+            &PlanOptions::default()
+        )
+        .is_empty()
+    );
+}
