@@ -209,7 +209,6 @@ impl ControlPlane {
             "node/fast/node-initialize.yaml",
             "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
             "pod/fast/pod-ready.yaml",
-            "pod/fast/pod-delete.yaml",
         ];
         let mut kwok_args = vec![
             format!("--kubeconfig={}", s(&kubeconfig)),
@@ -223,12 +222,12 @@ impl ControlPlane {
         for file in stage_files {
             kwok_args.push(format!("--config={}", s(&stages.join(file))));
         }
-        // Lets tests end pods with an exit code (annotation muster-e2e-exit).
-        let exit_stages = paths::e2e_dir()
-            .join("controlplane")
-            .join("stages")
-            .join("pod-exit.yaml");
-        kwok_args.push(format!("--config={}", s(&exit_stages)));
+        // Lets tests end pods with an exit code (annotation muster-e2e-exit), and keep
+        // deleted pods terminating for a while (muster-e2e-terminate-after).
+        for file in ["pod-exit.yaml", "pod-delete.yaml"] {
+            let own_stages = paths::e2e_dir().join("controlplane").join("stages").join(file);
+            kwok_args.push(format!("--config={}", s(&own_stages)));
+        }
         processes.spawn("kwok", &bin.join("kwok"), &kwok_args, &logs.join("kwok.log"))?;
 
         for (name, port) in [
