@@ -29,6 +29,14 @@ pub enum SpecError {
         "pod group {group}: pod claim {claim} has the same name as the shared claim {claim} of spec.resourceClaims"
     )]
     ClaimNameClash { group: String, claim: String },
+    #[error(
+        "claim {first} and claim {second} would both be made as ResourceClaim {object}: rename a pod group or a claim"
+    )]
+    ObjectNameClash {
+        object: String,
+        first: String,
+        second: String,
+    },
 }
 
 /// Where a claim of the gang comes from.
@@ -52,6 +60,16 @@ pub struct GangClaim {
     pub pod: Option<String>,
     /// The pod group of that pod.
     pub pod_group: Option<String>,
+}
+
+impl GangClaim {
+    /// How the spec names it: `x of pod a-0` or `shared x`.
+    fn describe(&self) -> String {
+        match &self.pod {
+            Some(pod) => format!("{} of pod {pod}", self.pod_claim_name),
+            None => format!("shared {}", self.pod_claim_name),
+        }
+    }
 }
 
 /// Everything muster creates for one Workload.
@@ -149,6 +167,21 @@ pub fn build(workload: &Workload) -> Result<Gang, SpecError> {
                 }
             }
             pods.push(pod);
+        }
+    }
+
+    // Names are joined with '-', and group and claim names may hold '-' and digits:
+    // group `a` with claim `0-x` and group `a-0` with claim `x` both make `<w>-a-0-0-x`.
+    let mut made: BTreeMap<&str, &GangClaim> = BTreeMap::new();
+    for claim in &claims {
+        if let Some(other) = made.insert(&claim.object_name, claim)
+            && (matches!(claim.source, ClaimSource::Template(_)) || matches!(other.source, ClaimSource::Template(_)))
+        {
+            return Err(SpecError::ObjectNameClash {
+                object: claim.object_name.clone(),
+                first: other.describe(),
+                second: claim.describe(),
+            });
         }
     }
 
@@ -327,6 +360,36 @@ spec:
   resourceClaims:
   - {name: fabric, resourceClaimTemplateName: imex-channel, podGroups: [workers]}
 "#;
+
+    #[test]
+    fn claims_of_two_groups_that_would_share_an_object_name_are_refused() {
+        let w = workload(
+            r#"
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: w}
+spec:
+  podGroups:
+  - name: a
+    replicas: 1
+    template:
+      spec:
+        containers: [{name: main, image: busybox}]
+        resourceClaims: [{name: 0-x, resourceClaimTemplateName: gpu}]
+  - name: a-0
+    replicas: 1
+    template:
+      spec:
+        containers: [{name: main, image: busybox}]
+        resourceClaims: [{name: x, resourceClaimTemplateName: gpu}]
+"#,
+        );
+        let error = build(&w).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "claim 0-x of pod w-a-0 and claim x of pod w-a-0-0 would both be made as ResourceClaim w-a-0-0-x: rename a pod group or a claim"
+        );
+    }
 
     #[test]
     fn pods_are_gated_named_labelled_and_owned() {
