@@ -490,8 +490,10 @@ async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again(
     .await
 }
 
+/// The starvation rule holds the nodes a long-waiting gang could use, and only those:
+/// a gang that needs other nodes goes ahead.
 #[tokio::test]
-async fn a_gang_waiting_too_long_is_not_overtaken_by_smaller_ones() -> Result<()> {
+async fn a_gang_waiting_too_long_keeps_its_nodes_from_smaller_ones_but_not_the_rest() -> Result<()> {
     with_test("starvation", &["--starvation-after", "3"], &[], |test| {
         Box::pin(async move {
             test.create(gang("small", 1, Some("rack-0000"))).await?;
@@ -502,8 +504,11 @@ async fn a_gang_waiting_too_long_is_not_overtaken_by_smaller_ones() -> Result<()
                 .await?;
             // Past the starvation limit.
             test.wait_admitted_unchanged_for("big", 4.0).await?;
-            // A small gang that would fit elsewhere must wait behind it.
-            test.create(gang("late", 1, Some("rack-0001"))).await?;
+            // A gang that can only use rack-0001 takes nothing big could use: it runs.
+            test.create(gang("elsewhere", 1, Some("rack-0001"))).await?;
+            assert_runs_as_planned(test, "elsewhere").await?;
+            // A small gang that would fit in rack-0000 must wait behind it.
+            test.create(gang("late", 1, Some("rack-0000"))).await?;
             let message = test
                 .wait_admitted_reason("late", "WaitingBehind", Duration::from_secs(60))
                 .await?;
@@ -518,6 +523,7 @@ async fn a_gang_waiting_too_long_is_not_overtaken_by_smaller_ones() -> Result<()
 
             test.workloads().delete("small", &DeleteParams::default()).await?;
             assert_runs_as_planned(test, "big").await?;
+            test.workloads().delete("big", &DeleteParams::default()).await?;
             assert_runs_as_planned(test, "late").await?;
             Ok(())
         })

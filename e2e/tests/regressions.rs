@@ -229,6 +229,63 @@ async fn defect_4_an_allocation_written_after_the_conflict_check_is_caught() -> 
     .await
 }
 
+/// Defect 5: a teardown deleted the pods with grace 0 and gave their devices to the
+/// next gang while their containers could still run. Pods here take 12 s to stop: the
+/// next gang gets the devices only once they are gone.
+#[tokio::test]
+async fn defect_5_devices_are_not_given_again_while_the_old_pods_terminate() -> Result<()> {
+    with_test("slow-stop", &[], &[], |test| {
+        Box::pin(async move {
+            // All of rack-0000's GPUs, held by pods that take 12 s to stop.
+            let mut first = gang("first", 4, Some("rack-0000"));
+            for group in first["spec"]["podGroups"].as_array_mut().context("podGroups")? {
+                group["template"]["metadata"] = json!({"annotations": {"muster-e2e-terminate-after": "12s"}});
+            }
+            test.create(first).await?;
+            assert_runs_as_planned(test, "first").await?;
+            test.create(gang("second", 1, Some("rack-0000"))).await?;
+            test.wait_admitted_reason("second", "Unschedulable", Duration::from_secs(60))
+                .await?;
+
+            test.workloads()
+                .patch(
+                    "first",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"suspend": true}})),
+                )
+                .await?;
+            let mut seen_terminating = false;
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                ensure!(std::time::Instant::now() < deadline, "second never ran");
+                let first_pods = test.gang_pods("first").await?;
+                seen_terminating |= first_pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
+                let second_allocated = test
+                    .gang_claims("second")
+                    .await?
+                    .iter()
+                    .any(|c| c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some());
+                ensure!(
+                    first_pods.is_empty() || !second_allocated,
+                    "second holds devices while {} pods of first still exist",
+                    first_pods.len()
+                );
+                if first_pods.is_empty() && second_allocated {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            ensure!(
+                seen_terminating,
+                "first's pods were deleted gracefully and seen terminating"
+            );
+            assert_runs_as_planned(test, "second").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
 /// Defect 6: resuming a suspended gang while its pods still terminated marked it
 /// Failed (the pods looked lost).
 #[tokio::test]
@@ -378,6 +435,60 @@ async fn defect_10_a_gang_that_can_never_fit_does_not_hold_the_queue() -> Result
             test.wait_admitted_unchanged_for("huge", 2.0).await?;
             test.create(gang("small", 1, None)).await?;
             assert_runs_as_planned(test, "small").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Defect 11: two groups whose per-pod claims would get one object name passed the
+/// schema; the claim was made once and fought over, retried forever. It is refused
+/// with a condition that names both claims, and nothing is made.
+#[tokio::test]
+async fn defect_11_claims_of_two_groups_with_one_object_name_are_refused() -> Result<()> {
+    with_test("name-clash", &[], &[], |test| {
+        Box::pin(async move {
+            let mut clash = gang("clash", 1, None);
+            let workers = clash["spec"]["podGroups"][1].clone();
+            let mut twin = workers.clone();
+            twin["name"] = json!("workers-0");
+            twin["template"]["spec"]["resourceClaims"][0]["name"] = json!("gpus");
+            clash["spec"]["podGroups"][1]["template"]["spec"]["resourceClaims"][0]["name"] = json!("0-gpus");
+            clash["spec"]["podGroups"][1]["template"]["spec"]["containers"][0]["resources"]["claims"][0]["name"] =
+                json!("0-gpus");
+            clash["spec"]["podGroups"]
+                .as_array_mut()
+                .context("podGroups")?
+                .push(twin);
+            test.create(clash).await?;
+            let api = test.workloads();
+            let message = wait::until(
+                "the Created condition to refuse the spec",
+                Duration::from_secs(60),
+                || {
+                    let api = api.clone();
+                    async move {
+                        let w = api.get("clash").await?;
+                        let condition = w
+                            .status
+                            .unwrap_or_default()
+                            .conditions
+                            .into_iter()
+                            .find(|c| c.type_ == "Created" && c.status == "False" && c.reason == "InvalidSpec");
+                        Ok(condition.map(|c| c.message))
+                    }
+                },
+            )
+            .await?;
+            ensure!(
+                message.contains("would both be made as ResourceClaim clash-workers-0-0-gpus"),
+                "{message}"
+            );
+            // Nothing was made, and it stays that way.
+            wait::holds("no pod and no claim of the gang", Duration::from_secs(3), || async {
+                Ok(test.gang_pods("clash").await?.is_empty() && test.gang_claims("clash").await?.is_empty())
+            })
+            .await?;
             Ok(())
         })
     })

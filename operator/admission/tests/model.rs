@@ -250,6 +250,10 @@ struct Sim {
     /// The restart count each gang has in the Workload controller's cache, which lags.
     controller_sees: BTreeMap<String, i32>,
     op: Operator,
+    /// A deposed leader: stalled past its Lease while writes were under way, it wakes
+    /// after another took over, and those writes (at most the number given) still land
+    /// before its Lease check stops it.
+    stale: Option<(Operator, usize)>,
     rng: Rng,
     /// Percent chance that a write fails (conflict, timeout).
     fail_rate: u64,
@@ -317,6 +321,7 @@ impl Sim {
             world,
             controller_sees: BTreeMap::new(),
             op,
+            stale: None,
             rng,
             fail_rate: 0,
             chaos: true,
@@ -559,9 +564,19 @@ impl Sim {
             }
             92..=94 if self.chaos => self.intrude(),
             95 if self.chaos => {
-                self.note("operator crashes".into());
                 let world = self.world.clone();
-                self.op.restart(&world);
+                if self.stale.is_none() && !self.op.queue.is_empty() && self.rng.chance(50) {
+                    let in_flight = 1 + self.rng.below(3) as usize;
+                    self.note(format!(
+                        "operator stalls with {in_flight} writes under way; another takes over"
+                    ));
+                    let mut successor = Operator::default();
+                    successor.restart(&world);
+                    self.stale = Some((std::mem::replace(&mut self.op, successor), in_flight));
+                } else {
+                    self.note("operator crashes".into());
+                    self.op.restart(&world);
+                }
             }
             _ => {}
         }
@@ -1008,6 +1023,33 @@ impl Sim {
                 if w.journal != expected {
                     return false;
                 }
+                // Claims the journal stops naming (all, when the gang is queued again):
+                // a fresh read shows each free, and each is fenced (its version moved),
+                // so that a deposed leader's allocation prepared before now cannot land
+                // after.
+                {
+                    let kept: BTreeSet<&String> = record.journal.iter().flat_map(|j| &j.claims).collect();
+                    let named = expected
+                        .iter()
+                        .flat_map(|j| j.claims.clone())
+                        .filter(|c| !kept.contains(c))
+                        .collect::<Vec<_>>();
+                    if named
+                        .iter()
+                        .any(|c| self.world.claims.get(c).is_some_and(|c| c.allocation.is_some()))
+                    {
+                        return false;
+                    }
+                    for claim in named {
+                        if self.world.claims.contains_key(&claim) {
+                            let rv = self.world.bump();
+                            let c = self.world.claims.get_mut(&claim).expect("claim");
+                            c.rv = rv;
+                            let copy = c.clone();
+                            self.op.own_claims.insert(claim, copy);
+                        }
+                    }
+                }
                 match &record.journal {
                     Some(j) if j.state == State::Reserving && expected.is_none() => {
                         self.op.assumed.entry(gang.clone()).or_default();
@@ -1312,10 +1354,27 @@ impl Sim {
     }
 
     fn step(&mut self) {
-        if self.rng.chance(45) {
+        if self.stale.is_some() && self.rng.chance(10) {
+            self.stale_writes();
+        } else if self.rng.chance(45) {
             self.operator();
         } else {
             self.environment();
+        }
+    }
+
+    /// The deposed leader's next write lands; after its last one it exits.
+    fn stale_writes(&mut self) {
+        let Some((mut stale, left)) = self.stale.take() else {
+            return;
+        };
+        let Some(op) = stale.queue.pop_front() else { return };
+        self.note(format!("deposed leader writes: {op:?}"));
+        std::mem::swap(&mut self.op, &mut stale);
+        self.execute(op);
+        std::mem::swap(&mut self.op, &mut stale);
+        if left > 1 && !stale.queue.is_empty() {
+            self.stale = Some((stale, left - 1));
         }
     }
 }
@@ -1349,6 +1408,10 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
     // ran out of time may do so now.
     sim.chaos = false;
     sim.fail_rate = 0;
+    while sim.stale.is_some() {
+        sim.stale_writes();
+        sim.check_always().map_err(|e| fail(&sim, e))?;
+    }
     for w in sim.world.workloads.values_mut() {
         w.spec.suspend = false;
     }

@@ -19,6 +19,9 @@ pub const ADMISSION_FIELD_MANAGER: &str = "muster-admission";
 /// Finalizer on every claim muster may allocate: muster clears the allocation before the
 /// claim goes (kube-controller-manager only deallocates claims it protects itself).
 pub const CLAIM_FINALIZER: &str = "muster.dev/allocation";
+/// Annotation moved on a claim a gang lets go of, so that an allocation prepared
+/// against an older version of the claim (by a deposed leader) cannot land.
+pub const CLAIM_RELEASED_AT: &str = "muster.dev/released-at";
 /// Node taint that fences devices from pods outside muster; muster's pods tolerate it.
 pub const FENCE_TAINT: &str = "muster.dev/fenced";
 /// Finalizer on every Workload: muster releases its devices and deletes its objects

@@ -123,9 +123,36 @@ struct Waiting {
     next_try: Instant,
     failures: u32,
     changes_seen: u64,
-    /// It would fit on the cluster with nothing else on it: only such a gang may hold
-    /// the queue back once it has waited long (the starvation rule).
-    could_ever_fit: bool,
+    /// The nodes it could use on the cluster with nothing else on it, if it would fit
+    /// there: only such a gang may hold the queue back once it has waited long (the
+    /// starvation rule), and only on these nodes.
+    reach: Option<Arc<BTreeSet<String>>>,
+}
+
+/// Nodes held for gangs that have waited longest (the starvation rule): gangs of equal
+/// or lower priority are planned without them.
+#[derive(Default)]
+struct Held {
+    nodes: BTreeSet<String>,
+    by: Vec<String>,
+}
+
+impl Held {
+    fn hold(&mut self, gang: &str, reach: &BTreeSet<String>) {
+        self.nodes.extend(reach.iter().cloned());
+        self.by.push(gang.to_string());
+    }
+
+    /// "a has waited longest", "a and b have waited longest" ...
+    fn message(&self) -> String {
+        match self.by.as_slice() {
+            [one] => format!("{one} has waited longest and keeps the nodes it could use (starvation rule)"),
+            many => format!(
+                "{} have waited longest and keep the nodes they could use (starvation rule)",
+                many.join(", ")
+            ),
+        }
+    }
 }
 
 /// Why a commit or a step stopped.
@@ -135,6 +162,8 @@ pub enum CommitError {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Conflict(String),
+    #[error("planning stopped: {0}")]
+    Planning(String),
 }
 
 /// Objects this loop wrote, by `namespace/name`, until the cache shows them: the loop
@@ -150,6 +179,9 @@ impl<K> Default for OwnWrites<K> {
         }
     }
 }
+
+/// How long the commit's conflict check waits for the claim watch before it lists.
+const CONFLICT_CHECK_WAIT: Duration = Duration::from_secs(5);
 
 fn version<K: kube::Resource>(object: &K) -> u64 {
     object
@@ -442,8 +474,8 @@ impl Admission {
         self.waiting.retain(|k, _| queued.contains(k));
 
         let changes = self.index.changes();
-        let mut blocking: Option<(i32, String)> = None;
-        for (priority, _, name, workload) in queue {
+        let mut held = Held::default();
+        for (_, _, name, workload) in queue {
             // The cache may not show this pass's own commits yet.
             if self
                 .written
@@ -454,20 +486,8 @@ impl Admission {
             {
                 continue;
             }
-            if let Some((_, starving)) = blocking.as_ref().filter(|(p, _)| priority <= *p) {
-                let message = format!("{starving} has waited longest and is admitted first (starvation rule)");
-                let current =
-                    condition(&workload, conditions::ADMITTED).map(|c| (c.reason.as_str(), c.message.as_str()));
-                if current != Some((conditions::REASON_WAITING_BEHIND, message.as_str())) {
-                    let result = self
-                        .set_admitted(&workload, false, conditions::REASON_WAITING_BEHIND, &message, None)
-                        .await;
-                    if let Err(e) = result {
-                        warn!(workload = %name, error = %e, "writing status failed");
-                    }
-                }
-                continue;
-            }
+            // The queue is in priority order: every gang holding nodes so far has at
+            // least this one's priority.
             if let Some(waiting) = self.waiting.get(&name) {
                 let due = Instant::now() >= waiting.next_try
                     && (waiting.changes_seen != changes || waiting.next_try.elapsed() > Duration::from_secs(300));
@@ -478,24 +498,25 @@ impl Admission {
                             .saturating_duration_since(Instant::now())
                             .max(Duration::from_millis(100)),
                     );
-                    if waiting.since.elapsed() > self.settings.starvation_after && waiting.could_ever_fit {
-                        blocking = Some((priority, name.clone()));
+                    if waiting.since.elapsed() > self.settings.starvation_after
+                        && let Some(reach) = &waiting.reach
+                    {
+                        held.hold(&name, reach);
                     }
                     continue;
                 }
             }
-            let attempt = self.try_admit(&workload).await;
+            let attempt = self.try_admit(&workload, &held).await;
             match attempt {
                 Ok(Admit::Committed) => {
                     self.waiting.remove(&name);
                 }
                 outcome => {
-                    let could_ever_fit = match &outcome {
-                        Ok(Admit::DoesNotFit { could_ever_fit }) => *could_ever_fit,
-                        Ok(Admit::Committed) => true,
+                    let reach = match &outcome {
+                        Ok(Admit::DoesNotFit { reach }) => reach.clone(),
                         // A commit that failed, or an invalid request, waits like a gang
                         // that does not fit, but never holds the queue back.
-                        Ok(Admit::RolledBack) | Ok(Admit::Invalid) | Err(_) => false,
+                        Ok(Admit::Committed | Admit::RolledBack | Admit::Invalid) | Err(_) => None,
                     };
                     if let Err(e) = &outcome {
                         warn!(workload = %key(&workload), error = %e, "admission failed");
@@ -505,18 +526,20 @@ impl Admission {
                         next_try: Instant::now(),
                         failures: 0,
                         changes_seen: 0,
-                        could_ever_fit,
+                        reach: None,
                     });
                     entry.failures += 1;
                     entry.changes_seen = changes;
-                    entry.could_ever_fit = could_ever_fit;
+                    entry.reach = reach;
                     // 1 s, 2 s, 4 s ... at most a minute between attempts.
                     let backoff = Duration::from_secs(1u64 << entry.failures.min(7).saturating_sub(1))
                         .min(Duration::from_secs(60));
                     entry.next_try = Instant::now() + backoff;
                     next = next.min(backoff);
-                    if entry.since.elapsed() > self.settings.starvation_after && could_ever_fit {
-                        blocking = Some((priority, name));
+                    if entry.since.elapsed() > self.settings.starvation_after
+                        && let Some(reach) = &entry.reach
+                    {
+                        held.hold(&name, reach);
                     }
                 }
             }
@@ -610,11 +633,12 @@ impl Admission {
         Ok(request)
     }
 
-    /// Plans a gang and commits it if it fits.
-    async fn try_admit(&mut self, workload: &Workload) -> Result<Admit, CommitError> {
+    /// Plans a gang, without the nodes `held` for gangs that have waited longest, and
+    /// commits it if it fits.
+    async fn try_admit(&mut self, workload: &Workload, held: &Held) -> Result<Admit, CommitError> {
         let request = match self.request(workload) {
             Ok(request) => request,
-            Err(e) if e.is_waiting() => return Ok(Admit::DoesNotFit { could_ever_fit: false }),
+            Err(e) if e.is_waiting() => return Ok(Admit::DoesNotFit { reach: None }),
             Err(e) => {
                 let message = e.to_string();
                 if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
@@ -625,23 +649,7 @@ impl Admission {
             }
         };
         let started = Instant::now();
-        let (outcome, could_ever_fit) = {
-            let _span = info_span!("plan", workload = %key(workload)).entered();
-            let cluster = self.index.cluster();
-            let outcome = placement::plan(&cluster, &request, &self.settings.plan);
-            // Only a gang that would fit on the cluster with nothing else on it may hold
-            // the queue back (starvation rule).
-            let could_ever_fit = match &outcome {
-                Outcome::Placed(_) => true,
-                Outcome::Unschedulable(_) => {
-                    matches!(
-                        placement::plan(&cluster.emptied(), &request, &self.settings.plan),
-                        Outcome::Placed(_)
-                    )
-                }
-            };
-            (outcome, could_ever_fit)
-        };
+        let (outcome, reach) = self.plan_off_runtime(workload, request.clone(), &held.nodes).await?;
         let planned_in = started.elapsed();
         let label = OutcomeLabel {
             outcome: if matches!(outcome, Outcome::Placed(_)) {
@@ -657,14 +665,19 @@ impl Admission {
         match outcome {
             Outcome::Unschedulable(why) => {
                 let mut message = why.to_string();
-                if !could_ever_fit {
+                if reach.is_none() {
                     message.push_str("; it would not fit even on an empty cluster");
                 }
+                let reason = if held.by.is_empty() {
+                    conditions::REASON_UNSCHEDULABLE
+                } else {
+                    message = format!("{}; elsewhere: {message}", held.message());
+                    conditions::REASON_WAITING_BEHIND
+                };
                 let previous = condition(workload, conditions::ADMITTED).map(|c| (c.reason.clone(), c.message.clone()));
-                if previous != Some((conditions::REASON_UNSCHEDULABLE.to_string(), message.clone())) {
+                if previous != Some((reason.to_string(), message.clone())) {
                     info!(workload = %key(workload), reason = %message, "gang does not fit");
-                    self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, &message, None)
-                        .await?;
+                    self.set_admitted(workload, false, reason, &message, None).await?;
                     self.event(
                         workload,
                         EventType::Normal,
@@ -674,7 +687,7 @@ impl Admission {
                     )
                     .await;
                 }
-                Ok(Admit::DoesNotFit { could_ever_fit })
+                Ok(Admit::DoesNotFit { reach })
             }
             Outcome::Placed(plan) => {
                 info!(workload = %key(workload), pods = plan.pods.len(), devices = plan.device_count(), planned_ms = planned_in.as_millis() as u64, "gang fits; committing");
@@ -699,6 +712,41 @@ impl Admission {
                 })
             }
         }
+    }
+
+    /// Plans on a snapshot of the cluster, on a blocking thread: watches go on meanwhile,
+    /// and the commit's conflict check catches what they show too late. `held` nodes
+    /// are left out. If it does not fit, the second value is the nodes it could use on
+    /// the cluster with nothing else on it, if it would fit there: the condition for
+    /// holding the queue back, and how far (starvation rule).
+    async fn plan_off_runtime(
+        &self,
+        workload: &Workload,
+        request: GangRequest,
+        held: &BTreeSet<String>,
+    ) -> Result<(Outcome, Option<Arc<BTreeSet<String>>>), CommitError> {
+        let cluster = self.index.snapshot();
+        let options = PlanOptions {
+            excluded_nodes: Arc::new(held.clone()),
+            ..self.settings.plan.clone()
+        };
+        let unlimited = self.settings.plan.clone();
+        let span = info_span!("plan", workload = %key(workload));
+        tokio::task::spawn_blocking(move || {
+            let _span = span.entered();
+            let outcome = placement::plan(&cluster, &request, &options);
+            let reach = match &outcome {
+                Outcome::Placed(_) => None,
+                Outcome::Unschedulable(_) => {
+                    let empty = cluster.emptied();
+                    matches!(placement::plan(&empty, &request, &unlimited), Outcome::Placed(_))
+                        .then(|| Arc::new(placement::reachable_nodes(&empty, &request, &unlimited)))
+                }
+            };
+            (outcome, reach)
+        })
+        .await
+        .map_err(|e| CommitError::Planning(e.to_string()))
     }
 
     fn fault(&self, point: FaultPoint) {
@@ -772,18 +820,19 @@ impl Admission {
             .filter(|w| w.metadata.deletion_timestamp.is_none())
             .map(|w| (key(w), placement_of(w).and_then(|p| p.state)))
             .collect();
-        let mut cluster = self.index.cluster();
-        let plans: Vec<String> = cluster.assumed_plans().map(String::from).collect();
+        let plans: Vec<String> = self.index.cluster().assumed_plans().map(String::from).collect();
         for plan in plans {
             // An extras commit ends within the call that made it.
             if plan.ends_with("+extras") {
-                cluster.forget(&plan);
+                self.index.update(|c| c.forget(&plan));
                 continue;
             }
             match states.get(&plan) {
                 Some(Some(AdmissionState::Reserving | AdmissionState::Reserved)) => {}
-                Some(Some(AdmissionState::Released | AdmissionState::Restarting)) => cluster.confirm(&plan),
-                _ => cluster.forget(&plan),
+                Some(Some(AdmissionState::Released | AdmissionState::Restarting)) => {
+                    self.index.update(|c| c.confirm(&plan))
+                }
+                _ => self.index.update(|c| c.forget(&plan)),
             }
         }
     }
@@ -944,9 +993,8 @@ impl Admission {
                     warn!(workload = %key(workload), "the state machine asked to record the journal unchanged; skipped");
                 }
                 Effect::Record(record) => {
-                    if record.journal.is_none() {
-                        self.check_claims_free(workload, &claims).await?;
-                    }
+                    self.fence_dropped_claims(workload, record.journal.as_ref(), &claims)
+                        .await?;
                     self.record(workload, record).await?;
                 }
                 Effect::DeletePods {
@@ -1035,18 +1083,50 @@ impl Admission {
         Ok(())
     }
 
-    /// Before a gang's journal is cleared (it is queued, holding nothing): a fresh read
-    /// of every claim it names, so that a cache behind an allocation never lets one leak.
-    async fn check_claims_free(&self, workload: &Workload, api: &Api<ResourceClaim>) -> Result<(), CommitError> {
-        for name in placement_of(workload).map(|p| p.claims.clone()).unwrap_or_default() {
-            let Some(claim) = api.get_opt(&name).await? else {
+    /// Claims a record stops naming (every one, when the gang is queued again): a fresh
+    /// read must show each unallocated, so that a cache behind an allocation never lets
+    /// one leak. Each is then fenced: its resourceVersion moves, so an allocation a
+    /// deposed leader prepared against an older version (it reads a claim before its
+    /// last Lease check) fails instead of landing after the gang let go.
+    async fn fence_dropped_claims(
+        &self,
+        workload: &Workload,
+        next: Option<&Journal>,
+        api: &Api<ResourceClaim>,
+    ) -> Result<(), CommitError> {
+        let kept: BTreeSet<&str> = next.iter().flat_map(|j| &j.claims).map(String::as_str).collect();
+        let named = placement_of(workload).map(|p| p.claims.clone()).unwrap_or_default();
+        for name in named.iter().filter(|c| !kept.contains(c.as_str())) {
+            let Some(claim) = api.get_opt(name).await? else {
                 continue;
             };
             if claim.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
                 return Err(CommitError::Conflict(format!(
-                    "claim {name} is still allocated; looking again before queueing {}",
+                    "claim {name} is still allocated; looking again before {} lets go of it",
                     key(workload)
                 )));
+            }
+            let fence = json!({
+                "metadata": {
+                    "resourceVersion": claim.resource_version(),
+                    "annotations": {labels::CLAIM_RELEASED_AT: observe::now_millis().to_string()},
+                },
+            });
+            self.ensure_leading();
+            let params = PatchParams {
+                field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            match api.patch(name, &params, &Patch::Merge(&fence)).await {
+                Ok(fenced) => self.own_claims.remember(fenced),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    return Err(CommitError::Conflict(format!(
+                        "claim {name} changed while {} let go of it; looking again",
+                        key(workload)
+                    )));
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -1107,7 +1187,7 @@ impl Admission {
                         .inc();
                 }
                 (ConditionType::Admitted, true) => {
-                    self.index.cluster().confirm(&gang);
+                    self.index.update(|c| c.confirm(&gang));
                     if workload.status.as_ref().is_none_or(|s| s.restarts == 0)
                         && let Some(created) = &workload.metadata.creation_timestamp
                     {
@@ -1116,7 +1196,7 @@ impl Admission {
                     }
                 }
                 (ConditionType::Admitted, false) if record.journal.is_none() => {
-                    self.index.cluster().forget(&gang);
+                    self.index.update(|c| c.forget(&gang));
                     metrics::get()
                         .rollbacks
                         .get_or_create(&ReasonLabel {
@@ -1146,14 +1226,14 @@ impl Admission {
 
         // The next plan must see these devices and pods as taken.
         let (pods, claims) = plan.assumption(request);
-        self.index.cluster().assume(&gang, &pods, &claims);
+        self.index.update(|c| c.assume(&gang, &pods, &claims));
 
         if let Err(e) = self
             .reserve(plan)
             .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
             .await
         {
-            self.index.cluster().forget(&gang);
+            self.index.update(|c| c.forget(&gang));
             self.fail_commit(&recorded, &journal, e).await?;
             return Ok(false);
         }
@@ -1256,8 +1336,12 @@ impl Admission {
                 allocation.allocation_timestamp = Some(timestamp.clone());
                 let written = &written;
                 async move {
+                    // Read, then check the Lease, then write against what was read: a
+                    // leader deposed after its check writes against a version older
+                    // than the successor's fence (see `fence_dropped_claims`).
                     self.ensure_leading();
                     let current = ensure_finalizer(&api, name).await?;
+                    self.ensure_leading();
                     if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
                         return Err(CommitError::Conflict(format!(
                             "ResourceClaim {name} was allocated by someone else meanwhile"
@@ -1283,14 +1367,17 @@ impl Admission {
             return Err((e, written));
         }
         self.checkpoint(FaultPoint::AfterAllClaims).await;
-        match self.check_conflicts(plan).await {
+        let newest = written.iter().map(version).max().unwrap_or(0);
+        match self.check_conflicts(plan, newest).await {
             Ok(()) => Ok(()),
             Err(e) => Err((e, written)),
         }
     }
 
-    /// A fresh read of every claim: no claim outside the gang holds a planned device.
-    async fn check_conflicts(&self, plan: &Plan) -> Result<(), CommitError> {
+    /// No claim outside the gang holds a planned device, as of a moment after the
+    /// gang's last claim write (`written`, its resourceVersion). The index answers once
+    /// its claim watch has come that far; a fresh list of every claim if it lags.
+    async fn check_conflicts(&self, plan: &Plan, written: u64) -> Result<(), CommitError> {
         let ours: BTreeSet<&str> = plan.claims.iter().map(|c| c.claim.as_str()).collect();
         let planned: BTreeMap<muster_engine::claim::DeviceId, &str> = plan
             .claims
@@ -1303,6 +1390,25 @@ impl Admission {
                     .map(move |d| (d.device_id(), c.claim.as_str()))
             })
             .collect();
+        if written > 0 && self.index.wait_for_claims(written, CONFLICT_CHECK_WAIT).await {
+            // Each of the gang's claims holds its own devices once: a second holder is
+            // another claim.
+            let cluster = self.index.cluster();
+            for (id, mine) in &planned {
+                if cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1 {
+                    let others: Vec<&str> = cluster
+                        .exclusive_holder_names(id)
+                        .into_iter()
+                        .filter(|c| !ours.contains(c))
+                        .collect();
+                    return Err(CommitError::Conflict(format!(
+                        "device {id} planned for {mine} is allocated to {}",
+                        others.join(", ")
+                    )));
+                }
+            }
+            return Ok(());
+        }
         let all: Api<ResourceClaim> = Api::all(self.client.clone());
         let claims = all.list(&ListParams::default()).await?;
         for claim in claims.items {
@@ -1543,9 +1649,10 @@ enum Admit {
     Committed,
     /// The commit found a conflict or failed, and was undone.
     RolledBack,
-    /// Not now; `could_ever_fit`: it would fit on the cluster with nothing else on it.
+    /// Not now; `reach`: the nodes it could use on the cluster with nothing else on
+    /// it, if it would fit there.
     DoesNotFit {
-        could_ever_fit: bool,
+        reach: Option<Arc<BTreeSet<String>>>,
     },
     /// The request is wrong for this cluster (the condition says why).
     Invalid,

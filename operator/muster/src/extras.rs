@@ -58,9 +58,14 @@ impl Admission {
         }
         extras.groups.retain(|g| !g.pods.is_empty());
         extras.topology = Default::default();
+        // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
-            let cluster = self.index.cluster();
-            placement::plan(&cluster, &extras, &self.settings.plan)
+            let cluster = self.index.snapshot();
+            let options = self.settings.plan.clone();
+            let request = extras.clone();
+            tokio::task::spawn_blocking(move || placement::plan(&cluster, &request, &options))
+                .await
+                .map_err(|e| CommitError::Planning(e.to_string()))?
         };
         let Outcome::Placed(plan) = outcome else { return Ok(()) };
         if plan.pods.is_empty() {
@@ -81,13 +86,14 @@ impl Admission {
             .await?;
         let assumption = format!("{}+extras", key(workload));
         let (assumed_pods, assumed_claims) = plan.assumption(&extras);
-        self.index.cluster().assume(&assumption, &assumed_pods, &assumed_claims);
+        self.index
+            .update(|c| c.assume(&assumption, &assumed_pods, &assumed_claims));
         let reserved = self.reserve(&plan).await;
         if reserved.is_ok() {
             // The allocations are the cluster's now (the watch may have shown them).
-            self.index.cluster().confirm(&assumption);
+            self.index.update(|c| c.confirm(&assumption));
         } else {
-            self.index.cluster().forget(&assumption);
+            self.index.update(|c| c.forget(&assumption));
         }
         if let Err((error, written)) = reserved {
             // The state machine drops the extras that were never released.

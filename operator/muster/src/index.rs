@@ -25,9 +25,11 @@ use crate::convert;
 /// does not serve counts as listed).
 const KINDS: usize = 6;
 
-/// The engine's cluster state, shared with the admission loop.
+/// The engine's cluster state, shared with the admission loop. Planners take a
+/// snapshot and work on it off the lock; a watch that changes the state meanwhile
+/// copies it first (copy on write), so neither waits for the other.
 pub struct Index {
-    cluster: Mutex<ClusterState>,
+    cluster: Mutex<Arc<ClusterState>>,
     /// Signalled on every change, so waiting gangs are planned again.
     pub changed: Notify,
     listed: AtomicUsize,
@@ -35,24 +37,41 @@ pub struct Index {
     changes: std::sync::atomic::AtomicU64,
     /// Signalled when every kind has listed once.
     pub ready: Notify,
+    /// The highest ResourceClaim resourceVersion applied. Watch events come in the
+    /// order of writes, so once it reaches a version every claim write up to it is in
+    /// the state: the commit's conflict check reads the index instead of listing.
+    claims_version: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for Index {
     fn default() -> Self {
         Index {
-            cluster: Mutex::new(ClusterState::new()),
+            cluster: Mutex::new(Arc::new(ClusterState::new())),
             changed: Notify::new(),
             listed: AtomicUsize::new(0),
             changes: std::sync::atomic::AtomicU64::new(0),
             ready: Notify::new(),
+            claims_version: tokio::sync::watch::Sender::new(0),
         }
     }
 }
 
 impl Index {
-    /// The cluster state, locked. Hold it briefly: watches wait for it.
-    pub fn cluster(&self) -> MutexGuard<'_, ClusterState> {
+    /// The cluster state as it is now, locked for a short read. Hold it briefly:
+    /// watches wait for it. To plan, take a [`Index::snapshot`].
+    pub fn cluster(&self) -> MutexGuard<'_, Arc<ClusterState>> {
         self.cluster.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The cluster state as it is now, to read for as long as needed without holding
+    /// anyone up.
+    pub fn snapshot(&self) -> Arc<ClusterState> {
+        self.cluster().clone()
+    }
+
+    /// Changes the cluster state; copies it first if a snapshot is still in use.
+    pub fn update<R>(&self, change: impl FnOnce(&mut ClusterState) -> R) -> R {
+        change(Arc::make_mut(&mut self.cluster()))
     }
 
     /// How many changes the index has seen.
@@ -76,6 +95,15 @@ impl Index {
         }
     }
 
+    /// Waits until every ResourceClaim write up to `version` is in the state; false if
+    /// that takes longer than `limit`.
+    pub async fn wait_for_claims(&self, version: u64, limit: std::time::Duration) -> bool {
+        let mut seen = self.claims_version.subscribe();
+        tokio::time::timeout(limit, seen.wait_for(|v| *v >= version))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     fn mark_listed(&self) {
         if self.listed.fetch_add(1, Ordering::SeqCst) + 1 == KINDS {
             self.ready.notify_waiters();
@@ -90,6 +118,8 @@ trait Indexed: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + S
     }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError>;
     fn remove(key: &str, cluster: &mut ClusterState);
+    /// Whether the index tracks how far the watch of this kind has come.
+    const VERSIONED: bool = false;
 }
 
 impl Indexed for Node {
@@ -152,6 +182,7 @@ impl Indexed for DeviceTaintRule {
 }
 
 impl Indexed for ResourceClaim {
+    const VERSIONED: bool = true;
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         let key = Indexed::key(self);
         let devices = self
@@ -171,40 +202,34 @@ impl Indexed for ResourceClaim {
 /// Watches every kind until the process stops.
 pub async fn run(client: Client, index: Arc<Index>) {
     tokio::join!(
-        watch::<Node>(Api::all(client.clone()), index.clone(), false),
-        watch::<Pod>(Api::all(client.clone()), index.clone(), false),
-        watch::<ResourceSlice>(Api::all(client.clone()), index.clone(), false),
-        watch::<DeviceClass>(Api::all(client.clone()), index.clone(), false),
-        watch::<ResourceClaim>(Api::all(client.clone()), index.clone(), false),
+        watch::<Node>(Api::all(client.clone()), index.clone()),
+        watch::<Pod>(Api::all(client.clone()), index.clone()),
+        watch::<ResourceSlice>(Api::all(client.clone()), index.clone()),
+        watch::<DeviceClass>(Api::all(client.clone()), index.clone()),
+        watch::<ResourceClaim>(Api::all(client.clone()), index.clone()),
         watch_taint_rules(client.clone(), index.clone()),
     );
 }
 
 /// Watches DeviceTaintRules where the cluster serves them in resource.k8s.io/v1 (1.37
 /// on; before, only behind a feature gate in a beta or alpha version, which muster does
-/// not read). A failed discovery is asked again with backoff, not taken for a "no"; the
-/// index does not wait for it to be ready.
+/// not read). A failed discovery is asked again with backoff, not taken for a "no", and
+/// the index is not ready until it has an answer: a plan that ignored a taint could put
+/// a gang on devices being drained.
 async fn watch_taint_rules(client: Client, index: Arc<Index>) {
     let group_version = DeviceTaintRule::api_version(&());
-    let mut counted = false;
     let mut delay = std::time::Duration::from_secs(1);
     loop {
         match client.list_api_group_resources(&group_version).await {
             Ok(list) if list.resources.iter().any(|r| r.name == DeviceTaintRule::plural(&())) => {
-                return watch::<DeviceTaintRule>(Api::all(client.clone()), index, counted).await;
+                return watch::<DeviceTaintRule>(Api::all(client.clone()), index).await;
             }
             Ok(_) => {
-                if !counted {
-                    index.mark_listed();
-                }
+                index.mark_listed();
                 return;
             }
             Err(e) => {
-                warn!(error = %e, retry_in = ?delay, "cannot tell whether the cluster serves DeviceTaintRules; asking again");
-                if !counted {
-                    counted = true;
-                    index.mark_listed();
-                }
+                warn!(error = %e, retry_in = ?delay, "cannot tell whether the cluster serves DeviceTaintRules; admission waits and asks again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(std::time::Duration::from_secs(60));
             }
@@ -212,13 +237,13 @@ async fn watch_taint_rules(client: Client, index: Arc<Index>) {
     }
 }
 
-/// Feeds one kind into the cluster state; `counted`: its first list already counts
-/// towards the index being ready.
-async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>, counted: bool) {
+/// Feeds one kind into the cluster state.
+async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
     let kind = K::kind(&());
     let mut known: HashSet<String> = HashSet::new();
     let mut relisting: Option<HashSet<String>> = None;
-    let mut listed_once = counted;
+    let mut listed_once = false;
+    let mut newest_version = 0u64;
     let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
     while let Some(event) = events.next().await {
         let event = match event {
@@ -228,31 +253,49 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>, counted: bool) {
                 continue;
             }
         };
+        // A relist's objects arrive in name order, not write order: what it shows
+        // counts only once the whole list is in.
+        if K::VERSIONED
+            && let watcher::Event::InitApply(o) | watcher::Event::Apply(o) | watcher::Event::Delete(o) = &event
+            && let Some(version) = o.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok())
         {
-            let mut cluster = index.cluster();
-            match event {
-                watcher::Event::Init => relisting = Some(HashSet::new()),
-                watcher::Event::InitApply(object) => {
-                    apply(&object, &mut cluster);
-                    relisting.get_or_insert_with(HashSet::new).insert(Indexed::key(&object));
-                }
-                watcher::Event::InitDone => {
-                    let seen = relisting.take().unwrap_or_default();
-                    for gone in known.difference(&seen) {
-                        K::remove(gone, &mut cluster);
-                    }
-                    known = seen;
-                }
-                watcher::Event::Apply(object) => {
-                    apply(&object, &mut cluster);
-                    known.insert(Indexed::key(&object));
-                }
-                watcher::Event::Delete(object) => {
-                    let key = Indexed::key(&object);
-                    K::remove(&key, &mut cluster);
-                    known.remove(&key);
-                }
+            newest_version = newest_version.max(version);
+        }
+        let version = match &event {
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone if K::VERSIONED => {
+                Some(newest_version)
             }
+            _ => None,
+        };
+        index.update(|cluster| match event {
+            watcher::Event::Init => relisting = Some(HashSet::new()),
+            watcher::Event::InitApply(object) => {
+                apply(&object, cluster);
+                relisting.get_or_insert_with(HashSet::new).insert(Indexed::key(&object));
+            }
+            watcher::Event::InitDone => {
+                let seen = relisting.take().unwrap_or_default();
+                for gone in known.difference(&seen) {
+                    K::remove(gone, cluster);
+                }
+                known = seen;
+            }
+            watcher::Event::Apply(object) => {
+                apply(&object, cluster);
+                known.insert(Indexed::key(&object));
+            }
+            watcher::Event::Delete(object) => {
+                let key = Indexed::key(&object);
+                K::remove(&key, cluster);
+                known.remove(&key);
+            }
+        });
+        if let Some(version) = version {
+            index.claims_version.send_if_modified(|seen| {
+                let newer = version > *seen;
+                *seen = (*seen).max(version);
+                newer
+            });
         }
         if relisting.is_none() && !listed_once {
             listed_once = true;
