@@ -56,9 +56,14 @@ fn stale<'g>(gang: &'g Gang) -> impl Iterator<Item = &'g PodView> {
         .filter(|p| p.attempt.is_some_and(|a| a < gang.restarts))
 }
 
-/// A queued gang holds nothing; pods of an old attempt that still wait at the gate go.
+/// A queued gang holds nothing. Pods of an old attempt that still wait at the gate go,
+/// and so does any pod of muster's that no reservation released (a deposed leader's
+/// release that landed after its successor gave the gang back): it would run, or get
+/// devices from kube-scheduler, outside any plan, and the gang could never be admitted
+/// again with it there.
 fn queued(gang: &Gang) -> Step {
-    Step::effects(delete(gang, stale(gang).filter(|p| p.gated)))
+    let released = gang.pods.iter().filter(|p| p.attempt.is_some() && !p.gated);
+    Step::effects(delete(gang, stale(gang).filter(|p| p.gated).chain(released)))
 }
 
 fn record(journal: Option<Journal>, conditions: Vec<Condition>) -> Effect {

@@ -252,8 +252,9 @@ struct Sim {
     op: Operator,
     /// A deposed leader: stalled past its Lease while writes were under way, it wakes
     /// after another took over, and those writes (at most the number given) still land
-    /// before its Lease check stops it.
-    stale: Option<(Operator, usize)>,
+    /// before its Lease check stops it. Each was read for before that check: it is
+    /// conditional on the objects as they were when the leader stalled (the world kept).
+    stale: Option<(Operator, usize, World)>,
     rng: Rng,
     /// Percent chance that a write fails (conflict, timeout).
     fail_rate: u64,
@@ -572,7 +573,7 @@ impl Sim {
                     ));
                     let mut successor = Operator::default();
                     successor.restart(&world);
-                    self.stale = Some((std::mem::replace(&mut self.op, successor), in_flight));
+                    self.stale = Some((std::mem::replace(&mut self.op, successor), in_flight, world));
                 } else {
                     self.note("operator crashes".into());
                     self.op.restart(&world);
@@ -1365,16 +1366,29 @@ impl Sim {
 
     /// The deposed leader's next write lands; after its last one it exits.
     fn stale_writes(&mut self) {
-        let Some((mut stale, left)) = self.stale.take() else {
+        let Some((mut stale, left, then)) = self.stale.take() else {
             return;
         };
         let Some(op) = stale.queue.pop_front() else { return };
-        self.note(format!("deposed leader writes: {op:?}"));
-        std::mem::swap(&mut self.op, &mut stale);
-        self.execute(op);
-        std::mem::swap(&mut self.op, &mut stale);
+        // Deallocations and releases read the object before the Lease check and write
+        // against that read; allocations and records carry their own preconditions.
+        let read_before = match &op {
+            Op::Deallocate { claim, .. } => {
+                then.claims.get(claim).map(|c| c.rv) == self.world.claims.get(claim).map(|c| c.rv)
+            }
+            Op::Release { pod, .. } => then.pods.get(pod).map(|p| p.rv) == self.world.pods.get(pod).map(|p| p.rv),
+            _ => true,
+        };
+        if read_before {
+            self.note(format!("deposed leader writes: {op:?}"));
+            std::mem::swap(&mut self.op, &mut stale);
+            self.execute(op);
+            std::mem::swap(&mut self.op, &mut stale);
+        } else {
+            self.note(format!("deposed leader's write fails its precondition: {op:?}"));
+        }
         if left > 1 && !stale.queue.is_empty() {
-            self.stale = Some((stale, left - 1));
+            self.stale = Some((stale, left - 1, then));
         }
     }
 }

@@ -324,6 +324,42 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
     assert!(matches!(&s.effects[..], [Effect::DeletePods { pods, .. }] if pods == &vec![stale.reference()]));
 }
 
+/// Found by the model with a deposed leader: its release of a pod landed after the
+/// successor had given the gang back, and the queued gang could never be admitted
+/// again with a released pod in it.
+#[test]
+fn a_queued_gangs_pod_that_no_reservation_released_goes() {
+    let orphan = pod("g-w-0", "u0", Some(0), false, Phase::Succeeded, true);
+    let waiting = pod("g-w-1", "u1", Some(0), true, Phase::Pending, false);
+    let joined = PodView {
+        attempt: None,
+        ..pod("job-x", "u2", None, false, Phase::Running, true)
+    };
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let spec = spec(1, true);
+    let pods = [orphan.clone(), waiting, joined];
+    let queued = Gang {
+        spec: &spec,
+        journal: None,
+        restarts: 0,
+        finished_at: None,
+        pods: &pods,
+        claims: &[],
+        nodes: &nodes,
+        devices_published: true,
+        conflicted: &[],
+        now: 0,
+    };
+    // Only muster's own released pod goes: not the gated one, not another controller's.
+    assert_eq!(
+        decide(&queued, &SETTINGS).effects,
+        vec![Effect::DeletePods {
+            pods: vec![orphan.reference()],
+            immediately: false
+        }]
+    );
+}
+
 #[test]
 fn a_released_gang_whose_device_another_claim_also_holds_gives_way() {
     let j = journal(

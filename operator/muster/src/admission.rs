@@ -42,7 +42,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::controller::GangStores;
+use crate::cache::GangStores;
 use crate::convert;
 use crate::faults::Write;
 use crate::fencing::Fencing;
@@ -131,21 +131,35 @@ struct Waiting {
 
 /// Nodes held for gangs that have waited longest (the starvation rule): gangs of equal
 /// or lower priority are planned without them.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Held {
-    nodes: BTreeSet<String>,
-    by: Vec<String>,
+    /// Each holder's priority, name and nodes.
+    holders: Vec<(i32, String, Arc<BTreeSet<String>>)>,
 }
 
 impl Held {
-    fn hold(&mut self, gang: &str, reach: &BTreeSet<String>) {
-        self.nodes.extend(reach.iter().cloned());
-        self.by.push(gang.to_string());
+    fn hold(&mut self, priority: i32, gang: &str, reach: &Arc<BTreeSet<String>>) {
+        self.holders.push((priority, gang.to_string(), reach.clone()));
+    }
+
+    /// The nodes held against a gang of `priority`.
+    fn against(&self, priority: i32) -> BTreeSet<String> {
+        self.holders
+            .iter()
+            .filter(|(p, _, _)| *p >= priority)
+            .flat_map(|(_, _, nodes)| nodes.iter().cloned())
+            .collect()
     }
 
     /// "a has waited longest", "a and b have waited longest" ...
-    fn message(&self) -> String {
-        match self.by.as_slice() {
+    fn message(&self, priority: i32) -> String {
+        let by: Vec<&str> = self
+            .holders
+            .iter()
+            .filter(|(p, _, _)| *p >= priority)
+            .map(|(_, g, _)| g.as_str())
+            .collect();
+        match by.as_slice() {
             [one] => format!("{one} has waited longest and keeps the nodes it could use (starvation rule)"),
             many => format!(
                 "{} have waited longest and keep the nodes they could use (starvation rule)",
@@ -236,6 +250,8 @@ pub struct Admission {
     pub(crate) settings: Settings,
     wake: Arc<Notify>,
     waiting: HashMap<String, Waiting>,
+    /// Nodes held by the starvation rule as of the last pass.
+    held: Held,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
     written: std::sync::Mutex<HashMap<String, Arc<Workload>>>,
     own_pods: OwnWrites<Pod>,
@@ -348,6 +364,7 @@ impl Admission {
             settings,
             wake,
             waiting: HashMap::new(),
+            held: Held::default(),
             written: std::sync::Mutex::default(),
             own_pods: OwnWrites::default(),
             own_claims: OwnWrites::default(),
@@ -475,7 +492,7 @@ impl Admission {
 
         let changes = self.index.changes();
         let mut held = Held::default();
-        for (_, _, name, workload) in queue {
+        for (priority, _, name, workload) in queue {
             // The cache may not show this pass's own commits yet.
             if self
                 .written
@@ -501,12 +518,12 @@ impl Admission {
                     if waiting.since.elapsed() > self.settings.starvation_after
                         && let Some(reach) = &waiting.reach
                     {
-                        held.hold(&name, reach);
+                        held.hold(priority, &name, reach);
                     }
                     continue;
                 }
             }
-            let attempt = self.try_admit(&workload, &held).await;
+            let attempt = self.try_admit(&workload, priority, &held).await;
             match attempt {
                 Ok(Admit::Committed) => {
                     self.waiting.remove(&name);
@@ -539,11 +556,13 @@ impl Admission {
                     if entry.since.elapsed() > self.settings.starvation_after
                         && let Some(reach) = &entry.reach
                     {
-                        held.hold(&name, reach);
+                        held.hold(priority, &name, reach);
                     }
                 }
             }
         }
+        // Extras of running gangs keep off them too, until the next pass says again.
+        self.held = held;
         next
     }
 
@@ -590,6 +609,11 @@ impl Admission {
         gated as i32 >= expected && external_ready
     }
 
+    /// Nodes held by the starvation rule (as of the last pass) against `workload`.
+    pub(crate) fn held_against(&self, workload: &Workload) -> BTreeSet<String> {
+        self.held.against(self.priority(workload))
+    }
+
     fn priority(&self, workload: &Workload) -> i32 {
         let Some(class) = &workload.spec.priority_class_name else {
             // The global default class, if one is marked default.
@@ -633,9 +657,9 @@ impl Admission {
         Ok(request)
     }
 
-    /// Plans a gang, without the nodes `held` for gangs that have waited longest, and
-    /// commits it if it fits.
-    async fn try_admit(&mut self, workload: &Workload, held: &Held) -> Result<Admit, CommitError> {
+    /// Plans a gang of `priority`, without the nodes `held` against it for gangs that
+    /// have waited longest, and commits it if it fits.
+    async fn try_admit(&mut self, workload: &Workload, priority: i32, held: &Held) -> Result<Admit, CommitError> {
         let request = match self.request(workload) {
             Ok(request) => request,
             Err(e) if e.is_waiting() => return Ok(Admit::DoesNotFit { reach: None }),
@@ -649,7 +673,10 @@ impl Admission {
             }
         };
         let started = Instant::now();
-        let (outcome, reach) = self.plan_off_runtime(workload, request.clone(), &held.nodes).await?;
+        let planned = self
+            .plan_off_runtime(workload, request.clone(), held.against(priority))
+            .await?;
+        let (outcome, reach) = (planned.outcome, planned.reach);
         let planned_in = started.elapsed();
         let label = OutcomeLabel {
             outcome: if matches!(outcome, Outcome::Placed(_)) {
@@ -668,11 +695,11 @@ impl Admission {
                 if reach.is_none() {
                     message.push_str("; it would not fit even on an empty cluster");
                 }
-                let reason = if held.by.is_empty() {
-                    conditions::REASON_UNSCHEDULABLE
-                } else {
-                    message = format!("{}; elsewhere: {message}", held.message());
+                let reason = if planned.held_back {
+                    message = format!("{}; elsewhere: {message}", held.message(priority));
                     conditions::REASON_WAITING_BEHIND
+                } else {
+                    conditions::REASON_UNSCHEDULABLE
                 };
                 let previous = condition(workload, conditions::ADMITTED).map(|c| (c.reason.clone(), c.message.clone()));
                 if previous != Some((reason.to_string(), message.clone())) {
@@ -716,34 +743,42 @@ impl Admission {
 
     /// Plans on a snapshot of the cluster, on a blocking thread: watches go on meanwhile,
     /// and the commit's conflict check catches what they show too late. `held` nodes
-    /// are left out. If it does not fit, the second value is the nodes it could use on
-    /// the cluster with nothing else on it, if it would fit there: the condition for
-    /// holding the queue back, and how far (starvation rule).
+    /// are left out.
     async fn plan_off_runtime(
         &self,
         workload: &Workload,
         request: GangRequest,
-        held: &BTreeSet<String>,
-    ) -> Result<(Outcome, Option<Arc<BTreeSet<String>>>), CommitError> {
+        held: BTreeSet<String>,
+    ) -> Result<Planned, CommitError> {
         let cluster = self.index.snapshot();
-        let options = PlanOptions {
-            excluded_nodes: Arc::new(held.clone()),
-            ..self.settings.plan.clone()
-        };
         let unlimited = self.settings.plan.clone();
+        let options = PlanOptions {
+            excluded_nodes: Arc::new(held),
+            ..unlimited.clone()
+        };
         let span = info_span!("plan", workload = %key(workload));
         tokio::task::spawn_blocking(move || {
             let _span = span.entered();
             let outcome = placement::plan(&cluster, &request, &options);
-            let reach = match &outcome {
-                Outcome::Placed(_) => None,
-                Outcome::Unschedulable(_) => {
-                    let empty = cluster.emptied();
-                    matches!(placement::plan(&empty, &request, &unlimited), Outcome::Placed(_))
-                        .then(|| Arc::new(placement::reachable_nodes(&empty, &request, &unlimited)))
-                }
+            if matches!(outcome, Outcome::Placed(_)) {
+                return Planned {
+                    outcome,
+                    reach: None,
+                    held_back: false,
+                };
+            }
+            let held_back = !options.excluded_nodes.is_empty()
+                && matches!(placement::plan(&cluster, &request, &unlimited), Outcome::Placed(_));
+            let empty = cluster.emptied();
+            let reach = match placement::plan(&empty, &request, &unlimited) {
+                Outcome::Placed(plan) => Some(Arc::new(reach(&empty, &request, &plan, &unlimited))),
+                Outcome::Unschedulable(_) => None,
             };
-            (outcome, reach)
+            Planned {
+                outcome,
+                reach,
+                held_back,
+            }
         })
         .await
         .map_err(|e| CommitError::Planning(e.to_string()))
@@ -1027,7 +1062,7 @@ impl Admission {
                 } => {
                     for name in names {
                         self.ensure_leading();
-                        if let Some(claim) = deallocate(&claims, &name, &finished).await? {
+                        if let Some(claim) = deallocate(&claims, &name, &finished, &|| self.ensure_leading()).await? {
                             self.own_claims.remember(claim);
                         }
                     }
@@ -1049,6 +1084,7 @@ impl Admission {
                                     &pin.node,
                                     cached.as_deref(),
                                     self.settings.fencing,
+                                    &|| self.ensure_leading(),
                                 )
                                 .await
                                 .map_err(CommitError::from)
@@ -1477,8 +1513,9 @@ impl Admission {
             self.ensure_leading();
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
             let result = async {
-                match deallocate(&api, &claim.name_any(), &finished).await? {
+                match deallocate(&api, &claim.name_any(), &finished, &|| self.ensure_leading()).await? {
                     Some(current) if current.status.as_ref().is_none_or(|s| s.allocation.is_none()) => {
+                        self.ensure_leading();
                         remove_finalizer(&api, &current).await
                     }
                     _ => Ok(()),
@@ -1645,6 +1682,41 @@ fn reserving_record(journal: Journal, message: &str) -> Record {
 }
 
 /// What came of trying to admit a queued gang.
+/// A plan, and what the starvation rule needs to know when it does not fit.
+struct Planned {
+    outcome: Outcome,
+    /// The nodes it could use on the cluster with nothing else on it, if it would fit
+    /// there.
+    reach: Option<Arc<BTreeSet<String>>>,
+    /// It would have fit but for nodes held for gangs that waited longest.
+    held_back: bool,
+}
+
+/// What a gang that has waited longest holds, given its plan on the emptied cluster:
+/// every node it could use, or every node at all if it needs devices that are not tied
+/// to one node (a network-attached pool serves many nodes, and holding nodes would not
+/// keep others off those devices).
+fn reach(
+    empty: &muster_engine::cluster::ClusterState,
+    request: &GangRequest,
+    plan: &Plan,
+    options: &PlanOptions,
+) -> BTreeSet<String> {
+    let planned: BTreeSet<String> = plan.nodes().into_iter().collect();
+    let node_local = plan.claims.iter().all(|c| {
+        c.allocation.node_selector.as_ref().is_some_and(|s| {
+            planned
+                .iter()
+                .any(|n| *s == muster_engine::selector::NodeSelector::for_node(n))
+        })
+    });
+    if node_local {
+        placement::reachable_nodes(empty, request, options)
+    } else {
+        empty.nodes().map(|n| n.name.clone()).collect()
+    }
+}
+
 enum Admit {
     Committed,
     /// The commit found a conflict or failed, and was undone.
@@ -1723,11 +1795,13 @@ fn deallocation(claim: &ResourceClaim) -> serde_json::Value {
 
 /// Clears a claim's allocation after a fresh read, unless a pod other than those in
 /// `finished` reserves it: a pod that may still run keeps its devices. Returns the claim
-/// as it is now (`None`: gone).
+/// as it is now (`None`: gone). `leading` runs between the read and the write, so a
+/// leader deposed before it cannot clear an allocation its successor made.
 pub(crate) async fn deallocate(
     api: &Api<ResourceClaim>,
     name: &str,
     finished: &[String],
+    leading: &(dyn Fn() + Sync),
 ) -> Result<Option<ResourceClaim>, kube::Error> {
     let Some(claim) = api.get_opt(name).await? else {
         return Ok(None);
@@ -1739,6 +1813,7 @@ pub(crate) async fn deallocate(
     if in_use {
         return Ok(Some(claim));
     }
+    leading();
     match api
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&deallocation(&claim)))
         .await

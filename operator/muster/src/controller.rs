@@ -13,8 +13,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use muster_api::conditions;
 use muster_api::labels::{self, FIELD_MANAGER};
@@ -22,6 +22,7 @@ use muster_api::v1alpha1::{Workload, WorkloadPhase};
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::cache::{GangStores, GangWatches};
 use crate::gang::{self, ClaimSource, Gang};
 use crate::membership;
 use crate::status::{self, Progress};
@@ -76,110 +77,6 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<Workload>, u32>>,
     /// Told after every reconcile, so the admission loop looks at the gang.
     admission: Arc<tokio::sync::Notify>,
-}
-
-/// Caches of the objects muster creates for gangs (selected by the workload label).
-#[derive(Clone)]
-pub struct GangStores {
-    pub pods: Store<Pod>,
-    pub claims: Store<ResourceClaim>,
-    pub services: Store<Service>,
-}
-
-impl GangStores {
-    /// Waits until every store has listed.
-    pub async fn wait_until_ready(&self) {
-        let _ = tokio::join!(
-            self.pods.wait_until_ready(),
-            self.claims.wait_until_ready(),
-            self.services.wait_until_ready()
-        );
-    }
-
-    /// The gang's pods, by the workload label.
-    pub fn pods_of(&self, namespace: &str, workload: &str) -> Vec<Arc<Pod>> {
-        of_workload(&self.pods, namespace, workload)
-    }
-
-    /// The gang's claims, by the workload label.
-    pub fn claims_of(&self, namespace: &str, workload: &str) -> Vec<Arc<ResourceClaim>> {
-        of_workload(&self.claims, namespace, workload)
-    }
-}
-
-fn of_workload<K: Resource + Clone + 'static>(store: &Store<K>, namespace: &str, workload: &str) -> Vec<Arc<K>>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    store
-        .state()
-        .into_iter()
-        .filter(|o| o.meta().namespace.as_deref() == Some(namespace))
-        .filter(|o| {
-            o.meta()
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(labels::WORKLOAD))
-                .map(String::as_str)
-                == Some(workload)
-        })
-        .collect()
-}
-
-type Events<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
-
-/// The watches that feed [`GangStores`]; the controller drives them.
-pub struct GangWatches {
-    pods: Events<Pod>,
-    claims: Events<ResourceClaim>,
-    services: Events<Service>,
-}
-
-/// Sets up the gang object caches and their watches.
-/// `changed` is told about every event, so the admission loop sees gang objects change
-/// (for example claims of a deleted Workload, which no reconcile reports).
-pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>) -> (GangStores, GangWatches) {
-    let gang_objects = watcher::Config::default().labels(labels::WORKLOAD);
-    let (pods, pods_writer) = reflector::store();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), gang_objects.clone())
-        .default_backoff()
-        .modify(|pod| pod.managed_fields_mut().clear())
-        .reflect(pods_writer)
-        .touched_objects()
-        .inspect({
-            let changed = changed.clone();
-            move |_| changed.notify_one()
-        })
-        .boxed();
-    let (claims, claims_writer) = reflector::store();
-    let claim_events = watcher(Api::<ResourceClaim>::all(client.clone()), gang_objects.clone())
-        .default_backoff()
-        .modify(|claim| claim.managed_fields_mut().clear())
-        .reflect(claims_writer)
-        .touched_objects()
-        .inspect({
-            let changed = changed.clone();
-            move |_| changed.notify_one()
-        })
-        .boxed();
-    let (services, services_writer) = reflector::store();
-    let service_events = watcher(Api::<Service>::all(client.clone()), gang_objects)
-        .default_backoff()
-        .reflect(services_writer)
-        .touched_objects()
-        .inspect({
-            let changed = changed.clone();
-            move |_| changed.notify_one()
-        })
-        .boxed();
-    (
-        GangStores { pods, claims, services },
-        GangWatches {
-            pods: pod_events,
-            claims: claim_events,
-            services: service_events,
-        },
-    )
 }
 
 /// The Workload a gang object names in its `muster.dev/workload` label.

@@ -61,7 +61,10 @@ impl Admission {
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
             let cluster = self.index.snapshot();
-            let options = self.settings.plan.clone();
+            let options = muster_engine::placement::PlanOptions {
+                excluded_nodes: std::sync::Arc::new(self.held_against(workload)),
+                ..self.settings.plan.clone()
+            };
             let request = extras.clone();
             tokio::task::spawn_blocking(move || placement::plan(&cluster, &request, &options))
                 .await
@@ -126,6 +129,7 @@ impl Admission {
                 &planned.node,
                 Some(pod),
                 self.settings.fencing,
+                &|| self.ensure_leading(),
             )
             .await?
             {

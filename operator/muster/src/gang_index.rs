@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Resource;
 use muster_api::labels;
 
-use crate::controller::GangStores;
+use crate::cache::GangStores;
 
 type GangKey = (String, String);
 

@@ -41,6 +41,9 @@ pub struct Index {
     /// order of writes, so once it reaches a version every claim write up to it is in
     /// the state: the commit's conflict check reads the index instead of listing.
     claims_version: tokio::sync::watch::Sender<u64>,
+    /// Every ResourceClaim could be read into the state: one that could not is missing
+    /// from it, and the conflict check must list instead.
+    claims_usable: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Index {
@@ -52,6 +55,7 @@ impl Default for Index {
             changes: std::sync::atomic::AtomicU64::new(0),
             ready: Notify::new(),
             claims_version: tokio::sync::watch::Sender::new(0),
+            claims_usable: std::sync::atomic::AtomicBool::new(true),
         }
     }
 }
@@ -96,12 +100,16 @@ impl Index {
     }
 
     /// Waits until every ResourceClaim write up to `version` is in the state; false if
-    /// that takes longer than `limit`.
+    /// that takes longer than `limit`, or if some claim could not be read into it.
     pub async fn wait_for_claims(&self, version: u64, limit: std::time::Duration) -> bool {
+        if !self.claims_usable.load(Ordering::SeqCst) {
+            return false;
+        }
         let mut seen = self.claims_version.subscribe();
-        tokio::time::timeout(limit, seen.wait_for(|v| *v >= version))
+        let reached = tokio::time::timeout(limit, seen.wait_for(|v| *v >= version))
             .await
-            .is_ok_and(|r| r.is_ok())
+            .is_ok_and(|r| r.is_ok());
+        reached && self.claims_usable.load(Ordering::SeqCst)
     }
 
     fn mark_listed(&self) {
@@ -244,6 +252,9 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
     let mut relisting: Option<HashSet<String>> = None;
     let mut listed_once = false;
     let mut newest_version = 0u64;
+    let mut relist_version = 0u64;
+    // Objects the engine cannot use, left out of the state.
+    let mut unusable: HashSet<String> = HashSet::new();
     let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
     while let Some(event) = events.next().await {
         let event = match event {
@@ -254,47 +265,56 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
             }
         };
         // A relist's objects arrive in name order, not write order: what it shows
-        // counts only once the whole list is in.
-        if K::VERSIONED
-            && let watcher::Event::InitApply(o) | watcher::Event::Apply(o) | watcher::Event::Delete(o) = &event
-            && let Some(version) = o.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok())
-        {
-            newest_version = newest_version.max(version);
-        }
-        let version = match &event {
-            watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone if K::VERSIONED => {
-                Some(newest_version)
+        // counts only once the whole list is in, and then as the list's newest (a
+        // store restored from a backup starts lower).
+        let version_of = |o: &K| o.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+        let mut published = None;
+        if K::VERSIONED {
+            match &event {
+                watcher::Event::Init => relist_version = 0,
+                watcher::Event::InitApply(o) => relist_version = relist_version.max(version_of(o).unwrap_or(0)),
+                watcher::Event::InitDone => {
+                    newest_version = relist_version;
+                    published = Some(newest_version);
+                }
+                watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                    newest_version = newest_version.max(version_of(o).unwrap_or(0));
+                    published = Some(newest_version);
+                }
             }
-            _ => None,
-        };
+        }
         index.update(|cluster| match event {
             watcher::Event::Init => relisting = Some(HashSet::new()),
             watcher::Event::InitApply(object) => {
-                apply(&object, cluster);
+                apply(&object, cluster, &mut unusable);
                 relisting.get_or_insert_with(HashSet::new).insert(Indexed::key(&object));
             }
             watcher::Event::InitDone => {
                 let seen = relisting.take().unwrap_or_default();
                 for gone in known.difference(&seen) {
                     K::remove(gone, cluster);
+                    unusable.remove(gone);
                 }
                 known = seen;
             }
             watcher::Event::Apply(object) => {
-                apply(&object, cluster);
+                apply(&object, cluster, &mut unusable);
                 known.insert(Indexed::key(&object));
             }
             watcher::Event::Delete(object) => {
                 let key = Indexed::key(&object);
                 K::remove(&key, cluster);
+                unusable.remove(&key);
                 known.remove(&key);
             }
         });
-        if let Some(version) = version {
+        if let Some(version) = published {
+            // Until every claim can be read, the commit's conflict check lists instead.
+            index.claims_usable.store(unusable.is_empty(), Ordering::SeqCst);
             index.claims_version.send_if_modified(|seen| {
-                let newer = version > *seen;
-                *seen = (*seen).max(version);
-                newer
+                let changed = version != *seen;
+                *seen = version;
+                changed
             });
         }
         if relisting.is_none() && !listed_once {
@@ -306,10 +326,14 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
     }
 }
 
-fn apply<K: Indexed>(object: &K, cluster: &mut ClusterState) {
+fn apply<K: Indexed>(object: &K, cluster: &mut ClusterState, unusable: &mut HashSet<String>) {
+    let key = Indexed::key(object);
     if let Err(e) = object.apply(cluster) {
         // The object is unusable: forget it rather than keep a stale version.
         warn!(object = %e.object, error = %e.message, "ignoring an object the engine cannot use");
-        K::remove(&Indexed::key(object), cluster);
+        K::remove(&key, cluster);
+        unusable.insert(key);
+    } else {
+        unusable.remove(&key);
     }
 }

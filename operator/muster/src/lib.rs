@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod controller;

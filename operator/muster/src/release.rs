@@ -69,7 +69,8 @@ pub fn release_patch(pod: &Pod, node: &str, fencing: Fencing) -> Option<serde_js
 
 /// Releases pod `name` — the one with `uid`, never another made under the same name —
 /// to `node`, starting from `cached` when given; a stale copy is read again. Returns the
-/// pod as released (`None`: it was released already).
+/// pod as released (`None`: it was released already). `leading` runs between each read
+/// and the write conditioned on it, and must not return if this process lost its Lease.
 pub async fn release(
     api: &Api<Pod>,
     name: &str,
@@ -77,6 +78,7 @@ pub async fn release(
     node: &str,
     cached: Option<&Pod>,
     fencing: Fencing,
+    leading: &(dyn Fn() + Sync),
 ) -> Result<Option<Pod>, kube::Error> {
     let mut current = match cached {
         Some(pod) => pod.clone(),
@@ -96,6 +98,7 @@ pub async fn release(
             return Ok(None);
         };
         let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        leading();
         match api
             .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await

@@ -66,7 +66,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         let guard = elector.as_ref().map(Elector::guard);
         crate::metrics::get().leader.set(1);
         let wake = Arc::new(Notify::new());
-        let (stores, watches) = controller::gang_watches(&client, wake.clone());
+        let (stores, watches) = crate::cache::gang_watches(&client, wake.clone());
         let controller = WorkloadController::new(
             client.clone(),
             controller::Settings {
