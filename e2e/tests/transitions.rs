@@ -1,12 +1,15 @@
 //! The operator killed right after a write of each transition of a running gang —
-//! suspend, success, restart — converges once it is back: the transition finishes, and
-//! nothing leaks. (The commit's own steps are covered in the admission tests.)
+//! suspend, success, restart, teardown — converges once it is back: the transition
+//! finishes, and nothing leaks. So does an interrupted commit that the next operator
+//! undoes. (The commit's own steps are covered in the admission tests.)
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::WorkloadPhase;
+use muster_e2e::fleet::GPU_DRIVER;
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
 use muster_e2e::wait;
 use serde_json::json;
@@ -16,6 +19,8 @@ enum Drive {
     Suspend,
     Succeed,
     Restart,
+    /// Another claim is given one of the running gang's devices: the gang gives way.
+    Conflict,
 }
 
 async fn drive(test: &Test, how: Drive) -> Result<()> {
@@ -31,6 +36,24 @@ async fn drive(test: &Test, how: Drive) -> Result<()> {
         }
         Drive::Succeed => test.exit_pod("victim-launcher-0", 0).await?,
         Drive::Restart => test.exit_pod("victim-workers-1", 1).await?,
+        Drive::Conflict => {
+            let held = allocations(&test.claims()).await?;
+            let (pool, device) = held
+                .get("victim-workers-0-gpus")
+                .and_then(|d| d.first().cloned())
+                .context("the gang's first device")?;
+            let claim: ResourceClaim = serde_json::from_value(json!({
+                "metadata": {"name": "intruder"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}},
+            }))?;
+            test.claims().create(&PostParams::default(), &claim).await?;
+            let allocation = json!({"status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": GPU_DRIVER, "pool": pool, "device": device},
+            ]}}}});
+            test.claims()
+                .patch_status("intruder", &PatchParams::default(), &Patch::Merge(&allocation))
+                .await?;
+        }
     }
     Ok(())
 }
@@ -75,6 +98,30 @@ async fn converged(test: &Test, how: Drive) -> Result<()> {
                 .await?;
             assert_runs_as_planned(test, "victim").await?;
         }
+        Drive::Conflict => {
+            let claims = test.claims();
+            wait::until(
+                "the gang to run again off the intruder's device",
+                Duration::from_secs(90),
+                || {
+                    let claims = claims.clone();
+                    async move {
+                        let held = allocations(&claims).await?;
+                        let Some(taken) = held.get("intruder").and_then(|d| d.first()).cloned() else {
+                            return Ok(None);
+                        };
+                        let clear = held
+                            .iter()
+                            .filter(|(name, _)| name.as_str() != "intruder")
+                            .all(|(_, devices)| !devices.contains(&taken));
+                        Ok(clear.then_some(()))
+                    }
+                },
+            )
+            .await?;
+            assert_runs_as_planned(test, "victim").await?;
+            test.claims().delete("intruder", &DeleteParams::default()).await?;
+        }
     }
     Ok(())
 }
@@ -93,6 +140,9 @@ async fn the_operator_killed_after_any_write_of_a_transition_converges() -> Resu
         (Drive::Restart, "after-restarting-record"),
         (Drive::Restart, "after-reserved-release"),
         (Drive::Restart, "after-reserved-record"),
+        (Drive::Conflict, "after-tearing-down-delete"),
+        (Drive::Conflict, "after-tearing-down-deallocate"),
+        (Drive::Conflict, "after-tearing-down-record"),
     ];
     for (how, fault) in cases {
         let name = format!("crash-{fault}");
@@ -136,4 +186,51 @@ async fn the_operator_killed_after_any_write_of_a_transition_converges() -> Resu
         .with_context(|| format!("after a crash {fault} ({how:?})"))?;
     }
     Ok(())
+}
+
+/// A commit interrupted after it allocated every claim is undone by the next operator,
+/// which is itself killed after each of the undo's writes; the one after it finishes
+/// the undo, and the gang is placed again.
+#[tokio::test]
+async fn an_interrupted_commit_is_undone_across_crashes() -> Result<()> {
+    with_test(
+        "crash-undo",
+        &[],
+        &[("MUSTER_FAULT_POINT", "after-all-claims")],
+        |test| {
+            Box::pin(async move {
+                test.create(gang("victim", 2, None)).await?;
+                for fault in [
+                    "after-all-claims",
+                    "after-reserving-deallocate",
+                    "after-reserving-record",
+                ] {
+                    let operator = test.operator.as_mut().context("operator")?;
+                    wait::until(
+                        &format!("the operator to abort {fault}"),
+                        Duration::from_secs(90),
+                        || {
+                            let exited = operator.check_running().is_err();
+                            async move { Ok(exited.then_some(())) }
+                        },
+                    )
+                    .await?;
+                    ensure!(
+                        operator.log().contains(&format!("fault point {fault} reached")),
+                        "the operator stopped at {fault}, not elsewhere"
+                    );
+                    test.operator = None;
+                    let next = match fault {
+                        "after-all-claims" => vec![("MUSTER_FAULT_POINT", "after-reserving-deallocate")],
+                        "after-reserving-deallocate" => vec![("MUSTER_FAULT_POINT", "after-reserving-record")],
+                        _ => vec![],
+                    };
+                    test.start_operator(&[], &next)?;
+                }
+                assert_runs_as_planned(test, "victim").await?;
+                Ok(())
+            })
+        },
+    )
+    .await
 }
