@@ -57,12 +57,15 @@ fn stale<'g>(gang: &'g Gang) -> impl Iterator<Item = &'g PodView> {
 }
 
 /// A queued gang holds nothing. Pods of an old attempt that still wait at the gate go,
-/// and so does any pod of muster's that no reservation released (a deposed leader's
-/// release that landed after its successor gave the gang back): it would run, or get
-/// devices from kube-scheduler, outside any plan, and the gang could never be admitted
-/// again with it there.
+/// and so does a pod of muster's that no reservation released (a deposed leader's
+/// release that landed after its successor gave the gang back) while it has not started
+/// or has ended: the gang could never be admitted again with it there. A running one
+/// is left alone: a journal lost from outside must not kill a running gang.
 fn queued(gang: &Gang) -> Step {
-    let released = gang.pods.iter().filter(|p| p.attempt.is_some() && !p.gated);
+    let released = gang
+        .pods
+        .iter()
+        .filter(|p| p.attempt.is_some() && !p.gated && p.phase != Phase::Running);
     Step::effects(delete(gang, stale(gang).filter(|p| p.gated).chain(released)))
 }
 

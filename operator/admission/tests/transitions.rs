@@ -335,9 +335,11 @@ fn a_queued_gangs_pod_that_no_reservation_released_goes() {
         attempt: None,
         ..pod("job-x", "u2", None, false, Phase::Running, true)
     };
+    // A running one stays: a journal lost from outside must not kill a running gang.
+    let running = pod("g-w-2", "u3", Some(0), false, Phase::Running, true);
     let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
     let spec = spec(1, true);
-    let pods = [orphan.clone(), waiting, joined];
+    let pods = [orphan.clone(), waiting, joined, running];
     let queued = Gang {
         spec: &spec,
         journal: None,
@@ -350,7 +352,8 @@ fn a_queued_gangs_pod_that_no_reservation_released_goes() {
         conflicted: &[],
         now: 0,
     };
-    // Only muster's own released pod goes: not the gated one, not another controller's.
+    // Only muster's own released pod that is not running goes: not the gated one, not
+    // another controller's.
     assert_eq!(
         decide(&queued, &SETTINGS).effects,
         vec![Effect::DeletePods {

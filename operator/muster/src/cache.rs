@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::Api;
+use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -19,26 +19,53 @@ use muster_api::labels;
 /// `(namespace, Workload)`.
 type GangKey = (String, String);
 
-/// Names of the objects each gang's label named when last seen. A name may outlive its
-/// object or its label: lookups check both against the store and drop what is stale.
+/// Names of the objects each gang's label named when last seen, kept up from the watch
+/// events: a name goes with its object's Delete event, or at the end of a relist that no
+/// longer shows it. Lookups check the label against the store, since an object may have
+/// been relabelled since.
 #[derive(Default)]
 struct ByGang(Mutex<HashMap<GangKey, BTreeSet<String>>>);
 
+fn gang_key<K: Resource>(object: &K) -> Option<(GangKey, String)> {
+    let meta = object.meta();
+    let workload = meta.labels.as_ref()?.get(labels::WORKLOAD)?;
+    Some(((meta.namespace.clone()?, workload.clone()), meta.name.clone()?))
+}
+
 impl ByGang {
-    fn note<K: Resource>(&self, object: &K) {
-        let meta = object.meta();
-        let (Some(namespace), Some(name)) = (&meta.namespace, &meta.name) else {
-            return;
-        };
-        let Some(workload) = meta.labels.as_ref().and_then(|l| l.get(labels::WORKLOAD)) else {
-            return;
-        };
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry((namespace.clone(), workload.clone()))
-            .or_default()
-            .insert(name.clone());
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<GangKey, BTreeSet<String>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Follows one watch event; `store` has applied it already.
+    fn follow<K>(&self, event: &watcher::Event<K>, store: &Store<K>)
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        match event {
+            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
+                if let Some((key, name)) = gang_key(object) {
+                    self.entries().entry(key).or_default().insert(name);
+                }
+            }
+            watcher::Event::Delete(object) => {
+                if let Some((key, name)) = gang_key(object) {
+                    let mut entries = self.entries();
+                    if let Some(names) = entries.get_mut(&key) {
+                        names.remove(&name);
+                        if names.is_empty() {
+                            entries.remove(&key);
+                        }
+                    }
+                }
+            }
+            // The relist is in the store now: what it no longer shows is gone.
+            watcher::Event::InitDone => self.entries().retain(|(namespace, _), names| {
+                names.retain(|name| store.get(&ObjectRef::new(name).within(namespace)).is_some());
+                !names.is_empty()
+            }),
+            watcher::Event::Init => {}
+        }
     }
 
     fn lookup<K>(&self, store: &Store<K>, namespace: &str, workload: &str) -> Vec<Arc<K>>
@@ -46,25 +73,15 @@ impl ByGang {
         K: Resource<DynamicType = ()> + Clone + 'static,
     {
         let key = (namespace.to_string(), workload.to_string());
-        let mut by_gang = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(names) = by_gang.get_mut(&key) else {
+        let entries = self.entries();
+        let Some(names) = entries.get(&key) else {
             return Vec::new();
         };
-        let mut found = Vec::with_capacity(names.len());
-        names.retain(|name| {
-            let object = store.get(&ObjectRef::new(name).within(namespace));
-            match object {
-                Some(object) if object.labels().get(labels::WORKLOAD).map(String::as_str) == Some(workload) => {
-                    found.push(object);
-                    true
-                }
-                _ => false,
-            }
-        });
-        if names.is_empty() {
-            by_gang.remove(&key);
-        }
-        found
+        names
+            .iter()
+            .filter_map(|name| store.get(&ObjectRef::new(name).within(namespace)))
+            .filter(|object| object.labels().get(labels::WORKLOAD).map(String::as_str) == Some(workload))
+            .collect()
     }
 }
 
@@ -76,15 +93,32 @@ pub struct GangStores {
     pub services: Store<Service>,
     pods_by_gang: Arc<ByGang>,
     claims_by_gang: Arc<ByGang>,
+    /// Kueue's Workloads that stand for gangs, when the cluster serves Kueue.
+    pub kueue: Option<Store<DynamicObject>>,
 }
 
 impl GangStores {
+    /// The Kueue Workload standing for `workload`, when Kueue is served.
+    pub fn kueue_workload(&self, workload: &muster_api::v1alpha1::Workload) -> Option<Arc<DynamicObject>> {
+        let store = self.kueue.as_ref()?;
+        let namespace = workload.namespace()?;
+        store.get(
+            &ObjectRef::new_with(&crate::kueue::object_name(workload), crate::kueue::api_resource()).within(&namespace),
+        )
+    }
+
     /// Waits until every store has listed.
     pub async fn wait_until_ready(&self) {
+        let kueue = async {
+            if let Some(store) = &self.kueue {
+                let _ = store.wait_until_ready().await;
+            }
+        };
         let _ = tokio::join!(
             self.pods.wait_until_ready(),
             self.claims.wait_until_ready(),
-            self.services.wait_until_ready()
+            self.services.wait_until_ready(),
+            kueue
         );
     }
 
@@ -101,17 +135,33 @@ impl GangStores {
 
 type Events<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
 
-/// The watches that feed [`GangStores`]; the controller drives them.
+/// The watches that feed [`GangStores`]; the controller drives them, except Kueue's,
+/// which `kueue` drives on its own.
 pub struct GangWatches {
     pub pods: Events<Pod>,
     pub claims: Events<ResourceClaim>,
     pub services: Events<Service>,
+    pub kueue: Option<Events<DynamicObject>>,
+}
+
+/// Whether the cluster serves Kueue's Workloads (`kueue.x-k8s.io/v1beta2`). A failed
+/// discovery counts as no: muster then works as without Kueue, and says so.
+pub async fn kueue_served(client: &Client) -> bool {
+    match client.list_api_group_resources("kueue.x-k8s.io/v1beta2").await {
+        Ok(list) => list.resources.iter().any(|r| r.name == "workloads"),
+        Err(kube::Error::Api(s)) if s.code == 404 => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether the cluster serves Kueue; running without it");
+            false
+        }
+    }
 }
 
 /// Sets up the gang object caches and their watches.
 /// `changed` is told about every event, so the admission loop sees gang objects change
 /// (for example claims of a deleted Workload, which no reconcile reports).
-pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>) -> (GangStores, GangWatches) {
+/// `kueue`: also cache Kueue's Workloads that stand for gangs.
+pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: bool) -> (GangStores, GangWatches) {
     let gang_objects = watcher::Config::default().labels(labels::WORKLOAD);
     let pods_by_gang = Arc::new(ByGang::default());
     let claims_by_gang = Arc::new(ByGang::default());
@@ -120,16 +170,19 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>) -> (Gang
         .default_backoff()
         .modify(|pod| pod.managed_fields_mut().clear())
         .reflect(pods_writer)
+        .inspect({
+            let by_gang = pods_by_gang.clone();
+            let store = pods.clone();
+            move |event| {
+                if let Ok(event) = event {
+                    by_gang.follow(event, &store);
+                }
+            }
+        })
         .touched_objects()
         .inspect({
             let changed = changed.clone();
-            let by_gang = pods_by_gang.clone();
-            move |pod| {
-                if let Ok(pod) = pod {
-                    by_gang.note(pod);
-                }
-                changed.notify_one()
-            }
+            move |_| changed.notify_one()
         })
         .boxed();
     let (claims, claims_writer) = reflector::store();
@@ -137,18 +190,42 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>) -> (Gang
         .default_backoff()
         .modify(|claim| claim.managed_fields_mut().clear())
         .reflect(claims_writer)
+        .inspect({
+            let by_gang = claims_by_gang.clone();
+            let store = claims.clone();
+            move |event| {
+                if let Ok(event) = event {
+                    by_gang.follow(event, &store);
+                }
+            }
+        })
         .touched_objects()
         .inspect({
             let changed = changed.clone();
-            let by_gang = claims_by_gang.clone();
-            move |claim| {
-                if let Ok(claim) = claim {
-                    by_gang.note(claim);
-                }
-                changed.notify_one()
-            }
+            move |_| changed.notify_one()
         })
         .boxed();
+    let (kueue_store, kueue_events) = if kueue {
+        let resource = crate::kueue::api_resource();
+        let writer = reflector::store::Writer::new(resource.clone());
+        let store = writer.as_reader();
+        let events = watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &resource),
+            gang_objects.clone(),
+        )
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects()
+        .inspect({
+            let changed = changed.clone();
+            move |_| changed.notify_one()
+        })
+        .boxed();
+        (Some(store), Some(events))
+    } else {
+        (None, None)
+    };
     let (services, services_writer) = reflector::store();
     let service_events = watcher(Api::<Service>::all(client.clone()), gang_objects)
         .default_backoff()
@@ -166,11 +243,71 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>) -> (Gang
             services,
             pods_by_gang,
             claims_by_gang,
+            kueue: kueue_store,
         },
         GangWatches {
             pods: pod_events,
             claims: claim_events,
             services: service_events,
+            kueue: kueue_events,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::store::Writer;
+
+    fn pod(name: &str, workload: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": {labels::WORKLOAD: workload}},
+        }))
+        .unwrap()
+    }
+
+    /// Feeds an event to the store, then to the index, as the watch stream does.
+    fn feed(writer: &mut Writer<Pod>, by_gang: &ByGang, store: &Store<Pod>, event: watcher::Event<Pod>) {
+        writer.apply_watcher_event(&event);
+        by_gang.follow(&event, store);
+    }
+
+    fn names(pods: Vec<Arc<Pod>>) -> Vec<String> {
+        pods.iter().map(|p| p.name_any()).collect()
+    }
+
+    #[test]
+    fn a_lookup_during_a_relist_loses_nothing() {
+        let mut writer: Writer<Pod> = Writer::default();
+        let store = writer.as_reader();
+        let by_gang = ByGang::default();
+        feed(&mut writer, &by_gang, &store, watcher::Event::Init);
+        feed(
+            &mut writer,
+            &by_gang,
+            &store,
+            watcher::Event::InitApply(pod("a-0", "a")),
+        );
+        // The store shows the relist only once it is complete.
+        assert!(by_gang.lookup(&store, "ns", "a").is_empty());
+        feed(
+            &mut writer,
+            &by_gang,
+            &store,
+            watcher::Event::InitApply(pod("a-1", "a")),
+        );
+        feed(&mut writer, &by_gang, &store, watcher::Event::InitDone);
+        assert_eq!(names(by_gang.lookup(&store, "ns", "a")), ["a-0", "a-1"]);
+
+        // Deleted, relabelled, and gone during a gap in the watch.
+        feed(&mut writer, &by_gang, &store, watcher::Event::Delete(pod("a-0", "a")));
+        assert_eq!(names(by_gang.lookup(&store, "ns", "a")), ["a-1"]);
+        feed(&mut writer, &by_gang, &store, watcher::Event::Apply(pod("a-1", "b")));
+        assert!(by_gang.lookup(&store, "ns", "a").is_empty());
+        assert_eq!(names(by_gang.lookup(&store, "ns", "b")), ["a-1"]);
+        feed(&mut writer, &by_gang, &store, watcher::Event::Init);
+        feed(&mut writer, &by_gang, &store, watcher::Event::InitDone);
+        assert!(by_gang.lookup(&store, "ns", "b").is_empty());
+        assert!(by_gang.entries().is_empty(), "nothing kept for objects that are gone");
+    }
 }

@@ -16,6 +16,7 @@ pub mod fencing;
 pub mod gang;
 pub mod gang_index;
 pub mod index;
+pub mod kueue;
 pub mod leader;
 pub mod membership;
 pub mod metrics;

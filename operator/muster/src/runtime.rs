@@ -66,7 +66,15 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         let guard = elector.as_ref().map(Elector::guard);
         crate::metrics::get().leader.set(1);
         let wake = Arc::new(Notify::new());
-        let (stores, watches) = crate::cache::gang_watches(&client, wake.clone());
+        let kueue = crate::cache::kueue_served(&client).await;
+        if kueue {
+            info!(
+                "the cluster serves Kueue: Workloads labelled {} queue in Kueue",
+                crate::kueue::QUEUE_LABEL
+            );
+        }
+        let (stores, mut watches) = crate::cache::gang_watches(&client, wake.clone(), kueue);
+        let kueue_watch = watches.kueue.take();
         let controller = WorkloadController::new(
             client.clone(),
             controller::Settings {
@@ -122,10 +130,18 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
                 None => std::future::pending().await,
             }
         };
+        // Kueue's Workloads are cached here; changes wake the admission loop.
+        let follow_kueue = async {
+            match kueue_watch {
+                Some(events) => events.for_each(|_| async {}).await,
+                None => std::future::pending().await,
+            }
+        };
         let ended = tokio::select! {
             // The controller stops on SIGTERM or Ctrl-C.
             _ = controller.run() => Ended::Stopped,
             _ = admission.run() => Ended::Stopped,
+            _ = follow_kueue => Ended::Stopped,
             _ = keep => Ended::LostLease,
         };
         crate::metrics::get().leader.set(0);
