@@ -7,6 +7,7 @@ pub mod chart;
 pub mod controlplane;
 pub mod fleet;
 pub mod invariants;
+pub mod kueue;
 pub mod operator;
 pub mod paths;
 pub mod pki;

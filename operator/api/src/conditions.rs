@@ -44,6 +44,8 @@ pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 /// Held back: a gang of equal or higher priority has waited past the starvation limit
 /// and is admitted first.
 pub const REASON_WAITING_BEHIND: &str = "WaitingBehind";
+/// Admitted=False: the gang queues in Kueue, which has not admitted it (or evicted it).
+pub const REASON_WAITING_FOR_KUEUE: &str = "WaitingForKueue";
 /// The plan is recorded and claims are being allocated.
 pub const REASON_RESERVING: &str = "Reserving";
 /// Every claim is allocated and every pod released to the scheduler.

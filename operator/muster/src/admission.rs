@@ -470,6 +470,7 @@ impl Admission {
                 next = next.min(Duration::from_secs(2));
             }
         }
+        self.sync_kueue(&workloads).await;
 
         let mut queue: Vec<(i32, Timestamp, String, Arc<Workload>)> = workloads
             .iter()
@@ -575,6 +576,9 @@ impl Admission {
             return false;
         }
         if placement_of(workload).and_then(|p| p.state).is_some() {
+            return false;
+        }
+        if self.held_by_kueue(workload) {
             return false;
         }
         let created = condition(workload, conditions::CREATED)
@@ -904,7 +908,10 @@ impl Admission {
     /// The core's picture of a placed gang, and its next step.
     fn observe_and_decide(&self, workload: &Workload) -> (Option<Journal>, muster_admission::Step) {
         let journal = observe::journal(workload);
-        let spec = observe::spec(workload);
+        let mut spec = observe::spec(workload);
+        // An eviction by Kueue takes the gang apart as a suspend does; the Workload
+        // controller keeps its gated pods for the next admission.
+        spec.suspend |= self.evicted_by_kueue(workload);
         let pods = self.gang_pods(workload);
         let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
         let claims = self.gang_claims(workload);
@@ -998,6 +1005,7 @@ impl Admission {
         self.execute(workload, state, step.effects).await?;
         if let Some(journal) = journal.filter(|j| idle && j.state == State::Released)
             && workload.spec.suspend != Some(true)
+            && !self.evicted_by_kueue(workload)
         {
             self.place_extras(workload, &journal).await?;
         }
@@ -1529,7 +1537,7 @@ impl Admission {
     }
 
     /// Writes the `Admitted` condition, and `placement` (removed when `None`).
-    async fn set_admitted(
+    pub(crate) async fn set_admitted(
         &self,
         workload: &Workload,
         admitted: bool,

@@ -147,11 +147,24 @@ pub struct GangWatches {
 /// Whether the cluster serves Kueue's Workloads (`kueue.x-k8s.io/v1beta2`). A failed
 /// discovery counts as no: muster then works as without Kueue, and says so.
 pub async fn kueue_served(client: &Client) -> bool {
-    match client.list_api_group_resources("kueue.x-k8s.io/v1beta2").await {
+    let served = match client.list_api_group_resources("kueue.x-k8s.io/v1beta2").await {
         Ok(list) => list.resources.iter().any(|r| r.name == "workloads"),
         Err(kube::Error::Api(s)) if s.code == 404 => false,
         Err(e) => {
             tracing::warn!(error = %e, "cannot tell whether the cluster serves Kueue; running without it");
+            false
+        }
+    };
+    if !served {
+        return false;
+    }
+    // Installed but not readable (the chart's rbac.kueue is off): a watch that can never
+    // list would hold admission back for good.
+    let api = Api::<DynamicObject>::all_with(client.clone(), &crate::kueue::api_resource());
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "the cluster serves Kueue, but muster may not read its Workloads; running without it");
             false
         }
     }

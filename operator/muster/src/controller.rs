@@ -185,6 +185,7 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
             return Ok(Action::await_change());
         }
     };
+    ensure_kueue_workload(workload, ctx).await?;
     if workload.spec.suspend == Some(true) {
         // Hold nothing: gated pods go now. Released pods are the admission loop's: it
         // records the suspension first, deletes them, then gives their devices back.
@@ -263,6 +264,49 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         _ if !outcome.failures.is_empty() => Action::requeue(Duration::from_secs(10)),
         _ => Action::await_change(),
     })
+}
+
+/// A Workload that queues in Kueue has a Kueue Workload asking for its quota, active
+/// unless the Workload is suspended (Kueue then gives the quota back).
+async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(), Error> {
+    let (Some(_), Some(queue)) = (&ctx.stores.kueue, crate::kueue::queue_of(workload)) else {
+        return Ok(());
+    };
+    let namespace = workload.namespace().unwrap_or_default();
+    let resource = crate::kueue::api_resource();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
+    let active = workload.spec.suspend != Some(true);
+    if let Some(existing) = ctx.stores.kueue_workload(workload) {
+        if crate::kueue::Verdict::of(&existing).active != active {
+            let patch = json!({"spec": {"active": active}});
+            api.patch(&existing.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        return Ok(());
+    }
+    // No Kueue webhook runs for muster's Workloads: the priority is filled in here.
+    let priority = match &workload.spec.priority_class_name {
+        Some(class) => {
+            let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(ctx.client.clone());
+            let value = classes.get_opt(class).await?.and_then(|c| c.value).unwrap_or(0);
+            Some((class.as_str(), value))
+        }
+        None => None,
+    };
+    let Some(desired) = crate::kueue::desired(workload, queue, priority) else {
+        return Ok(());
+    };
+    let object: kube::api::DynamicObject =
+        serde_json::from_value(desired).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => {
+            info!(workload = %workload.name_any(), %namespace, queue, "queued in Kueue");
+            Ok(())
+        }
+        // Made already; the cache shows it soon.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Claims the gang uses without having created them — ResourceClaims named by the

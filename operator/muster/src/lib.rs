@@ -17,6 +17,7 @@ pub mod gang;
 pub mod gang_index;
 pub mod index;
 pub mod kueue;
+pub mod kueue_status;
 pub mod leader;
 pub mod membership;
 pub mod metrics;

@@ -19,6 +19,13 @@ pub fn time(millis: Millis) -> Time {
     Time(Timestamp::from_millisecond(millis).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
+/// The time now as Kubernetes writes it in conditions (RFC 3339, seconds).
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map_or_else(|_| k8s_openapi::jiff::Timestamp::now().to_string(), |t| t.to_string())
+}
+
 pub fn now_millis() -> Millis {
     Timestamp::now().as_millisecond()
 }

@@ -1,0 +1,199 @@
+//! What muster tells Kueue about the gangs that queue there, as Kueue's own job
+//! controllers do: `PodsReady` while a gang runs, `Finished` when it ends (then the
+//! quota's finalizer goes), and, after an eviction, the admission cleared once the gang
+//! holds nothing, so that the quota passes to whoever Kueue chose.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use muster_api::conditions;
+use muster_api::v1alpha1::AdmissionState as State;
+use muster_api::v1alpha1::Workload;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::admission::{Admission, CommitError, key, placement_of};
+use crate::kueue::{self, Verdict};
+use crate::observe;
+
+impl Admission {
+    /// The Kueue Workload of a gang that queues in Kueue (`Some(None)`: the cache does not
+    /// show it yet); `None` for a gang that does not queue in Kueue.
+    pub(crate) fn kueue_object(&self, workload: &Workload) -> Option<Option<Arc<DynamicObject>>> {
+        self.stores.kueue.as_ref()?;
+        kueue::queue_of(workload)?;
+        Some(self.stores.kueue_workload(workload))
+    }
+
+    /// Whether Kueue holds this gang back: it queues there and is not admitted (or was
+    /// evicted). A gang whose Kueue Workload is not cached yet waits too.
+    pub(crate) fn held_by_kueue(&self, workload: &Workload) -> bool {
+        match self.kueue_object(workload) {
+            None => false,
+            Some(None) => true,
+            Some(Some(object)) => Verdict::of(&object).must_stop(),
+        }
+    }
+
+    /// Whether Kueue takes a placed gang back: evicted, or its admission gone. Only what
+    /// Kueue wrote counts: a Kueue Workload the cache does not show stops nothing.
+    pub(crate) fn evicted_by_kueue(&self, workload: &Workload) -> bool {
+        matches!(self.kueue_object(workload), Some(Some(object)) if Verdict::of(&object).must_stop())
+    }
+
+    /// Brings every Kueue Workload of muster's in line with its gang.
+    pub(crate) async fn sync_kueue(&self, workloads: &[Arc<Workload>]) {
+        let Some(store) = self.stores.kueue.clone() else { return };
+        let live: BTreeSet<(String, String)> = workloads
+            .iter()
+            .filter(|w| w.metadata.deletion_timestamp.is_none())
+            .map(|w| (w.namespace().unwrap_or_default(), kueue::object_name(w)))
+            .collect();
+        for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
+            let Some(Some(object)) = self.kueue_object(workload) else {
+                continue;
+            };
+            if let Err(e) = self.sync_one(workload, &object).await {
+                warn!(workload = %key(workload), error = %e, "updating the Kueue Workload failed; retrying");
+            }
+        }
+        // A gang deleted (or no longer queueing in Kueue) lets go of the quota.
+        for object in store.state() {
+            let namespace = object.namespace().unwrap_or_default();
+            if live.contains(&(namespace.clone(), object.name_any())) {
+                continue;
+            }
+            let owner_holds = workloads.iter().any(|w| {
+                w.namespace().as_deref() == Some(namespace.as_str())
+                    && kueue::object_name(w) == object.name_any()
+                    && placement_of(w).and_then(|p| p.state).is_some()
+            });
+            if !owner_holds && let Err(e) = self.release_quota_finalizer(&object).await {
+                warn!(object = %object.name_any(), error = %e, "removing Kueue's finalizer failed; retrying");
+            }
+        }
+    }
+
+    async fn sync_one(&self, workload: &Workload, object: &DynamicObject) -> Result<(), CommitError> {
+        let verdict = Verdict::of(object);
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &object.namespace().unwrap_or_default(),
+            &kueue::api_resource(),
+        );
+        let now = observe::now_rfc3339();
+        let journal = placement_of(workload).and_then(|p| p.state);
+        let params = PatchParams::default();
+
+        // Ended: Kueue gives the quota back once told, then the finalizer goes.
+        if observe::finished(workload) {
+            if !verdict.finished {
+                let succeeded = observe::condition(workload, conditions::SUCCEEDED).is_some_and(|c| c.status == "True");
+                let message = if succeeded {
+                    "the gang succeeded"
+                } else {
+                    "the gang failed"
+                };
+                if let Some(patch) = kueue::finished_patch(object, succeeded, message, &now) {
+                    self.ensure_leading();
+                    api.patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
+                        .await?;
+                    info!(workload = %key(workload), succeeded, "told Kueue the gang finished");
+                }
+            } else if journal.is_none_or(|s| s == State::Finished) {
+                self.release_quota_finalizer(object).await?;
+            }
+            return Ok(());
+        }
+
+        // Evicted: once the gang holds nothing, the admission goes back to Kueue.
+        if let Some(reason) = &verdict.evicted {
+            if verdict.holds_quota && journal.is_none() {
+                self.ensure_leading();
+                let patch = kueue::requeue_patch(object, reason, &now);
+                api.patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
+                    .await?;
+                info!(workload = %key(workload), %reason, "gave the gang's admission back to Kueue");
+                self.event(
+                    workload,
+                    kube::runtime::events::EventType::Normal,
+                    conditions::REASON_WAITING_FOR_KUEUE,
+                    "Evict",
+                    format!("Kueue evicted the gang ({reason}); it holds nothing and queues again"),
+                )
+                .await;
+            }
+            return self.say_waiting(workload, &verdict).await;
+        }
+        if !verdict.admitted {
+            return self.say_waiting(workload, &verdict).await;
+        }
+
+        // Admitted and placed: Kueue's waitForPodsReady wants to hear when it runs.
+        if matches!(journal, Some(State::Released | State::Reserved | State::Reserving)) {
+            let min_counts: BTreeMap<String, i32> = workload
+                .spec
+                .pod_groups
+                .iter()
+                .map(|g| (g.name.clone(), g.min_count()))
+                .collect();
+            let ready = journal == Some(State::Released) && kueue::gang_ready(&self.gang_pods(workload), &min_counts);
+            if let Some(patch) = kueue::pods_ready_patch(object, ready, &now) {
+                self.ensure_leading();
+                api.patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A queued gang that Kueue has not admitted says so.
+    async fn say_waiting(&self, workload: &Workload, verdict: &Verdict) -> Result<(), CommitError> {
+        if placement_of(workload).and_then(|p| p.state).is_some() {
+            return Ok(());
+        }
+        let queue = kueue::queue_of(workload).unwrap_or_default();
+        let message = match &verdict.evicted {
+            Some(reason) => {
+                format!("Kueue evicted the gang ({reason}); it waits in LocalQueue {queue} to be admitted again")
+            }
+            None => format!("waiting for Kueue to admit it from LocalQueue {queue}"),
+        };
+        let current =
+            observe::condition(workload, conditions::ADMITTED).map(|c| (c.reason.as_str(), c.message.as_str()));
+        if current != Some((conditions::REASON_WAITING_FOR_KUEUE, message.as_str())) {
+            self.set_admitted(workload, false, conditions::REASON_WAITING_FOR_KUEUE, &message, None)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Removes Kueue's quota finalizer from `object`, conditional on the version read.
+    async fn release_quota_finalizer(&self, object: &DynamicObject) -> Result<(), CommitError> {
+        if !object.finalizers().iter().any(|f| f == kueue::RESOURCE_IN_USE) {
+            return Ok(());
+        }
+        let finalizers: Vec<&String> = object
+            .finalizers()
+            .iter()
+            .filter(|f| *f != kueue::RESOURCE_IN_USE)
+            .collect();
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": object.resource_version()}});
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &object.namespace().unwrap_or_default(),
+            &kueue::api_resource(),
+        );
+        self.ensure_leading();
+        match api
+            .patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
