@@ -51,7 +51,20 @@ fn kueue_api(client: &kube::Client, kind: &str, plural: &str, namespace: Option<
 /// A ClusterQueue for this test with `gpus` of GPU quota (CPU and memory plenty), and
 /// LocalQueue `team` pointing at it in the test's namespace.
 async fn queues(test: &Test, gpus: u32, preemption: bool) -> Result<()> {
-    let cluster_queue = format!("cq-{}", test.ns);
+    let preemption = preemption.then(|| json!({"withinClusterQueue": "LowerPriority"}));
+    cluster_queue(test, "team", gpus, None, preemption).await
+}
+
+/// ClusterQueue `cq-<namespace>-<local>` with `gpus` of GPU quota, in `cohort` if given,
+/// and LocalQueue `local` pointing at it in the test's namespace.
+async fn cluster_queue(
+    test: &Test,
+    local: &str,
+    gpus: u32,
+    cohort: Option<&str>,
+    preemption: Option<Value>,
+) -> Result<()> {
+    let name = format!("cq-{}-{local}", test.ns);
     let mut spec = json!({
         "namespaceSelector": {},
         "resourceGroups": [{
@@ -63,22 +76,25 @@ async fn queues(test: &Test, gpus: u32, preemption: bool) -> Result<()> {
             ]}],
         }],
     });
-    if preemption {
-        spec["preemption"] = json!({"withinClusterQueue": "LowerPriority"});
+    if let Some(cohort) = cohort {
+        spec["cohortName"] = json!(cohort);
+    }
+    if let Some(preemption) = preemption {
+        spec["preemption"] = preemption;
     }
     let object: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-        "metadata": {"name": cluster_queue}, "spec": spec,
+        "metadata": {"name": name}, "spec": spec,
     }))?;
     kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
         .create(&PostParams::default(), &object)
         .await?;
-    let local: DynamicObject = serde_json::from_value(json!({
+    let local_queue: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-        "metadata": {"name": "team"}, "spec": {"clusterQueue": cluster_queue},
+        "metadata": {"name": local}, "spec": {"clusterQueue": name},
     }))?;
     kueue_api(&test.client, "LocalQueue", "localqueues", Some(&test.ns))
-        .create(&PostParams::default(), &local)
+        .create(&PostParams::default(), &local_queue)
         .await?;
     Ok(())
 }
@@ -158,7 +174,7 @@ async fn a_gang_waits_for_kueue_then_runs_with_every_claim_reserved_and_gives_th
             .await?;
 
             // Quota for 16 GPUs: Kueue admits, muster reserves every claim and runs it.
-            let cq = format!("cq-{}", test.ns);
+            let cq = format!("cq-{}-team", test.ns);
             let quota = json!({"spec": {"resourceGroups": [{
                 "coveredResources": ["cpu", "memory", GPU_RESOURCE],
                 "flavors": [{"name": "default", "resources": [
@@ -279,6 +295,144 @@ async fn a_preempted_gang_is_taken_apart_as_a_unit_and_runs_again_later() -> Res
             test.wait_phase("high", WorkloadPhase::Succeeded, Duration::from_secs(90))
                 .await?;
             assert_runs_as_planned(test, "low").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Reads the Kueue Workload of `name` until `check` holds.
+async fn wait_kueue(test: &Test, name: &str, what: &str, check: impl Fn(&DynamicObject) -> bool) -> Result<()> {
+    wait::until(what, Duration::from_secs(90), || async {
+        let object = kueue_workload(test, name).await?;
+        Ok(check(&object).then_some(()))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gang_borrowing_from_its_cohort_gives_way_when_the_lender_reclaims() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-cohort", &[], &[], |test| {
+        Box::pin(async move {
+            let cohort = format!("pool-{}", test.ns);
+            cluster_queue(test, "team", 32, Some(&cohort), None).await?;
+            let reclaim = json!({"reclaimWithinCohort": "Any"});
+            cluster_queue(test, "other", 32, Some(&cohort), Some(reclaim)).await?;
+            // Two 32-GPU gangs in team's queue: the second runs on quota borrowed from other.
+            test.create(queued_gang("own", 4, None)).await?;
+            assert_runs_as_planned(test, "own").await?;
+            test.create(queued_gang("borrower", 4, None)).await?;
+            assert_runs_as_planned(test, "borrower").await?;
+            // other wants its quota back: one of team's gangs is evicted as a unit.
+            let mut lender = queued_gang("lender", 4, None);
+            lender["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("other");
+            test.create(lender).await?;
+            wait_kueue_condition(test, "lender", "Admitted", "True").await?;
+            assert_runs_as_planned(test, "lender").await?;
+            let mut evicted = Vec::new();
+            for gang in ["own", "borrower"] {
+                let object = kueue_workload(test, gang).await?;
+                if condition_status(&object, "Admitted").as_deref() != Some("True") {
+                    ensure!(
+                        !holds_devices(test, gang).await?,
+                        "{gang} was evicted and holds nothing"
+                    );
+                    evicted.push(gang);
+                }
+            }
+            ensure!(evicted.len() == 1, "exactly one of team's gangs gave way: {evicted:?}");
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn suspend_and_resume_go_through_kueue_and_a_quick_toggle_fails_nothing() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-suspend", &[], &[], |test| {
+        Box::pin(async move {
+            queues(test, 32, false).await?;
+            test.create(queued_gang("toggled", 4, None)).await?;
+            assert_runs_as_planned(test, "toggled").await?;
+            let params = PatchParams::default();
+            let suspend = |on: bool| json!({"spec": {"suspend": on}});
+
+            test.workloads()
+                .patch("toggled", &params, &Patch::Merge(&suspend(true)))
+                .await?;
+            test.wait_phase("toggled", WorkloadPhase::Suspended, Duration::from_secs(90))
+                .await?;
+            wait_kueue(test, "toggled", "Kueue to give the quota back", |o| {
+                o.data["spec"]["active"] == false && condition_status(o, "QuotaReserved").as_deref() != Some("True")
+            })
+            .await?;
+            ensure!(!holds_devices(test, "toggled").await?, "a suspended gang holds nothing");
+
+            test.workloads()
+                .patch("toggled", &params, &Patch::Merge(&suspend(false)))
+                .await?;
+            wait_kueue_condition(test, "toggled", "Admitted", "True").await?;
+            assert_runs_as_planned(test, "toggled").await?;
+
+            // Off and on again at once: it ends up running, and nothing failed.
+            test.workloads()
+                .patch("toggled", &params, &Patch::Merge(&suspend(true)))
+                .await?;
+            test.workloads()
+                .patch("toggled", &params, &Patch::Merge(&suspend(false)))
+                .await?;
+            wait_kueue(test, "toggled", "Kueue to see the Workload active", |o| {
+                o.data["spec"]["active"] == true
+            })
+            .await?;
+            let workload = assert_runs_as_planned(test, "toggled").await?;
+            let status = workload.status.context("status")?;
+            ensure!(
+                !status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Failed" && c.status == "True"),
+                "{:?}",
+                status.conditions
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_workload_deleted_while_queued_or_running_takes_its_kueue_workload_with_it() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-delete", &[], &[], |test| {
+        Box::pin(async move {
+            queues(test, 32, false).await?;
+            test.create(queued_gang("running", 4, None)).await?;
+            assert_runs_as_planned(test, "running").await?;
+            test.create(queued_gang("waiting", 4, None)).await?;
+            test.wait_admitted_reason("waiting", "WaitingForKueue", Duration::from_secs(60))
+                .await?;
+            let kueue_workloads = kueue_api(&test.client, "Workload", "workloads", Some(&test.ns));
+            let workloads = test.workloads();
+            for name in ["waiting", "running"] {
+                workloads.delete(name, &Default::default()).await?;
+                wait::until(
+                    &format!("{name} and its Kueue Workload to be gone"),
+                    Duration::from_secs(90),
+                    || {
+                        let (workloads, kueue_workloads) = (workloads.clone(), kueue_workloads.clone());
+                        async move {
+                            let gone = workloads.get_opt(name).await?.is_none()
+                                && kueue_workloads.get_opt(&format!("muster-{name}")).await?.is_none();
+                            Ok(gone.then_some(()))
+                        }
+                    },
+                )
+                .await?;
+                ensure!(!holds_devices(test, name).await?, "{name} holds nothing");
+            }
             Ok(())
         })
     })
