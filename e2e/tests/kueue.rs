@@ -438,3 +438,96 @@ async fn a_workload_deleted_while_queued_or_running_takes_its_kueue_workload_wit
     })
     .await
 }
+
+/// muster's AdmissionCheck on a ClusterQueue: Kueue reserves quota, muster reserves the
+/// devices. No rack has room (gangs outside Kueue hold a node of each), so muster
+/// answers Retry and holds nothing; once a rack frees, it answers Ready and the gang runs.
+#[tokio::test]
+async fn the_admission_check_retries_until_the_devices_can_be_reserved() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-check", &[], &[], |test| {
+        Box::pin(async move {
+            let check = format!("dra-{}", test.ns);
+            let object: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+                "metadata": {"name": check},
+                "spec": {"controllerName": "muster.dev/dra-reservation"},
+            }))?;
+            kueue_api(&test.client, "AdmissionCheck", "admissionchecks", None)
+                .create(&PostParams::default(), &object)
+                .await?;
+            let strategy = json!({"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}});
+            cluster_queue(test, "team", 64, None, None).await?;
+            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+                .patch(
+                    &format!("cq-{}-team", test.ns),
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": strategy})),
+                )
+                .await?;
+            wait::until(
+                "muster to mark its AdmissionCheck active",
+                Duration::from_secs(60),
+                || async {
+                    let object = kueue_api(&test.client, "AdmissionCheck", "admissionchecks", None)
+                        .get(&check)
+                        .await?;
+                    Ok((condition_status(&object, "Active").as_deref() == Some("True")).then_some(()))
+                },
+            )
+            .await?;
+
+            // Outside Kueue, one node of each rack is taken.
+            test.create(gang("outsider-a", 1, Some("rack-0000"))).await?;
+            test.create(gang("outsider-b", 1, Some("rack-0001"))).await?;
+            assert_runs_as_planned(test, "outsider-a").await?;
+            assert_runs_as_planned(test, "outsider-b").await?;
+
+            // Kueue has quota for it; no rack has room: muster says Retry, Kueue evicts.
+            test.create(queued_gang("waiting", 4, None)).await?;
+            wait_kueue(test, "waiting", "Kueue to evict on muster's Retry", |o| {
+                o.data["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == "AdmissionCheck")
+            })
+            .await?;
+            ensure!(
+                !holds_devices(test, "waiting").await?,
+                "a gang muster answered Retry for holds nothing"
+            );
+            let pods = test.gang_pods("waiting").await?;
+            ensure!(
+                pods.iter()
+                    .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()),
+                "no pod of it was released"
+            );
+
+            // A rack frees: the next time Kueue asks, muster reserves and says Ready.
+            test.workloads().delete("outsider-a", &Default::default()).await?;
+            wait_kueue_condition(test, "waiting", "Admitted", "True").await?;
+            let admitted = kueue_workload(test, "waiting").await?;
+            let state = admitted.data["status"]["admissionChecks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == check.as_str())
+                .map(|c| (c["state"].clone(), c["message"].clone()));
+            ensure!(
+                state
+                    .as_ref()
+                    .is_some_and(|(s, m)| s == "Ready" && m.as_str().is_some_and(|m| m.contains("32 devices"))),
+                "{state:?}"
+            );
+            let workload = assert_runs_as_planned(test, "waiting").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(
+                placement.topology_value.as_deref() == Some("rack-0000"),
+                "{placement:?}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}

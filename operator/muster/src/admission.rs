@@ -194,6 +194,10 @@ impl<K> Default for OwnWrites<K> {
     }
 }
 
+/// How long Kueue waits before it gives quota again to a gang whose devices muster could
+/// not reserve inside Kueue's decision.
+const KUEUE_RETRY_SECONDS: i64 = 15;
+
 /// How long the commit's conflict check waits for the claim watch before it lists.
 const CONFLICT_CHECK_WAIT: Duration = Duration::from_secs(5);
 
@@ -677,9 +681,18 @@ impl Admission {
             }
         };
         let started = Instant::now();
-        let planned = self
-            .plan_off_runtime(workload, request.clone(), held.against(priority))
-            .await?;
+        // Inside Kueue's decision: the nodes of its flavors and topology domains.
+        let mut excluded = held.against(priority);
+        if let Some(allowed) = self.kueue_allowed_nodes(workload, &self.index.snapshot()) {
+            excluded.extend(
+                self.index
+                    .snapshot()
+                    .nodes()
+                    .map(|n| n.name.clone())
+                    .filter(|n| !allowed.contains(n)),
+            );
+        }
+        let planned = self.plan_off_runtime(workload, request.clone(), excluded).await?;
         let (outcome, reach) = (planned.outcome, planned.reach);
         let planned_in = started.elapsed();
         let label = OutcomeLabel {
@@ -714,9 +727,17 @@ impl Admission {
                         EventType::Normal,
                         conditions::EVENT_UNSCHEDULABLE,
                         "Plan",
-                        message,
+                        message.clone(),
                     )
                     .await;
+                }
+                // Kueue reserved quota and asked: not now (it requeues the gang and
+                // frees the quota meanwhile), or never.
+                if reach.is_some() {
+                    self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_SECONDS))
+                        .await?;
+                } else {
+                    self.answer_check(workload, "Rejected", &message, None).await?;
                 }
                 Ok(Admit::DoesNotFit { reach })
             }
@@ -1074,6 +1095,11 @@ impl Admission {
                             self.own_claims.remember(claim);
                         }
                     }
+                }
+                // Reserved for a gang Kueue has not admitted yet: the pods wait until
+                // Kueue reads muster's answer to its check.
+                Effect::Release { .. } if self.release_held_by_kueue(workload) => {
+                    tracing::debug!(workload = %key(workload), "reserved; waiting for Kueue to admit before releasing");
                 }
                 Effect::Release { pods: pins } => {
                     let released = self

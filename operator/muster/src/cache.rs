@@ -95,6 +95,9 @@ pub struct GangStores {
     claims_by_gang: Arc<ByGang>,
     /// Kueue's Workloads that stand for gangs, when the cluster serves Kueue.
     pub kueue: Option<Store<DynamicObject>>,
+    /// Kueue's AdmissionChecks and ResourceFlavors, when the cluster serves Kueue.
+    pub kueue_checks: Option<Store<DynamicObject>>,
+    pub kueue_flavors: Option<Store<DynamicObject>>,
 }
 
 impl GangStores {
@@ -110,7 +113,10 @@ impl GangStores {
     /// Waits until every store has listed.
     pub async fn wait_until_ready(&self) {
         let kueue = async {
-            if let Some(store) = &self.kueue {
+            for store in [&self.kueue, &self.kueue_checks, &self.kueue_flavors]
+                .into_iter()
+                .flatten()
+            {
                 let _ = store.wait_until_ready().await;
             }
         };
@@ -218,26 +224,29 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: b
             move |_| changed.notify_one()
         })
         .boxed();
-    let (kueue_store, kueue_events) = if kueue {
-        let resource = crate::kueue::api_resource();
+    let follow = |resource: kube::api::ApiResource, config: watcher::Config| {
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
-        let events = watcher(
-            Api::<DynamicObject>::all_with(client.clone(), &resource),
-            gang_objects.clone(),
-        )
-        .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear())
-        .reflect(writer)
-        .touched_objects()
-        .inspect({
-            let changed = changed.clone();
-            move |_| changed.notify_one()
-        })
-        .boxed();
-        (Some(store), Some(events))
+        let events = watcher(Api::<DynamicObject>::all_with(client.clone(), &resource), config)
+            .default_backoff()
+            .modify(|o| o.managed_fields_mut().clear())
+            .reflect(writer)
+            .touched_objects()
+            .inspect({
+                let changed = changed.clone();
+                move |_| changed.notify_one()
+            })
+            .boxed();
+        (store, events)
+    };
+    let (kueue_store, kueue_checks, kueue_flavors, kueue_events) = if kueue {
+        let (workloads, workload_events) = follow(crate::kueue::api_resource(), gang_objects.clone());
+        let (checks, check_events) = follow(crate::kueue::admission_check_resource(), watcher::Config::default());
+        let (flavors, flavor_events) = follow(crate::kueue::flavor_resource(), watcher::Config::default());
+        let events = futures::stream::select_all([workload_events, check_events, flavor_events]).boxed();
+        (Some(workloads), Some(checks), Some(flavors), Some(events))
     } else {
-        (None, None)
+        (None, None, None, None)
     };
     let (services, services_writer) = reflector::store();
     let service_events = watcher(Api::<Service>::all(client.clone()), gang_objects)
@@ -257,6 +266,8 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: b
             pods_by_gang,
             claims_by_gang,
             kueue: kueue_store,
+            kueue_checks,
+            kueue_flavors,
         },
         GangWatches {
             pods: pod_events,

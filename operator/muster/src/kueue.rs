@@ -8,7 +8,7 @@
 //!
 //! Off unless the cluster serves `kueue.x-k8s.io/v1beta2` Workloads.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -23,12 +23,31 @@ pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 const JOB_UID_LABEL: &str = "kueue.x-k8s.io/job-uid";
 /// Kueue's finalizer on a Workload whose quota is in use.
 pub const RESOURCE_IN_USE: &str = "kueue.x-k8s.io/resource-in-use";
+/// The `spec.controllerName` of AdmissionChecks muster answers: Kueue reserves quota,
+/// then waits for muster to reserve every device inside that decision.
+pub const CHECK_CONTROLLER: &str = "muster.dev/dra-reservation";
 
 /// Kueue's Workload, `kueue.x-k8s.io/v1beta2`.
 pub fn api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
         "workloads",
+    )
+}
+
+/// Kueue's AdmissionCheck, cluster-scoped.
+pub fn admission_check_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "AdmissionCheck"),
+        "admissionchecks",
+    )
+}
+
+/// Kueue's ResourceFlavor, cluster-scoped.
+pub fn flavor_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "ResourceFlavor"),
+        "resourceflavors",
     )
 }
 
@@ -105,6 +124,10 @@ pub struct Verdict {
     pub holds_quota: bool,
     pub finished: bool,
     pub active: bool,
+    /// Quota reserved (`QuotaReserved=True`), admitted or not yet.
+    pub quota_reserved: bool,
+    /// The admission checks on the Workload and their states.
+    pub checks: Vec<(String, String)>,
 }
 
 fn conditions(object: &DynamicObject) -> Vec<Value> {
@@ -128,13 +151,194 @@ impl Verdict {
             holds_quota: !object.data["status"]["admission"].is_null(),
             finished: condition_true(&conditions, "Finished").is_some(),
             active: object.data["spec"]["active"].as_bool() != Some(false),
+            quota_reserved: condition_true(&conditions, "QuotaReserved").is_some(),
+            checks: object.data["status"]["admissionChecks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| Some((c["name"].as_str()?.to_string(), c["state"].as_str()?.to_string())))
+                .collect(),
         }
     }
 
-    /// The gang must give everything back: evicted, or its admission taken away.
-    pub fn must_stop(&self) -> bool {
-        !self.finished && (self.evicted.is_some() || !self.admitted)
+    /// The state of the first of `ours` among the Workload's admission checks.
+    pub fn our_check<'v>(&'v self, ours: &BTreeSet<String>) -> Option<(&'v str, &'v str)> {
+        self.checks
+            .iter()
+            .find(|(name, _)| ours.contains(name))
+            .map(|(n, s)| (n.as_str(), s.as_str()))
     }
+
+    /// Kueue reserved quota and waits for muster's check: muster may plan and reserve,
+    /// but not release.
+    pub fn awaits_reservation(&self, ours: &BTreeSet<String>) -> bool {
+        !self.finished
+            && self.evicted.is_none()
+            && self.quota_reserved
+            && self
+                .our_check(ours)
+                .is_some_and(|(_, state)| state != "Retry" && state != "Rejected")
+    }
+
+    /// The gang must give everything back: evicted, or its admission taken away.
+    pub fn must_stop(&self, ours: &BTreeSet<String>) -> bool {
+        !self.finished && (self.evicted.is_some() || !(self.admitted || self.awaits_reservation(ours)))
+    }
+}
+
+/// What Kueue assigned to one podSet: flavor per resource, and the topology domains
+/// (the values of `levels`, one list per domain) when Kueue placed it with TAS.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    pub pod_set: String,
+    pub flavors: BTreeMap<String, String>,
+    pub levels: Vec<String>,
+    pub domains: Vec<Vec<String>>,
+}
+
+/// Kueue's assignments, decoded: a slice's values per level are either one value for
+/// every domain or `prefix + root + suffix` per domain.
+pub fn assignments(object: &DynamicObject) -> Vec<Assignment> {
+    let mut out = Vec::new();
+    for a in object.data["status"]["admission"]["podSetAssignments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let flavors = a["flavors"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(r, f)| Some((r.clone(), f.as_str()?.to_string())))
+            .collect();
+        let topology = &a["topologyAssignment"];
+        let levels: Vec<String> = topology["levels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str().map(String::from))
+            .collect();
+        let mut domains = Vec::new();
+        for slice in topology["slices"].as_array().into_iter().flatten() {
+            let count = slice["domainCount"].as_u64().unwrap_or(0) as usize;
+            let mut values = vec![Vec::with_capacity(levels.len()); count];
+            for level in slice["valuesPerLevel"].as_array().into_iter().flatten() {
+                for (d, domain) in values.iter_mut().enumerate() {
+                    let value = if let Some(universal) = level["universal"].as_str() {
+                        universal.to_string()
+                    } else {
+                        let individual = &level["individual"];
+                        let root = individual["roots"][d].as_str().unwrap_or_default();
+                        format!(
+                            "{}{root}{}",
+                            individual["prefix"].as_str().unwrap_or_default(),
+                            individual["suffix"].as_str().unwrap_or_default()
+                        )
+                    };
+                    domain.push(value);
+                }
+            }
+            domains.extend(values);
+        }
+        out.push(Assignment {
+            pod_set: a["name"].as_str().unwrap_or_default().to_string(),
+            flavors,
+            levels,
+            domains,
+        });
+    }
+    out
+}
+
+/// The nodes inside Kueue's decision: those carrying the node labels of every assigned
+/// flavor and, under TAS, lying in one of the assigned topology domains. `flavor_labels`:
+/// each flavor's `spec.nodeLabels`. `None`: nothing restricts the nodes.
+pub fn allowed_nodes<'n>(
+    assignments: &[Assignment],
+    flavor_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    nodes: impl Iterator<Item = (&'n str, &'n BTreeMap<String, String>)>,
+) -> Option<BTreeSet<String>> {
+    let mut required: BTreeMap<&str, &str> = BTreeMap::new();
+    for assignment in assignments {
+        for flavor in assignment.flavors.values() {
+            for (k, v) in flavor_labels.get(flavor).into_iter().flatten() {
+                required.insert(k, v);
+            }
+        }
+    }
+    let domains: Vec<(&[String], &[String])> = assignments
+        .iter()
+        .flat_map(|a| a.domains.iter().map(move |d| (a.levels.as_slice(), d.as_slice())))
+        .collect();
+    if required.is_empty() && domains.is_empty() {
+        return None;
+    }
+    Some(
+        nodes
+            .filter(|(_, labels)| {
+                required
+                    .iter()
+                    .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .filter(|(name, labels)| {
+                domains.is_empty()
+                    || domains.iter().any(|(levels, values)| {
+                        levels.iter().zip(values.iter()).all(|(level, value)| {
+                            labels.get(level) == Some(value)
+                                || (level.as_str() == "kubernetes.io/hostname" && *name == value.as_str())
+                        })
+                    })
+            })
+            .map(|(name, _)| name.to_string())
+            .collect(),
+    )
+}
+
+/// The Workload's admission check `check` set to `state`, the others kept. `None`:
+/// already so.
+pub fn check_patch(
+    object: &DynamicObject,
+    check: &str,
+    state: &str,
+    message: &str,
+    requeue_after_seconds: Option<i64>,
+    now: &str,
+) -> Option<Value> {
+    let mut checks: Vec<Value> = object.data["status"]["admissionChecks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let entry = checks.iter_mut().find(|c| c["name"] == check)?;
+    if entry["state"] == state && entry["message"] == message {
+        return None;
+    }
+    let mut new = json!({"name": check, "state": state, "message": message, "lastTransitionTime": now});
+    if entry["state"] == state {
+        new["lastTransitionTime"] = entry["lastTransitionTime"].clone();
+    }
+    if let Some(seconds) = requeue_after_seconds {
+        new["requeueAfterSeconds"] = json!(seconds);
+    }
+    if !entry["podSetUpdates"].is_null() {
+        new["podSetUpdates"] = entry["podSetUpdates"].clone();
+    }
+    *entry = new;
+    Some(status_patch(object, json!({"admissionChecks": checks})))
+}
+
+/// `Active=True` on an AdmissionCheck muster answers, which Kueue needs before a
+/// ClusterQueue using it is active. `None`: already so.
+pub fn active_patch(check: &DynamicObject, now: &str) -> Option<Value> {
+    let new = condition(
+        "Active",
+        true,
+        "Active",
+        "muster reserves the devices of admitted gangs",
+        check.metadata.generation,
+        now,
+    );
+    let conditions = with_condition(&conditions(check), new)?;
+    Some(status_patch(check, json!({"conditions": conditions})))
 }
 
 /// A condition as Kueue writes them.
@@ -299,15 +503,18 @@ mod tests {
             "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}],
         }}));
         let v = Verdict::of(&admitted);
-        assert!(v.admitted && v.holds_quota && v.active && !v.must_stop());
+        assert!(v.admitted && v.holds_quota && v.active && !v.must_stop(&BTreeSet::new()));
         let evicted = object(json!({"status": {
             "admission": {"clusterQueue": "cq"},
             "conditions": [{"type": "Admitted", "status": "True"}, {"type": "Evicted", "status": "True", "reason": "Preempted"}],
         }}));
         let v = Verdict::of(&evicted);
         assert_eq!(v.evicted.as_deref(), Some("Preempted"));
-        assert!(v.must_stop());
-        assert!(Verdict::of(&object(json!({}))).must_stop(), "pending: not admitted");
+        assert!(v.must_stop(&BTreeSet::new()));
+        assert!(
+            Verdict::of(&object(json!({}))).must_stop(&BTreeSet::new()),
+            "pending: not admitted"
+        );
     }
 
     #[test]
@@ -333,6 +540,54 @@ mod tests {
         assert_eq!(
             conditions.iter().find(|c| c["type"] == "Requeued").unwrap()["status"],
             "False"
+        );
+    }
+
+    #[test]
+    fn topology_assignments_decode_and_restrict_the_nodes() {
+        let admitted = object(json!({"status": {"admission": {"podSetAssignments": [
+            {"name": "workers", "flavors": {"example.com/gpu": "h100"}, "topologyAssignment": {
+                "levels": ["example.com/rack", "kubernetes.io/hostname"],
+                "slices": [{
+                    "domainCount": 2,
+                    "valuesPerLevel": [
+                        {"universal": "rack-1"},
+                        {"individual": {"prefix": "node-", "suffix": "", "roots": ["3", "4"]}},
+                    ],
+                    "podCounts": {"universal": 1},
+                }],
+            }},
+        ]}}}));
+        let decoded = assignments(&admitted);
+        assert_eq!(decoded[0].domains, [["rack-1", "node-3"], ["rack-1", "node-4"]]);
+        let flavors: BTreeMap<String, BTreeMap<String, String>> =
+            [("h100".to_string(), [("gpu".to_string(), "h100".to_string())].into())].into();
+        let labels = |rack: &str, gpu: &str| -> BTreeMap<String, String> {
+            [
+                ("example.com/rack".to_string(), rack.to_string()),
+                ("gpu".to_string(), gpu.to_string()),
+            ]
+            .into()
+        };
+        let nodes = [
+            ("node-3".to_string(), labels("rack-1", "h100")),
+            ("node-4".to_string(), labels("rack-1", "a100")),
+            ("node-5".to_string(), labels("rack-1", "h100")),
+        ];
+        let allowed = allowed_nodes(&decoded, &flavors, nodes.iter().map(|(n, l)| (n.as_str(), l)));
+        assert_eq!(
+            allowed,
+            Some(["node-3".to_string()].into()),
+            "in a domain and of the flavor"
+        );
+        let plain = object(json!({"status": {"admission": {"podSetAssignments": [{"name": "w", "flavors": {}}]}}}));
+        assert_eq!(
+            allowed_nodes(
+                &assignments(&plain),
+                &flavors,
+                nodes.iter().map(|(n, l)| (n.as_str(), l))
+            ),
+            None
         );
     }
 

@@ -27,25 +27,139 @@ impl Admission {
         Some(self.stores.kueue_workload(workload))
     }
 
-    /// Whether Kueue holds this gang back: it queues there and is not admitted (or was
-    /// evicted). A gang whose Kueue Workload is not cached yet waits too.
+    /// The AdmissionChecks muster answers (`spec.controllerName` is muster's).
+    pub(crate) fn our_checks(&self) -> BTreeSet<String> {
+        self.stores
+            .kueue_checks
+            .iter()
+            .flat_map(|s| s.state())
+            .filter(|c| c.data["spec"]["controllerName"] == kueue::CHECK_CONTROLLER)
+            .map(|c| c.name_any())
+            .collect()
+    }
+
+    /// Whether Kueue holds this gang back: it queues there, and Kueue has neither
+    /// admitted it nor reserved quota and asked muster to reserve its devices (or it
+    /// was evicted). A gang whose Kueue Workload is not cached yet waits too.
     pub(crate) fn held_by_kueue(&self, workload: &Workload) -> bool {
         match self.kueue_object(workload) {
             None => false,
             Some(None) => true,
-            Some(Some(object)) => Verdict::of(&object).must_stop(),
+            Some(Some(object)) => Verdict::of(&object).must_stop(&self.our_checks()),
         }
     }
 
     /// Whether Kueue takes a placed gang back: evicted, or its admission gone. Only what
     /// Kueue wrote counts: a Kueue Workload the cache does not show stops nothing.
     pub(crate) fn evicted_by_kueue(&self, workload: &Workload) -> bool {
-        matches!(self.kueue_object(workload), Some(Some(object)) if Verdict::of(&object).must_stop())
+        matches!(self.kueue_object(workload), Some(Some(object)) if Verdict::of(&object).must_stop(&self.our_checks()))
+    }
+
+    /// Whether the pods of a reserved gang must wait for Kueue: its devices are
+    /// reserved, but Kueue has not admitted it yet (muster's check still to be seen).
+    pub(crate) fn release_held_by_kueue(&self, workload: &Workload) -> bool {
+        match self.kueue_object(workload) {
+            None => false,
+            Some(None) => true,
+            Some(Some(object)) => !Verdict::of(&object).admitted,
+        }
+    }
+
+    /// The nodes inside Kueue's decision for a gang it admitted or reserved quota for:
+    /// the nodes of the assigned flavors and topology domains. `None`: not restricted.
+    pub(crate) fn kueue_allowed_nodes(
+        &self,
+        workload: &Workload,
+        cluster: &muster_engine::cluster::ClusterState,
+    ) -> Option<BTreeSet<String>> {
+        let object = self.kueue_object(workload)??;
+        let assignments = kueue::assignments(&object);
+        let flavor_labels: BTreeMap<String, BTreeMap<String, String>> = self
+            .stores
+            .kueue_flavors
+            .iter()
+            .flat_map(|s| s.state())
+            .map(|f| {
+                let labels = f.data["spec"]["nodeLabels"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect();
+                (f.name_any(), labels)
+            })
+            .collect();
+        kueue::allowed_nodes(
+            &assignments,
+            &flavor_labels,
+            cluster.nodes().map(|n| (n.name.as_str(), &n.labels)),
+        )
+    }
+
+    /// Answers muster's admission check on the gang's Kueue Workload, if it has one.
+    pub(crate) async fn answer_check(
+        &self,
+        workload: &Workload,
+        state: &str,
+        message: &str,
+        requeue_after_seconds: Option<i64>,
+    ) -> Result<(), CommitError> {
+        let Some(Some(object)) = self.kueue_object(workload) else {
+            return Ok(());
+        };
+        let ours = self.our_checks();
+        let verdict = Verdict::of(&object);
+        let Some((check, _)) = verdict.our_check(&ours) else {
+            return Ok(());
+        };
+        let Some(patch) = kueue::check_patch(
+            &object,
+            check,
+            state,
+            message,
+            requeue_after_seconds,
+            &observe::now_rfc3339(),
+        ) else {
+            return Ok(());
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &object.namespace().unwrap_or_default(),
+            &kueue::api_resource(),
+        );
+        self.ensure_leading();
+        api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        info!(workload = %key(workload), check, state, %message, "answered Kueue's admission check");
+        Ok(())
+    }
+
+    /// Keeps every AdmissionCheck muster answers Active, as Kueue requires.
+    async fn keep_checks_active(&self) {
+        let Some(store) = &self.stores.kueue_checks else { return };
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &kueue::admission_check_resource());
+        for check in store
+            .state()
+            .into_iter()
+            .filter(|c| c.data["spec"]["controllerName"] == kueue::CHECK_CONTROLLER)
+        {
+            let Some(patch) = kueue::active_patch(&check, &observe::now_rfc3339()) else {
+                continue;
+            };
+            self.ensure_leading();
+            if let Err(e) = api
+                .patch_status(&check.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                warn!(check = %check.name_any(), error = %e, "marking the AdmissionCheck active failed; retrying");
+            }
+        }
     }
 
     /// Brings every Kueue Workload of muster's in line with its gang.
     pub(crate) async fn sync_kueue(&self, workloads: &[Arc<Workload>]) {
         let Some(store) = self.stores.kueue.clone() else { return };
+        self.keep_checks_active().await;
         let live: BTreeSet<(String, String)> = workloads
             .iter()
             .filter(|w| w.metadata.deletion_timestamp.is_none())
@@ -127,8 +241,23 @@ impl Admission {
             }
             return self.say_waiting(workload, &verdict).await;
         }
-        if !verdict.admitted {
+        if !verdict.admitted && !verdict.awaits_reservation(&self.our_checks()) {
             return self.say_waiting(workload, &verdict).await;
+        }
+
+        // Every claim reserved: muster's check is ready, and Kueue admits the gang.
+        if matches!(journal, Some(State::Reserved | State::Released))
+            && let Some(placement) = placement_of(workload)
+        {
+            let message = format!(
+                "every claim is reserved: {} devices on {} nodes",
+                placement.devices,
+                placement.nodes.len()
+            );
+            self.answer_check(workload, "Ready", &message, None).await?;
+        }
+        if !verdict.admitted {
+            return Ok(());
         }
 
         // Admitted and placed: Kueue's waitForPodsReady wants to hear when it runs.
