@@ -303,9 +303,10 @@ async fn a_preempted_gang_is_taken_apart_as_a_unit_and_runs_again_later() -> Res
 
 /// Reads the Kueue Workload of `name` until `check` holds.
 async fn wait_kueue(test: &Test, name: &str, what: &str, check: impl Fn(&DynamicObject) -> bool) -> Result<()> {
+    let api = kueue_api(&test.client, "Workload", "workloads", Some(&test.ns));
     wait::until(what, Duration::from_secs(90), || async {
-        let object = kueue_workload(test, name).await?;
-        Ok(check(&object).then_some(()))
+        let object = api.get_opt(&format!("muster-{name}")).await?;
+        Ok(object.filter(|o| check(o)).map(|_| ()))
     })
     .await
 }
@@ -525,6 +526,141 @@ async fn the_admission_check_retries_until_the_devices_can_be_reserved() -> Resu
             ensure!(
                 placement.topology_value.as_deref() == Some("rack-0000"),
                 "{placement:?}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Kueue's Topology-Aware Scheduling picks a rack from CPU and memory alone; all GPUs
+/// of rack-0000 are held outside Kueue. muster plans only inside the rack Kueue chose:
+/// there it places the gang, or it answers Retry and holds nothing. It never releases a
+/// pod whose devices are not reserved, and it runs once there is room.
+#[tokio::test]
+async fn under_topology_aware_scheduling_muster_places_inside_kueues_rack_or_retries() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-tas", &[], &[], |test| {
+        Box::pin(async move {
+            let suffix = test.ns.clone();
+            let create = |kind: &'static str, plural: &'static str, object: Value| {
+                let api = kueue_api(&test.client, kind, plural, None);
+                async move {
+                    let object: DynamicObject = serde_json::from_value(object)?;
+                    api.create(&PostParams::default(), &object).await?;
+                    anyhow::Ok(())
+                }
+            };
+            create(
+                "Topology",
+                "topologies",
+                json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+                    "metadata": {"name": format!("racks-{suffix}")},
+                    "spec": {"levels": [{"nodeLabel": "example.com/rack"}]},
+                }),
+            )
+            .await?;
+            create(
+                "ResourceFlavor",
+                "resourceflavors",
+                json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                    "metadata": {"name": format!("tas-{suffix}")},
+                    "spec": {"nodeLabels": {"type": "kwok"}, "topologyName": format!("racks-{suffix}")},
+                }),
+            )
+            .await?;
+            create(
+                "AdmissionCheck",
+                "admissionchecks",
+                json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+                    "metadata": {"name": format!("dra-{suffix}")},
+                    "spec": {"controllerName": "muster.dev/dra-reservation"},
+                }),
+            )
+            .await?;
+            let cluster_queue = format!("cq-{suffix}-team");
+            create(
+                "ClusterQueue",
+                "clusterqueues",
+                json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                    "metadata": {"name": cluster_queue},
+                    "spec": {
+                        "namespaceSelector": {},
+                        "admissionChecksStrategy": {"admissionChecks": [{"name": format!("dra-{suffix}")}]},
+                        "resourceGroups": [{
+                            "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+                            "flavors": [{"name": format!("tas-{suffix}"), "resources": [
+                                {"name": "cpu", "nominalQuota": "1000"},
+                                {"name": "memory", "nominalQuota": "10Ti"},
+                                {"name": GPU_RESOURCE, "nominalQuota": 64},
+                            ]}],
+                        }],
+                    },
+                }),
+            )
+            .await?;
+            let local: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                "metadata": {"name": "team"}, "spec": {"clusterQueue": cluster_queue},
+            }))?;
+            kueue_api(&test.client, "LocalQueue", "localqueues", Some(&test.ns))
+                .create(&PostParams::default(), &local)
+                .await?;
+
+            // Every GPU of rack-0000 is taken outside Kueue; its CPUs are mostly free.
+            test.create(gang("outsider", 4, Some("rack-0000"))).await?;
+            assert_runs_as_planned(test, "outsider").await?;
+
+            test.create(queued_gang("tas", 4, None)).await?;
+            wait_kueue(test, "tas", "the gang to ask Kueue for one rack", |o| {
+                o.data["spec"]["podSets"][1]["topologyRequest"]["required"] == "example.com/rack"
+            })
+            .await?;
+            // Either Kueue chose rack-0001 and muster placed the gang there, or Kueue chose
+            // rack-0000 and muster answered Retry, holding nothing.
+            enum Seen {
+                Running,
+                Retried,
+            }
+            let seen = wait::until(
+                "the gang to run or muster to answer Retry",
+                Duration::from_secs(90),
+                || async {
+                    let workload = test.workloads().get("tas").await?;
+                    if workload.status.as_ref().and_then(|s| s.phase) == Some(WorkloadPhase::Running) {
+                        return Ok(Some(Seen::Running));
+                    }
+                    let object = kueue_workload(test, "tas").await?;
+                    let retried = object.data["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == "AdmissionCheck");
+                    Ok(retried.then_some(Seen::Retried))
+                },
+            )
+            .await?;
+            if let Seen::Retried = seen {
+                ensure!(
+                    !holds_devices(test, "tas").await?,
+                    "a gang answered Retry holds nothing"
+                );
+                test.workloads().delete("outsider", &Default::default()).await?;
+            }
+            let workload = assert_runs_as_planned(test, "tas").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            let admitted = kueue_workload(test, "tas").await?;
+            let assigned = admitted.data["status"]["admission"]["podSetAssignments"][1]["topologyAssignment"].clone();
+            ensure!(
+                assigned
+                    .to_string()
+                    .contains(placement.topology_value.as_deref().unwrap_or("none")),
+                "muster placed the gang in {:?}, inside Kueue's assignment {assigned}",
+                placement.topology_value
             );
             Ok(())
         })

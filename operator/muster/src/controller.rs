@@ -293,7 +293,11 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
         }
         None => None,
     };
-    let Some(desired) = crate::kueue::desired(workload, queue, priority) else {
+    let topology = match workload.spec.topology.as_ref().and_then(|t| t.required.as_deref()) {
+        Some(level) => queue_knows_level(ctx, &namespace, queue, level).await?,
+        None => false,
+    };
+    let Some(desired) = crate::kueue::desired(workload, queue, priority, topology) else {
         return Ok(());
     };
     let object: kube::api::DynamicObject =
@@ -307,6 +311,53 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether a flavor of the ClusterQueue behind LocalQueue `queue` has a Kueue Topology
+/// with the node label `level`: only then may the gang ask Kueue for one domain of it.
+async fn queue_knows_level(ctx: &Context, namespace: &str, queue: &str, level: &str) -> Result<bool, Error> {
+    use crate::kueue::resource;
+    let client = ctx.client.clone();
+    let local_queues: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &resource("LocalQueue", "localqueues"));
+    let Some(local) = local_queues.get_opt(queue).await? else {
+        return Ok(false);
+    };
+    let Some(cluster_queue) = local.data["spec"]["clusterQueue"].as_str() else {
+        return Ok(false);
+    };
+    let cluster_queues: Api<kube::api::DynamicObject> =
+        Api::all_with(client.clone(), &resource("ClusterQueue", "clusterqueues"));
+    let Some(cluster_queue) = cluster_queues.get_opt(cluster_queue).await? else {
+        return Ok(false);
+    };
+    let flavors: Vec<String> = cluster_queue.data["spec"]["resourceGroups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["flavors"].as_array().into_iter().flatten())
+        .filter_map(|f| f["name"].as_str().map(String::from))
+        .collect();
+    let topologies: Api<kube::api::DynamicObject> = Api::all_with(client, &resource("Topology", "topologies"));
+    for flavor in flavors {
+        let topology = ctx
+            .stores
+            .kueue_flavors
+            .as_ref()
+            .and_then(|s| s.state().into_iter().find(|f| f.name_any() == flavor))
+            .and_then(|f| f.data["spec"]["topologyName"].as_str().map(String::from));
+        let Some(topology) = topology else { continue };
+        if let Some(topology) = topologies.get_opt(&topology).await?
+            && topology.data["spec"]["levels"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|l| l["nodeLabel"] == level)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Claims the gang uses without having created them — ResourceClaims named by the

@@ -65,11 +65,19 @@ pub fn object_name(workload: &Workload) -> String {
     format!("muster-{}", workload.name_any())
 }
 
+/// Kueue's LocalQueue, ClusterQueue and Topology.
+pub fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind), plural)
+}
+
 /// The Kueue Workload for `workload`: one podSet per pod group, the group's template as
 /// it is (Kueue charges the devices of its ResourceClaimTemplates through
-/// `deviceClassMappings`), owned by the Workload. `priority`: the PriorityClass and its
-/// value; no Kueue webhook runs to fill them in.
-pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>) -> Option<Value> {
+/// `deviceClassMappings`) plus the toleration of muster's fence that its pods get at
+/// release, owned by the Workload. `priority`: the PriorityClass and its value; no Kueue
+/// webhook runs to fill them in. `topology`: ask Kueue's Topology-Aware Scheduling for
+/// one domain of `spec.topology.required` (only where the queue's flavors know that
+/// level: a flavor without TAS cannot admit a podSet that asks for it).
+pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, topology: bool) -> Option<Value> {
     let owner = workload.controller_owner_ref(&())?;
     let uid = workload.uid()?;
     let pod_sets: Vec<Value> = workload
@@ -77,17 +85,29 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>) 
         .pod_groups
         .iter()
         .map(|group| {
-            let template = match &group.template {
+            let mut template = match &group.template {
                 Some(template) => serde_json::to_value(template).unwrap_or(Value::Null),
                 // Another controller's pods: Kueue counts them, with no requests of their own.
                 None => json!({"spec": {"containers": [{"name": "member", "image": "member"}]}}),
             };
+            if let Some(tolerations) = template["spec"]
+                .as_object_mut()
+                .map(|spec| spec.entry("tolerations").or_insert_with(|| json!([])))
+                .and_then(Value::as_array_mut)
+            {
+                tolerations.push(json!({"key": labels::FENCE_TAINT, "operator": "Exists"}));
+            }
             let count = if group.template.is_some() {
                 group.replicas
             } else {
                 group.min_count()
             };
-            json!({"name": group.name, "count": count, "template": template})
+            let mut pod_set = json!({"name": group.name, "count": count, "template": template});
+            if topology && let Some(level) = workload.spec.topology.as_ref().and_then(|t| t.required.as_ref()) {
+                // Every group of the gang in one domain.
+                pod_set["topologyRequest"] = json!({"required": level, "podSetGroupName": "gang"});
+            }
+            pod_set
         })
         .collect();
     let mut spec = json!({
