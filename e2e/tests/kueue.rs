@@ -484,14 +484,17 @@ async fn the_admission_check_retries_until_the_devices_can_be_reserved() -> Resu
             assert_runs_as_planned(test, "outsider-a").await?;
             assert_runs_as_planned(test, "outsider-b").await?;
 
-            // Kueue has quota for it; no rack has room: muster says Retry, Kueue evicts.
+            // Kueue has quota for it; no rack has room: muster answers Retry (Kueue evicts
+            // it after the requeue delay, and asks again).
             test.create(queued_gang("waiting", 4, None)).await?;
-            wait_kueue(test, "waiting", "Kueue to evict on muster's Retry", |o| {
-                o.data["status"]["conditions"]
+            wait_kueue(test, "waiting", "muster to answer Retry", |o| {
+                o.data["status"]["admissionChecks"]
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .any(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == "AdmissionCheck")
+                    .any(|c| {
+                        c["state"] == "Retry" && c["message"].as_str().is_some_and(|m| m.contains("has room for 3"))
+                    })
             })
             .await?;
             ensure!(
@@ -635,11 +638,11 @@ async fn under_topology_aware_scheduling_muster_places_inside_kueues_rack_or_ret
                         return Ok(Some(Seen::Running));
                     }
                     let object = kueue_workload(test, "tas").await?;
-                    let retried = object.data["status"]["conditions"]
+                    let retried = object.data["status"]["admissionChecks"]
                         .as_array()
                         .into_iter()
                         .flatten()
-                        .any(|c| c["type"] == "Evicted" && c["status"] == "True" && c["reason"] == "AdmissionCheck");
+                        .any(|c| c["state"] == "Retry");
                     Ok(retried.then_some(Seen::Retried))
                 },
             )

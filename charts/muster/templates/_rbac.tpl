@@ -57,7 +57,7 @@ Workload owns, where the OwnerReferencesPermissionEnforcement admission plugin i
 {{- if .Values.rbac.kueue }}
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status", "admissionchecks/status"]
   verbs: ["patch"]

@@ -677,6 +677,8 @@ impl Admission {
                     self.set_admitted(workload, false, conditions::REASON_INVALID_REQUEST, &message, None)
                         .await?;
                 }
+                // Kueue would hold the quota for it with the check pending, for ever.
+                self.answer_check(workload, "Rejected", &message, None).await?;
                 return Ok(Admit::Invalid);
             }
         };

@@ -102,12 +102,17 @@ pub struct GangStores {
 
 impl GangStores {
     /// The Kueue Workload standing for `workload`, when Kueue is served.
+    /// Only one made for this very Workload counts (its job-uid label): one left by a
+    /// deleted Workload of the same name is not its.
     pub fn kueue_workload(&self, workload: &muster_api::v1alpha1::Workload) -> Option<Arc<DynamicObject>> {
         let store = self.kueue.as_ref()?;
         let namespace = workload.namespace()?;
-        store.get(
-            &ObjectRef::new_with(&crate::kueue::object_name(workload), crate::kueue::api_resource()).within(&namespace),
-        )
+        store
+            .get(
+                &ObjectRef::new_with(&crate::kueue::object_name(workload), crate::kueue::api_resource())
+                    .within(&namespace),
+            )
+            .filter(|o| crate::kueue::made_for(o, workload))
     }
 
     /// Waits until every store has listed.
@@ -166,14 +171,18 @@ pub async fn kueue_served(client: &Client) -> bool {
     }
     // Installed but not readable (the chart's rbac.kueue is off): a watch that can never
     // list would hold admission back for good.
-    let api = Api::<DynamicObject>::all_with(client.clone(), &crate::kueue::api_resource());
-    match api.list(&kube::api::ListParams::default().limit(1)).await {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::warn!(error = %e, "the cluster serves Kueue, but muster may not read its Workloads; running without it");
-            false
+    for resource in [
+        crate::kueue::api_resource(),
+        crate::kueue::admission_check_resource(),
+        crate::kueue::flavor_resource(),
+    ] {
+        let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+        if let Err(e) = api.list(&kube::api::ListParams::default().limit(1)).await {
+            tracing::warn!(error = %e, kind = %resource.kind, "the cluster serves Kueue, but muster may not read it; running without it");
+            return false;
         }
     }
+    true
 }
 
 /// Sets up the gang object caches and their watches.

@@ -275,10 +275,15 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
     let namespace = workload.namespace().unwrap_or_default();
     let resource = crate::kueue::api_resource();
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
-    let active = workload.spec.suspend != Some(true);
+    let suspend = workload.spec.suspend == Some(true);
     if let Some(existing) = ctx.stores.kueue_workload(workload) {
-        if crate::kueue::Verdict::of(&existing).active != active {
-            let patch = json!({"spec": {"active": active}});
+        // Only the user's suspend moves `active`: Kueue deactivates on its own too (a
+        // rejected check, too many requeues), and muster must not undo that.
+        if crate::kueue::suspend_written(&existing) != Some(suspend) {
+            let patch = json!({
+                "metadata": {"annotations": {crate::kueue::SUSPEND_WRITTEN: suspend.to_string()}},
+                "spec": {"active": !suspend},
+            });
             api.patch(&existing.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
         }
@@ -307,8 +312,12 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
             info!(workload = %workload.name_any(), %namespace, queue, "queued in Kueue");
             Ok(())
         }
-        // Made already; the cache shows it soon.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        // Made already (the cache shows it soon), or one of a deleted Workload of the same
+        // name is still going: muster lets go of it, and this is tried again.
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::NotOwned {
+            kind: "Kueue Workload",
+            name: crate::kueue::object_name(workload),
+        }),
         Err(e) => Err(e.into()),
     }
 }

@@ -61,8 +61,19 @@ impl Admission {
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
             let cluster = self.index.snapshot();
+            // Off nodes held for long-waiting gangs, and inside Kueue's decision.
+            let mut excluded = self.held_against(workload);
+            let snapshot = self.index.snapshot();
+            if let Some(allowed) = self.kueue_allowed_nodes(workload, &snapshot) {
+                excluded.extend(
+                    snapshot
+                        .nodes()
+                        .map(|n| n.name.clone())
+                        .filter(|n| !allowed.contains(n)),
+                );
+            }
             let options = muster_engine::placement::PlanOptions {
-                excluded_nodes: std::sync::Arc::new(self.held_against(workload)),
+                excluded_nodes: std::sync::Arc::new(excluded),
                 ..self.settings.plan.clone()
             };
             let request = extras.clone();

@@ -60,6 +60,23 @@ pub fn queue_of(workload: &Workload) -> Option<&str> {
         .filter(|q| !q.is_empty())
 }
 
+/// Annotation on a Kueue Workload: the `spec.suspend` muster last turned into
+/// `spec.active`. Kueue deactivates Workloads itself (a rejected check, too many
+/// requeues); muster changes `active` only when the user's suspend changes.
+pub const SUSPEND_WRITTEN: &str = "muster.dev/suspend";
+
+/// Whether `object` was made for this very Workload (its job-uid label).
+pub fn made_for(object: &DynamicObject, workload: &Workload) -> bool {
+    workload
+        .uid()
+        .is_some_and(|uid| object.labels().get(JOB_UID_LABEL) == Some(&uid))
+}
+
+/// The suspend muster last wrote into `object`'s `active`, if any.
+pub fn suspend_written(object: &DynamicObject) -> Option<bool> {
+    object.annotations().get(SUSPEND_WRITTEN).map(|v| v == "true")
+}
+
 /// The name of the Kueue Workload that stands for `workload`.
 pub fn object_name(workload: &Workload) -> String {
     format!("muster-{}", workload.name_any())
@@ -80,9 +97,10 @@ pub fn resource(kind: &str, plural: &str) -> ApiResource {
 pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, topology: bool) -> Option<Value> {
     let owner = workload.controller_owner_ref(&())?;
     let uid = workload.uid()?;
-    let pod_sets: Vec<Value> = workload
-        .spec
-        .pod_groups
+    // Kueue's TAS groups podSets only as a leader (one pod) and its workers.
+    let groups = &workload.spec.pod_groups;
+    let leader_and_workers = groups.len() == 2 && groups.iter().any(|g| g.replicas == 1);
+    let pod_sets: Vec<Value> = groups
         .iter()
         .map(|group| {
             let mut template = match &group.template {
@@ -104,8 +122,11 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
             };
             let mut pod_set = json!({"name": group.name, "count": count, "template": template});
             if topology && let Some(level) = workload.spec.topology.as_ref().and_then(|t| t.required.as_ref()) {
-                // Every group of the gang in one domain.
-                pod_set["topologyRequest"] = json!({"required": level, "podSetGroupName": "gang"});
+                pod_set["topologyRequest"] = json!({"required": level});
+                if leader_and_workers {
+                    // Both in one domain.
+                    pod_set["topologyRequest"]["podSetGroupName"] = json!("gang");
+                }
             }
             pod_set
         })
@@ -126,6 +147,7 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
             "name": object_name(workload),
             "namespace": workload.namespace(),
             "labels": {JOB_UID_LABEL: uid, labels::WORKLOAD: workload.name_any()},
+            "annotations": {SUSPEND_WRITTEN: (workload.spec.suspend == Some(true)).to_string()},
             "finalizers": [RESOURCE_IN_USE],
             "ownerReferences": [owner],
         },
@@ -332,17 +354,20 @@ pub fn check_patch(
     if entry["state"] == state && entry["message"] == message {
         return None;
     }
-    let mut new = json!({"name": check, "state": state, "message": message, "lastTransitionTime": now});
-    if entry["state"] == state {
-        new["lastTransitionTime"] = entry["lastTransitionTime"].clone();
+    // Kueue's own fields (retryCount, podSetUpdates) stay as they are.
+    if entry["state"] != state {
+        entry["lastTransitionTime"] = json!(now);
     }
-    if let Some(seconds) = requeue_after_seconds {
-        new["requeueAfterSeconds"] = json!(seconds);
+    entry["state"] = json!(state);
+    entry["message"] = json!(message);
+    match requeue_after_seconds {
+        Some(seconds) => entry["requeueAfterSeconds"] = json!(seconds),
+        None => {
+            if let Some(map) = entry.as_object_mut() {
+                map.remove("requeueAfterSeconds");
+            }
+        }
     }
-    if !entry["podSetUpdates"].is_null() {
-        new["podSetUpdates"] = entry["podSetUpdates"].clone();
-    }
-    *entry = new;
     Some(status_patch(object, json!({"admissionChecks": checks})))
 }
 
@@ -478,6 +503,15 @@ pub fn requeue_patch(object: &DynamicObject, evicted_reason: &str, now: &str) ->
             generation,
             now,
         ),
+        // The next admission starts waiting for the pods afresh.
+        condition(
+            "PodsReady",
+            false,
+            "WaitForStart",
+            "Not all pods are ready or succeeded",
+            generation,
+            now,
+        ),
     ] {
         if let Some(next) = with_condition(&conditions, new) {
             conditions = next;
@@ -486,7 +520,8 @@ pub fn requeue_patch(object: &DynamicObject, evicted_reason: &str, now: &str) ->
     status_patch(object, json!({"admission": null, "conditions": conditions}))
 }
 
-/// Whether every pod the gang needs is running and ready: `min_counts` by group.
+/// Whether every pod the gang needs is running and ready, or has succeeded:
+/// `min_counts` by group.
 pub fn gang_ready(pods: &[std::sync::Arc<Pod>], min_counts: &BTreeMap<String, i32>) -> bool {
     min_counts.iter().all(|(group, min)| {
         let ready = pods
@@ -494,10 +529,11 @@ pub fn gang_ready(pods: &[std::sync::Arc<Pod>], min_counts: &BTreeMap<String, i3
             .filter(|p| p.labels().get(labels::POD_GROUP) == Some(group))
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                let status = p.status.as_ref();
+                status.and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+                    || status
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
             })
             .count();
         ready as i32 >= *min

@@ -61,7 +61,10 @@ impl Admission {
         match self.kueue_object(workload) {
             None => false,
             Some(None) => true,
-            Some(Some(object)) => !Verdict::of(&object).admitted,
+            Some(Some(object)) => {
+                let verdict = Verdict::of(&object);
+                !verdict.admitted || verdict.must_stop(&self.our_checks())
+            }
         }
     }
 
@@ -160,11 +163,6 @@ impl Admission {
     pub(crate) async fn sync_kueue(&self, workloads: &[Arc<Workload>]) {
         let Some(store) = self.stores.kueue.clone() else { return };
         self.keep_checks_active().await;
-        let live: BTreeSet<(String, String)> = workloads
-            .iter()
-            .filter(|w| w.metadata.deletion_timestamp.is_none())
-            .map(|w| (w.namespace().unwrap_or_default(), kueue::object_name(w)))
-            .collect();
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
             let Some(Some(object)) = self.kueue_object(workload) else {
                 continue;
@@ -173,19 +171,41 @@ impl Admission {
                 warn!(workload = %key(workload), error = %e, "updating the Kueue Workload failed; retrying");
             }
         }
-        // A gang deleted (or no longer queueing in Kueue) lets go of the quota.
+        // A gang deleted, or no longer queueing in Kueue, lets go of the quota once it
+        // holds nothing; a Kueue Workload of a gang that stopped queueing goes.
+        let api_for = |namespace: &str| -> Api<DynamicObject> {
+            Api::namespaced_with(self.client.clone(), namespace, &kueue::api_resource())
+        };
         for object in store.state() {
             let namespace = object.namespace().unwrap_or_default();
-            if live.contains(&(namespace.clone(), object.name_any())) {
+            let owner = workloads
+                .iter()
+                .find(|w| w.namespace().as_deref() == Some(namespace.as_str()) && kueue::made_for(&object, w));
+            let live = owner.is_some_and(|w| w.metadata.deletion_timestamp.is_none() && kueue::queue_of(w).is_some());
+            let holds = owner.is_some_and(|w| placement_of(w).and_then(|p| p.state).is_some());
+            if live || holds {
                 continue;
             }
-            let owner_holds = workloads.iter().any(|w| {
-                w.namespace().as_deref() == Some(namespace.as_str())
-                    && kueue::object_name(w) == object.name_any()
-                    && placement_of(w).and_then(|p| p.state).is_some()
-            });
-            if !owner_holds && let Err(e) = self.release_quota_finalizer(&object).await {
+            if let Err(e) = self.release_quota_finalizer(&object).await {
                 warn!(object = %object.name_any(), error = %e, "removing Kueue's finalizer failed; retrying");
+                continue;
+            }
+            if owner.is_some_and(|w| w.metadata.deletion_timestamp.is_none())
+                && object.metadata.deletion_timestamp.is_none()
+            {
+                self.ensure_leading();
+                match api_for(&namespace)
+                    .delete(&object.name_any(), &Default::default())
+                    .await
+                {
+                    Ok(_) => {
+                        info!(object = %object.name_any(), "the gang no longer queues in Kueue; deleted its Kueue Workload")
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => {
+                        warn!(object = %object.name_any(), error = %e, "deleting the Kueue Workload failed; retrying")
+                    }
+                }
             }
         }
     }
@@ -201,8 +221,12 @@ impl Admission {
         let journal = placement_of(workload).and_then(|p| p.state);
         let params = PatchParams::default();
 
-        // Ended: Kueue gives the quota back once told, then the finalizer goes.
+        // Ended: once its devices are free, Kueue is told (and gives the quota back),
+        // then the finalizer goes.
         if observe::finished(workload) {
+            if !journal.is_none_or(|s| s == State::Finished) {
+                return Ok(());
+            }
             if !verdict.finished {
                 let succeeded = observe::condition(workload, conditions::SUCCEEDED).is_some_and(|c| c.status == "True");
                 let message = if succeeded {
@@ -216,7 +240,7 @@ impl Admission {
                         .await?;
                     info!(workload = %key(workload), succeeded, "told Kueue the gang finished");
                 }
-            } else if journal.is_none_or(|s| s == State::Finished) {
+            } else {
                 self.release_quota_finalizer(object).await?;
             }
             return Ok(());
