@@ -670,3 +670,71 @@ async fn under_topology_aware_scheduling_muster_places_inside_kueues_rack_or_ret
     })
     .await
 }
+
+/// A gang's shared claim is charged once, through a podSet of its own: 2 workers with 2
+/// GPUs each and one GPU they share (node-local, so all on one node) need 5 GPUs of quota.
+#[tokio::test]
+async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-shared", &[], &[], |test| {
+        Box::pin(async move {
+            let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+                Api::namespaced(test.client.clone(), &test.ns);
+            for (name, count) in [("one-gpu", 1), ("two-gpus", 2)] {
+                let template = json!({
+                    "metadata": {"name": name},
+                    "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": count}}]}}},
+                });
+                templates
+                    .create(&PostParams::default(), &serde_json::from_value(template)?)
+                    .await?;
+            }
+            queues(test, 4, false).await?;
+            let mut workload = queued_gang("shared", 2, None);
+            workload["spec"]["resourceClaims"] =
+                json!([{"name": "fabric", "resourceClaimTemplateName": "one-gpu", "podGroups": ["workers"]}]);
+            let workers = &mut workload["spec"]["podGroups"][1]["template"]["spec"];
+            workers["containers"][0]["resources"]["claims"] = json!([{"name": "gpus"}, {"name": "fabric"}]);
+            workers["resourceClaims"][0]["resourceClaimTemplateName"] = json!("two-gpus");
+            test.create(workload).await?;
+            wait_kueue(test, "shared", "the shared claim's podSet", |o| {
+                o.data["spec"]["podSets"]
+                    .as_array()
+                    .is_some_and(|sets| sets.iter().any(|s| s["name"] == "shared-claims" && s["count"] == 1))
+            })
+            .await?;
+            // 5 GPUs asked, 4 in the quota: Kueue does not admit it.
+            test.wait_admitted_reason("shared", "WaitingForKueue", Duration::from_secs(60))
+                .await?;
+            wait::holds("Kueue not admitting 5 GPUs on a quota of 4", Duration::from_secs(3), || async {
+                let object = kueue_workload(test, "shared").await?;
+                Ok(condition_status(&object, "QuotaReserved").as_deref() != Some("True"))
+            })
+            .await?;
+            let quota = json!({"spec": {"resourceGroups": [{
+                "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+                "flavors": [{"name": "default", "resources": [
+                    {"name": "cpu", "nominalQuota": "1000"},
+                    {"name": "memory", "nominalQuota": "10Ti"},
+                    {"name": GPU_RESOURCE, "nominalQuota": 5},
+                ]}],
+            }]}});
+            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+                .patch(&format!("cq-{}-team", test.ns), &PatchParams::default(), &Patch::Merge(&quota))
+                .await?;
+            wait_kueue_condition(test, "shared", "Admitted", "True").await?;
+            let workload = test
+                .wait_phase("shared", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(placement.devices == 5, "{placement:?}");
+            let held = allocations(&test.claims()).await?;
+            ensure!(
+                held.get("shared-fabric").map(Vec::len) == Some(1),
+                "the shared claim holds one device: {held:?}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}

@@ -60,6 +60,9 @@ pub fn queue_of(workload: &Workload) -> Option<&str> {
         .filter(|q| !q.is_empty())
 }
 
+/// The podSet through which Kueue charges a gang's shared claims once.
+pub const SHARED_POD_SET: &str = "shared-claims";
+
 /// Annotation on a Kueue Workload: the `spec.suspend` muster last turned into
 /// `spec.active`. Kueue deactivates Workloads itself (a rejected check, too many
 /// requeues); muster changes `active` only when the user's suspend changes.
@@ -115,6 +118,11 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
             {
                 tolerations.push(json!({"key": labels::FENCE_TAINT, "operator": "Exists"}));
             }
+            // Kueue refuses a podSet whose pods name an existing claim: such a claim is
+            // not charged (it exists already, allocated or not, outside the gang's quota).
+            if let Some(claims) = template["spec"]["resourceClaims"].as_array_mut() {
+                claims.retain(|c| c["resourceClaimTemplateName"].is_string());
+            }
             let count = if group.template.is_some() {
                 group.replicas
             } else {
@@ -131,6 +139,43 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
             pod_set
         })
         .collect();
+    // The gang's shared claims made from templates, charged once: a podSet of one pod
+    // that asks for nothing but them.
+    let shared: Vec<Value> = workload
+        .spec
+        .resource_claims
+        .iter()
+        .filter_map(|c| {
+            let template = c.resource_claim_template_name.as_ref()?;
+            Some(json!({"name": c.name, "resourceClaimTemplateName": template}))
+        })
+        .collect();
+    let mut pod_sets = pod_sets;
+    if !shared.is_empty() {
+        let name = (0..)
+            .map(|i| {
+                if i == 0 {
+                    SHARED_POD_SET.to_string()
+                } else {
+                    format!("{SHARED_POD_SET}-{i}")
+                }
+            })
+            .find(|n| !groups.iter().any(|g| &g.name == n))
+            .unwrap_or_default();
+        let mut pod_set = json!({
+            "name": name,
+            "count": 1,
+            "template": {"spec": {
+                "containers": [{"name": "shared-claims", "image": "none"}],
+                "resourceClaims": shared,
+                "tolerations": [{"key": labels::FENCE_TAINT, "operator": "Exists"}],
+            }},
+        });
+        if topology {
+            pod_set["topologyRequest"] = json!({"unconstrained": true});
+        }
+        pod_sets.push(pod_set);
+    }
     let mut spec = json!({
         "queueName": queue,
         "active": workload.spec.suspend != Some(true),

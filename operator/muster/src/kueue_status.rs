@@ -76,7 +76,9 @@ impl Admission {
         cluster: &muster_engine::cluster::ClusterState,
     ) -> Option<BTreeSet<String>> {
         let object = self.kueue_object(workload)??;
-        let assignments = kueue::assignments(&object);
+        // The podSet that only charges shared claims places no pod.
+        let mut assignments = kueue::assignments(&object);
+        assignments.retain(|a| workload.spec.pod_groups.iter().any(|g| g.name == a.pod_set));
         let flavor_labels: BTreeMap<String, BTreeMap<String, String>> = self
             .stores
             .kueue_flavors
