@@ -12,6 +12,7 @@ pub mod operator;
 pub mod paths;
 pub mod pki;
 pub mod process;
+pub mod rbac;
 pub mod scenario;
 pub mod testing;
 pub mod wait;

@@ -738,3 +738,90 @@ async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
     })
     .await
 }
+
+/// The chart's permissions with `rbac.kueue=true` are enough for a gang's life in Kueue,
+/// with muster's admission check, and every Kueue permission it grants is used (but
+/// those for paths this life does not take).
+#[tokio::test]
+async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-rbac", &[], &[], |test| {
+        Box::pin(async move {
+            let release_ns = muster_e2e::testing::namespace(&test.client, "muster-system").await?;
+            let (objects, kubeconfig) = muster_e2e::rbac::chart_account(
+                test,
+                &release_ns,
+                &[("crds.install", "false"), ("rbac.kueue", "true")],
+            )
+            .await?;
+            if let Some(admin) = test.operator.take() {
+                admin.stop();
+            }
+            test.operator = Some(test.spawn_operator(&kubeconfig, &[], &[])?);
+
+            let check = format!("dra-{}", test.ns);
+            let object: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+                "metadata": {"name": check}, "spec": {"controllerName": "muster.dev/dra-reservation"},
+            }))?;
+            kueue_api(&test.client, "AdmissionCheck", "admissionchecks", None)
+                .create(&PostParams::default(), &object)
+                .await?;
+            cluster_queue(test, "team", 64, None, None).await?;
+            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+                .patch(
+                    &format!("cq-{}-team", test.ns),
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        &json!({"spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}}}),
+                    ),
+                )
+                .await?;
+            test.create(queued_gang("lifelong", 2, Some("kueue-low"))).await?;
+            wait_kueue_condition(test, "lifelong", "Admitted", "True").await?;
+            assert_runs_as_planned(test, "lifelong").await?;
+            test.exit_pod("lifelong-launcher-0", 0).await?;
+            wait::until("Kueue's finalizer to go", Duration::from_secs(90), || async {
+                let object = kueue_workload(test, "lifelong").await?;
+                Ok((!object
+                    .finalizers()
+                    .iter()
+                    .any(|f| f == "kueue.x-k8s.io/resource-in-use"))
+                .then_some(()))
+            })
+            .await?;
+
+            let operator = test.operator.as_ref().context("operator")?;
+            let log = operator.log();
+            ensure!(!log.contains("forbidden"), "no request was forbidden:\n{log}");
+            ensure!(log.contains("the cluster serves Kueue"), "the operator used Kueue");
+            let used = muster_e2e::rbac::used(operator).await?;
+            let rules: Vec<&Value> = muster_e2e::chart::of_kind(&objects, "ClusterRole")
+                .into_iter()
+                .flat_map(|role| role["rules"].as_array().into_iter().flatten())
+                .collect();
+            // Not in this life: deleting the Kueue Workload of a gang that stops queueing,
+            // and reading a Topology (the flavor here has none).
+            let elsewhere = [
+                ("delete", "workloads.kueue.x-k8s.io"),
+                ("get", "topologies.kueue.x-k8s.io"),
+            ];
+            let unused: Vec<String> = muster_e2e::rbac::granted(&rules)
+                .into_iter()
+                .filter(|(_, resource)| {
+                    resource.ends_with(".kueue.x-k8s.io") || resource == "priorityclasses.scheduling.k8s.io"
+                })
+                .filter(|p| !used.contains(p))
+                .filter(|(verb, resource)| !elsewhere.iter().any(|(v, r)| v == verb && r == resource))
+                .map(|(verb, resource)| format!("{verb} {resource}"))
+                .collect();
+            muster_e2e::testing::delete_namespace(&test.client, &release_ns).await?;
+            ensure!(
+                unused.is_empty(),
+                "the chart grants Kueue permissions the operator never used: {unused:?}; it used {used:?}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}

@@ -3,39 +3,19 @@
 //! permissions the operator has — enough for everything it does, and nothing it never
 //! uses.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{AuthInfo, Kubeconfig, NamedAuthInfo};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use muster_api::conditions;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_e2e::chart;
 use muster_e2e::operator::Operator;
+use muster_e2e::rbac::{self, metrics};
 use muster_e2e::scenario::{Test, assert_runs_as_planned, gang, with_test};
 use muster_e2e::wait;
 use serde_json::{Value, json};
-
-/// `name{labels} value` lines of a Prometheus text page, by name and label text.
-fn samples(page: &str) -> BTreeMap<String, f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (key, value) = l.rsplit_once(' ')?;
-            Some((key.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-async fn metrics(operator: &Operator) -> Result<BTreeMap<String, f64>> {
-    let (status, body) = operator.get("/metrics").await?;
-    ensure!(status == 200, "/metrics answered {status}");
-    Ok(samples(&body))
-}
 
 async fn is_leader(operator: &Operator) -> bool {
     metrics(operator)
@@ -288,111 +268,6 @@ async fn a_stalled_leader_writes_nothing_after_a_follower_took_over() -> Result<
     .await
 }
 
-/// A kubeconfig for `account`, with a token from the TokenRequest API and the cluster of
-/// `admin`.
-async fn service_account_kubeconfig(test: &Test, namespace: &str, account: &str) -> Result<std::path::PathBuf> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(test.client.clone(), namespace);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(account, &PostParams::default(), &request)
-        .await?
-        .status
-        .and_then(|s| s.token)
-        .context("a token")?;
-    let mut config = Kubeconfig::read_from(test.cluster.control_plane.kubeconfig())?;
-    let user = config
-        .contexts
-        .first_mut()
-        .and_then(|c| c.context.as_mut())
-        .context("a context")?;
-    user.user = Some(account.to_string());
-    config.auth_infos = vec![NamedAuthInfo {
-        name: account.to_string(),
-        auth_info: Some(AuthInfo {
-            token: Some(token.into()),
-            ..Default::default()
-        }),
-        other: Default::default(),
-    }];
-    let path = test
-        .cluster
-        .control_plane
-        .run_dir()
-        .join(format!("{account}-{namespace}.kubeconfig"));
-    std::fs::write(&path, serde_json::to_string(&config)?)?;
-    Ok(path)
-}
-
-/// Applies rendered objects for real.
-async fn apply(client: &kube::Client, objects: &[&Value]) -> Result<()> {
-    for object in objects {
-        let (group, version) = match object["apiVersion"].as_str().unwrap_or_default().split_once('/') {
-            Some((g, v)) => (g.to_string(), v.to_string()),
-            None => (
-                String::new(),
-                object["apiVersion"].as_str().unwrap_or_default().to_string(),
-            ),
-        };
-        let kind = object["kind"].as_str().unwrap_or_default();
-        let plural = match kind {
-            "ServiceAccount" => "serviceaccounts",
-            "ClusterRole" => "clusterroles",
-            "ClusterRoleBinding" => "clusterrolebindings",
-            "Role" => "roles",
-            "RoleBinding" => "rolebindings",
-            other => anyhow::bail!("unexpected kind {other}"),
-        };
-        let resource = ApiResource {
-            group: group.clone(),
-            version: version.clone(),
-            api_version: object["apiVersion"].as_str().unwrap_or_default().to_string(),
-            kind: kind.to_string(),
-            plural: plural.to_string(),
-        };
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-            None => Api::all_with(client.clone(), &resource),
-        };
-        api.patch(name, &PatchParams::apply("muster-e2e").force(), &Patch::Apply(object))
-            .await
-            .with_context(|| format!("applying {}", chart::describe(object)))?;
-    }
-    Ok(())
-}
-
-/// `verb resource[/subresource][.group]` for every permission the rendered rules grant.
-fn granted(rules: &[&Value]) -> BTreeSet<(String, String)> {
-    let mut out = BTreeSet::new();
-    for rule in rules {
-        let list = |key: &str| -> Vec<String> {
-            rule[key]
-                .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
-                .unwrap_or_default()
-        };
-        for group in list("apiGroups") {
-            for resource in list("resources") {
-                for verb in list("verbs") {
-                    let resource = if group.is_empty() {
-                        resource.clone()
-                    } else {
-                        format!("{resource}.{group}")
-                    };
-                    out.insert((verb, resource));
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Permissions a gang's ordinary life does not request: checked by the API server while
 /// handling another request, or used on paths of conflicts and cold caches.
 const NOT_IN_AN_ORDINARY_LIFE: &[(&str, &str, &str)] = &[
@@ -425,29 +300,7 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
         Box::pin(async move {
             // The chart's ServiceAccount and roles, released into a namespace of its own.
             let release_ns = muster_e2e::testing::namespace(&test.client, "muster-system").await?;
-            let objects = chart::render_with(&chart::RenderOptions {
-                namespace: &release_ns,
-                set: &[("crds.install", "false")],
-                ..chart::RenderOptions::default()
-            })?;
-            let kinds = [
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Role",
-                "RoleBinding",
-            ];
-            let rbac: Vec<&Value> = objects
-                .iter()
-                .filter(|o| kinds.contains(&o["kind"].as_str().unwrap_or_default()))
-                .collect();
-            apply(&test.client, &rbac).await?;
-            let account = chart::of_kind(&objects, "ServiceAccount")
-                .first()
-                .and_then(|a| a["metadata"]["name"].as_str())
-                .context("the chart's ServiceAccount")?
-                .to_string();
-            let kubeconfig = service_account_kubeconfig(test, &release_ns, &account).await?;
+            let (objects, kubeconfig) = rbac::chart_account(test, &release_ns, &[("crds.install", "false")]).await?;
 
             // The operator with only those permissions, as the chart runs it.
             if let Some(admin) = test.operator.take() {
@@ -496,27 +349,13 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
             ensure!(!log.contains("forbidden"), "no request was forbidden:\n{log}");
 
             // Every granted permission was used, or is only ever checked.
-            let seen = metrics(operator).await?;
-            let used: BTreeSet<(String, String)> = seen
-                .iter()
-                .filter(|(_, count)| **count > 0.0)
-                .filter_map(|(key, _)| {
-                    let labels = key.strip_prefix("muster_api_requests_total{")?.strip_suffix('}')?;
-                    let value = |name: &str| {
-                        labels
-                            .split("\",")
-                            .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
-                            .map(|v| v.trim_end_matches('"').to_string())
-                    };
-                    Some((value("verb")?, value("resource")?))
-                })
-                .collect();
+            let used = rbac::used(operator).await?;
             let rules: Vec<&Value> = chart::of_kind(&objects, "ClusterRole")
                 .into_iter()
                 .chain(chart::of_kind(&objects, "Role"))
                 .flat_map(|role| role["rules"].as_array().into_iter().flatten())
                 .collect();
-            let unused: Vec<String> = granted(&rules)
+            let unused: Vec<String> = rbac::granted(&rules)
                 .into_iter()
                 .filter(|p| !used.contains(p))
                 .filter(|(verb, resource)| {
