@@ -269,6 +269,16 @@ async fn check_crd_installed(client: &kube::Client) -> Result<()> {
 }
 
 fn read_objects(path: &std::path::Path) -> Result<crate::objects::Objects> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    if size > crate::objects::MAX_FILE_BYTES {
+        anyhow::bail!(
+            "{}: {size} bytes is over the limit of {} bytes for one file",
+            path.display(),
+            crate::objects::MAX_FILE_BYTES
+        );
+    }
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(crate::objects::Objects::parse(&path.display().to_string(), &text)?)
 }

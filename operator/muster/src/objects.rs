@@ -43,13 +43,43 @@ pub struct Objects {
     pub ignored: BTreeMap<String, usize>,
 }
 
+/// The largest file read: well above a 5,000-node cluster with its pods as kubectl
+/// prints it (tens of megabytes), and a bound on what a hostile file can cost.
+pub const MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// YAML limits for real clusters: millions of nodes and events, but few anchors and
+/// aliases (kubectl prints none), so an alias bomb stops early.
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_reader_input_bytes = Some(MAX_FILE_BYTES as usize);
+    budget.max_events = 200_000_000;
+    budget.max_nodes = 100_000_000;
+    budget.max_total_scalar_bytes = MAX_FILE_BYTES as usize;
+    budget.max_documents = 1_000_000;
+    budget.max_aliases = 1_000;
+    budget.max_anchors = 1_000;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
 impl Objects {
-    /// Reads every object of a YAML text. `file` names the source in errors.
+    /// Reads every object of a YAML or JSON text (`kubectl get -o yaml` or `-o json`, or
+    /// several YAML documents). `file` names the source in errors.
     pub fn parse(file: &str, text: &str) -> Result<Self, LoadError> {
-        let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(text).map_err(|e| LoadError::Syntax {
+        let syntax = |message: String| LoadError::Syntax {
             file: file.to_string(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        // JSON is read as JSON: faster, and without YAML's limits.
+        let documents: Vec<serde_json::Value> = if text.trim_start().starts_with(['{', '[']) {
+            match serde_json::from_str(text).map_err(|e| syntax(format!("JSON: {e}")))? {
+                serde_json::Value::Array(items) => items,
+                object => vec![object],
+            }
+        } else {
+            serde_saphyr::from_multiple_with_options(text, yaml_options()).map_err(|e| syntax(e.to_string()))?
+        };
         let mut objects = Objects::default();
         for (index, document) in documents.into_iter().enumerate() {
             objects.add(file, index + 1, document)?;

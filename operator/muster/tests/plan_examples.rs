@@ -97,3 +97,72 @@ fn the_pytorch_example_fits_and_the_job_example_waits_for_its_pods() {
     assert!(out.contains("resnet-ddp: fits"), "{out}");
     assert!(out.contains("pod group workers has 0 of its 4 pods"), "{out}");
 }
+
+/// The example snapshot grown to `nodes` nodes, as kubectl would print a cluster that
+/// size: copies of its first Node and its first ResourceSlice, four nodes per rack, and
+/// its DeviceClass.
+fn grown_snapshot(nodes: usize) -> serde_json::Value {
+    let text = std::fs::read_to_string(examples().join("cluster-snapshot.yaml")).expect("the example snapshot");
+    let list: serde_json::Value = serde_saphyr::from_str(&text).expect("the example snapshot parses");
+    let items = list["items"].as_array().expect("a List");
+    let first = |kind: &str| items.iter().find(|i| i["kind"] == kind).cloned().expect(kind);
+    let (node, slice, class) = (first("Node"), first("ResourceSlice"), first("DeviceClass"));
+    let mut out = vec![class];
+    for i in 0..nodes {
+        let name = format!("node-{i:05}");
+        let mut n = node.clone();
+        n["metadata"]["name"] = name.clone().into();
+        n["metadata"]["labels"]["kubernetes.io/hostname"] = name.clone().into();
+        n["metadata"]["labels"]["example.com/rack"] = format!("rack-{:04}", i / 4).into();
+        let mut s = slice.clone();
+        s["metadata"]["name"] = format!("{name}-gpu.example.com").into();
+        s["spec"]["nodeName"] = name.clone().into();
+        s["spec"]["pool"]["name"] = name.clone().into();
+        out.push(n);
+        out.push(s);
+    }
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": out})
+}
+
+fn scratch(file: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("muster-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let path = dir.join(file);
+    std::fs::write(&path, text).expect("written");
+    path
+}
+
+#[test]
+fn a_five_thousand_node_json_snapshot_is_planned() {
+    let snapshot = serde_json::to_string(&grown_snapshot(5_000)).expect("JSON");
+    let path = scratch("snapshot-5000.json", &snapshot);
+    let started = std::time::Instant::now();
+    let (ok, out, err) = muster(&["plan", "--cluster", path.to_str().unwrap(), "training-gang.yaml"]);
+    println!(
+        "plan: {} MB JSON snapshot of 5,000 nodes in {:.2}s (debug build)",
+        snapshot.len() / 1_000_000,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("llama-pretrain: fits"), "{out}");
+}
+
+#[test]
+fn a_thousand_node_yaml_snapshot_is_planned_and_an_alias_bomb_is_refused() {
+    let snapshot = serde_saphyr::to_string(&grown_snapshot(1_000)).expect("YAML");
+    let path = scratch("snapshot-1000.yaml", &snapshot);
+    let (ok, out, err) = muster(&["plan", "--cluster", path.to_str().unwrap(), "training-gang.yaml"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("llama-pretrain: fits"), "{out}");
+
+    // Each level refers to the one before ten times: a billion strings from a few lines.
+    let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for level in 1..10 {
+        let refs = vec![format!("*a{}", level - 1); 10].join(", ");
+        bomb.push_str(&format!("a{level}: &a{level} [{refs}]\n"));
+    }
+    let path = scratch("bomb.yaml", &bomb);
+    let (ok, _, err) = muster(&["plan", "--cluster", path.to_str().unwrap(), "training-gang.yaml"]);
+    assert!(!ok, "an alias bomb is refused");
+    assert!(err.contains("bomb.yaml"), "the error names the file: {err}");
+}
