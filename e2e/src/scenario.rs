@@ -202,6 +202,29 @@ impl Test {
         Ok(())
     }
 
+    /// Another scheduler's claim `intruder`, written allocated to the first device of the
+    /// gang's claim `claim`, as a double allocation the API server does not prevent.
+    /// Returns that device as (pool, device).
+    pub async fn intrude_on(&self, claim: &str) -> Result<(String, String)> {
+        let held = allocations(&self.claims()).await?;
+        let (pool, device) = held
+            .get(claim)
+            .and_then(|d| d.first().cloned())
+            .with_context(|| format!("the first device of {claim}"))?;
+        let intruder: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "intruder"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}},
+        }))?;
+        self.claims().create(&PostParams::default(), &intruder).await?;
+        let allocation = json!({"status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": GPU_DRIVER, "pool": pool, "device": device},
+        ]}}}});
+        self.claims()
+            .patch_status("intruder", &PatchParams::default(), &Patch::Merge(&allocation))
+            .await?;
+        Ok((pool, device))
+    }
+
     /// Waits until the `Admitted` condition of `name` has not changed for `seconds`.
     pub async fn wait_admitted_unchanged_for(&self, name: &str, seconds: f64) -> Result<()> {
         let api = self.workloads();

@@ -64,18 +64,20 @@ async fn cluster_queue(
     cohort: Option<&str>,
     preemption: Option<Value>,
 ) -> Result<()> {
+    cluster_queue_of(test, local, "default", gpus, cohort, preemption).await
+}
+
+/// Like [`cluster_queue`], with the quota in `flavor`.
+async fn cluster_queue_of(
+    test: &Test,
+    local: &str,
+    flavor: &str,
+    gpus: u32,
+    cohort: Option<&str>,
+    preemption: Option<Value>,
+) -> Result<()> {
     let name = format!("cq-{}-{local}", test.ns);
-    let mut spec = json!({
-        "namespaceSelector": {},
-        "resourceGroups": [{
-            "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-            "flavors": [{"name": "default", "resources": [
-                {"name": "cpu", "nominalQuota": "1000"},
-                {"name": "memory", "nominalQuota": "10Ti"},
-                {"name": GPU_RESOURCE, "nominalQuota": gpus},
-            ]}],
-        }],
-    });
+    let mut spec = json!({"namespaceSelector": {}, "resourceGroups": quota(flavor, gpus)});
     if let Some(cohort) = cohort {
         spec["cohortName"] = json!(cohort);
     }
@@ -95,6 +97,58 @@ async fn cluster_queue(
     }))?;
     kueue_api(&test.client, "LocalQueue", "localqueues", Some(&test.ns))
         .create(&PostParams::default(), &local_queue)
+        .await?;
+    Ok(())
+}
+
+/// The resource groups of a ClusterQueue with `gpus` of GPU quota in `flavor`, CPU and
+/// memory plenty.
+fn quota(flavor: &str, gpus: u32) -> Value {
+    json!([{
+        "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+        "flavors": [{"name": flavor, "resources": [
+            {"name": "cpu", "nominalQuota": "1000"},
+            {"name": "memory", "nominalQuota": "10Ti"},
+            {"name": GPU_RESOURCE, "nominalQuota": gpus},
+        ]}],
+    }])
+}
+
+/// Sets the GPU quota of this test's ClusterQueue behind LocalQueue `team`.
+async fn set_gpu_quota(test: &Test, gpus: u32) -> Result<()> {
+    let patch = json!({"spec": {"resourceGroups": quota("default", gpus)}});
+    kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+        .patch(
+            &format!("cq-{}-team", test.ns),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// An AdmissionCheck muster answers, named for this test; returns its name.
+async fn muster_check(test: &Test) -> Result<String> {
+    let check = format!("dra-{}", test.ns);
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+        "metadata": {"name": check}, "spec": {"controllerName": "muster.dev/dra-reservation"},
+    }))?;
+    kueue_api(&test.client, "AdmissionCheck", "admissionchecks", None)
+        .create(&PostParams::default(), &object)
+        .await?;
+    Ok(check)
+}
+
+/// Makes this test's ClusterQueue behind `team` wait for `check` before admitting.
+async fn require_check(test: &Test, check: &str) -> Result<()> {
+    let patch = json!({"spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}}});
+    kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+        .patch(
+            &format!("cq-{}-team", test.ns),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await?;
     Ok(())
 }
@@ -174,18 +228,7 @@ async fn a_gang_waits_for_kueue_then_runs_with_every_claim_reserved_and_gives_th
             .await?;
 
             // Quota for 16 GPUs: Kueue admits, muster reserves every claim and runs it.
-            let cq = format!("cq-{}-team", test.ns);
-            let quota = json!({"spec": {"resourceGroups": [{
-                "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                "flavors": [{"name": "default", "resources": [
-                    {"name": "cpu", "nominalQuota": "1000"},
-                    {"name": "memory", "nominalQuota": "10Ti"},
-                    {"name": GPU_RESOURCE, "nominalQuota": 16},
-                ]}],
-            }]}});
-            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
-                .patch(&cq, &PatchParams::default(), &Patch::Merge(&quota))
-                .await?;
+            set_gpu_quota(test, 16).await?;
             wait_kueue_condition(test, "trainer", "Admitted", "True").await?;
             let workload = assert_runs_as_planned(test, "trainer").await?;
             let placement = workload.status.and_then(|s| s.placement).context("placement")?;
@@ -448,24 +491,9 @@ async fn the_admission_check_retries_until_the_devices_can_be_reserved() -> Resu
     with_kueue().await?;
     with_test("kueue-check", &[], &[], |test| {
         Box::pin(async move {
-            let check = format!("dra-{}", test.ns);
-            let object: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
-                "metadata": {"name": check},
-                "spec": {"controllerName": "muster.dev/dra-reservation"},
-            }))?;
-            kueue_api(&test.client, "AdmissionCheck", "admissionchecks", None)
-                .create(&PostParams::default(), &object)
-                .await?;
-            let strategy = json!({"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}});
+            let check = muster_check(test).await?;
             cluster_queue(test, "team", 64, None, None).await?;
-            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
-                .patch(
-                    &format!("cq-{}-team", test.ns),
-                    &PatchParams::default(),
-                    &Patch::Merge(&json!({"spec": strategy})),
-                )
-                .await?;
+            require_check(test, &check).await?;
             wait::until(
                 "muster to mark its AdmissionCheck active",
                 Duration::from_secs(60),
@@ -574,45 +602,9 @@ async fn under_topology_aware_scheduling_muster_places_inside_kueues_rack_or_ret
                 }),
             )
             .await?;
-            create(
-                "AdmissionCheck",
-                "admissionchecks",
-                json!({
-                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
-                    "metadata": {"name": format!("dra-{suffix}")},
-                    "spec": {"controllerName": "muster.dev/dra-reservation"},
-                }),
-            )
-            .await?;
-            let cluster_queue = format!("cq-{suffix}-team");
-            create(
-                "ClusterQueue",
-                "clusterqueues",
-                json!({
-                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-                    "metadata": {"name": cluster_queue},
-                    "spec": {
-                        "namespaceSelector": {},
-                        "admissionChecksStrategy": {"admissionChecks": [{"name": format!("dra-{suffix}")}]},
-                        "resourceGroups": [{
-                            "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                            "flavors": [{"name": format!("tas-{suffix}"), "resources": [
-                                {"name": "cpu", "nominalQuota": "1000"},
-                                {"name": "memory", "nominalQuota": "10Ti"},
-                                {"name": GPU_RESOURCE, "nominalQuota": 64},
-                            ]}],
-                        }],
-                    },
-                }),
-            )
-            .await?;
-            let local: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-                "metadata": {"name": "team"}, "spec": {"clusterQueue": cluster_queue},
-            }))?;
-            kueue_api(&test.client, "LocalQueue", "localqueues", Some(&test.ns))
-                .create(&PostParams::default(), &local)
-                .await?;
+            let check = muster_check(test).await?;
+            cluster_queue_of(test, "team", &format!("tas-{suffix}"), 64, None, None).await?;
+            require_check(test, &check).await?;
 
             // Every GPU of rack-0000 is taken outside Kueue; its CPUs are mostly free.
             test.create(gang("outsider", 4, Some("rack-0000"))).await?;
@@ -711,17 +703,7 @@ async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
                 Ok(condition_status(&object, "QuotaReserved").as_deref() != Some("True"))
             })
             .await?;
-            let quota = json!({"spec": {"resourceGroups": [{
-                "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                "flavors": [{"name": "default", "resources": [
-                    {"name": "cpu", "nominalQuota": "1000"},
-                    {"name": "memory", "nominalQuota": "10Ti"},
-                    {"name": GPU_RESOURCE, "nominalQuota": 5},
-                ]}],
-            }]}});
-            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
-                .patch(&format!("cq-{}-team", test.ns), &PatchParams::default(), &Patch::Merge(&quota))
-                .await?;
+            set_gpu_quota(test, 5).await?;
             wait_kueue_condition(test, "shared", "Admitted", "True").await?;
             let workload = test
                 .wait_phase("shared", WorkloadPhase::Running, Duration::from_secs(90))
@@ -759,24 +741,9 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
             }
             test.operator = Some(test.spawn_operator(&kubeconfig, &[], &[])?);
 
-            let check = format!("dra-{}", test.ns);
-            let object: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
-                "metadata": {"name": check}, "spec": {"controllerName": "muster.dev/dra-reservation"},
-            }))?;
-            kueue_api(&test.client, "AdmissionCheck", "admissionchecks", None)
-                .create(&PostParams::default(), &object)
-                .await?;
+            let check = muster_check(test).await?;
             cluster_queue(test, "team", 64, None, None).await?;
-            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
-                .patch(
-                    &format!("cq-{}-team", test.ns),
-                    &PatchParams::default(),
-                    &Patch::Merge(
-                        &json!({"spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}}}),
-                    ),
-                )
-                .await?;
+            require_check(test, &check).await?;
             test.create(queued_gang("lifelong", 2, Some("kueue-low"))).await?;
             wait_kueue_condition(test, "lifelong", "Admitted", "True").await?;
             assert_runs_as_planned(test, "lifelong").await?;
@@ -820,6 +787,44 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
                 unused.is_empty(),
                 "the chart grants Kueue permissions the operator never used: {unused:?}; it used {used:?}"
             );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A gang deleted while Kueue's eviction takes it apart (its pods take 10 s to stop):
+/// it and its Kueue Workload go, it holds nothing, and the preemptor runs.
+#[tokio::test]
+async fn a_workload_deleted_while_being_evicted_goes_and_the_preemptor_runs() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-delete-evicted", &[], &[], |test| {
+        Box::pin(async move {
+            queues(test, 32, true).await?;
+            let mut low = queued_gang("low", 4, Some("kueue-low"));
+            for group in low["spec"]["podGroups"].as_array_mut().context("podGroups")? {
+                group["template"]["metadata"] = json!({"annotations": {"muster-e2e-terminate-after": "10s"}});
+            }
+            test.create(low).await?;
+            assert_runs_as_planned(test, "low").await?;
+            test.create(queued_gang("high", 4, Some("kueue-high"))).await?;
+            wait_kueue_condition(test, "low", "Evicted", "True").await?;
+            // Its pods are still stopping.
+            test.workloads().delete("low", &Default::default()).await?;
+            let workloads = test.workloads();
+            let kueue_workloads = kueue_api(&test.client, "Workload", "workloads", Some(&test.ns));
+            wait::until("low and its Kueue Workload to be gone", Duration::from_secs(90), || {
+                let (workloads, kueue_workloads) = (workloads.clone(), kueue_workloads.clone());
+                async move {
+                    let gone = workloads.get_opt("low").await?.is_none()
+                        && kueue_workloads.get_opt("muster-low").await?.is_none();
+                    Ok(gone.then_some(()))
+                }
+            })
+            .await?;
+            ensure!(!holds_devices(test, "low").await?, "the deleted gang holds nothing");
+            wait_kueue_condition(test, "high", "Admitted", "True").await?;
+            assert_runs_as_planned(test, "high").await?;
             Ok(())
         })
     })

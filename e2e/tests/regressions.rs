@@ -186,22 +186,7 @@ async fn defect_4_an_allocation_written_after_the_conflict_check_is_caught() -> 
             })
             .await?;
             // Another scheduler writes an allocation of one of the gang's devices now.
-            let held = allocations(&test.claims()).await?;
-            let (pool, device) = held
-                .get("victim-workers-0-gpus")
-                .and_then(|d| d.first().cloned())
-                .context("the gang's first device")?;
-            let claim: ResourceClaim = serde_json::from_value(json!({
-                "metadata": {"name": "intruder"},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}},
-            }))?;
-            test.claims().create(&PostParams::default(), &claim).await?;
-            let allocation = json!({"status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": GPU_DRIVER, "pool": pool, "device": device},
-            ]}}}});
-            test.claims()
-                .patch_status("intruder", &PatchParams::default(), &Patch::Merge(&allocation))
-                .await?;
+            let (pool, device) = test.intrude_on("victim-workers-0-gpus").await?;
             std::fs::write(&go_on, b"")?;
 
             // The gang is released, sees the double allocation, gives way and runs again

@@ -6,10 +6,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use muster_api::v1alpha1::WorkloadPhase;
-use muster_e2e::fleet::GPU_DRIVER;
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
 use muster_e2e::wait;
 use serde_json::json;
@@ -37,22 +35,7 @@ async fn drive(test: &Test, how: Drive) -> Result<()> {
         Drive::Succeed => test.exit_pod("victim-launcher-0", 0).await?,
         Drive::Restart => test.exit_pod("victim-workers-1", 1).await?,
         Drive::Conflict => {
-            let held = allocations(&test.claims()).await?;
-            let (pool, device) = held
-                .get("victim-workers-0-gpus")
-                .and_then(|d| d.first().cloned())
-                .context("the gang's first device")?;
-            let claim: ResourceClaim = serde_json::from_value(json!({
-                "metadata": {"name": "intruder"},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}},
-            }))?;
-            test.claims().create(&PostParams::default(), &claim).await?;
-            let allocation = json!({"status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": GPU_DRIVER, "pool": pool, "device": device},
-            ]}}}});
-            test.claims()
-                .patch_status("intruder", &PatchParams::default(), &Patch::Merge(&allocation))
-                .await?;
+            test.intrude_on("victim-workers-0-gpus").await?;
         }
     }
     Ok(())

@@ -185,54 +185,48 @@ pub async fn kueue_served(client: &Client) -> bool {
     true
 }
 
+/// A cache of one kind of gang object, with its index by Workload and the watch that
+/// feeds both (and tells `changed`).
+fn indexed_watch<K>(
+    client: &Client,
+    config: &watcher::Config,
+    changed: &Arc<tokio::sync::Notify>,
+) -> (Store<K>, Arc<ByGang>, Events<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let by_gang = Arc::new(ByGang::default());
+    let (store, writer) = reflector::store();
+    let events = watcher(Api::<K>::all(client.clone()), config.clone())
+        .default_backoff()
+        .modify(|object| object.managed_fields_mut().clear())
+        .reflect(writer)
+        .inspect({
+            let by_gang = by_gang.clone();
+            let store = store.clone();
+            move |event| {
+                if let Ok(event) = event {
+                    by_gang.follow(event, &store);
+                }
+            }
+        })
+        .touched_objects()
+        .inspect({
+            let changed = changed.clone();
+            move |_| changed.notify_one()
+        })
+        .boxed();
+    (store, by_gang, events)
+}
+
 /// Sets up the gang object caches and their watches.
 /// `changed` is told about every event, so the admission loop sees gang objects change
 /// (for example claims of a deleted Workload, which no reconcile reports).
 /// `kueue`: also cache Kueue's Workloads that stand for gangs.
 pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: bool) -> (GangStores, GangWatches) {
     let gang_objects = watcher::Config::default().labels(labels::WORKLOAD);
-    let pods_by_gang = Arc::new(ByGang::default());
-    let claims_by_gang = Arc::new(ByGang::default());
-    let (pods, pods_writer) = reflector::store();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), gang_objects.clone())
-        .default_backoff()
-        .modify(|pod| pod.managed_fields_mut().clear())
-        .reflect(pods_writer)
-        .inspect({
-            let by_gang = pods_by_gang.clone();
-            let store = pods.clone();
-            move |event| {
-                if let Ok(event) = event {
-                    by_gang.follow(event, &store);
-                }
-            }
-        })
-        .touched_objects()
-        .inspect({
-            let changed = changed.clone();
-            move |_| changed.notify_one()
-        })
-        .boxed();
-    let (claims, claims_writer) = reflector::store();
-    let claim_events = watcher(Api::<ResourceClaim>::all(client.clone()), gang_objects.clone())
-        .default_backoff()
-        .modify(|claim| claim.managed_fields_mut().clear())
-        .reflect(claims_writer)
-        .inspect({
-            let by_gang = claims_by_gang.clone();
-            let store = claims.clone();
-            move |event| {
-                if let Ok(event) = event {
-                    by_gang.follow(event, &store);
-                }
-            }
-        })
-        .touched_objects()
-        .inspect({
-            let changed = changed.clone();
-            move |_| changed.notify_one()
-        })
-        .boxed();
+    let (pods, pods_by_gang, pod_events) = indexed_watch::<Pod>(client, &gang_objects, &changed);
+    let (claims, claims_by_gang, claim_events) = indexed_watch::<ResourceClaim>(client, &gang_objects, &changed);
     let follow = |resource: kube::api::ApiResource, config: watcher::Config| {
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
