@@ -830,3 +830,67 @@ async fn a_workload_deleted_while_being_evicted_goes_and_the_preemptor_runs() ->
     })
     .await
 }
+
+/// An existing claim the gang names (`resourceClaimName`), which Kueue refuses in a
+/// podSet, is charged once through a template owned by the Workload that mirrors it:
+/// 2 workers with 2 GPUs each and the named GPU they share need 5 GPUs of quota.
+#[tokio::test]
+async fn an_existing_claim_the_gang_names_is_charged_once_in_kueues_quota() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-named", &[], &[], |test| {
+        Box::pin(async move {
+            let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+                Api::namespaced(test.client.clone(), &test.ns);
+            let template = json!({
+                "metadata": {"name": "two-gpus"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": 2}}]}}},
+            });
+            templates
+                .create(&PostParams::default(), &serde_json::from_value(template)?)
+                .await?;
+            let claim = json!({
+                "metadata": {"name": "existing-gpu"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": 1}}]}},
+            });
+            test.claims()
+                .create(&PostParams::default(), &serde_json::from_value(claim)?)
+                .await?;
+            queues(test, 4, false).await?;
+            let mut workload = queued_gang("named", 2, None);
+            workload["spec"]["resourceClaims"] =
+                json!([{"name": "fabric", "resourceClaimName": "existing-gpu", "podGroups": ["workers"]}]);
+            let workers = &mut workload["spec"]["podGroups"][1]["template"]["spec"];
+            workers["containers"][0]["resources"]["claims"] = json!([{"name": "gpus"}, {"name": "fabric"}]);
+            workers["resourceClaims"][0]["resourceClaimTemplateName"] = json!("two-gpus");
+            test.create(workload).await?;
+            wait_kueue(test, "named", "the named claim charged through a template", |o| {
+                o.data["spec"]["podSets"].as_array().is_some_and(|sets| {
+                    sets.iter().any(|s| {
+                        s["name"] == "shared-claims"
+                            && s["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+                                == "muster-named-quota-0"
+                    })
+                })
+            })
+            .await?;
+            test.wait_admitted_reason("named", "WaitingForKueue", Duration::from_secs(60))
+                .await?;
+            wait::holds("Kueue not admitting 5 GPUs on a quota of 4", Duration::from_secs(3), || async {
+                let object = kueue_workload(test, "named").await?;
+                Ok(condition_status(&object, "QuotaReserved").as_deref() != Some("True"))
+            })
+            .await?;
+            set_gpu_quota(test, 5).await?;
+            wait_kueue_condition(test, "named", "Admitted", "True").await?;
+            let workload = test
+                .wait_phase("named", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(placement.devices == 5, "{placement:?}");
+            // The user's claim goes with the test; muster lets go of it once the gang ends.
+            test.claims().delete("existing-gpu", &Default::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}

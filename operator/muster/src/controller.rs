@@ -302,6 +302,31 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
         Some(level) => queue_knows_level(ctx, &namespace, queue, level).await?,
         None => false,
     };
+    // Existing claims are charged through templates that mirror them, owned by the
+    // Workload; a claim not there yet is waited for.
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
+    let claims: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    for (index, name) in crate::kueue::named_claims(workload).iter().enumerate() {
+        let Some(claim) = claims.get_opt(name).await? else {
+            return Err(Error::NotOwned {
+                kind: "ResourceClaim (not there yet, to charge in Kueue)",
+                name: name.clone(),
+            });
+        };
+        let template: ResourceClaimTemplate = serde_json::from_value(json!({
+            "metadata": {
+                "name": crate::kueue::accounting_template_name(workload, index),
+                "ownerReferences": [gang::owner_reference(workload).map_err(|_| Error::NotOwned { kind: "Workload", name: workload.name_any() })?],
+            },
+            "spec": {"spec": claim.spec},
+        }))
+        .map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+        match templates.create(&PostParams::default(), &template).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     let Some(desired) = crate::kueue::desired(workload, queue, priority, topology) else {
         return Ok(());
     };

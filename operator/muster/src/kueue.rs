@@ -97,6 +97,40 @@ pub fn resource(kind: &str, plural: &str) -> ApiResource {
 /// webhook runs to fill them in. `topology`: ask Kueue's Topology-Aware Scheduling for
 /// one domain of `spec.topology.required` (only where the queue's flavors know that
 /// level: a flavor without TAS cannot admit a podSet that asks for it).
+/// Claims that exist already (`resourceClaimName`, in `spec.resourceClaims` or in a pod
+/// template), each once: Kueue refuses them in a podSet, so each is charged through a
+/// ResourceClaimTemplate that mirrors it ([`accounting_template_name`]).
+pub fn named_claims(workload: &Workload) -> Vec<String> {
+    let mut names: Vec<String> = workload
+        .spec
+        .resource_claims
+        .iter()
+        .filter_map(|c| c.resource_claim_name.clone())
+        .collect();
+    for group in &workload.spec.pod_groups {
+        let claims = group
+            .template
+            .as_ref()
+            .and_then(|t| t.spec.as_ref())
+            .and_then(|s| s.resource_claims.as_ref());
+        names.extend(
+            claims
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.resource_claim_name.clone()),
+        );
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The ResourceClaimTemplate, owned by the Workload, through which Kueue charges the
+/// existing claim `claim` (the `index`th of [`named_claims`]).
+pub fn accounting_template_name(workload: &Workload, index: usize) -> String {
+    format!("{}-quota-{index}", object_name(workload))
+}
+
 pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, topology: bool) -> Option<Value> {
     let owner = workload.controller_owner_ref(&())?;
     let uid = workload.uid()?;
@@ -141,7 +175,7 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
         .collect();
     // The gang's shared claims made from templates, charged once: a podSet of one pod
     // that asks for nothing but them.
-    let shared: Vec<Value> = workload
+    let mut shared: Vec<Value> = workload
         .spec
         .resource_claims
         .iter()
@@ -150,6 +184,9 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
             Some(json!({"name": c.name, "resourceClaimTemplateName": template}))
         })
         .collect();
+    shared.extend((0..named_claims(workload).len()).map(
+        |i| json!({"name": format!("named-{i}"), "resourceClaimTemplateName": accounting_template_name(workload, i)}),
+    ));
     let mut pod_sets = pod_sets;
     if !shared.is_empty() {
         let name = (0..)
