@@ -323,7 +323,22 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
         .map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
         match templates.create(&PostParams::default(), &template).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            // Ours already, or one of a deleted Workload of the same name still going:
+            // that one would charge the old claim, so this is tried again later.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let name = crate::kueue::accounting_template_name(workload, index);
+                let owned = templates.get_opt(&name).await?.is_some_and(|t| {
+                    t.owner_references()
+                        .iter()
+                        .any(|o| Some(&o.uid) == workload.metadata.uid.as_ref())
+                });
+                if !owned {
+                    return Err(Error::NotOwned {
+                        kind: "ResourceClaimTemplate",
+                        name,
+                    });
+                }
+            }
             Err(e) => return Err(e.into()),
         }
     }

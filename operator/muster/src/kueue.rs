@@ -185,7 +185,7 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
         })
         .collect();
     shared.extend((0..named_claims(workload).len()).map(
-        |i| json!({"name": format!("named-{i}"), "resourceClaimTemplateName": accounting_template_name(workload, i)}),
+        |i| json!({"name": format!("muster-quota-{i}"), "resourceClaimTemplateName": accounting_template_name(workload, i)}),
     ));
     let mut pod_sets = pod_sets;
     if !shared.is_empty() {
@@ -202,10 +202,12 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
         let mut pod_set = json!({
             "name": name,
             "count": 1,
+            // Never placed: it tolerates every taint, so that no flavor or node is
+            // refused for it.
             "template": {"spec": {
                 "containers": [{"name": "shared-claims", "image": "none"}],
                 "resourceClaims": shared,
-                "tolerations": [{"key": labels::FENCE_TAINT, "operator": "Exists"}],
+                "tolerations": [{"operator": "Exists"}],
             }},
         });
         if topology {
