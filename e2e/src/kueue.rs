@@ -143,13 +143,11 @@ resources:
             &log,
         )?;
         let mut kueue = Kueue { processes, log };
-        let ready = format!("http://127.0.0.1:{health_port}/readyz");
+        let health = format!("127.0.0.1:{health_port}");
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         loop {
             kueue.processes.check_running()?;
-            if let Ok(response) = answers_ok(&ready).await
-                && response
-            {
+            if let Ok((200, _)) = crate::operator::http_get(&health, "/readyz").await {
                 return Ok(kueue);
             }
             if std::time::Instant::now() > deadline {
@@ -171,20 +169,6 @@ resources:
     pub fn log(&self) -> &Path {
         &self.log
     }
-}
-
-/// Whether `url` answers 200, over plain HTTP on loopback.
-async fn answers_ok(url: &str) -> Result<bool> {
-    let address = url.trim_start_matches("http://");
-    let (host, path) = address.split_once('/').unwrap_or((address, ""));
-    let mut stream = tokio::net::TcpStream::connect(host).await?;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"))
 }
 
 fn free_ports<const N: usize>() -> Result<[u16; N]> {

@@ -97,22 +97,25 @@ impl Operator {
 
     /// GETs `path` from the operator's HTTP endpoint: status code and body.
     pub async fn get(&self, path: &str) -> Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.http).await?;
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.http
+        http_get(&self.http.to_string(), path).await
+    }
+
+    /// Waits until the process aborted at fault point `fault` (`MUSTER_FAULT_POINT`), and
+    /// fails with the end of its log if it stopped anywhere else.
+    pub async fn wait_aborted_at(&mut self, fault: &str, timeout: std::time::Duration) -> Result<()> {
+        crate::wait::until(&format!("the operator to abort {fault}"), timeout, || {
+            let exited = self.check_running().is_err();
+            async move { Ok(exited.then_some(())) }
+        })
+        .await?;
+        let log = self.log();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        anyhow::ensure!(
+            log.contains(&format!("fault point {fault} reached")),
+            "the operator stopped at {fault}, not elsewhere; the end of its log:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
-        stream.write_all(request.as_bytes()).await?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await?;
-        let status = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .context("an HTTP status line")?;
-        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
-        Ok((status, body))
+        Ok(())
     }
 
     /// Stops the operator's process (SIGSTOP), as a stalled machine or a long pause
@@ -129,4 +132,21 @@ impl Operator {
     pub fn kill(mut self) {
         self.processes.stop(Duration::ZERO);
     }
+}
+
+/// A plain HTTP/1.1 GET on loopback: the status and the body.
+pub async fn http_get(address: &str, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("an HTTP status line")?;
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    Ok((status, body))
 }

@@ -102,28 +102,7 @@ async fn the_operator_killed_at_any_commit_step_converges() -> Result<()> {
             Box::pin(async move {
                 test.create(gang("victim", 3, None)).await?;
                 let operator = test.operator.as_mut().context("operator")?;
-                wait::until(
-                    &format!("the operator to abort {fault}"),
-                    Duration::from_secs(60),
-                    || {
-                        let exited = operator.check_running().is_err();
-                        async move { Ok(exited.then_some(())) }
-                    },
-                )
-                .await?;
-                let log = operator.log();
-                ensure!(
-                    log.contains(&format!("fault point {fault} reached")),
-                    "the operator stopped at {fault}, not elsewhere; the end of its log:\n{}",
-                    log.lines()
-                        .rev()
-                        .take(40)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev()
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
+                operator.wait_aborted_at(fault, Duration::from_secs(60)).await?;
                 test.operator = None;
                 test.start_operator(&[], &[])?;
                 assert_runs_as_planned(test, "victim").await?;

@@ -153,6 +153,30 @@ async fn require_check(test: &Test, check: &str) -> Result<()> {
     Ok(())
 }
 
+/// A gang asking for 5 GPUs in all: Kueue keeps it waiting on a quota of 4, and muster
+/// runs it with all 5 devices once the quota is 5.
+async fn waits_on_four_runs_on_five(test: &Test, name: &str) -> Result<()> {
+    test.wait_admitted_reason(name, "WaitingForKueue", Duration::from_secs(60))
+        .await?;
+    wait::holds(
+        "Kueue not admitting 5 GPUs on a quota of 4",
+        Duration::from_secs(3),
+        || async {
+            let object = kueue_workload(test, name).await?;
+            Ok(condition_status(&object, "QuotaReserved").as_deref() != Some("True"))
+        },
+    )
+    .await?;
+    set_gpu_quota(test, 5).await?;
+    wait_kueue_condition(test, name, "Admitted", "True").await?;
+    let workload = test
+        .wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
+        .await?;
+    let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+    ensure!(placement.devices == 5, "{placement:?}");
+    Ok(())
+}
+
 /// A gang of `workers` eight-GPU workers queueing in LocalQueue `team`; it succeeds when
 /// its launcher does.
 fn queued_gang(name: &str, workers: i32, priority: Option<&str>) -> Value {
@@ -695,21 +719,8 @@ async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
                     .is_some_and(|sets| sets.iter().any(|s| s["name"] == "shared-claims" && s["count"] == 1))
             })
             .await?;
-            // 5 GPUs asked, 4 in the quota: Kueue does not admit it.
-            test.wait_admitted_reason("shared", "WaitingForKueue", Duration::from_secs(60))
-                .await?;
-            wait::holds("Kueue not admitting 5 GPUs on a quota of 4", Duration::from_secs(3), || async {
-                let object = kueue_workload(test, "shared").await?;
-                Ok(condition_status(&object, "QuotaReserved").as_deref() != Some("True"))
-            })
-            .await?;
-            set_gpu_quota(test, 5).await?;
-            wait_kueue_condition(test, "shared", "Admitted", "True").await?;
-            let workload = test
-                .wait_phase("shared", WorkloadPhase::Running, Duration::from_secs(90))
-                .await?;
-            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
-            ensure!(placement.devices == 5, "{placement:?}");
+            // 5 GPUs asked, 4 in the quota: Kueue does not admit it, then it does.
+            waits_on_four_runs_on_five(test, "shared").await?;
             let held = allocations(&test.claims()).await?;
             ensure!(
                 held.get("shared-fabric").map(Vec::len) == Some(1),
@@ -873,20 +884,8 @@ async fn an_existing_claim_the_gang_names_is_charged_once_in_kueues_quota() -> R
                 })
             })
             .await?;
-            test.wait_admitted_reason("named", "WaitingForKueue", Duration::from_secs(60))
-                .await?;
-            wait::holds("Kueue not admitting 5 GPUs on a quota of 4", Duration::from_secs(3), || async {
-                let object = kueue_workload(test, "named").await?;
-                Ok(condition_status(&object, "QuotaReserved").as_deref() != Some("True"))
-            })
-            .await?;
-            set_gpu_quota(test, 5).await?;
-            wait_kueue_condition(test, "named", "Admitted", "True").await?;
-            let workload = test
-                .wait_phase("named", WorkloadPhase::Running, Duration::from_secs(90))
-                .await?;
-            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
-            ensure!(placement.devices == 5, "{placement:?}");
+            // 5 GPUs asked, 4 in the quota: Kueue does not admit it, then it does.
+            waits_on_four_runs_on_five(test, "named").await?;
             // The user's claim goes with the test; muster lets go of it once the gang ends.
             test.claims().delete("existing-gpu", &Default::default()).await?;
             Ok(())

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use muster_api::v1alpha1::WorkloadPhase;
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
@@ -144,22 +144,7 @@ async fn the_operator_killed_after_any_write_of_a_transition_converges() -> Resu
                 test.start_operator(&[], &[("MUSTER_FAULT_POINT", fault)])?;
                 drive(test, how).await?;
                 let operator = test.operator.as_mut().context("operator")?;
-                wait::until(
-                    &format!("the operator to abort {fault}"),
-                    Duration::from_secs(90),
-                    || {
-                        let exited = operator.check_running().is_err();
-                        async move { Ok(exited.then_some(())) }
-                    },
-                )
-                .await?;
-                let log = operator.log();
-                let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                ensure!(
-                    log.contains(&format!("fault point {fault} reached")),
-                    "the operator stopped at {fault}, not elsewhere; the end of its log:\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
+                operator.wait_aborted_at(fault, Duration::from_secs(90)).await?;
                 test.operator = None;
                 test.start_operator(&[], &[])?;
                 converged(test, how).await
@@ -189,19 +174,7 @@ async fn an_interrupted_commit_is_undone_across_crashes() -> Result<()> {
                     "after-reserving-record",
                 ] {
                     let operator = test.operator.as_mut().context("operator")?;
-                    wait::until(
-                        &format!("the operator to abort {fault}"),
-                        Duration::from_secs(90),
-                        || {
-                            let exited = operator.check_running().is_err();
-                            async move { Ok(exited.then_some(())) }
-                        },
-                    )
-                    .await?;
-                    ensure!(
-                        operator.log().contains(&format!("fault point {fault} reached")),
-                        "the operator stopped at {fault}, not elsewhere"
-                    );
+                    operator.wait_aborted_at(fault, Duration::from_secs(90)).await?;
                     test.operator = None;
                     let next = match fault {
                         "after-all-claims" => vec![("MUSTER_FAULT_POINT", "after-reserving-deallocate")],

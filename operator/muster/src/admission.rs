@@ -685,15 +685,11 @@ impl Admission {
         let started = Instant::now();
         // Inside Kueue's decision: the nodes of its flavors and topology domains.
         let mut excluded = held.against(priority);
-        if let Some(allowed) = self.kueue_allowed_nodes(workload, &self.index.snapshot()) {
-            excluded.extend(
-                self.index
-                    .snapshot()
-                    .nodes()
-                    .map(|n| n.name.clone())
-                    .filter(|n| !allowed.contains(n)),
-            );
+        let cluster = self.index.snapshot();
+        if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
+            excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
         }
+        drop(cluster);
         let planned = self.plan_off_runtime(workload, request.clone(), excluded).await?;
         let (outcome, reach) = (planned.outcome, planned.reach);
         let planned_in = started.elapsed();
