@@ -222,9 +222,10 @@ impl ControlPlane {
         for file in stage_files {
             kwok_args.push(format!("--config={}", s(&stages.join(file))));
         }
-        // Lets tests end pods with an exit code (annotation muster-e2e-exit), and keep
-        // deleted pods terminating for a while (muster-e2e-terminate-after).
-        for file in ["pod-exit.yaml", "pod-delete.yaml"] {
+        // Lets tests end pods with an exit code (annotation muster-e2e-exit) or after a
+        // while (muster-e2e-run-for), and keep deleted pods terminating for a while
+        // (muster-e2e-terminate-after).
+        for file in ["pod-exit.yaml", "pod-run-for.yaml", "pod-delete.yaml"] {
             let own_stages = paths::e2e_dir().join("controlplane").join("stages").join(file);
             kwok_args.push(format!("--config={}", s(&own_stages)));
         }
@@ -274,6 +275,11 @@ impl ControlPlane {
             keep_run_dir: options.keep_run_dir,
             processes,
         })
+    }
+
+    /// Name and process id of every component, for measuring what each costs.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.processes.pids()
     }
 
     /// Path of an admin kubeconfig for this cluster.

@@ -75,6 +75,11 @@ impl Operator {
         Ok(Operator { processes, log, http })
     }
 
+    /// The operator's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.processes.pids().first().map(|(_, pid)| *pid)
+    }
+
     /// Fails with the operator's log if it has exited.
     pub fn check_running(&mut self) -> Result<()> {
         self.processes.check_running()

@@ -128,6 +128,11 @@ impl ProcessGroup {
         self.components.iter_mut().try_for_each(Component::check_running)
     }
 
+    /// Name and process id of every component.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.components.iter().map(|c| (c.name.clone(), c.pid())).collect()
+    }
+
     pub fn component_mut(&mut self, name: &str) -> Option<&mut Component> {
         self.components.iter_mut().find(|c| c.name == name)
     }

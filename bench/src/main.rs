@@ -1,0 +1,88 @@
+//! `cargo run --release -p muster-bench`: runs the benchmark on a local control plane and
+//! writes the report (`docs/benchmarks.md` and its plot).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use muster_bench::contender::Contender;
+use muster_bench::report;
+use muster_bench::spec::{ScenarioId, Size};
+
+#[derive(Parser)]
+#[command(about = "muster against upstream gang scheduling and plain kube-scheduler")]
+struct Args {
+    /// Scenarios to run, comma-separated (S1..S5).
+    #[arg(long, default_value = "S1,S2,S3,S4,S5", value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// Repeats per scenario; odd repeats run the contenders in reverse order.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// A few nodes and gangs per scenario, to check the harness.
+    #[arg(long)]
+    smoke: bool,
+    /// The muster binary; by default the workspace's release build, built first.
+    #[arg(long, env = "MUSTER_BIN")]
+    muster_bin: Option<PathBuf>,
+    /// Keep the logs of the control plane and of every operator after the run.
+    #[arg(long)]
+    keep_logs: bool,
+    /// Where the report goes; the plot is written beside it.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let scenarios = args
+        .scenarios
+        .iter()
+        .map(|s| ScenarioId::parse(s).with_context(|| format!("unknown scenario {s}: expected S1..S5")))
+        .collect::<Result<Vec<_>>>()?;
+    let muster_binary = match args.muster_bin {
+        Some(path) => path,
+        None => build_release_muster()?,
+    };
+    let config = muster_bench::Config {
+        size: if args.smoke { Size::Smoke } else { Size::Full },
+        scenarios,
+        contenders: Contender::ALL.to_vec(),
+        repeats: args.repeats.max(1),
+        muster_binary,
+        keep_logs: args.keep_logs,
+    };
+    let run = muster_bench::run(&config, |line| eprintln!("{line}")).await?;
+    let plot_name = args
+        .out
+        .file_stem()
+        .map(|s| format!("{}-cdf.svg", s.to_string_lossy()))
+        .unwrap_or_else(|| "benchmarks-cdf.svg".into());
+    let dir = args
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join(&plot_name), report::plot(&run))?;
+    std::fs::write(&args.out, report::markdown(&run, &plot_name))?;
+    eprintln!("report written to {}", args.out.display());
+    Ok(())
+}
+
+/// Builds the release `muster` binary of this workspace and returns its path.
+fn build_release_muster() -> Result<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "-p", "muster"])
+        .current_dir(&workspace)
+        .status()
+        .context("running cargo build --release -p muster")?;
+    if !status.success() {
+        bail!("cargo build --release -p muster failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    Ok(target.join("release").join("muster"))
+}

@@ -1,0 +1,491 @@
+//! The Markdown report: per scenario a table per contender, a headline of ratios to
+//! upstream measured in the same run, every goal with whether it was met, and the CDF.
+
+use std::fmt::Write as _;
+
+use crate::contender::Contender;
+use crate::phase::PhaseResult;
+use crate::plot::{Series, cdf_svg};
+use crate::spec::{Scenario, ScenarioId};
+use crate::stats::{mean, percentile};
+
+/// Everything a run produced.
+pub struct Run {
+    pub machine: String,
+    pub date: String,
+    pub repeats: usize,
+    pub scenarios: Vec<Scenario>,
+    pub results: Vec<PhaseResult>,
+}
+
+/// Aggregates over the repeats of one contender in one scenario.
+struct Summary<'a> {
+    phases: Vec<&'a PhaseResult>,
+}
+
+impl<'a> Summary<'a> {
+    fn of(run: &'a Run, scenario: ScenarioId, contender: Contender) -> Self {
+        Summary {
+            phases: run
+                .results
+                .iter()
+                .filter(|r| r.scenario == scenario && r.contender == contender)
+                .collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.phases.is_empty()
+    }
+
+    /// Every gang's value, pooled over the repeats.
+    fn pooled(&self, value: impl Fn(&crate::phase::GangOutcome) -> Option<f64>) -> Vec<f64> {
+        self.phases
+            .iter()
+            .flat_map(|p| p.gangs.iter().filter_map(&value))
+            .collect()
+    }
+
+    fn per_phase(&self, value: impl Fn(&PhaseResult) -> f64) -> Option<f64> {
+        mean(&self.phases.iter().map(|p| value(p)).collect::<Vec<_>>())
+    }
+
+    fn bound(&self) -> Vec<f64> {
+        self.pooled(|g| g.all_bound)
+    }
+
+    fn running(&self) -> Vec<f64> {
+        self.pooled(|g| g.all_running)
+    }
+
+    fn gangs_per_phase(&self) -> usize {
+        self.phases.first().map(|p| p.gangs.len()).unwrap_or(0)
+    }
+}
+
+fn seconds(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "–".into())
+}
+
+fn number(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}")).unwrap_or_else(|| "–".into())
+}
+
+/// `ours / theirs`, as "0.52×".
+fn ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
+    match (ours, theirs) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "–".into(),
+    }
+}
+
+fn met(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
+}
+
+/// The report's Markdown; the plot is written beside it as `plot_file`.
+pub fn markdown(run: &Run, plot_file: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# muster against upstream gang scheduling\n");
+    let _ = writeln!(
+        out,
+        "Measured on **{}**, {}, on one local Kubernetes v1.37.1 control plane (etcd, kube-apiserver, \
+         kube-scheduler, kube-controller-manager) with kwok nodes and a fake DRA GPU driver, \
+         upstream gang scheduling enabled (`GenericWorkload`, `TopologyAwareWorkloadScheduling`, \
+         `scheduling.k8s.io/v1beta1`). Rerun with `cargo run --release -p muster-bench`.\n",
+        run.machine, run.date
+    );
+    let _ = writeln!(
+        out,
+        "Each scenario runs every contender in turn on the same freshly reset fleet, never two at \
+         once, {} repeats, in A/B then B/A order. Ratios are muster over upstream PodGroup gang \
+         scheduling measured in the same run; **absolute times are this machine's**. Times come from \
+         client-side watches on a monotonic clock, from a gang's create request to the moment the \
+         last of its pods is bound (create → bound) or Running (create → Running).\n",
+        run.repeats
+    );
+    let _ = writeln!(
+        out,
+        "Contenders: **muster** (a Workload per gang); **upstream** (a `PodGroup` with a gang policy and pods naming it in `spec.schedulingGroup`); **plain** kube-scheduler without gangs (the pods alone), the floor, where partial allocations are expected.\n"
+    );
+    headline(&mut out, run);
+    let _ = writeln!(out, "![create → Running per gang, S1 and S5]({plot_file})\n");
+    for scenario in &run.scenarios {
+        details(&mut out, run, scenario);
+    }
+    let _ = writeln!(out, "## Definitions\n");
+    let _ = writeln!(
+        out,
+        "- **admitted**: every pod of the gang bound to a node. **placed correctly**: admitted, and in one rack where the gang asks for it."
+    );
+    let _ = writeln!(
+        out,
+        "- **partial allocation**: a gang that held devices for some of its pods but not all for 10 s or more: members sitting on GPUs while another member waits."
+    );
+    let _ = writeln!(
+        out,
+        "- **deadlocked**: gangs holding a partial allocation when nothing has been bound, started or finished for the scenario's stall time."
+    );
+    let _ = writeln!(
+        out,
+        "- **pods/s**: pods bound from the first create to the last pod bound. **writes/pod**: create, update, patch and delete requests kube-apiserver served during the phase (all clients), per pod bound; **muster writes/pod**: those muster made, from its own request counter."
+    );
+    let _ = writeln!(
+        out,
+        "- **GPU utilisation**: GPU-seconds of running pods over the fleet's GPU-seconds, from the first create to the last gang done."
+    );
+    let _ = writeln!(
+        out,
+        "- **CPU s**: CPU seconds used during the phase, from /proc: muster's operator, kube-scheduler, kube-apiserver."
+    );
+    out
+}
+
+fn headline(out: &mut String, run: &Run) {
+    let _ = writeln!(out, "## Headline\n");
+    let _ = writeln!(
+        out,
+        "| scenario | measure | muster | upstream | muster / upstream | goal | |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for scenario in &run.scenarios {
+        let ours = Summary::of(run, scenario.id, Contender::Muster);
+        let theirs = Summary::of(run, scenario.id, Contender::Upstream);
+        if ours.is_empty() || theirs.is_empty() {
+            continue;
+        }
+        let title = scenario.id.title();
+        let mut row = |measure: &str, a: Option<f64>, b: Option<f64>, digits: usize, goal: &str, ok: Option<bool>| {
+            let _ = writeln!(
+                out,
+                "| {title} | {measure} | {} | {} | {} | {goal} | {} |",
+                number(a, digits),
+                number(b, digits),
+                ratio(a, b),
+                met(ok)
+            );
+        };
+        match scenario.id {
+            ScenarioId::S1 => {
+                let (a, b) = (percentile(&ours.running(), 99.0), percentile(&theirs.running(), 99.0));
+                row(
+                    "create → Running p99 (s)",
+                    a,
+                    b,
+                    2,
+                    "≤ upstream",
+                    a.zip(b).map(|(a, b)| a <= b),
+                );
+                let (a, b) = (
+                    ours.per_phase(|p| p.pods_per_second),
+                    theirs.per_phase(|p| p.pods_per_second),
+                );
+                row("pods/s", a, b, 1, "", None);
+            }
+            ScenarioId::S2 | ScenarioId::S3 => {
+                let placed = |s: &Summary| s.per_phase(|p| p.placed_correctly() as f64);
+                let (a, b) = (placed(&ours), placed(&theirs));
+                row(
+                    "gangs placed correctly per run",
+                    a,
+                    b,
+                    1,
+                    "≥ upstream",
+                    a.zip(b).map(|(a, b)| a >= b),
+                );
+                let a = ours.per_phase(|p| p.partial() as f64);
+                row(
+                    "partial allocations per run",
+                    a,
+                    theirs.per_phase(|p| p.partial() as f64),
+                    1,
+                    "0",
+                    a.map(|a| a == 0.0),
+                );
+                let a = ours.per_phase(|p| p.deadlocked() as f64);
+                row(
+                    "deadlocked gangs per run",
+                    a,
+                    theirs.per_phase(|p| p.deadlocked() as f64),
+                    1,
+                    "0",
+                    a.map(|a| a == 0.0),
+                );
+                if scenario.id == ScenarioId::S3 {
+                    row(
+                        "makespan (s)",
+                        ours.per_phase(|p| p.makespan),
+                        theirs.per_phase(|p| p.makespan),
+                        1,
+                        "",
+                        None,
+                    );
+                    row(
+                        "GPU utilisation",
+                        ours.per_phase(|p| p.gpu_utilisation),
+                        theirs.per_phase(|p| p.gpu_utilisation),
+                        2,
+                        "",
+                        None,
+                    );
+                }
+            }
+            ScenarioId::S4 => {
+                let recovery = |s: &Summary| {
+                    mean(
+                        &s.phases
+                            .iter()
+                            .filter_map(|p| p.recovery.as_ref()?.seconds)
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                row(
+                    "failure → all Running (s)",
+                    recovery(&ours),
+                    recovery(&theirs),
+                    2,
+                    "",
+                    None,
+                );
+                let same = |s: &Summary| {
+                    s.per_phase(|p| f64::from(u8::from(p.recovery.as_ref().is_some_and(|r| r.same_devices))))
+                };
+                row(
+                    "same devices back (share of runs)",
+                    same(&ours),
+                    same(&theirs),
+                    2,
+                    "",
+                    None,
+                );
+            }
+            ScenarioId::S5 => {
+                let (a, b) = (percentile(&ours.bound(), 99.0), percentile(&theirs.bound(), 99.0));
+                row("create → bound p99 (s)", a, b, 2, "", None);
+                let (a, b) = (
+                    ours.per_phase(|p| p.pods_per_second),
+                    theirs.per_phase(|p| p.pods_per_second),
+                );
+                row("pods/s bound", a, b, 1, "muster ≥ 300", a.map(|a| a >= 300.0));
+                let rss = ours.per_phase(|p| p.muster_peak_rss_mib.unwrap_or(0.0));
+                row("muster peak RSS (MiB)", rss, None, 0, "≤ 300", rss.map(|r| r <= 300.0));
+                let writes = ours.per_phase(|p| p.muster_writes.unwrap_or(0.0) / p.pods_bound.max(1) as f64);
+                row(
+                    "muster writes per pod",
+                    writes,
+                    None,
+                    2,
+                    "≤ 4",
+                    writes.map(|w| w <= 4.0),
+                );
+                let all = |s: &Summary| s.per_phase(|p| p.total_writes() / p.pods_bound.max(1) as f64);
+                row(
+                    "apiserver writes per pod (all clients)",
+                    all(&ours),
+                    all(&theirs),
+                    2,
+                    "",
+                    None,
+                );
+            }
+        }
+    }
+    let _ = writeln!(out);
+}
+
+fn details(out: &mut String, run: &Run, scenario: &Scenario) {
+    let _ = writeln!(out, "## {}\n", scenario.id.title());
+    let sizes: std::collections::BTreeMap<usize, usize> = scenario.gangs.iter().fold(Default::default(), |mut m, g| {
+        *m.entry(g.pods).or_default() += 1;
+        m
+    });
+    let shape: Vec<String> = sizes.iter().map(|(pods, n)| format!("{n} × {pods}-pod")).collect();
+    let gpus = scenario.gangs.first().map(|g| g.gpus).unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "{} nodes × {} GPUs in racks of {}; gangs {} with {gpus} GPUs per pod{}{}{}.\n",
+        scenario.fleet.nodes,
+        scenario.fleet.gpus_per_node,
+        scenario.fleet.nodes_per_rack,
+        shape.join(", "),
+        if scenario.gangs.iter().any(|g| g.same_rack) {
+            ", each in one rack"
+        } else {
+            ""
+        },
+        scenario
+            .gangs
+            .first()
+            .and_then(|g| g.run_for_seconds)
+            .map(|s| format!(", pods finish after {s} s"))
+            .unwrap_or_default(),
+        if scenario.delete_finished {
+            ", finished gangs deleted (churn)"
+        } else {
+            ""
+        },
+    );
+    let _ = writeln!(
+        out,
+        "| contender | admitted / placed correctly (of {}) | create → bound p50 / p90 / p99 (s) | create → Running p50 / p90 / p99 (s) | pods/s | partial | deadlocked | makespan (s) | GPU util. | CPU s muster / scheduler / apiserver | writes/pod (muster's) | muster RSS MiB |",
+        Summary::of(run, scenario.id, Contender::Muster)
+            .gangs_per_phase()
+            .max(scenario.gangs.len())
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for contender in Contender::ALL {
+        let s = Summary::of(run, scenario.id, contender);
+        if s.is_empty() {
+            continue;
+        }
+        let (bound, running) = (s.bound(), s.running());
+        let triple = |v: &[f64]| {
+            format!(
+                "{} / {} / {}",
+                seconds(percentile(v, 50.0)),
+                seconds(percentile(v, 90.0)),
+                seconds(percentile(v, 99.0))
+            )
+        };
+        let cpu = |name: &str| s.per_phase(|p| p.cpu_seconds.get(name).copied().unwrap_or(0.0));
+        let muster_writes = if contender == Contender::Muster {
+            format!(
+                " ({})",
+                number(
+                    s.per_phase(|p| p.muster_writes.unwrap_or(0.0) / p.pods_bound.max(1) as f64),
+                    2
+                )
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {}{} | {} |",
+            contender.label(),
+            number(s.per_phase(|p| p.admitted() as f64), 1),
+            number(s.per_phase(|p| p.placed_correctly() as f64), 1),
+            triple(&bound),
+            triple(&running),
+            number(s.per_phase(|p| p.pods_per_second), 1),
+            number(s.per_phase(|p| p.partial() as f64), 1),
+            number(s.per_phase(|p| p.deadlocked() as f64), 1),
+            number(s.per_phase(|p| p.makespan), 1),
+            number(s.per_phase(|p| p.gpu_utilisation), 2),
+            number(cpu("muster").filter(|_| contender == Contender::Muster), 1),
+            number(cpu("kube-scheduler"), 1),
+            number(cpu("kube-apiserver"), 1),
+            number(s.per_phase(|p| p.total_writes() / p.pods_bound.max(1) as f64), 1),
+            muster_writes,
+            number(
+                s.per_phase(|p| p.muster_peak_rss_mib.unwrap_or(0.0))
+                    .filter(|_| contender == Contender::Muster),
+                0
+            ),
+        );
+    }
+    let _ = writeln!(out);
+    match scenario.id {
+        ScenarioId::S3 => {
+            let _ = writeln!(
+                out,
+                "Starvation of the largest gangs (16 pods): queue wait create → bound, and how many never ran.\n"
+            );
+            let _ = writeln!(
+                out,
+                "| contender | 16-pod wait p50 / max (s) | all gangs wait p50 (s) | 16-pod gangs not admitted per run |"
+            );
+            let _ = writeln!(out, "|---|---|---|---|");
+            for contender in Contender::ALL {
+                let s = Summary::of(run, scenario.id, contender);
+                if s.is_empty() {
+                    continue;
+                }
+                let big = s.pooled(|g| if g.pods == 16 { g.all_bound } else { None });
+                let max = big
+                    .iter()
+                    .copied()
+                    .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+                let _ = writeln!(
+                    out,
+                    "| {} | {} / {} | {} | {} |",
+                    contender.label(),
+                    seconds(percentile(&big, 50.0)),
+                    seconds(max),
+                    seconds(percentile(&s.bound(), 50.0)),
+                    number(
+                        s.per_phase(
+                            |p| p.gangs.iter().filter(|g| g.pods == 16 && g.all_bound.is_none()).count() as f64
+                        ),
+                        1
+                    ),
+                );
+            }
+            let _ = writeln!(out);
+        }
+        ScenarioId::S4 => {
+            let _ = writeln!(
+                out,
+                "One member of the running gang fails (its container exits 1). muster restarts the gang on its reservation; for upstream and plain the benchmark replaces the failed pod as a Job-like controller would.\n"
+            );
+            let _ = writeln!(
+                out,
+                "| contender | failure → all Running per run (s) | same devices back |"
+            );
+            let _ = writeln!(out, "|---|---|---|");
+            for contender in Contender::ALL {
+                let s = Summary::of(run, scenario.id, contender);
+                if s.is_empty() {
+                    continue;
+                }
+                let times: Vec<String> = s
+                    .phases
+                    .iter()
+                    .map(|p| seconds(p.recovery.as_ref().and_then(|r| r.seconds)))
+                    .collect();
+                let same = s
+                    .phases
+                    .iter()
+                    .filter(|p| p.recovery.as_ref().is_some_and(|r| r.same_devices))
+                    .count();
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {same} of {} |",
+                    contender.label(),
+                    times.join(", "),
+                    s.phases.len()
+                );
+            }
+            let _ = writeln!(out);
+        }
+        _ => {}
+    }
+}
+
+/// The CDF of create → Running per contender, for the scenarios with the most gangs.
+pub fn plot(run: &Run) -> String {
+    let colors = ["#1b6ac9", "#d9480f", "#666666", "#2b8a3e", "#862e9c", "#e67700"];
+    let mut series = Vec::new();
+    for scenario in run
+        .scenarios
+        .iter()
+        .filter(|s| matches!(s.id, ScenarioId::S1 | ScenarioId::S5))
+    {
+        for contender in Contender::ALL {
+            let s = Summary::of(run, scenario.id, contender);
+            if s.is_empty() {
+                continue;
+            }
+            series.push(Series {
+                label: format!("{:?} {}", scenario.id, contender.label()),
+                color: colors[series.len() % colors.len()],
+                values: s.running(),
+            });
+        }
+    }
+    cdf_svg("create → all pods Running, per gang", "seconds (this machine)", &series)
+}

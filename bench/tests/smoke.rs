@@ -1,0 +1,70 @@
+//! The benchmark's smoke run: every scenario at its smallest, every contender once, on
+//! a real local control plane. It checks that the harness measures what the report
+//! needs; it asserts no timings.
+
+use anyhow::{Result, ensure};
+use muster_bench::contender::Contender;
+use muster_bench::report;
+use muster_bench::spec::{ScenarioId, Size};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()> {
+    let config = muster_bench::Config {
+        size: Size::Smoke,
+        scenarios: ScenarioId::ALL.to_vec(),
+        contenders: Contender::ALL.to_vec(),
+        repeats: 1,
+        muster_binary: muster_e2e::operator::muster_binary()?,
+        keep_logs: false,
+    };
+    let run = muster_bench::run(&config, |line| eprintln!("{line}")).await?;
+    ensure!(run.results.len() == ScenarioId::ALL.len() * Contender::ALL.len());
+    for result in &run.results {
+        let what = format!("{:?} {}", result.scenario, result.contender.label());
+        // Without contention every contender places every gang; the gang schedulers also
+        // keep S2's gangs in their racks, and muster never leaves a gang half-allocated.
+        if matches!(result.scenario, ScenarioId::S1 | ScenarioId::S4) {
+            ensure!(result.admitted() == result.gangs.len(), "{what}: {result:#?}");
+        }
+        if result.contender == Contender::Muster {
+            ensure!(result.placed_correctly() == result.gangs.len(), "{what}: {result:#?}");
+            ensure!(result.partial() == 0 && !result.stalled, "{what}: {result:#?}");
+            ensure!(
+                result.muster_peak_rss_mib.is_some() && result.muster_writes.is_some(),
+                "{what}: no operator cost measured"
+            );
+        }
+        if result.scenario == ScenarioId::S4 {
+            let recovery = result.recovery.as_ref();
+            ensure!(
+                recovery.is_some_and(|r| r.seconds.is_some()),
+                "{what}: the gang did not recover: {recovery:?}"
+            );
+        }
+        if matches!(result.scenario, ScenarioId::S3 | ScenarioId::S5) && result.contender != Contender::Plain {
+            ensure!(
+                result.gangs.iter().all(|g| g.finished.is_some()),
+                "{what}: not every gang finished: {result:#?}"
+            );
+        }
+        ensure!(
+            result.pods_bound > 0 && result.total_writes() > 0.0,
+            "{what}: nothing measured"
+        );
+        ensure!(
+            result.cpu_seconds.contains_key("kube-scheduler"),
+            "{what}: no component CPU measured"
+        );
+    }
+    let markdown = report::markdown(&run, "plot.svg");
+    for id in ScenarioId::ALL {
+        ensure!(
+            markdown.contains(&format!("## {}", id.title())),
+            "{id:?} missing from the report"
+        );
+    }
+    ensure!(markdown.contains("## Headline"));
+    let svg = report::plot(&run);
+    ensure!(svg.matches("<polyline").count() == 2 * Contender::ALL.len());
+    Ok(())
+}
