@@ -7,13 +7,16 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_e2e::fleet::GPU_DRIVER;
-use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test, worker_node};
+use muster_e2e::scenario::{
+    Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node, workload_of_joining_pods,
+};
 use muster_e2e::wait;
 use serde_json::json;
 
@@ -508,4 +511,103 @@ async fn a_gang_waiting_too_long_keeps_its_nodes_from_smaller_ones_but_not_the_r
         })
     })
     .await
+}
+
+/// Gangs that fit side by side are committed at the same time: each is planned with the
+/// ones before it assumed, so their commits' round trips overlap without ever taking a
+/// device twice. Both commits must reach the pause before either may go on; one after
+/// the other, the second would never start while the first waits.
+#[tokio::test]
+async fn gangs_planned_in_one_pass_are_committed_together_on_separate_devices() -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-concurrent-commits-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    with_test("together", &[], &[], |test| {
+        let go_on = go_on.clone();
+        let go_on_text = go_on_text.clone();
+        Box::pin(async move {
+            // Another scheduler holds one GPU on three nodes of each rack: neither gang
+            // (two whole nodes in one rack) fits while the operator joins and plans them.
+            let mut taken = Vec::new();
+            for rack in test.cluster.nodes.chunk_by(|a, b| a.rack == b.rack) {
+                for node in rack.iter().take(3) {
+                    let name = format!("taken-{}", node.name);
+                    take_device(test, &name, &node.name, "gpu-0").await?;
+                    taken.push(name);
+                }
+            }
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            for name in ["left", "right"] {
+                test.create(workload_of_joining_pods(name, "workers", 2)).await?;
+                let job: Job = serde_json::from_value(job_joining(name, "workers", 2))?;
+                jobs.create(&PostParams::default(), &job).await?;
+            }
+            for name in ["left", "right"] {
+                test.wait_admitted_reason(name, conditions::REASON_UNSCHEDULABLE, Duration::from_secs(60))
+                    .await?;
+            }
+            // With the operator down the devices come free; the next one finds both gangs
+            // complete and waiting in its first pass.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            for name in &taken {
+                test.claims().delete(name, &DeleteParams::default()).await?;
+            }
+            wait::until("the taken devices to come free", Duration::from_secs(60), || async {
+                let held = allocations(&test.claims()).await?;
+                Ok(taken.iter().all(|t| !held.contains_key(t)).then_some(()))
+            })
+            .await?;
+            test.start_operator(
+                &[],
+                &[
+                    ("MUSTER_PAUSE_POINT", "after-plan-recorded"),
+                    ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+                ],
+            )?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until("both commits to pause", Duration::from_secs(60), || {
+                let paused = operator
+                    .log()
+                    .matches("pause point after-plan-recorded reached")
+                    .count();
+                async move { Ok((paused == 2).then_some(())) }
+            })
+            .await?;
+            std::fs::write(&go_on, b"")?;
+            for name in ["left", "right"] {
+                test.wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
+                    .await?;
+            }
+            let held = allocations(&test.claims()).await?;
+            let devices: Vec<&(String, String)> = held.values().flatten().collect();
+            let distinct: BTreeSet<&(String, String)> = devices.iter().copied().collect();
+            ensure!(devices.len() == 32, "both gangs hold 32 devices: {held:?}");
+            ensure!(distinct.len() == devices.len(), "a device is held twice: {held:?}");
+            Ok(())
+        })
+    })
+    .await?;
+    let _ = std::fs::remove_file(&go_on);
+    Ok(())
+}
+
+/// A claim `name` holding `device` of `node`, allocated the way another scheduler would.
+async fn take_device(test: &Test, name: &str, node: &str, device: &str) -> Result<()> {
+    let claim = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}},
+    }))?;
+    test.claims().create(&PostParams::default(), &claim).await?;
+    let allocation = json!({"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": GPU_DRIVER, "pool": node, "device": device},
+    ]}}}});
+    test.claims()
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&allocation),
+        )
+        .await?;
+    Ok(())
 }

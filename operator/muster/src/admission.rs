@@ -90,6 +90,9 @@ pub struct Settings {
     pub starvation_after: Duration,
     /// Parallel writes while reserving and releasing.
     pub write_parallelism: usize,
+    /// Gangs committed at once. Each is planned with the ones before it assumed, so
+    /// their devices and node resources never overlap.
+    pub commit_parallelism: usize,
     /// Test-only: abort after this step.
     pub fault: Option<FaultPoint>,
     /// Test-only: hold after this step.
@@ -108,6 +111,7 @@ impl Default for Settings {
             schedule_timeout: Duration::from_secs(120),
             starvation_after: Duration::from_secs(600),
             write_parallelism: 64,
+            commit_parallelism: 16,
             fault: None,
             pause: None,
             plan: PlanOptions::default(),
@@ -497,6 +501,10 @@ impl Admission {
 
         let changes = self.index.changes();
         let mut held = Held::default();
+        let mut planned: Vec<PlannedGang> = Vec::new();
+        // Within a pass the cluster only fills up: a gang shaped like one that did not
+        // fit does not fit either, and is not planned again.
+        let mut unfit: HashMap<String, (String, Planned)> = HashMap::new();
         for (priority, _, name, workload) in queue {
             // The cache may not show this pass's own commits yet.
             if self
@@ -528,47 +536,117 @@ impl Admission {
                     continue;
                 }
             }
-            let attempt = self.try_admit(&workload, priority, &held).await;
-            match attempt {
-                Ok(Admit::Committed) => {
-                    self.waiting.remove(&name);
-                }
-                outcome => {
-                    let reach = match &outcome {
-                        Ok(Admit::DoesNotFit { reach }) => reach.clone(),
-                        // A commit that failed, or an invalid request, waits like a gang
-                        // that does not fit, but never holds the queue back.
-                        Ok(Admit::Committed | Admit::RolledBack | Admit::Invalid) | Err(_) => None,
-                    };
-                    if let Err(e) = &outcome {
-                        warn!(workload = %key(&workload), error = %e, "admission failed");
-                    }
-                    let entry = self.waiting.entry(name.clone()).or_insert(Waiting {
-                        since: Instant::now(),
-                        next_try: Instant::now(),
-                        failures: 0,
-                        changes_seen: 0,
-                        reach: None,
+            let outcome = match self.try_plan(&workload, priority, &held, &mut unfit).await {
+                Ok(Attempt::Placed { request, plan }) => {
+                    // The gangs planned after this one must see its devices and pods as
+                    // taken.
+                    let (pods, claims) = plan.assumption(&request);
+                    self.index.update(|c| c.assume(&name, &pods, &claims));
+                    planned.push(PlannedGang {
+                        name,
+                        priority,
+                        workload,
+                        request: *request,
+                        plan: *plan,
                     });
-                    entry.failures += 1;
-                    entry.changes_seen = changes;
-                    entry.reach = reach;
-                    // 1 s, 2 s, 4 s ... at most a minute between attempts.
-                    let backoff = Duration::from_secs(1u64 << entry.failures.min(7).saturating_sub(1))
-                        .min(Duration::from_secs(60));
-                    entry.next_try = Instant::now() + backoff;
-                    next = next.min(backoff);
-                    if entry.since.elapsed() > self.settings.starvation_after
-                        && let Some(reach) = &entry.reach
-                    {
-                        held.hold(priority, &name, reach);
+                    // A batch of planned gangs is committed at once; the next batch is
+                    // planned on what this one left.
+                    if planned.len() >= self.settings.commit_parallelism.max(1) {
+                        self.commit_batch(std::mem::take(&mut planned), changes, &mut held, &mut next)
+                            .await;
                     }
+                    continue;
                 }
-            }
+                Ok(Attempt::Stale) => {
+                    // It uses a claim that a planned commit allocates, or that the index
+                    // shows allocated before the cache does. Planned again next pass,
+                    // and no gang behind it goes first meanwhile.
+                    next = next.min(Duration::from_millis(100));
+                    break;
+                }
+                Ok(Attempt::Done(admit)) => Ok(admit),
+                Err(e) => Err(e),
+            };
+            self.settle_attempt(&name, priority, outcome, changes, &mut held, &mut next);
         }
+        self.commit_batch(planned, changes, &mut held, &mut next).await;
         // Extras of running gangs keep off them too, until the next pass says again.
         self.held = held;
         next
+    }
+
+    /// Commits planned gangs at once: each commit is a chain of round trips, and their
+    /// plans cannot overlap, each planned with the ones before it assumed.
+    async fn commit_batch(&mut self, batch: Vec<PlannedGang>, changes: u64, held: &mut Held, next: &mut Duration) {
+        if batch.is_empty() {
+            return;
+        }
+        let this = &*self;
+        let parallelism = batch.len();
+        let committed: Vec<(PlannedGang, Result<Admit, CommitError>)> = stream::iter(batch)
+            .map(|gang| async move {
+                let outcome = this.commit_planned(&gang.workload, &gang.request, &gang.plan).await;
+                (gang, outcome)
+            })
+            .buffer_unordered(parallelism)
+            .collect()
+            .await;
+        for (gang, outcome) in committed {
+            self.settle_attempt(&gang.name, gang.priority, outcome, changes, held, next);
+        }
+    }
+
+    /// Remembers how an attempt to admit gang `name` ended: a committed gang stops
+    /// waiting; any other waits with a growing backoff, and holds its nodes once it has
+    /// waited past the starvation limit.
+    fn settle_attempt(
+        &mut self,
+        name: &str,
+        priority: i32,
+        outcome: Result<Admit, CommitError>,
+        changes: u64,
+        held: &mut Held,
+        next: &mut Duration,
+    ) {
+        if matches!(outcome, Ok(Admit::Committed)) {
+            self.waiting.remove(name);
+            return;
+        }
+        let reach = match &outcome {
+            Ok(Admit::DoesNotFit { reach }) => reach.clone(),
+            // A commit that failed, or an invalid request, waits like a gang that does
+            // not fit, but never holds the queue back.
+            Ok(Admit::Committed | Admit::RolledBack | Admit::Invalid) | Err(_) => None,
+        };
+        if let Err(e) = &outcome {
+            warn!(workload = %name, error = %e, "admission failed");
+        }
+        let entry = self.waiting.entry(name.to_string()).or_insert(Waiting {
+            since: Instant::now(),
+            next_try: Instant::now(),
+            failures: 0,
+            changes_seen: 0,
+            reach: None,
+        });
+        entry.failures += 1;
+        entry.changes_seen = changes;
+        // A gang that would fit an emptied cluster waits for capacity: it is tried again
+        // as soon as the cluster changes, at most once a second. Anything else (a failed
+        // commit, a gang too big for the cluster) backs off: 1 s, 2 s, 4 s ... at most a
+        // minute between attempts.
+        let backoff = if reach.is_some() {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(1u64 << entry.failures.min(7).saturating_sub(1)).min(Duration::from_secs(60))
+        };
+        entry.reach = reach;
+        entry.next_try = Instant::now() + backoff;
+        *next = (*next).min(backoff);
+        if entry.since.elapsed() > self.settings.starvation_after
+            && let Some(reach) = &entry.reach
+        {
+            held.hold(priority, name, reach);
+        }
     }
 
     /// Waiting for admission: every object exists, not suspended, not being deleted.
@@ -667,10 +745,18 @@ impl Admission {
 
     /// Plans a gang of `priority`, without the nodes `held` against it for gangs that
     /// have waited longest, and commits it if it fits.
-    async fn try_admit(&mut self, workload: &Workload, priority: i32, held: &Held) -> Result<Admit, CommitError> {
+    /// Plans gang `workload`: a plan to commit, or how the attempt ended (its status and
+    /// Kueue's check already say why).
+    async fn try_plan(
+        &self,
+        workload: &Workload,
+        priority: i32,
+        held: &Held,
+        unfit: &mut HashMap<String, (String, Planned)>,
+    ) -> Result<Attempt, CommitError> {
         let request = match self.request(workload) {
             Ok(request) => request,
-            Err(e) if e.is_waiting() => return Ok(Admit::DoesNotFit { reach: None }),
+            Err(e) if e.is_waiting() => return Ok(Attempt::Done(Admit::DoesNotFit { reach: None })),
             Err(e) => {
                 let message = e.to_string();
                 if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
@@ -679,18 +765,47 @@ impl Admission {
                 }
                 // Kueue would hold the quota for it with the check pending, for ever.
                 self.answer_check(workload, "Rejected", &message, None).await?;
-                return Ok(Admit::Invalid);
+                return Ok(Attempt::Done(Admit::Invalid));
             }
         };
         let started = Instant::now();
         // Inside Kueue's decision: the nodes of its flavors and topology domains.
         let mut excluded = held.against(priority);
         let cluster = self.index.snapshot();
+        if uses_a_claim_allocated_meanwhile(&request, &cluster) {
+            return Ok(Attempt::Stale);
+        }
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
             excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
         }
         drop(cluster);
-        let planned = self.plan_off_runtime(workload, request.clone(), excluded).await?;
+        // Kueue's decision differs per gang; otherwise the shape, the priority and the
+        // held nodes decide the outcome.
+        let shape = self
+            .kueue_object(workload)
+            .is_none()
+            .then(|| format!("{priority}|{excluded:?}|{}", shape_signature(&request)));
+        let planned = match shape.as_ref().and_then(|s| unfit.get(s)) {
+            Some((planned_gang, known)) => {
+                // The reasons name the gang that was planned: name this one instead.
+                let mut planned = known.clone();
+                if let Outcome::Unschedulable(why) = &mut planned.outcome {
+                    for reason in &mut why.reasons {
+                        *reason = reason.replace(planned_gang.as_str(), &request.name);
+                    }
+                }
+                planned
+            }
+            None => {
+                let planned = self.plan_off_runtime(workload, request.clone(), excluded).await?;
+                if let Some(shape) = shape
+                    && matches!(planned.outcome, Outcome::Unschedulable(_))
+                {
+                    unfit.insert(shape, (request.name.clone(), planned.clone()));
+                }
+                planned
+            }
+        };
         let (outcome, reach) = (planned.outcome, planned.reach);
         let planned_in = started.elapsed();
         let label = OutcomeLabel {
@@ -737,31 +852,44 @@ impl Admission {
                 } else {
                     self.answer_check(workload, "Rejected", &message, None).await?;
                 }
-                Ok(Admit::DoesNotFit { reach })
+                Ok(Attempt::Done(Admit::DoesNotFit { reach }))
             }
             Outcome::Placed(plan) => {
                 info!(workload = %key(workload), pods = plan.pods.len(), devices = plan.device_count(), planned_ms = planned_in.as_millis() as u64, "gang fits; committing");
-                let started = Instant::now();
-                let committed = self
-                    .commit(workload, &request, &plan)
-                    .instrument(info_span!("commit", workload = %key(workload)))
-                    .await;
-                let outcome = if matches!(committed, Ok(true)) {
-                    "committed"
-                } else {
-                    "failed"
-                };
-                metrics::get()
-                    .commit_duration
-                    .get_or_create(&OutcomeLabel { outcome })
-                    .observe(metrics::seconds(started.elapsed()));
-                Ok(if committed? {
-                    Admit::Committed
-                } else {
-                    Admit::RolledBack
+                Ok(Attempt::Placed {
+                    request: Box::new(request),
+                    plan: Box::new(plan),
                 })
             }
         }
+    }
+
+    /// Commits a planned gang whose plan the index already assumes.
+    async fn commit_planned(
+        &self,
+        workload: &Workload,
+        request: &GangRequest,
+        plan: &Plan,
+    ) -> Result<Admit, CommitError> {
+        let started = Instant::now();
+        let committed = self
+            .commit(workload, request, plan)
+            .instrument(info_span!("commit", workload = %key(workload)))
+            .await;
+        let outcome = if matches!(committed, Ok(true)) {
+            "committed"
+        } else {
+            "failed"
+        };
+        metrics::get()
+            .commit_duration
+            .get_or_create(&OutcomeLabel { outcome })
+            .observe(metrics::seconds(started.elapsed()));
+        Ok(if committed? {
+            Admit::Committed
+        } else {
+            Admit::RolledBack
+        })
     }
 
     /// Plans on a snapshot of the cluster, on a blocking thread: watches go on meanwhile,
@@ -1280,21 +1408,27 @@ impl Admission {
 
     /// Commits a plan: record, reserve, check, then release through the state machine.
     /// `Ok(false)`: the commit was undone.
-    async fn commit(&mut self, workload: &Workload, request: &GangRequest, plan: &Plan) -> Result<bool, CommitError> {
+    /// Records the plan, reserves every claim and releases the pods. The index assumes
+    /// the plan already (the caller did, before planning the next gang); a commit that
+    /// stops before its plan is recorded forgets the assumption.
+    async fn commit(&self, workload: &Workload, request: &GangRequest, plan: &Plan) -> Result<bool, CommitError> {
         let gang = key(workload);
         let placement = core_placement(request, plan);
         let journal = commit::reserving(&placement, observe::now_millis());
-        let recorded = self
+        let recorded = match self
             .record(
                 workload,
                 reserving_record(journal.clone(), "reserving the gang's devices"),
             )
-            .await?;
+            .await
+        {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                self.index.update(|c| c.forget(&gang));
+                return Err(e);
+            }
+        };
         self.checkpoint(FaultPoint::AfterPlanRecorded).await;
-
-        // The next plan must see these devices and pods as taken.
-        let (pods, claims) = plan.assumption(request);
-        self.index.update(|c| c.assume(&gang, &pods, &claims));
 
         if let Err(e) = self
             .reserve(plan)
@@ -1715,6 +1849,7 @@ fn reserving_record(journal: Journal, message: &str) -> Record {
 
 /// What came of trying to admit a queued gang.
 /// A plan, and what the starvation rule needs to know when it does not fit.
+#[derive(Clone)]
 struct Planned {
     outcome: Outcome,
     /// The nodes it could use on the cluster with nothing else on it, if it would fit
@@ -1747,6 +1882,61 @@ fn reach(
     } else {
         empty.nodes().map(|n| n.name.clone()).collect()
     }
+}
+
+/// What decides whether a gang fits, without the names of its pods and claims: two
+/// gangs with one signature fit or do not fit alike.
+fn shape_signature(request: &GangRequest) -> String {
+    let groups: Vec<String> = request
+        .groups
+        .iter()
+        .map(|g| {
+            let allocations: Vec<_> = g.pods.iter().map(|p| &p.allocations).collect();
+            format!("{}/{}/{:?}/{allocations:?}", g.min_count, g.pods.len(), g.shape)
+        })
+        .collect();
+    let shared: Vec<_> = request.shared_claims.iter().map(|c| (&c.spec, &c.allocation)).collect();
+    format!("{groups:?}|{shared:?}|{:?}", request.topology)
+}
+
+/// How planning a gang ended.
+enum Attempt {
+    /// It fits: commit this plan.
+    Placed {
+        request: Box<GangRequest>,
+        plan: Box<Plan>,
+    },
+    /// Not planned: the caches are behind the index on one of its claims.
+    Stale,
+    Done(Admit),
+}
+
+/// Whether the request takes a claim as unallocated that the index holds allocated: a
+/// gang committed in this pass allocates it, or the claim cache has not caught up with
+/// an allocation yet. Planned on that view, the claim would be allocated twice.
+fn uses_a_claim_allocated_meanwhile(request: &GangRequest, cluster: &muster_engine::cluster::ClusterState) -> bool {
+    let shared = request
+        .shared_claims
+        .iter()
+        .filter(|c| c.allocation.is_none())
+        .map(|c| c.key.as_str());
+    let own = request.groups.iter().flat_map(|g| &g.pods).flat_map(|p| {
+        p.claims
+            .iter()
+            .zip(&p.allocations)
+            .filter(|(_, allocation)| allocation.is_none())
+            .map(|(key, _)| key.as_str())
+    });
+    shared.chain(own).any(|key| cluster.claim_allocated(key))
+}
+
+/// A gang planned in this pass, waiting for its commit.
+struct PlannedGang {
+    name: String,
+    priority: i32,
+    workload: Arc<Workload>,
+    request: GangRequest,
+    plan: Plan,
 }
 
 enum Admit {

@@ -75,6 +75,9 @@ struct RunArgs {
     /// Parallel API writes while reserving claims and releasing pods.
     #[arg(long, default_value_t = 64)]
     write_parallelism: usize,
+    /// Gangs committed at once; 1 commits one after another.
+    #[arg(long, default_value_t = 16)]
+    commit_parallelism: usize,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "MUSTER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -212,6 +215,7 @@ async fn run(args: RunArgs) -> Result<()> {
             schedule_timeout: std::time::Duration::from_secs(args.schedule_timeout),
             starvation_after: std::time::Duration::from_secs(args.starvation_after),
             write_parallelism: args.write_parallelism,
+            commit_parallelism: args.commit_parallelism,
             fencing: args.fencing,
             fault,
             pause,
