@@ -10,7 +10,9 @@ use k8s_openapi::api::resource::v1::{
 };
 use muster_api::Workload;
 use muster_engine::cluster::ClusterState;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 
 use crate::convert::{self, ConvertError};
 
@@ -71,20 +73,76 @@ impl Objects {
             file: file.to_string(),
             message,
         };
-        // JSON is read as JSON: faster, and without YAML's limits.
-        let documents: Vec<serde_json::Value> = if text.trim_start().starts_with(['{', '[']) {
-            match serde_json::from_str(text).map_err(|e| syntax(format!("JSON: {e}")))? {
-                serde_json::Value::Array(items) => items,
-                object => vec![object],
-            }
-        } else {
-            serde_saphyr::from_multiple_with_options(text, yaml_options()).map_err(|e| syntax(e.to_string()))?
-        };
         let mut objects = Objects::default();
-        for (index, document) in documents.into_iter().enumerate() {
-            objects.add(file, index + 1, document)?;
+        // JSON is read as JSON, object by object straight from the text into its type:
+        // no tree of the whole file is built, so memory stays near the file's size.
+        if text.trim_start().starts_with('[') {
+            let documents: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| syntax(format!("JSON: {e}")))?;
+            for (index, document) in documents.into_iter().enumerate() {
+                objects.add_json(file, index + 1, document)?;
+            }
+        } else if text.trim_start().starts_with('{') {
+            let document: &RawValue = serde_json::from_str(text).map_err(|e| syntax(format!("JSON: {e}")))?;
+            objects.add_json(file, 1, document)?;
+        } else {
+            let documents: Vec<serde_json::Value> =
+                serde_saphyr::from_multiple_with_options(text, yaml_options()).map_err(|e| syntax(e.to_string()))?;
+            for (index, document) in documents.into_iter().enumerate() {
+                objects.add(file, index + 1, document)?;
+            }
         }
         Ok(objects)
+    }
+
+    /// Adds one JSON object (a List's items one by one), deserialized from its text.
+    fn add_json(&mut self, file: &str, document: usize, raw: &RawValue) -> Result<(), LoadError> {
+        let text = raw.get();
+        if text == "null" {
+            return Ok(());
+        }
+        let head: Head = serde_json::from_str(text).map_err(|e| LoadError::Object {
+            file: file.to_string(),
+            document,
+            object: "<unreadable>".into(),
+            message: e.to_string(),
+        })?;
+        let kind = head.kind.unwrap_or_default();
+        let object = format!(
+            "{kind} {}",
+            head.metadata.and_then(|m| m.name).unwrap_or("<unnamed>".into())
+        );
+        let bad = |message: String| LoadError::Object {
+            file: file.to_string(),
+            document,
+            object: object.clone(),
+            message,
+        };
+        if is_list(&kind) {
+            let list: RawList = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+            for item in list.items.unwrap_or_default() {
+                self.add_json(file, document, item)?;
+            }
+            return Ok(());
+        }
+        match kind.as_ref() {
+            "" => return Err(bad("no kind: not a Kubernetes object".into())),
+            "Node" => self.nodes.push(typed_json(text).map_err(bad)?),
+            "Pod" => self.pods.push(typed_json(text).map_err(bad)?),
+            "ResourceSlice" => self.slices.push(typed_json(text).map_err(bad)?),
+            "DeviceClass" => self.classes.push(typed_json(text).map_err(bad)?),
+            "DeviceTaintRule" => self.taint_rules.push(typed_json(text).map_err(bad)?),
+            "ResourceClaim" => self.claims.push(typed_json(text).map_err(bad)?),
+            "ResourceClaimTemplate" => self.templates.push(typed_json(text).map_err(bad)?),
+            "Workload" => self.push_workload(typed_json(text).map_err(bad)?).map_err(bad)?,
+            other => *self.ignored.entry(other.to_string()).or_default() += 1,
+        }
+        Ok(())
+    }
+
+    fn push_workload(&mut self, workload: Workload) -> Result<(), String> {
+        muster_api::validation::validate(&workload).map_err(|problems| problems.join("; "))?;
+        self.workloads.push(workload);
+        Ok(())
     }
 
     /// Adds the objects of another file.
@@ -102,7 +160,8 @@ impl Objects {
         }
     }
 
-    fn add(&mut self, file: &str, document: usize, value: serde_json::Value) -> Result<(), LoadError> {
+    /// Adds one YAML document, a List's items one by one.
+    fn add(&mut self, file: &str, document: usize, mut value: serde_json::Value) -> Result<(), LoadError> {
         if value.is_null() {
             return Ok(());
         }
@@ -126,25 +185,19 @@ impl Objects {
         if kind.is_empty() {
             return Err(bad("no kind: not a Kubernetes object".into()));
         }
-        match kind.as_str() {
-            "List"
-            | "NodeList"
-            | "PodList"
-            | "ResourceSliceList"
-            | "DeviceClassList"
-            | "DeviceTaintRuleList"
-            | "ResourceClaimList"
-            | "ResourceClaimTemplateList"
-            | "WorkloadList" => {
-                let items = value
-                    .get("items")
-                    .and_then(|i| i.as_array())
-                    .cloned()
-                    .unwrap_or_default();
-                for item in items {
-                    self.add(file, document, item)?;
-                }
+        if is_list(&kind) {
+            // Moved out, not copied: each item's tree goes once it is typed.
+            let items = match value.get_mut("items").map(serde_json::Value::take) {
+                Some(serde_json::Value::Array(items)) => items,
+                _ => Vec::new(),
+            };
+            drop(value);
+            for item in items {
+                self.add(file, document, item)?;
             }
+            return Ok(());
+        }
+        match kind.as_str() {
             "Node" => self.nodes.push(typed(value).map_err(bad)?),
             "Pod" => self.pods.push(typed(value).map_err(bad)?),
             "ResourceSlice" => self.slices.push(typed(value).map_err(bad)?),
@@ -152,13 +205,7 @@ impl Objects {
             "DeviceTaintRule" => self.taint_rules.push(typed(value).map_err(bad)?),
             "ResourceClaim" => self.claims.push(typed(value).map_err(bad)?),
             "ResourceClaimTemplate" => self.templates.push(typed(value).map_err(bad)?),
-            "Workload" => {
-                let workload: Workload = typed(value).map_err(bad)?;
-                if let Err(problems) = muster_api::validation::validate(&workload) {
-                    return Err(bad(problems.join("; ")));
-                }
-                self.workloads.push(workload);
-            }
+            "Workload" => self.push_workload(typed(value).map_err(bad)?).map_err(bad)?,
             other => *self.ignored.entry(other.to_string()).or_default() += 1,
         }
         Ok(())
@@ -198,6 +245,57 @@ impl Objects {
         }
         Ok(cluster)
     }
+}
+
+/// The kinds of lists kubectl prints.
+fn is_list(kind: &str) -> bool {
+    matches!(
+        kind,
+        "List"
+            | "NodeList"
+            | "PodList"
+            | "ResourceSliceList"
+            | "DeviceClassList"
+            | "DeviceTaintRuleList"
+            | "ResourceClaimList"
+            | "ResourceClaimTemplateList"
+            | "WorkloadList"
+    )
+}
+
+/// What an object says it is, read without the rest of it.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(default, borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    metadata: Option<HeadMetadata<'a>>,
+}
+
+#[derive(Deserialize)]
+struct HeadMetadata<'a> {
+    #[serde(default, borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// A List's items, each still as text.
+#[derive(Deserialize)]
+struct RawList<'a> {
+    #[serde(default, borrow)]
+    items: Option<Vec<&'a RawValue>>,
+}
+
+/// `text` as a `T`, or an error that names the field at fault.
+fn typed_json<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        }
+    })
 }
 
 fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
@@ -249,5 +347,37 @@ spec: {selectors: [{cel: {expression: "true"}}]}
             "{e}"
         );
         assert!(Objects::parse("x.yaml", "a: [").is_err());
+    }
+
+    #[test]
+    fn reads_json_lists_arrays_and_objects_and_names_bad_objects() {
+        let list = r#"{"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n\u0031"}, "status": {"allocatable": {"cpu": "8"}}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
+            {"apiVersion": "v1", "kind": "NodeList", "items": [{"kind": "Node", "metadata": {"name": "n2"}}]}
+        ]}"#;
+        let objects = Objects::parse("snap.json", list).unwrap();
+        assert_eq!(objects.nodes.len(), 2);
+        assert_eq!(objects.nodes[0].metadata.name.as_deref(), Some("n1"));
+        assert_eq!(objects.ignored["ConfigMap"], 1);
+
+        let array = r#"[{"kind": "DeviceClass", "metadata": {"name": "gpu"}}, null]"#;
+        assert_eq!(Objects::parse("a.json", array).unwrap().classes.len(), 1);
+
+        let bad = r#"{"kind": "List", "items": [{"kind": "Node", "metadata": {"name": "n1"}, "spec": {"unschedulable": "maybe"}}]}"#;
+        let e = Objects::parse("snap.json", bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with("snap.json: document 1 (Node n1): spec.unschedulable: invalid type"),
+            "{e}"
+        );
+        let e = Objects::parse(
+            "w.json",
+            r#"{"kind": "Workload", "metadata": {"name": "w"}, "spec": {"podGroups": []}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("(Workload w): spec.podGroups"), "{e}");
+        let e = Objects::parse("k.json", r#"{"metadata": {"name": "x"}}"#).unwrap_err();
+        assert!(e.to_string().contains("no kind"), "{e}");
+        assert!(Objects::parse("x.json", "[{").is_err());
     }
 }
