@@ -83,7 +83,7 @@ fn met(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "met",
         Some(false) => "**missed**",
-        None => "not measured",
+        None => "",
     }
 }
 
