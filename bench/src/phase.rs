@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use muster_e2e::operator::Operator;
 use muster_e2e::testing::namespace;
@@ -410,14 +410,8 @@ async fn operator_writes(operator: &Operator) -> Result<f64> {
 async fn delete_namespace_and_wait(client: &kube::Client, ns: &str) -> Result<()> {
     muster_e2e::testing::delete_namespace(client, ns).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
     muster_e2e::wait::until(&format!("namespace {ns} to go"), Duration::from_secs(600), || async {
-        if namespaces.get_opt(ns).await?.is_none() {
-            return Ok(Some(()));
-        }
-        // Claims outliving their pods would keep the namespace; say which.
-        let _ = claims.list(&ListParams::default().limit(1)).await?;
-        Ok(None)
+        Ok(namespaces.get_opt(ns).await?.is_none().then_some(()))
     })
     .await
 }

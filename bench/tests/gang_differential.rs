@@ -19,6 +19,7 @@ use muster_bench::contender::{self, Contender, GANG_LABEL};
 use muster_bench::spec::GangSpec;
 use muster_e2e::fleet::FleetSpec;
 use muster_e2e::operator::{Operator, muster_binary};
+use muster_e2e::rng::Rng;
 use muster_e2e::testing::namespace;
 use muster_e2e::{ControlPlane, install_crds, wait};
 use serde_json::json;
@@ -28,27 +29,6 @@ const DEFAULT_FLEETS: usize = 6;
 const GANGS_PER_FLEET: usize = 4;
 /// How long either scheduler may take to place a gang or say it cannot.
 const VERDICT_TIMEOUT: Duration = Duration::from_secs(45);
-
-/// SplitMix64: small, seeded, the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn range(&mut self, low: usize, high: usize) -> usize {
-        low + (self.next() % (high - low + 1) as u64) as usize
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[(self.next() % items.len() as u64) as usize]
-    }
-}
 
 /// A fleet, the devices other pods take first, and the gangs tried on it.
 #[derive(Debug)]
@@ -64,7 +44,7 @@ fn case(rng: &mut Rng, index: usize) -> Case {
     let fleet = FleetSpec {
         nodes,
         nodes_per_rack: rng.range(1, 3),
-        gpus_per_node: rng.pick(&[2, 4, 8]),
+        gpus_per_node: *rng.pick(&[2, 4, 8]),
         parallelism: 8,
         ..FleetSpec::default()
     };
@@ -75,8 +55,8 @@ fn case(rng: &mut Rng, index: usize) -> Case {
         .map(|g| GangSpec {
             name: format!("f{index:02}-g{g}"),
             pods: rng.range(2, 4),
-            gpus: rng.pick(&[1, 2, 4, 8]).min(fleet.gpus_per_node),
-            same_rack: rng.next().is_multiple_of(2),
+            gpus: (*rng.pick(&[1, 2, 4, 8])).min(fleet.gpus_per_node),
+            same_rack: rng.next_u64().is_multiple_of(2),
             run_for_seconds: None,
         })
         .collect();

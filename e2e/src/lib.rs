@@ -13,6 +13,7 @@ pub mod paths;
 pub mod pki;
 pub mod process;
 pub mod rbac;
+pub mod rng;
 pub mod scenario;
 pub mod testing;
 pub mod wait;

@@ -31,6 +31,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster::objects::Objects;
 use muster_e2e::fleet::{FleetSpec, create_or_keep};
+use muster_e2e::rng::Rng;
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
 use muster_e2e::wait;
 use muster_engine::placement::{self, Outcome, PlanOptions};
@@ -60,59 +61,6 @@ const DEFAULT_CASES: usize = 250;
 const NODES: usize = 4;
 /// How long kube-scheduler may take for one verdict.
 const VERDICT_TIMEOUT: Duration = Duration::from_secs(60);
-
-// ---- a small seeded generator (SplitMix64) ----
-
-struct Rng(u64);
-
-impl Rng {
-    /// The generator of case `case`: independent of the cases before it.
-    fn for_case(seed: u64, case: usize) -> Self {
-        let mut rng = Rng(seed ^ (case as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        rng.next();
-        rng
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    /// Uniform in `low..=high`.
-    fn range(&mut self, low: usize, high: usize) -> usize {
-        low + self.below(high - low + 1)
-    }
-
-    /// True with `percent` % probability.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    /// An index drawn with the given weights.
-    fn weighted(&mut self, weights: &[u64]) -> usize {
-        let total: u64 = weights.iter().sum();
-        let mut roll = self.next() % total;
-        for (i, w) in weights.iter().enumerate() {
-            if roll < *w {
-                return i;
-            }
-            roll -= w;
-        }
-        weights.len() - 1
-    }
-}
 
 // ---- case generation ----
 
