@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
 use muster_e2e::fleet::FleetSpec;
@@ -95,6 +94,15 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     namespaces
         .patch(NAMESPACE, &PatchParams::apply("muster-demo"), &Patch::Apply(&ns))
         .await?;
+    // Watch from before the apply, so that every status write shows even when the gang
+    // is admitted and running before the first event arrives.
+    let workloads: Api<Workload> = Api::namespaced(client.clone(), NAMESPACE);
+    let watched_from = workloads
+        .list_metadata(&ListParams::default().fields(&example_field()))
+        .await?
+        .metadata
+        .resource_version
+        .context("the Workload list carries no resourceVersion")?;
     let applied = apply::apply_yaml(&client, NAMESPACE, EXAMPLE, "muster-demo").await?;
     println!(
         "[{:>6.1}s] applied examples/training-gang.yaml: {}",
@@ -102,7 +110,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         applied.join(", ")
     );
 
-    follow(&client, started, args.timeout).await?;
+    follow(&client, started, args.timeout, watched_from).await?;
 
     if args.teardown {
         operator.stop();
@@ -125,26 +133,47 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Prints the gang's state each time it changes (every status write, as watched), until
-/// it runs.
-async fn follow(client: &kube::Client, started: Instant, timeout: Duration) -> Result<()> {
+fn example_field() -> String {
+    format!("metadata.name={EXAMPLE_NAME}")
+}
+
+/// Prints the gang's state each time it changes (every status write since
+/// `resource_version`, as watched), until it runs.
+async fn follow(
+    client: &kube::Client,
+    started: Instant,
+    timeout: Duration,
+    mut resource_version: String,
+) -> Result<()> {
     let workloads: Api<Workload> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let selector = ListParams::default().labels(&format!("{}={EXAMPLE_NAME}", labels::WORKLOAD));
-    let config = watcher::Config::default().fields(&format!("metadata.name={EXAMPLE_NAME}"));
-    let mut changes = watcher(workloads, config).default_backoff().applied_objects().boxed();
+    let params = WatchParams::default().fields(&example_field()).timeout(60);
+    let mut events = workloads.watch(&params, &resource_version).await?.boxed();
     let mut last = String::new();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let workload = match tokio::time::timeout_at(deadline, changes.next()).await {
+        let event = match tokio::time::timeout_at(deadline, events.next()).await {
             Err(_) => anyhow::bail!("the gang did not run within {timeout:?}"),
-            Ok(None) => anyhow::bail!("the watch on the Workload ended"),
-            Ok(Some(Err(e))) => {
-                eprintln!("watching the Workload: {e}; retrying");
+            Ok(None) => {
+                // The server closes a watch after its timeout: go on from the last event.
+                events = workloads.watch(&params, &resource_version).await?.boxed();
                 continue;
             }
-            Ok(Some(Ok(workload))) => workload,
+            Ok(Some(event)) => event.context("watching the Workload")?,
         };
+        let workload = match event {
+            WatchEvent::Added(w) | WatchEvent::Modified(w) => w,
+            WatchEvent::Bookmark(b) => {
+                resource_version = b.metadata.resource_version;
+                continue;
+            }
+            WatchEvent::Deleted(_) => anyhow::bail!("the Workload was deleted"),
+            WatchEvent::Error(e) => anyhow::bail!("watching the Workload: {e}"),
+        };
+        if let Some(version) = &workload.metadata.resource_version {
+            resource_version.clone_from(version);
+        }
         let status = workload.status.clone().unwrap_or_default();
         let admitted = status
             .conditions
