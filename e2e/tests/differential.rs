@@ -731,7 +731,7 @@ impl EngineView {
 }
 
 fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[String]) -> Result<Vec<EngineView>> {
-    let cluster = objects.cluster_state()?;
+    let cluster = objects.clone().take_cluster_state()?;
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
     let claim_key = format!("{namespace}/{}", claim.metadata.name.clone().unwrap_or_default());
     let pod_key = format!("{namespace}/{}", pod.metadata.name.clone().unwrap_or_default());
@@ -1094,14 +1094,21 @@ impl Harness {
     /// Everything the engine reads, as the API server has it.
     async fn objects(&self) -> Result<Objects> {
         let all = ListParams::default();
-        Ok(Objects {
-            nodes: self.node_api.list(&all).await?.items,
-            pods: self.all_pods.list(&all).await?.items,
-            slices: self.slices.list(&all).await?.items,
+        let mut objects = Objects {
             classes: self.classes.list(&all).await?.items,
             claims: self.all_claims.list(&all).await?.items,
             ..Objects::default()
-        })
+        };
+        for node in self.node_api.list(&all).await?.items {
+            objects.add_node(&node)?;
+        }
+        for slice in self.slices.list(&all).await?.items {
+            objects.add_slice(&slice)?;
+        }
+        for pod in self.all_pods.list(&all).await?.items {
+            objects.add_pod(pod)?;
+        }
+        Ok(objects)
     }
 
     async fn run(&self, case: &Case) -> Result<Report> {

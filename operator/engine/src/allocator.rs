@@ -1258,7 +1258,7 @@ fn capacity_fits(
 
 fn consumed_from_request(
     request: &BTreeMap<String, Quantity>,
-    capacities: &BTreeMap<String, Capacity>,
+    capacities: &crate::device::Capacities,
 ) -> Result<BTreeMap<String, Quantity>, AllocationError> {
     capacities
         .iter()

@@ -1,8 +1,7 @@
 //! What a DRA device says about itself: attributes and capacities, as published in a
 //! ResourceSlice (`resource.k8s.io/v1` `Device`).
 
-use std::collections::BTreeMap;
-
+use crate::name_map::NameMap;
 use crate::quantity::Quantity;
 
 /// A device attribute value (`DeviceAttribute`: exactly one of int, bool, string,
@@ -40,7 +39,8 @@ pub struct ValidRange {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capacity {
     pub value: Quantity,
-    pub request_policy: Option<RequestPolicy>,
+    /// Boxed: most devices publish none, and a capacity is held per device.
+    pub request_policy: Option<Box<RequestPolicy>>,
 }
 
 impl Capacity {
@@ -54,9 +54,9 @@ impl Capacity {
 
 /// Attributes keyed by the name as published: `domain/id`, or a bare `id` that belongs
 /// to the driver's own domain.
-pub type Attributes = BTreeMap<String, AttributeValue>;
+pub type Attributes = NameMap<AttributeValue>;
 /// Capacities keyed like [`Attributes`].
-pub type Capacities = BTreeMap<String, Capacity>;
+pub type Capacities = NameMap<Capacity>;
 
 /// Splits a qualified name into (domain, id); a bare id belongs to `driver`.
 pub fn qualify<'a>(name: &'a str, driver: &'a str) -> (&'a str, &'a str) {

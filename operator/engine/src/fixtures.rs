@@ -1,7 +1,7 @@
 //! Builders for tests and benchmarks: nodes, GPU slices, classes and claims in a few
 //! lines each.
 
-use std::collections::BTreeMap;
+use crate::name_map::NameMap;
 
 use crate::claim::{AllocationMode, ClaimSpec, ConstraintKind, DeviceConstraint, DeviceRequest, DeviceRequestSpec};
 use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
@@ -33,12 +33,12 @@ pub fn node(name: &str, cpu: i64, memory_gib: i64, labels: &[(&str, &str)]) -> N
 pub fn gpu(index: usize, model: &str) -> Device {
     Device {
         name: format!("gpu-{index}"),
-        attributes: BTreeMap::from([
+        attributes: NameMap::from([
             ("index".to_string(), AttributeValue::Int(index as i64)),
             ("model".to_string(), AttributeValue::String(model.into())),
             ("nvlinkDomain".to_string(), AttributeValue::Int(index as i64 / 4)),
         ]),
-        capacity: BTreeMap::from([(
+        capacity: NameMap::from([(
             "memory".to_string(),
             Capacity::new(Quantity::from_units(80 << 30, crate::quantity::Format::BinarySI)),
         )]),

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod device;
 pub mod fixtures;
 mod fxhash;
+pub mod name_map;
 pub mod placement;
 pub mod pools;
 pub mod quantity;

@@ -283,8 +283,8 @@ fn read_objects(path: &std::path::Path) -> Result<crate::objects::Objects> {
             crate::objects::MAX_FILE_BYTES
         );
     }
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(crate::objects::Objects::parse(&path.display().to_string(), &text)?)
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(crate::objects::Objects::read(&path.display().to_string(), file)?)
 }
 
 fn plan(args: PlanArgs) -> Result<()> {
@@ -303,7 +303,7 @@ fn plan(args: PlanArgs) -> Result<()> {
                 .join(", ")
         );
     }
-    let (report, details) = crate::plan::plan(&snapshot, &workloads, &args.namespace, args.fencing)?;
+    let (report, details) = crate::plan::plan(snapshot, &workloads, &args.namespace, args.fencing)?;
     match args.output {
         PlanOutput::Human => print!("{}", crate::plan::human(&report, &details)),
         PlanOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -375,7 +375,7 @@ fn capacity(object: &str, name: &str, c: &resource::DeviceCapacity) -> Result<Ca
         .transpose()?;
     Ok(Capacity {
         value: quantity(object, &field, &c.value)?,
-        request_policy,
+        request_policy: request_policy.map(Box::new),
     })
 }
 

@@ -3,13 +3,15 @@
 //! built from them.
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use muster_api::Workload;
-use muster_engine::cluster::ClusterState;
+use muster_engine::cluster::{self as model, ClusterState};
+use muster_engine::resources::Resources;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -30,12 +32,17 @@ pub enum LoadError {
     },
 }
 
-/// The objects muster understands, by kind.
+/// The objects muster understands, by kind. Nodes, slices and the pods bound to nodes
+/// are kept as the engine models them, converted as they are read, so that a large
+/// cluster snapshot is never held twice.
 #[derive(Debug, Default, Clone)]
 pub struct Objects {
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<model::Node>,
+    pub slices: Vec<model::Slice>,
+    /// Pods bound or nominated to a node, with what they use there.
+    pub pods_on_nodes: Vec<PodOnNode>,
+    /// Pods labelled as a Workload's, as read: a template-less group counts them.
     pub pods: Vec<Pod>,
-    pub slices: Vec<ResourceSlice>,
     pub classes: Vec<DeviceClass>,
     pub taint_rules: Vec<DeviceTaintRule>,
     pub claims: Vec<ResourceClaim>,
@@ -43,6 +50,15 @@ pub struct Objects {
     pub workloads: Vec<Workload>,
     /// Objects of other kinds, counted by kind.
     pub ignored: BTreeMap<String, usize>,
+}
+
+/// A pod that uses resources on a node.
+#[derive(Debug, Clone)]
+pub struct PodOnNode {
+    /// `namespace/name`.
+    pub key: String,
+    pub node: String,
+    pub requests: Resources,
 }
 
 /// The largest file read: well above a 5,000-node cluster with its pods as kubectl
@@ -69,29 +85,60 @@ impl Objects {
     /// Reads every object of a YAML or JSON text (`kubectl get -o yaml` or `-o json`, or
     /// several YAML documents). `file` names the source in errors.
     pub fn parse(file: &str, text: &str) -> Result<Self, LoadError> {
-        let syntax = |message: String| LoadError::Syntax {
-            file: file.to_string(),
-            message,
-        };
+        if starts_as_json(text.as_bytes()) {
+            return Self::read_json(file, serde_json::Deserializer::from_str(text));
+        }
+        let documents: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple_with_options(text, yaml_options()).map_err(|e| syntax(file, e.to_string()))?;
         let mut objects = Objects::default();
-        // JSON is read as JSON, object by object straight from the text into its type:
-        // no tree of the whole file is built, so memory stays near the file's size.
-        if text.trim_start().starts_with('[') {
-            let documents: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| syntax(format!("JSON: {e}")))?;
-            for (index, document) in documents.into_iter().enumerate() {
-                objects.add_json(file, index + 1, document)?;
-            }
-        } else if text.trim_start().starts_with('{') {
-            let document: &RawValue = serde_json::from_str(text).map_err(|e| syntax(format!("JSON: {e}")))?;
-            objects.add_json(file, 1, document)?;
-        } else {
-            let documents: Vec<serde_json::Value> =
-                serde_saphyr::from_multiple_with_options(text, yaml_options()).map_err(|e| syntax(e.to_string()))?;
-            for (index, document) in documents.into_iter().enumerate() {
-                objects.add(file, index + 1, document)?;
-            }
+        for (index, document) in documents.into_iter().enumerate() {
+            objects.add(file, index + 1, document)?;
         }
         Ok(objects)
+    }
+
+    /// Reads every object of a YAML or JSON stream. JSON is read object by object as
+    /// the stream goes, so the whole file is never held in memory.
+    pub fn read(file: &str, reader: impl Read) -> Result<Self, LoadError> {
+        let mut reader = BufReader::with_capacity(1 << 16, reader);
+        let json = loop {
+            let buffer = reader.fill_buf().map_err(|e| syntax(file, e.to_string()))?;
+            match buffer.iter().position(|b| !b.is_ascii_whitespace()) {
+                Some(at) => break starts_as_json(&buffer[at..]),
+                None if buffer.is_empty() => break false,
+                None => {
+                    let consumed = buffer.len();
+                    reader.consume(consumed);
+                }
+            }
+        };
+        if json {
+            return Self::read_json(file, serde_json::Deserializer::from_reader(reader));
+        }
+        let mut text = String::new();
+        reader
+            .read_to_string(&mut text)
+            .map_err(|e| syntax(file, e.to_string()))?;
+        Self::parse(file, &text)
+    }
+
+    /// A JSON document: a List, an array of objects, or one object.
+    fn read_json<'de, R: serde_json::de::Read<'de>>(
+        file: &str,
+        mut deserializer: serde_json::Deserializer<R>,
+    ) -> Result<Self, LoadError> {
+        let mut reader = JsonDocument {
+            file,
+            objects: Objects::default(),
+            failure: None,
+        };
+        let read =
+            serde::de::DeserializeSeed::deserialize(&mut reader, &mut deserializer).and_then(|()| deserializer.end());
+        if let Some(failure) = reader.failure {
+            return Err(failure);
+        }
+        read.map_err(|e| syntax(file, format!("JSON: {e}")))?;
+        Ok(reader.objects)
     }
 
     /// Adds one JSON object (a List's items one by one), deserialized from its text.
@@ -107,14 +154,11 @@ impl Objects {
             message: e.to_string(),
         })?;
         let kind = head.kind.unwrap_or_default();
-        let object = format!(
-            "{kind} {}",
-            head.metadata.and_then(|m| m.name).unwrap_or("<unnamed>".into())
-        );
+        let name = head.metadata.and_then(|m| m.name).unwrap_or("<unnamed>".into());
         let bad = |message: String| LoadError::Object {
             file: file.to_string(),
             document,
-            object: object.clone(),
+            object: format!("{kind} {name}"),
             message,
         };
         if is_list(&kind) {
@@ -124,40 +168,7 @@ impl Objects {
             }
             return Ok(());
         }
-        match kind.as_ref() {
-            "" => return Err(bad("no kind: not a Kubernetes object".into())),
-            "Node" => self.nodes.push(typed_json(text).map_err(bad)?),
-            "Pod" => self.pods.push(typed_json(text).map_err(bad)?),
-            "ResourceSlice" => self.slices.push(typed_json(text).map_err(bad)?),
-            "DeviceClass" => self.classes.push(typed_json(text).map_err(bad)?),
-            "DeviceTaintRule" => self.taint_rules.push(typed_json(text).map_err(bad)?),
-            "ResourceClaim" => self.claims.push(typed_json(text).map_err(bad)?),
-            "ResourceClaimTemplate" => self.templates.push(typed_json(text).map_err(bad)?),
-            "Workload" => self.push_workload(typed_json(text).map_err(bad)?).map_err(bad)?,
-            other => *self.ignored.entry(other.to_string()).or_default() += 1,
-        }
-        Ok(())
-    }
-
-    fn push_workload(&mut self, workload: Workload) -> Result<(), String> {
-        muster_api::validation::validate(&workload).map_err(|problems| problems.join("; "))?;
-        self.workloads.push(workload);
-        Ok(())
-    }
-
-    /// Adds the objects of another file.
-    pub fn extend(&mut self, other: Objects) {
-        self.nodes.extend(other.nodes);
-        self.pods.extend(other.pods);
-        self.slices.extend(other.slices);
-        self.classes.extend(other.classes);
-        self.taint_rules.extend(other.taint_rules);
-        self.claims.extend(other.claims);
-        self.templates.extend(other.templates);
-        self.workloads.extend(other.workloads);
-        for (kind, n) in other.ignored {
-            *self.ignored.entry(kind).or_default() += n;
-        }
+        self.push(&kind, JsonText(text)).map_err(bad)
     }
 
     /// Adds one YAML document, a List's items one by one.
@@ -175,16 +186,12 @@ impl Objects {
             .and_then(|n| n.as_str())
             .unwrap_or("<unnamed>")
             .to_string();
-        let object = format!("{kind} {name}");
         let bad = |message: String| LoadError::Object {
             file: file.to_string(),
             document,
-            object: object.clone(),
+            object: format!("{kind} {name}"),
             message,
         };
-        if kind.is_empty() {
-            return Err(bad("no kind: not a Kubernetes object".into()));
-        }
         if is_list(&kind) {
             // Moved out, not copied: each item's tree goes once it is typed.
             let items = match value.get_mut("items").map(serde_json::Value::take) {
@@ -197,31 +204,82 @@ impl Objects {
             }
             return Ok(());
         }
-        match kind.as_str() {
-            "Node" => self.nodes.push(typed(value).map_err(bad)?),
-            "Pod" => self.pods.push(typed(value).map_err(bad)?),
-            "ResourceSlice" => self.slices.push(typed(value).map_err(bad)?),
-            "DeviceClass" => self.classes.push(typed(value).map_err(bad)?),
-            "DeviceTaintRule" => self.taint_rules.push(typed(value).map_err(bad)?),
-            "ResourceClaim" => self.claims.push(typed(value).map_err(bad)?),
-            "ResourceClaimTemplate" => self.templates.push(typed(value).map_err(bad)?),
-            "Workload" => self.push_workload(typed(value).map_err(bad)?).map_err(bad)?,
+        self.push(&kind, value).map_err(bad)
+    }
+
+    /// Adds one object of `kind`, typed from `source`.
+    fn push(&mut self, kind: &str, source: impl Source) -> Result<(), String> {
+        match kind {
+            "" => return Err("no kind: not a Kubernetes object".into()),
+            "Node" => self.add_node(&source.typed()?).map_err(|e| e.message)?,
+            "ResourceSlice" => self.add_slice(&source.typed()?).map_err(|e| e.message)?,
+            "Pod" => self.add_pod(source.typed()?).map_err(|e| e.message)?,
+            "DeviceClass" => self.classes.push(source.typed()?),
+            "DeviceTaintRule" => self.taint_rules.push(source.typed()?),
+            "ResourceClaim" => self.claims.push(source.typed()?),
+            "ResourceClaimTemplate" => self.templates.push(source.typed()?),
+            "Workload" => {
+                let workload: Workload = source.typed()?;
+                muster_api::validation::validate(&workload).map_err(|problems| problems.join("; "))?;
+                self.workloads.push(workload);
+            }
             other => *self.ignored.entry(other.to_string()).or_default() += 1,
         }
         Ok(())
     }
 
-    /// The engine's picture of a cluster holding these objects.
-    pub fn cluster_state(&self) -> Result<ClusterState, ConvertError> {
+    pub fn add_node(&mut self, node: &Node) -> Result<(), ConvertError> {
+        self.nodes.push(convert::node(node)?);
+        Ok(())
+    }
+
+    pub fn add_slice(&mut self, slice: &ResourceSlice) -> Result<(), ConvertError> {
+        self.slices.push(convert::slice(slice)?);
+        Ok(())
+    }
+
+    /// Counts what a pod uses on its node, and keeps a pod labelled as a Workload's.
+    pub fn add_pod(&mut self, pod: Pod) -> Result<(), ConvertError> {
+        if let (Some(node), Some(spec)) = (convert::pod_node(&pod), pod.spec.as_ref()) {
+            let key = convert::key(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
+            let requests = convert::pod_requests(&format!("Pod {key}"), spec)?;
+            self.pods_on_nodes.push(PodOnNode { key, node, requests });
+        }
+        let labels = pod.metadata.labels.as_ref();
+        if labels.is_some_and(|l| l.contains_key(muster_api::labels::WORKLOAD)) {
+            self.pods.push(pod);
+        }
+        Ok(())
+    }
+
+    /// Adds the objects of another file.
+    pub fn extend(&mut self, other: Objects) {
+        self.nodes.extend(other.nodes);
+        self.slices.extend(other.slices);
+        self.pods_on_nodes.extend(other.pods_on_nodes);
+        self.pods.extend(other.pods);
+        self.classes.extend(other.classes);
+        self.taint_rules.extend(other.taint_rules);
+        self.claims.extend(other.claims);
+        self.templates.extend(other.templates);
+        self.workloads.extend(other.workloads);
+        for (kind, n) in other.ignored {
+            *self.ignored.entry(kind).or_default() += n;
+        }
+    }
+
+    /// The engine's picture of a cluster holding these objects. Its nodes, slices and
+    /// pods on nodes move into it.
+    pub fn take_cluster_state(&mut self) -> Result<ClusterState, ConvertError> {
         let mut cluster = ClusterState::new();
-        for node in &self.nodes {
-            cluster.upsert_node(convert::node(node)?);
+        for node in std::mem::take(&mut self.nodes) {
+            cluster.upsert_node(node);
         }
         for class in &self.classes {
             cluster.upsert_class(convert::device_class(class));
         }
-        for slice in &self.slices {
-            cluster.upsert_slice(convert::slice(slice)?);
+        for slice in std::mem::take(&mut self.slices) {
+            cluster.upsert_slice(slice);
         }
         for rule in &self.taint_rules {
             cluster.upsert_taint_rule(
@@ -229,12 +287,8 @@ impl Objects {
                 convert::taint_rule(rule),
             );
         }
-        for pod in &self.pods {
-            let (Some(node), Some(spec)) = (convert::pod_node(pod), pod.spec.as_ref()) else {
-                continue;
-            };
-            let key = convert::key(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
-            cluster.upsert_pod(&key, &node, convert::pod_requests(&format!("Pod {key}"), spec)?);
+        for pod in std::mem::take(&mut self.pods_on_nodes) {
+            cluster.upsert_pod(&pod.key, &pod.node, pod.requests);
         }
         for claim in &self.claims {
             let key = convert::key(claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref());
@@ -244,6 +298,165 @@ impl Objects {
             }
         }
         Ok(cluster)
+    }
+}
+
+fn syntax(file: &str, message: String) -> LoadError {
+    LoadError::Syntax {
+        file: file.to_string(),
+        message,
+    }
+}
+
+fn starts_as_json(text: &[u8]) -> bool {
+    let first = text.iter().find(|b| !b.is_ascii_whitespace());
+    matches!(first, Some(b'{') | Some(b'['))
+}
+
+/// Where an object's fields come from: its JSON text, or a YAML document's tree.
+trait Source {
+    /// The object as a `T`, or an error that names the field at fault.
+    fn typed<T: DeserializeOwned>(self) -> Result<T, String>;
+}
+
+struct JsonText<'a>(&'a str);
+
+impl Source for JsonText<'_> {
+    fn typed<T: DeserializeOwned>(self) -> Result<T, String> {
+        let mut deserializer = serde_json::Deserializer::from_str(self.0);
+        serde_path_to_error::deserialize(&mut deserializer).map_err(path_error)
+    }
+}
+
+impl Source for serde_json::Value {
+    fn typed<T: DeserializeOwned>(self) -> Result<T, String> {
+        serde_path_to_error::deserialize(self).map_err(path_error)
+    }
+}
+
+fn path_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> String {
+    let path = e.path().to_string();
+    if path == "." {
+        e.inner().to_string()
+    } else {
+        format!("{path}: {}", e.inner())
+    }
+}
+
+/// Reads a top-level JSON value into `objects`, one object at a time: each object of
+/// an array, or of a List's `items`, is held as its own text only while it is typed.
+/// An object that fails stops the read; the failure is kept to be reported as is.
+struct JsonDocument<'f> {
+    file: &'f str,
+    objects: Objects,
+    failure: Option<LoadError>,
+}
+
+impl JsonDocument<'_> {
+    fn add<E: serde::de::Error>(&mut self, document: usize, raw: &RawValue) -> Result<(), E> {
+        self.objects.add_json(self.file, document, raw).map_err(|failure| {
+            self.failure = Some(failure);
+            E::custom("stopped at an object that cannot be read")
+        })
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for &mut JsonDocument<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for &mut JsonDocument<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a Kubernetes object, a List of them, or an array of them")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut document = 0;
+        while let Some(raw) = seq.next_element::<Box<RawValue>>()? {
+            document += 1;
+            self.add(document, &raw)?;
+        }
+        Ok(())
+    }
+
+    /// A List's items are read as they come (kubectl prints them before `kind`); any
+    /// other object is kept whole and added at its end.
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut fields: Vec<(String, Box<RawValue>)> = Vec::new();
+        let mut had_items = false;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "items" {
+                had_items = true;
+                map.next_value_seed(ListItems(&mut *self))?;
+            } else {
+                fields.push((key, map.next_value()?));
+            }
+        }
+        let kind = fields
+            .iter()
+            .find(|(key, _)| key == "kind")
+            .and_then(|(_, raw)| serde_json::from_str::<String>(raw.get()).ok())
+            .unwrap_or_default();
+        if had_items {
+            if is_list(&kind) {
+                return Ok(());
+            }
+            self.failure = Some(LoadError::Object {
+                file: self.file.to_string(),
+                document: 1,
+                object: if kind.is_empty() { "<no kind>".into() } else { kind },
+                message: "has items but is not a List".into(),
+            });
+            return Err(serde::de::Error::custom("not a List"));
+        }
+        let mut text = String::from("{");
+        for (i, (key, raw)) in fields.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            text.push_str(&serde_json::to_string(key).map_err(serde::de::Error::custom)?);
+            text.push(':');
+            text.push_str(raw.get());
+        }
+        text.push('}');
+        let raw = RawValue::from_string(text).map_err(serde::de::Error::custom)?;
+        self.add(1, &raw)
+    }
+}
+
+/// A List's `items`, each added as it is read.
+struct ListItems<'r, 'f>(&'r mut JsonDocument<'f>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for ListItems<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ListItems<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a List's items")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(raw) = seq.next_element::<Box<RawValue>>()? {
+            self.0.add(1, &raw)?;
+        }
+        Ok(())
     }
 }
 
@@ -285,30 +498,6 @@ struct RawList<'a> {
     items: Option<Vec<&'a RawValue>>,
 }
 
-/// `text` as a `T`, or an error that names the field at fault.
-fn typed_json<T: DeserializeOwned>(text: &str) -> Result<T, String> {
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        }
-    })
-}
-
-fn typed<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,7 +519,7 @@ spec: {selectors: [{cel: {expression: "true"}}]}
         let objects = Objects::parse("snap.yaml", text).unwrap();
         assert_eq!((objects.nodes.len(), objects.classes.len()), (1, 1));
         assert_eq!(objects.ignored["ConfigMap"], 1);
-        let cluster = objects.cluster_state().unwrap();
+        let cluster = objects.clone().take_cluster_state().unwrap();
         assert_eq!(cluster.node("n1").unwrap().allocatable.cpu_millis, 8000);
 
         let bad = "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {unschedulable: maybe}\n";
@@ -358,7 +547,7 @@ spec: {selectors: [{cel: {expression: "true"}}]}
         ]}"#;
         let objects = Objects::parse("snap.json", list).unwrap();
         assert_eq!(objects.nodes.len(), 2);
-        assert_eq!(objects.nodes[0].metadata.name.as_deref(), Some("n1"));
+        assert_eq!(objects.nodes[0].name, "n1");
         assert_eq!(objects.ignored["ConfigMap"], 1);
 
         let array = r#"[{"kind": "DeviceClass", "metadata": {"name": "gpu"}}, null]"#;
@@ -379,5 +568,53 @@ spec: {selectors: [{cel: {expression: "true"}}]}
         let e = Objects::parse("k.json", r#"{"metadata": {"name": "x"}}"#).unwrap_err();
         assert!(e.to_string().contains("no kind"), "{e}");
         assert!(Objects::parse("x.json", "[{").is_err());
+    }
+
+    #[test]
+    fn reads_a_stream_as_kubectl_prints_it_object_by_object() {
+        // kubectl prints a List's items before its kind.
+        let list = r#"
+            {"apiVersion": "v1", "items": [
+                {"kind": "Node", "metadata": {"name": "n1", "labels": {"rack": "r1"}}, "status": {"allocatable": {"cpu": "8"}}},
+                {"kind": "ResourceSlice", "metadata": {"name": "n1-gpus"}, "spec": {"driver": "gpu.example.com",
+                    "nodeName": "n1", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "gpu-0", "attributes": {"model": {"string": "H100"}, "index": {"int": 0}}}]}},
+                {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n1",
+                    "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]}}
+            ], "kind": "List", "metadata": {"resourceVersion": ""}}"#;
+        let mut objects = Objects::read("snap.json", list.as_bytes()).unwrap();
+        assert_eq!((objects.nodes.len(), objects.slices.len()), (1, 1));
+        let device = &objects.slices[0].devices[0];
+        assert_eq!(
+            device.attributes.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["index", "model"]
+        );
+        assert!(objects.pods.is_empty(), "only a Workload's pods are kept whole");
+        let cluster = objects.take_cluster_state().unwrap();
+        assert_eq!(cluster.node_usage("n1").unwrap().cpu_millis, 2000);
+        assert!(
+            objects.nodes.is_empty() && objects.slices.is_empty(),
+            "moved, not copied"
+        );
+
+        let one = Objects::read(
+            "c.json",
+            &br#"  {"kind": "DeviceClass", "metadata": {"name": "gpu"}}"#[..],
+        )
+        .unwrap();
+        assert_eq!(one.classes.len(), 1);
+        let yaml = Objects::read("c.yaml", &b"kind: DeviceClass\nmetadata: {name: gpu}\n"[..]).unwrap();
+        assert_eq!(yaml.classes.len(), 1);
+
+        let e = Objects::read("x.json", &br#"{"kind": "ConfigMap", "items": []}"#[..]).unwrap_err();
+        assert!(e.to_string().contains("has items but is not a List"), "{e}");
+        let bad = r#"{"items": [{"kind": "Node", "metadata": {"name": "n1"}, "spec": {"unschedulable": "maybe"}}], "kind": "List"}"#;
+        let e = Objects::read("snap.json", bad.as_bytes()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("snap.json: document 1 (Node n1): spec.unschedulable: invalid type"),
+            "{e}"
+        );
+        let e = Objects::read("t.json", &b"[{\"kind\": \"Node\"} x"[..]).unwrap_err();
+        assert!(e.to_string().starts_with("t.json: JSON:"), "{e}");
     }
 }

@@ -55,17 +55,18 @@ pub struct Details {
 }
 
 /// Plans every Workload of `workloads` against `snapshot` as the operator would with
-/// `fencing`. Objects without a namespace are taken to be in `namespace`.
+/// `fencing`. Objects without a namespace are taken to be in `namespace`. The snapshot's
+/// nodes and slices move into the engine's state.
 pub fn plan(
-    snapshot: &Objects,
+    mut snapshot: Objects,
     workloads: &Objects,
     namespace: &str,
     fencing: Fencing,
 ) -> Result<(Report, Details), anyhow::Error> {
-    let mut cluster = snapshot.cluster_state()?;
-    let mut templates = snapshot.templates.clone();
+    let mut cluster = snapshot.take_cluster_state()?;
+    let mut templates = std::mem::take(&mut snapshot.templates);
     templates.extend(workloads.templates.iter().cloned());
-    let mut claims = snapshot.claims.clone();
+    let mut claims = std::mem::take(&mut snapshot.claims);
     claims.extend(workloads.claims.iter().cloned());
     for meta in templates
         .iter_mut()
@@ -329,7 +330,7 @@ spec:
     fn plans_in_order_assuming_earlier_workloads() {
         let snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
         let workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
-        let (report, details) = plan(&snapshot, &workloads, "default", Fencing::Taint).unwrap();
+        let (report, details) = plan(snapshot, &workloads, "default", Fencing::Taint).unwrap();
         let first = &report.workloads[0];
         assert!(first.feasible);
         assert_eq!(first.pods[0].name, "first-w-0");
@@ -368,9 +369,9 @@ spec:
         let mut snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
         snapshot.extend(Objects::parse("rule.yaml", fence).unwrap());
         let workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
-        let (by_node, _) = plan(&snapshot, &workloads, "default", Fencing::Taint).unwrap();
+        let (by_node, _) = plan(snapshot.clone(), &workloads, "default", Fencing::Taint).unwrap();
         assert_eq!(by_node.workloads[0].pods[0].node, "n2", "n1's GPUs are fenced off");
-        let (by_device, _) = plan(&snapshot, &workloads, "default", Fencing::DeviceTaint).unwrap();
+        let (by_device, _) = plan(snapshot, &workloads, "default", Fencing::DeviceTaint).unwrap();
         assert_eq!(
             by_device.workloads[0].pods[0].node, "n1",
             "muster's claims tolerate the fence"

@@ -132,16 +132,64 @@ fn scratch(file: &str, text: &str) -> PathBuf {
     path
 }
 
+/// Runs `muster plan` and watches its peak resident memory (`VmHWM`) while it runs.
+/// Returns success, stdout, stderr and the peak in bytes, if the system shows it.
+fn muster_with_peak_memory(args: &[&str]) -> (bool, String, String, Option<u64>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(args)
+        .current_dir(examples())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("muster runs");
+    let status_file = format!("/proc/{}/status", child.id());
+    let read_peak = || -> Option<u64> {
+        let status = std::fs::read_to_string(&status_file).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || std::io::read_to_string(&mut stdout).unwrap_or_default());
+    let err = std::thread::spawn(move || std::io::read_to_string(&mut stderr).unwrap_or_default());
+    let mut peak = None;
+    // The high-water mark only grows; the last reading before the process ends is kept.
+    let status = loop {
+        if let Some(reading) = read_peak() {
+            peak = Some(reading);
+        }
+        if let Some(status) = child.try_wait().expect("waits") {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    (
+        status.success(),
+        out.join().expect("stdout read"),
+        err.join().expect("stderr read"),
+        peak,
+    )
+}
+
 #[test]
 fn a_five_thousand_node_json_snapshot_is_planned() {
     let snapshot = serde_json::to_string(&grown_snapshot(5_000)).expect("JSON");
     let path = scratch("snapshot-5000.json", &snapshot);
     let started = std::time::Instant::now();
-    let (ok, out, err) = muster(&["plan", "--cluster", path.to_str().unwrap(), "training-gang.yaml"]);
+    let (ok, out, err, peak) =
+        muster_with_peak_memory(&["plan", "--cluster", path.to_str().unwrap(), "training-gang.yaml"]);
+    let megabytes = |bytes: u64| bytes as f64 / 1e6;
     println!(
-        "plan: {} MB JSON snapshot of 5,000 nodes in {:.2}s (debug build)",
-        snapshot.len() / 1_000_000,
-        started.elapsed().as_secs_f64()
+        "plan: {:.1} MB JSON snapshot of 5,000 nodes in {:.2}s, peak memory {} (debug build)",
+        megabytes(snapshot.len() as u64),
+        started.elapsed().as_secs_f64(),
+        peak.map(|p| format!(
+            "{:.0} MB, {:.1}x the file",
+            megabytes(p),
+            p as f64 / snapshot.len() as f64
+        ))
+        .unwrap_or_else(|| "not shown by this system".into()),
     );
     assert!(ok, "{err}");
     assert!(out.contains("llama-pretrain: fits"), "{out}");

@@ -421,7 +421,7 @@ fn consumable_capacity_shares_a_device() {
         "bandwidth".into(),
         Capacity {
             value: Quantity::parse("100G").unwrap(),
-            request_policy: Some(RequestPolicy {
+            request_policy: Some(Box::new(RequestPolicy {
                 default: Some(Quantity::parse("10G").unwrap()),
                 valid_values: vec![],
                 valid_range: Some(ValidRange {
@@ -429,7 +429,7 @@ fn consumable_capacity_shares_a_device() {
                     max: None,
                     step: Some(Quantity::parse("10G").unwrap()),
                 }),
-            }),
+            })),
         },
     );
     let (mut cluster, n) = setup(vec![nic]);

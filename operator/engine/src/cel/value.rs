@@ -346,7 +346,7 @@ fn with_qualified<R>(domain: &str, id: &str, f: impl FnOnce(&str) -> R) -> R {
 
 /// Finds `domain`/`id` in one of the device's tables, honouring bare names of the
 /// driver's own domain.
-fn find<'a, V>(map: &'a std::collections::BTreeMap<String, V>, driver: &str, domain: &str, id: &str) -> Option<&'a V> {
+fn find<'a, V>(map: &'a crate::name_map::NameMap<V>, driver: &str, domain: &str, id: &str) -> Option<&'a V> {
     if domain == driver
         && !id.contains('/')
         && let Some(v) = map.get(id)
