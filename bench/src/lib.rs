@@ -104,6 +104,7 @@ pub async fn run(config: &Config, progress: impl Fn(&str)) -> Result<Run> {
                         progress(&format!("    {gang:?}"));
                     }
                     progress(&format!("    writes: {:?}", result.apiserver_writes));
+                    progress(&format!("    muster's writes: {:?}", result.muster_writes_by_request));
                     progress(&format!("    cpu: {:?}", result.cpu_seconds));
                 }
                 results.push(result);

@@ -82,6 +82,8 @@ pub struct PhaseResult {
     pub apiserver_writes: BTreeMap<String, f64>,
     /// Writes muster made, from its own request counter.
     pub muster_writes: Option<f64>,
+    /// The operator's writes by `verb resource`.
+    pub muster_writes_by_request: BTreeMap<String, f64>,
     pub recovery: Option<Recovery>,
 }
 
@@ -171,7 +173,8 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
     result.cpu_seconds = cpu_seconds;
     result.muster_peak_rss_mib = muster_peak_rss_mib;
     result.apiserver_writes = cost::delta(&writes_before, &writes_after);
-    result.muster_writes = muster_writes;
+    result.muster_writes = muster_writes.as_ref().map(|w| w.values().sum());
+    result.muster_writes_by_request = muster_writes.unwrap_or_default();
     Ok(result)
 }
 
@@ -387,22 +390,33 @@ async fn wait_leading(operator: &Operator) -> Result<()> {
     .await
 }
 
-/// Requests the operator made that change something, from `muster_api_requests_total`.
-async fn operator_writes(operator: &Operator) -> Result<f64> {
+/// Requests the operator made that change something, by verb and resource, from
+/// `muster_api_requests_total`.
+async fn operator_writes(operator: &Operator) -> Result<BTreeMap<String, f64>> {
     let (code, body) = operator.get("/metrics").await?;
     if code != 200 {
         bail!("the operator's metrics answered {code}");
     }
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with("muster_api_requests_total{"))
-        .filter(|l| {
-            ["create", "update", "patch", "delete"]
-                .iter()
-                .any(|v| l.contains(&format!("verb=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum())
+    let mut writes = BTreeMap::new();
+    for line in body.lines().filter(|l| l.starts_with("muster_api_requests_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("")
+                .to_string()
+        };
+        let verb = label("verb");
+        if !matches!(verb.as_str(), "create" | "update" | "patch" | "delete") {
+            continue;
+        }
+        *writes.entry(format!("{verb} {}", label("resource"))).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(writes)
 }
 
 /// Deletes the phase's namespace and waits until it is gone, so no claim of this phase
@@ -520,6 +534,7 @@ fn summarize(
         muster_peak_rss_mib: None,
         apiserver_writes: BTreeMap::new(),
         muster_writes: None,
+        muster_writes_by_request: BTreeMap::new(),
         recovery: driven.recovery.clone(),
     }
 }

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use crate::cache::{GangStores, GangWatches};
 use crate::gang::{self, ClaimSource, Gang};
 use crate::membership;
+use crate::pacing::{self, StatusPacer};
 use crate::status::{self, Progress};
 
 /// Errors of one reconcile. All are retried with backoff.
@@ -77,6 +78,8 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<Workload>, u32>>,
     /// Told after every reconcile, so the admission loop looks at the gang.
     admission: Arc<tokio::sync::Notify>,
+    /// Puts off status writes that change pod counts only.
+    pacer: StatusPacer,
 }
 
 /// The Workload a gang object names in its `muster.dev/workload` label.
@@ -118,6 +121,7 @@ impl WorkloadController {
             settings,
             failures: Mutex::default(),
             admission,
+            pacer: StatusPacer::default(),
         });
         WorkloadController { controller, context }
     }
@@ -181,8 +185,8 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         Ok(gang) => gang,
         Err(e) => {
             let progress = Progress::Invalid { message: e.to_string() };
-            write_status(workload, ctx, &progress).await?;
-            return Ok(Action::await_change());
+            let put_off = write_status(workload, ctx, &progress).await?;
+            return Ok(requeue(put_off, None));
         }
     };
     ensure_kueue_workload(workload, ctx).await?;
@@ -198,13 +202,13 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         {
             ignore_missing(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
         }
-        write_status(workload, ctx, &Progress::Suspended).await?;
-        return Ok(Action::await_change());
+        let put_off = write_status(workload, ctx, &Progress::Suspended).await?;
+        return Ok(requeue(put_off, None));
     }
     if crate::observe::finished(workload) {
         // A finished gang is not run again; its pods stay for their logs.
-        write_status(workload, ctx, &Progress::AllCreated).await?;
-        return Ok(Action::await_change());
+        let put_off = write_status(workload, ctx, &Progress::AllCreated).await?;
+        return Ok(requeue(put_off, None));
     }
 
     let outcome = match create_missing(workload, &namespace, &gang, ctx).await {
@@ -214,8 +218,8 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
                 reason: conditions::REASON_NAME_CONFLICT,
                 message: e.to_string(),
             };
-            write_status(workload, ctx, &progress).await?;
-            return Ok(Action::requeue(Duration::from_secs(60)));
+            let put_off = write_status(workload, ctx, &progress).await?;
+            return Ok(requeue(put_off, Some(Duration::from_secs(60))));
         }
         Err(e) => return Err(e),
     };
@@ -257,13 +261,24 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
     } else {
         Progress::AllCreated
     };
-    write_status(workload, ctx, &progress).await?;
-    Ok(match progress {
+    let put_off = write_status(workload, ctx, &progress).await?;
+    let again = match progress {
         // Nothing watches templates: look again after a while.
-        Progress::Waiting { .. } => Action::requeue(Duration::from_secs(15)),
-        _ if !outcome.failures.is_empty() => Action::requeue(Duration::from_secs(10)),
-        _ => Action::await_change(),
-    })
+        Progress::Waiting { .. } => Some(Duration::from_secs(15)),
+        _ if !outcome.failures.is_empty() => Some(Duration::from_secs(10)),
+        _ => None,
+    };
+    Ok(requeue(put_off, again))
+}
+
+/// Reconcile again after `again` (or on a change), and no later than a status write
+/// that was put off is due.
+fn requeue(put_off: Option<Duration>, again: Option<Duration>) -> Action {
+    match (put_off, again) {
+        (Some(a), Some(b)) => Action::requeue(a.min(b)),
+        (Some(d), None) | (None, Some(d)) => Action::requeue(d),
+        (None, None) => Action::await_change(),
+    }
 }
 
 /// A Workload that queues in Kueue has a Kueue Workload asking for its quota, active
@@ -677,7 +692,11 @@ fn ensure_owned<K: Resource>(object: &K, uid: &str, kind: &'static str) -> Resul
     }
 }
 
-async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -> Result<(), Error> {
+///
+/// A change that can wait ([`pacing::can_wait`]) is put off while the Workload's status
+/// was written less than [`pacing::COUNTS_INTERVAL`] ago: the wait is returned, and the
+/// caller reconciles again by then.
+async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -> Result<Option<Duration>, Error> {
     let namespace = workload.namespace().unwrap_or_default();
     let name = workload.name_any();
     let pods = ctx.stores.pods_of(&namespace, &name);
@@ -686,7 +705,19 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
     let desired = status::compute(workload, &pods, progress, &now);
     let current = workload.status.as_ref().map(status::owned_part);
     if current.as_ref() == Some(&desired) {
-        return Ok(());
+        return Ok(None);
+    }
+    let uid = workload.uid().unwrap_or_default();
+    if ctx
+        .pacer
+        .already_written(&uid, workload.metadata.resource_version.as_deref(), &desired)
+    {
+        return Ok(None);
+    }
+    if current.as_ref().is_some_and(|c| pacing::can_wait(c, &desired))
+        && let Some(wait) = ctx.pacer.wait(&uid, std::time::Instant::now())
+    {
+        return Ok(Some(wait));
     }
     let previous_reason = created_reason(current.as_ref());
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -697,8 +728,15 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         map.remove("restarts");
     }
     let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned});
-    api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+    let written = api
+        .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await?;
+    ctx.pacer.wrote(
+        &uid,
+        std::time::Instant::now(),
+        written.metadata.resource_version.as_deref(),
+        &desired,
+    );
     let was_running = current.as_ref().and_then(|c| c.phase) == Some(WorkloadPhase::Running);
     let first_attempt = workload.status.as_ref().is_none_or(|s| s.restarts == 0);
     if desired.phase == Some(WorkloadPhase::Running)
@@ -716,7 +754,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         let reason = reason.unwrap_or_default();
         publish(ctx, workload, EventType::Warning, &reason, "Reconcile", message.clone()).await;
     }
-    Ok(())
+    Ok(None)
 }
 
 fn created_reason(status: Option<&muster_api::WorkloadStatus>) -> Option<String> {

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod names;
 pub mod objects;
 pub mod observe;
+pub mod pacing;
 pub mod plan;
 pub mod release;
 pub mod rendezvous;

@@ -1,0 +1,197 @@
+//! How often the Workload controller writes a Workload's status. A gang's pods are
+//! created, released and become ready in bursts, each pod a watch event, and admission
+//! moves the gang through its steps within a second: writing each would cost the API
+//! server several writes per pod. Milestones are written at once (the first status, a
+//! condition turning, Running, a terminal phase, a new generation); counts, messages and
+//! the steps between Queued and Admitted wait out an interval, riding along with the
+//! next write.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use muster_api::v1alpha1::{WorkloadPhase, WorkloadStatus};
+
+/// The shortest time between two status writes of one Workload that can wait.
+pub const COUNTS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The status last written for each Workload, by uid.
+#[derive(Debug, Default)]
+pub struct StatusPacer {
+    written: Mutex<Written>,
+}
+
+#[derive(Debug, Default)]
+struct Written {
+    at: HashMap<String, LastWrite>,
+    pruned: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct LastWrite {
+    at: Instant,
+    /// The resourceVersion the write returned, and what it wrote.
+    version: Option<u64>,
+    status: WorkloadStatus,
+}
+
+impl StatusPacer {
+    /// How long a write of `uid` that can wait must still wait, if at all.
+    pub fn wait(&self, uid: &str, now: Instant) -> Option<Duration> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let since = now.saturating_duration_since(written.at.get(uid)?.at);
+        (since < COUNTS_INTERVAL).then(|| COUNTS_INTERVAL - since)
+    }
+
+    /// Whether `status` is what this process last wrote for `uid`, and the cached copy
+    /// (at `cached_version`) predates that write: writing it again would change nothing.
+    pub fn already_written(&self, uid: &str, cached_version: Option<&str>, status: &WorkloadStatus) -> bool {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(last) = written.at.get(uid) else {
+            return false;
+        };
+        let cached = cached_version.and_then(|v| v.parse::<u64>().ok());
+        matches!((cached, last.version), (Some(cached), Some(mine)) if cached < mine) && &last.status == status
+    }
+
+    /// Notes a status write of `uid`; `version` is the resourceVersion it returned.
+    pub fn wrote(&self, uid: &str, now: Instant, version: Option<&str>, status: &WorkloadStatus) {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let last = LastWrite {
+            at: now,
+            version: version.and_then(|v| v.parse().ok()),
+            status: status.clone(),
+        };
+        written.at.insert(uid.to_string(), last);
+        // Entries older than the interval decide nothing: drop them now and then, so
+        // deleted Workloads do not pile up.
+        if written
+            .pruned
+            .is_none_or(|at| now.saturating_duration_since(at) >= COUNTS_INTERVAL * 60)
+        {
+            written
+                .at
+                .retain(|_, last| now.saturating_duration_since(last.at) < COUNTS_INTERVAL * 60);
+            written.pruned = Some(now);
+        }
+    }
+}
+
+/// Whether going from `current` to `desired` can wait: no condition turns, the
+/// generation is the same, and the phase stays among the steps before a gang runs.
+pub fn can_wait(current: &WorkloadStatus, desired: &WorkloadStatus) -> bool {
+    let step = |phase: Option<WorkloadPhase>| {
+        matches!(
+            phase,
+            Some(WorkloadPhase::Queued | WorkloadPhase::Pending | WorkloadPhase::Admitted)
+        )
+    };
+    fn turns(status: &WorkloadStatus) -> Vec<(&str, &str)> {
+        let mut turns: Vec<(&str, &str)> = status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
+        turns.sort_unstable();
+        turns
+    }
+    current.observed_generation == desired.observed_generation
+        && (current.phase == desired.phase || (step(current.phase) && step(desired.phase)))
+        && turns(current) == turns(desired)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
+    use muster_api::v1alpha1::PodGroupStatus;
+
+    use super::*;
+
+    fn status(phase: WorkloadPhase, ready: i32) -> WorkloadStatus {
+        let all = ready == 4;
+        WorkloadStatus {
+            observed_generation: Some(1),
+            phase: Some(phase),
+            pods: 4,
+            ready_pods: ready,
+            pod_groups: vec![PodGroupStatus {
+                name: "workers".into(),
+                replicas: 4,
+                created: 4,
+                ready,
+                ..Default::default()
+            }],
+            conditions: vec![Condition {
+                type_: "PodsReady".into(),
+                status: if all { "True" } else { "False" }.into(),
+                reason: if all { "PodsReady" } else { "PodsNotReady" }.into(),
+                message: format!("{ready} of 4 pods are ready"),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                observed_generation: Some(1),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_second_write_that_can_wait_waits_out_the_interval() {
+        let pacer = StatusPacer::default();
+        let start = Instant::now();
+        assert_eq!(pacer.wait("a", start), None, "never written");
+        pacer.wrote("a", start, Some("10"), &status(WorkloadPhase::Queued, 0));
+        let later = start + Duration::from_millis(300);
+        assert_eq!(pacer.wait("a", later), Some(Duration::from_millis(700)));
+        assert_eq!(pacer.wait("b", later), None, "per Workload");
+        assert_eq!(pacer.wait("a", start + COUNTS_INTERVAL), None);
+    }
+
+    #[test]
+    fn what_a_stale_cache_still_lacks_is_not_written_twice() {
+        let pacer = StatusPacer::default();
+        let queued = status(WorkloadPhase::Queued, 0);
+        pacer.wrote("a", Instant::now(), Some("10"), &queued);
+        assert!(
+            pacer.already_written("a", Some("9"), &queued),
+            "the cache predates the write"
+        );
+        assert!(!pacer.already_written("a", Some("11"), &queued), "someone wrote since");
+        assert!(!pacer.already_written("a", Some("9"), &status(WorkloadPhase::Pending, 0)));
+        assert!(!pacer.already_written("b", Some("9"), &queued));
+    }
+
+    #[test]
+    fn old_entries_are_dropped() {
+        let pacer = StatusPacer::default();
+        let start = Instant::now();
+        let queued = status(WorkloadPhase::Queued, 0);
+        pacer.wrote("gone", start, None, &queued);
+        pacer.wrote("a", start + COUNTS_INTERVAL * 61, None, &queued);
+        let written = pacer.written.lock().unwrap();
+        assert!(!written.at.contains_key("gone"));
+        assert!(written.at.contains_key("a"));
+    }
+
+    #[test]
+    fn counts_and_the_steps_before_running_can_wait_and_milestones_cannot() {
+        let admitted = status(WorkloadPhase::Admitted, 1);
+        assert!(
+            can_wait(&admitted, &status(WorkloadPhase::Admitted, 3)),
+            "counts and messages"
+        );
+        assert!(can_wait(
+            &status(WorkloadPhase::Queued, 0),
+            &status(WorkloadPhase::Pending, 0)
+        ));
+        assert!(can_wait(&status(WorkloadPhase::Pending, 0), &admitted));
+        assert!(!can_wait(&admitted, &status(WorkloadPhase::Running, 4)), "Running");
+        assert!(
+            !can_wait(&status(WorkloadPhase::Running, 4), &status(WorkloadPhase::Admitted, 3)),
+            "a running gang losing a pod"
+        );
+        assert!(!can_wait(&admitted, &status(WorkloadPhase::Suspended, 1)));
+        let mut regenerated = admitted.clone();
+        regenerated.observed_generation = Some(2);
+        assert!(!can_wait(&admitted, &regenerated), "a new generation is acknowledged");
+    }
+}
