@@ -141,8 +141,15 @@ impl Objects {
         Ok(reader.objects)
     }
 
-    /// Adds one JSON object (a List's items one by one), deserialized from its text.
-    fn add_json(&mut self, file: &str, document: usize, raw: &RawValue) -> Result<(), LoadError> {
+    /// Adds one JSON object (a List's items one by one), deserialized from its text;
+    /// `default_kind` is its kind if it does not say.
+    fn add_json(
+        &mut self,
+        file: &str,
+        document: usize,
+        raw: &RawValue,
+        default_kind: Option<&str>,
+    ) -> Result<(), LoadError> {
         let text = raw.get();
         if text == "null" {
             return Ok(());
@@ -153,7 +160,7 @@ impl Objects {
             object: "<unreadable>".into(),
             message: e.to_string(),
         })?;
-        let kind = head.kind.unwrap_or_default();
+        let kind = head.kind.or(default_kind.map(Into::into)).unwrap_or_default();
         let name = head.metadata.and_then(|m| m.name).unwrap_or("<unnamed>".into());
         let bad = |message: String| LoadError::Object {
             file: file.to_string(),
@@ -164,7 +171,7 @@ impl Objects {
         if is_list(&kind) {
             let list: RawList = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
             for item in list.items.unwrap_or_default() {
-                self.add_json(file, document, item)?;
+                self.add_json(file, document, item, item_kind(&kind))?;
             }
             return Ok(());
         }
@@ -199,7 +206,10 @@ impl Objects {
                 _ => Vec::new(),
             };
             drop(value);
-            for item in items {
+            for mut item in items {
+                if let (Some(object), Some(kind)) = (item.as_object_mut(), item_kind(&kind)) {
+                    object.entry("kind").or_insert_with(|| kind.into());
+                }
                 self.add(file, document, item)?;
             }
             return Ok(());
@@ -353,11 +363,18 @@ struct JsonDocument<'f> {
 }
 
 impl JsonDocument<'_> {
-    fn add<E: serde::de::Error>(&mut self, document: usize, raw: &RawValue) -> Result<(), E> {
-        self.objects.add_json(self.file, document, raw).map_err(|failure| {
-            self.failure = Some(failure);
-            E::custom("stopped at an object that cannot be read")
-        })
+    fn add<E: serde::de::Error>(
+        &mut self,
+        document: usize,
+        raw: &RawValue,
+        default_kind: Option<&str>,
+    ) -> Result<(), E> {
+        self.objects
+            .add_json(self.file, document, raw, default_kind)
+            .map_err(|failure| {
+                self.failure = Some(failure);
+                E::custom("stopped at an object that cannot be read")
+            })
     }
 }
 
@@ -380,29 +397,36 @@ impl<'de> serde::de::Visitor<'de> for &mut JsonDocument<'_> {
         let mut document = 0;
         while let Some(raw) = seq.next_element::<Box<RawValue>>()? {
             document += 1;
-            self.add(document, &raw)?;
+            self.add(document, &raw, None)?;
         }
         Ok(())
     }
 
-    /// A List's items are read as they come (kubectl prints them before `kind`); any
-    /// other object is kept whole and added at its end.
+    /// A List's items are read as they come (kubectl prints them before `kind`, the API
+    /// server after it); any other object is kept whole and added at its end.
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut fields: Vec<(String, Box<RawValue>)> = Vec::new();
         let mut had_items = false;
+        let kind_of = |fields: &[(String, Box<RawValue>)]| {
+            fields
+                .iter()
+                .find(|(key, _)| key == "kind")
+                .and_then(|(_, raw)| serde_json::from_str::<String>(raw.get()).ok())
+        };
         while let Some(key) = map.next_key::<String>()? {
             if key == "items" {
                 had_items = true;
-                map.next_value_seed(ListItems(&mut *self))?;
+                let kind = kind_of(&fields);
+                let default_kind = kind.as_deref().and_then(item_kind).map(str::to_string);
+                map.next_value_seed(ListItems {
+                    document: &mut *self,
+                    default_kind,
+                })?;
             } else {
                 fields.push((key, map.next_value()?));
             }
         }
-        let kind = fields
-            .iter()
-            .find(|(key, _)| key == "kind")
-            .and_then(|(_, raw)| serde_json::from_str::<String>(raw.get()).ok())
-            .unwrap_or_default();
+        let kind = kind_of(&fields).unwrap_or_default();
         if had_items {
             if is_list(&kind) {
                 return Ok(());
@@ -426,12 +450,16 @@ impl<'de> serde::de::Visitor<'de> for &mut JsonDocument<'_> {
         }
         text.push('}');
         let raw = RawValue::from_string(text).map_err(serde::de::Error::custom)?;
-        self.add(1, &raw)
+        self.add(1, &raw, None)
     }
 }
 
 /// A List's `items`, each added as it is read.
-struct ListItems<'r, 'f>(&'r mut JsonDocument<'f>);
+struct ListItems<'r, 'f> {
+    document: &'r mut JsonDocument<'f>,
+    /// The items' kind when they do not say.
+    default_kind: Option<String>,
+}
 
 impl<'de> serde::de::DeserializeSeed<'de> for ListItems<'_, '_> {
     type Value = ();
@@ -454,26 +482,21 @@ impl<'de> serde::de::Visitor<'de> for ListItems<'_, '_> {
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while let Some(raw) = seq.next_element::<Box<RawValue>>()? {
-            self.0.add(1, &raw)?;
+            self.document.add(1, &raw, self.default_kind.as_deref())?;
         }
         Ok(())
     }
 }
 
-/// The kinds of lists kubectl prints.
+/// Lists: kubectl's `List`, and the API server's `<Kind>List`.
 fn is_list(kind: &str) -> bool {
-    matches!(
-        kind,
-        "List"
-            | "NodeList"
-            | "PodList"
-            | "ResourceSliceList"
-            | "DeviceClassList"
-            | "DeviceTaintRuleList"
-            | "ResourceClaimList"
-            | "ResourceClaimTemplateList"
-            | "WorkloadList"
-    )
+    kind.ends_with("List")
+}
+
+/// The kind of a list's items when they do not say (the API server's `<Kind>List`
+/// leaves it out of each item).
+fn item_kind(list_kind: &str) -> Option<&str> {
+    list_kind.strip_suffix("List").filter(|kind| !kind.is_empty())
 }
 
 /// What an object says it is, read without the rest of it.
@@ -608,6 +631,14 @@ spec: {selectors: [{cel: {expression: "true"}}]}
 
         let e = Objects::read("x.json", &br#"{"kind": "ConfigMap", "items": []}"#[..]).unwrap_err();
         assert!(e.to_string().contains("has items but is not a List"), "{e}");
+        // The API server's own list names the kind once, before the items.
+        let raw =
+            r#"{"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [{"metadata": {"name": "n9"}}]}"#;
+        assert_eq!(Objects::read("raw.json", raw.as_bytes()).unwrap().nodes[0].name, "n9");
+        let events = r#"{"items": [{"kind": "Event", "metadata": {"name": "e"}}], "kind": "EventList"}"#;
+        assert_eq!(Objects::read("e.json", events.as_bytes()).unwrap().ignored["Event"], 1);
+        let yaml = "kind: NodeList\nitems:\n- metadata: {name: n8}\n";
+        assert_eq!(Objects::read("raw.yaml", yaml.as_bytes()).unwrap().nodes[0].name, "n8");
         let bad = r#"{"items": [{"kind": "Node", "metadata": {"name": "n1"}, "spec": {"unschedulable": "maybe"}}], "kind": "List"}"#;
         let e = Objects::read("snap.json", bad.as_bytes()).unwrap_err().to_string();
         assert!(
