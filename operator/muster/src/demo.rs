@@ -149,27 +149,49 @@ async fn follow(
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let selector = ListParams::default().labels(&format!("{}={EXAMPLE_NAME}", labels::WORKLOAD));
     let params = WatchParams::default().fields(&example_field()).timeout(60);
-    let mut events = workloads.watch(&params, &resource_version).await?.boxed();
-    let mut last = String::new();
     let deadline = tokio::time::Instant::now() + timeout;
+    let late = || anyhow::anyhow!("the gang did not run within {timeout:?}");
+    let watch_from = |version: String| {
+        let (workloads, params) = (workloads.clone(), params.clone());
+        async move {
+            let events = tokio::time::timeout_at(deadline, workloads.watch(&params, &version))
+                .await
+                .map_err(|_| late())??;
+            anyhow::Ok(events.boxed())
+        }
+    };
+    let mut events = watch_from(resource_version.clone()).await?;
+    let mut last = String::new();
     loop {
-        let event = match tokio::time::timeout_at(deadline, events.next()).await {
-            Err(_) => anyhow::bail!("the gang did not run within {timeout:?}"),
-            Ok(None) => {
-                // The server closes a watch after its timeout: go on from the last event.
-                events = workloads.watch(&params, &resource_version).await?.boxed();
+        let next = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .map_err(|_| late())?;
+        let workload = match next {
+            // The server closes a watch after its timeout: go on from the last event.
+            None => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                events = watch_from(resource_version.clone()).await?;
                 continue;
             }
-            Ok(Some(event)) => event.context("watching the Workload")?,
-        };
-        let workload = match event {
-            WatchEvent::Added(w) | WatchEvent::Modified(w) => w,
-            WatchEvent::Bookmark(b) => {
+            Some(Err(e)) => {
+                eprintln!("watching the Workload: {e}; watching again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                events = watch_from(resource_version.clone()).await?;
+                continue;
+            }
+            Some(Ok(WatchEvent::Added(w) | WatchEvent::Modified(w))) => w,
+            Some(Ok(WatchEvent::Bookmark(b))) => {
                 resource_version = b.metadata.resource_version;
                 continue;
             }
-            WatchEvent::Deleted(_) => anyhow::bail!("the Workload was deleted"),
-            WatchEvent::Error(e) => anyhow::bail!("watching the Workload: {e}"),
+            Some(Ok(WatchEvent::Deleted(_))) => anyhow::bail!("the Workload was deleted"),
+            // Too old to resume from: start again from the Workload as it is now.
+            Some(Ok(WatchEvent::Error(e))) if e.code == 410 => {
+                let now = workloads.get(EXAMPLE_NAME).await?;
+                events = watch_from(now.metadata.resource_version.clone().unwrap_or_default()).await?;
+                now
+            }
+            Some(Ok(WatchEvent::Error(e))) => anyhow::bail!("watching the Workload: {e}"),
         };
         if let Some(version) = &workload.metadata.resource_version {
             resource_version.clone_from(version);
