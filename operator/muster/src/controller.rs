@@ -35,6 +35,10 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{kind} {name} exists but does not belong to this Workload")]
     NotOwned { kind: &'static str, name: String },
+    /// The namespace is being deleted: the API server refuses new objects in it, and the
+    /// Workload goes with it.
+    #[error("namespace {namespace} is being deleted")]
+    NamespaceTerminating { namespace: String },
 }
 
 impl Error {
@@ -43,6 +47,7 @@ impl Error {
         match self {
             Error::Kube(_) => "kube",
             Error::NotOwned { .. } => "not_owned",
+            Error::NamespaceTerminating { .. } => "namespace_terminating",
         }
     }
 }
@@ -213,6 +218,9 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
 
     let outcome = match create_missing(workload, &namespace, &gang, ctx).await {
         Ok(outcome) => outcome,
+        // Nothing can be made there any more; the namespace's deletion reaches the
+        // Workload and its objects soon, and that is reconciled then.
+        Err(Error::NamespaceTerminating { .. }) => return Ok(Action::await_change()),
         Err(e @ Error::NotOwned { .. }) => {
             let progress = Progress::Waiting {
                 reason: conditions::REASON_NAME_CONFLICT,
@@ -619,6 +627,12 @@ async fn create_missing(
 
 /// Counts creations; failures the API refused as invalid are kept as messages (retrying
 /// cannot help), other errors abort the reconcile for a retry.
+/// The API server's answer to a create in a namespace that is being deleted (its
+/// `NamespaceTerminating` cause; the status carries no machine-readable cause here).
+fn is_namespace_terminating(status: &kube::core::Status) -> bool {
+    status.code == 403 && status.message.contains("because it is being terminated")
+}
+
 fn tally(
     results: Vec<Result<bool, Error>>,
     outcome: &mut CreateOutcome,
@@ -669,6 +683,9 @@ where
     };
     match api.create(&params, object).await {
         Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if is_namespace_terminating(&status) => Err(Error::NamespaceTerminating {
+            namespace: object.meta().namespace.clone().unwrap_or_default(),
+        }),
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let name = object.meta().name.clone().unwrap_or_default();
             match api.get_opt(&name).await? {
@@ -699,6 +716,17 @@ fn ensure_owned<K: Resource>(object: &K, uid: &str, kind: &'static str) -> Resul
 async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -> Result<Option<Duration>, Error> {
     let namespace = workload.namespace().unwrap_or_default();
     let name = workload.name_any();
+    let uid = workload.uid().unwrap_or_default();
+    // Decide against what this process wrote last while the cache still lags behind it:
+    // the stale copy would have the same change written again, or judged wrongly.
+    let mut seen = std::borrow::Cow::Borrowed(workload);
+    if let Some(mine) = ctx
+        .pacer
+        .newer_than_cache(&uid, workload.metadata.resource_version.as_deref())
+    {
+        status::overlay_owned(seen.to_mut().status.get_or_insert_with(Default::default), &mine);
+    }
+    let workload = seen.as_ref();
     let pods = ctx.stores.pods_of(&namespace, &name);
     let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
     let now = Time(Timestamp::now());
@@ -707,16 +735,10 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
     if current.as_ref() == Some(&desired) {
         return Ok(None);
     }
-    let uid = workload.uid().unwrap_or_default();
-    if ctx
-        .pacer
-        .already_written(&uid, workload.metadata.resource_version.as_deref(), &desired)
-    {
-        return Ok(None);
-    }
     if current.as_ref().is_some_and(|c| pacing::can_wait(c, &desired))
         && let Some(wait) = ctx.pacer.wait(&uid, std::time::Instant::now())
     {
+        ctx.pacer.put_off(&uid);
         return Ok(Some(wait));
     }
     let previous_reason = created_reason(current.as_ref());
@@ -873,8 +895,14 @@ fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Ac
     let mut failures = ctx.failures.lock().expect("failure map");
     let count = failures.entry(key).or_insert(0);
     *count = count.saturating_add(1);
-    // 1 s, 2 s, 4 s ... capped at 5 minutes.
-    let delay = Duration::from_secs(1u64 << (*count - 1).min(8)).min(Duration::from_secs(300));
+    // 1 s, 2 s, 4 s ... capped at 5 minutes; sooner if a status write was put off.
+    let mut delay = Duration::from_secs(1u64 << (*count - 1).min(8)).min(Duration::from_secs(300));
+    if let Some(due) = ctx
+        .pacer
+        .put_off_due(&workload.uid().unwrap_or_default(), std::time::Instant::now())
+    {
+        delay = delay.min(due.max(Duration::from_millis(100)));
+    }
     warn!(workload = %workload.name_any(), namespace = ?workload.namespace(), error = %error, kind = error.metric_label(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
@@ -898,5 +926,18 @@ mod tests {
         );
         let stranger: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "team"}})).unwrap();
         assert_eq!(labelled_workload(stranger), None);
+    }
+
+    #[test]
+    fn a_create_refused_in_a_terminating_namespace_is_told_apart() {
+        let refused = |code: u16, message: &str| kube::core::Status::failure(message, "Forbidden").with_code(code);
+        assert!(is_namespace_terminating(&refused(
+            403,
+            "pods \"w-a-0\" is forbidden: unable to create new content in namespace team because it is being terminated"
+        )));
+        assert!(!is_namespace_terminating(&refused(
+            403,
+            "pods \"w-a-0\" is forbidden: exceeded quota: gpus"
+        )));
     }
 }

@@ -33,6 +33,8 @@ struct LastWrite {
     /// The resourceVersion the write returned, and what it wrote.
     version: Option<u64>,
     status: WorkloadStatus,
+    /// A later write was put off and is still to come.
+    put_off: bool,
 }
 
 impl StatusPacer {
@@ -43,15 +45,29 @@ impl StatusPacer {
         (since < COUNTS_INTERVAL).then(|| COUNTS_INTERVAL - since)
     }
 
-    /// Whether `status` is what this process last wrote for `uid`, and the cached copy
-    /// (at `cached_version`) predates that write: writing it again would change nothing.
-    pub fn already_written(&self, uid: &str, cached_version: Option<&str>, status: &WorkloadStatus) -> bool {
+    /// What this process last wrote for `uid`, if the cached copy (at `cached_version`)
+    /// predates that write: the baseline to decide against until the cache catches up.
+    pub fn newer_than_cache(&self, uid: &str, cached_version: Option<&str>) -> Option<WorkloadStatus> {
         let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(last) = written.at.get(uid) else {
-            return false;
-        };
-        let cached = cached_version.and_then(|v| v.parse::<u64>().ok());
-        matches!((cached, last.version), (Some(cached), Some(mine)) if cached < mine) && &last.status == status
+        let last = written.at.get(uid)?;
+        let cached = cached_version.and_then(|v| v.parse::<u64>().ok())?;
+        (cached < last.version?).then(|| last.status.clone())
+    }
+
+    /// Notes that a write of `uid` was put off.
+    pub fn put_off(&self, uid: &str) {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(last) = written.at.get_mut(uid) {
+            last.put_off = true;
+        }
+    }
+
+    /// When a write of `uid` that was put off is due (at once if it is late), so that a
+    /// failing reconcile retries no later than that.
+    pub fn put_off_due(&self, uid: &str, now: Instant) -> Option<Duration> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let last = written.at.get(uid).filter(|last| last.put_off)?;
+        Some(COUNTS_INTERVAL.saturating_sub(now.saturating_duration_since(last.at)))
     }
 
     /// Notes a status write of `uid`; `version` is the resourceVersion it returned.
@@ -61,6 +77,7 @@ impl StatusPacer {
             at: now,
             version: version.and_then(|v| v.parse().ok()),
             status: status.clone(),
+            put_off: false,
         };
         written.at.insert(uid.to_string(), last);
         // Entries older than the interval decide nothing: drop them now and then, so
@@ -147,17 +164,35 @@ mod tests {
     }
 
     #[test]
-    fn what_a_stale_cache_still_lacks_is_not_written_twice() {
+    fn a_stale_cache_is_judged_by_what_was_written_last() {
         let pacer = StatusPacer::default();
         let queued = status(WorkloadPhase::Queued, 0);
         pacer.wrote("a", Instant::now(), Some("10"), &queued);
-        assert!(
-            pacer.already_written("a", Some("9"), &queued),
+        assert_eq!(
+            pacer.newer_than_cache("a", Some("9")),
+            Some(queued),
             "the cache predates the write"
         );
-        assert!(!pacer.already_written("a", Some("11"), &queued), "someone wrote since");
-        assert!(!pacer.already_written("a", Some("9"), &status(WorkloadPhase::Pending, 0)));
-        assert!(!pacer.already_written("b", Some("9"), &queued));
+        assert_eq!(pacer.newer_than_cache("a", Some("10")), None, "the cache has it");
+        assert_eq!(pacer.newer_than_cache("a", Some("11")), None, "someone wrote since");
+        assert_eq!(pacer.newer_than_cache("b", Some("9")), None);
+    }
+
+    #[test]
+    fn a_put_off_write_is_due_when_its_interval_ends() {
+        let pacer = StatusPacer::default();
+        let start = Instant::now();
+        pacer.wrote("a", start, Some("10"), &status(WorkloadPhase::Queued, 0));
+        assert_eq!(pacer.put_off_due("a", start), None, "nothing put off");
+        pacer.put_off("a");
+        let later = start + Duration::from_millis(400);
+        assert_eq!(pacer.put_off_due("a", later), Some(Duration::from_millis(600)));
+        assert_eq!(
+            pacer.put_off_due("a", start + COUNTS_INTERVAL * 2),
+            Some(Duration::ZERO)
+        );
+        pacer.wrote("a", later, Some("11"), &status(WorkloadPhase::Pending, 0));
+        assert_eq!(pacer.put_off_due("a", later), None, "written");
     }
 
     #[test]

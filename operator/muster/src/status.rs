@@ -160,6 +160,21 @@ pub fn owned_part(status: &WorkloadStatus) -> WorkloadStatus {
     }
 }
 
+/// `status` with the fields the Workload controller owns taken from `mine`: what this
+/// process last wrote, while the cache has not caught up with it.
+pub fn overlay_owned(status: &mut WorkloadStatus, mine: &WorkloadStatus) {
+    let owned = |c: &Condition| c.type_ == conditions::CREATED || c.type_ == conditions::PODS_READY;
+    status.observed_generation = mine.observed_generation;
+    status.phase = mine.phase;
+    status.pods = mine.pods;
+    status.ready_pods = mine.ready_pods;
+    status.pod_groups = mine.pod_groups.clone();
+    status.conditions.retain(|c| !owned(c));
+    status
+        .conditions
+        .extend(mine.conditions.iter().filter(|c| owned(c)).cloned());
+}
+
 /// Sets a condition, keeping `lastTransitionTime` when the status is unchanged.
 pub fn set_condition(
     conditions: &mut Vec<Condition>,
