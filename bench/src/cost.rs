@@ -44,29 +44,35 @@ pub async fn apiserver_writes(client: &kube::Client) -> Result<BTreeMap<String, 
         .await
         .context("reading kube-apiserver metrics")?;
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or("")
-                .to_string()
-        };
-        if !matches!(label("verb").as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") {
+    for (label, value) in counters(&text, "apiserver_request_total") {
+        if !matches!(label("verb"), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") {
             continue;
         }
-        let mut resource = label("resource");
+        let mut resource = label("resource").to_string();
         let subresource = label("subresource");
         if !subresource.is_empty() {
             resource = format!("{resource}/{subresource}");
         }
-        *out.entry(resource).or_default() += value.parse::<f64>().unwrap_or(0.0);
+        *out.entry(resource).or_default() += value;
     }
     Ok(out)
+}
+
+/// The samples of counter `name` in a Prometheus text exposition: a label lookup (empty
+/// when absent) and the value of each.
+pub fn counters<'t>(text: &'t str, name: &str) -> impl Iterator<Item = (impl Fn(&str) -> &'t str, f64)> {
+    let prefix = format!("{name}{{");
+    text.lines().filter(move |l| l.starts_with(&prefix)).filter_map(|line| {
+        let (labels, value) = line.rsplit_once(' ')?;
+        let label = move |key: &str| {
+            labels
+                .split(&format!("{key}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("")
+        };
+        Some((label, value.parse::<f64>().unwrap_or(0.0)))
+    })
 }
 
 /// `after - before`, per key.
@@ -76,4 +82,29 @@ pub fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> B
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
         .filter(|(_, v)| *v > 0.0)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_read_with_their_labels() {
+        let text = "# HELP muster_api_requests_total Requests\n\
+                    muster_api_requests_total{verb=\"patch\",resource=\"pods\"} 4\n\
+                    muster_api_requests_total_other{verb=\"get\"} 9\n\
+                    muster_api_requests_total{verb=\"create\",resource=\"resourceclaims.resource.k8s.io\"} 2.5\n";
+        let read: Vec<(String, String, f64)> = counters(text, "muster_api_requests_total")
+            .map(|(label, value)| (label("verb").to_string(), label("resource").to_string(), value))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ("patch".into(), "pods".into(), 4.0),
+                ("create".into(), "resourceclaims.resource.k8s.io".into(), 2.5)
+            ]
+        );
+        let (label, _) = counters(text, "muster_api_requests_total").next().unwrap();
+        assert_eq!(label("subresource"), "", "absent labels are empty");
+    }
 }

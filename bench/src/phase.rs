@@ -398,23 +398,12 @@ async fn operator_writes(operator: &Operator) -> Result<BTreeMap<String, f64>> {
         bail!("the operator's metrics answered {code}");
     }
     let mut writes = BTreeMap::new();
-    for line in body.lines().filter(|l| l.starts_with("muster_api_requests_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or("")
-                .to_string()
-        };
+    for (label, value) in cost::counters(&body, "muster_api_requests_total") {
         let verb = label("verb");
-        if !matches!(verb.as_str(), "create" | "update" | "patch" | "delete") {
+        if !matches!(verb, "create" | "update" | "patch" | "delete") {
             continue;
         }
-        *writes.entry(format!("{verb} {}", label("resource"))).or_default() += value.parse::<f64>().unwrap_or(0.0);
+        *writes.entry(format!("{verb} {}", label("resource"))).or_default() += value;
     }
     Ok(writes)
 }
