@@ -297,13 +297,5 @@ async fn delete_pods(client: &kube::Client, ns: &str) -> Result<()> {
     pods.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
-    wait::until("the blockers' claims to go", Duration::from_secs(120), || async {
-        Ok(claims
-            .list(&ListParams::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await
+    wait::until_none_left("the blockers' claims to go", Duration::from_secs(120), &claims).await
 }

@@ -344,19 +344,7 @@ impl Test {
 
     /// Waits until no claim is left in the test's namespace (the operator must run).
     pub async fn wait_claims_gone(&self) -> Result<()> {
-        let claims = self.claims();
-        wait::until("the test's claims to be gone", Duration::from_secs(90), || {
-            let claims = claims.clone();
-            async move {
-                Ok(claims
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .is_empty()
-                    .then_some(()))
-            }
-        })
-        .await
+        wait::until_none_left("the test's claims to be gone", Duration::from_secs(90), &self.claims()).await
     }
 
     pub async fn gang_pods(&self, name: &str) -> Result<Vec<Pod>> {

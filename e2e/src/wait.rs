@@ -32,6 +32,18 @@ where
     }
 }
 
+/// Waits until `api` lists no object (of its namespace, or at all), as [`until`] does.
+pub async fn until_none_left<K>(what: &str, timeout: Duration, api: &kube::Api<K>) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    until(what, timeout, || async {
+        let left = api.list(&kube::api::ListParams::default()).await?.items;
+        Ok(left.is_empty().then_some(()))
+    })
+    .await
+}
+
 /// Polls `check` every 200 ms for `period` and fails as soon as it does not hold: for
 /// asserting that something does not happen.
 pub async fn holds<F, Fut>(what: &str, period: Duration, mut check: F) -> Result<()>

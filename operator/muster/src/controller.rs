@@ -83,7 +83,7 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<Workload>, u32>>,
     /// Told after every reconcile, so the admission loop looks at the gang.
     admission: Arc<tokio::sync::Notify>,
-    /// Puts off status writes that change pod counts only.
+    /// Puts off status writes that can wait.
     pacer: StatusPacer,
 }
 
@@ -625,14 +625,14 @@ async fn create_missing(
     Ok(outcome)
 }
 
-/// Counts creations; failures the API refused as invalid are kept as messages (retrying
-/// cannot help), other errors abort the reconcile for a retry.
 /// The API server's answer to a create in a namespace that is being deleted (its
 /// `NamespaceTerminating` cause; the status carries no machine-readable cause here).
 fn is_namespace_terminating(status: &kube::core::Status) -> bool {
     status.code == 403 && status.message.contains("because it is being terminated")
 }
 
+/// Counts creations; failures the API refused as invalid are kept as messages (retrying
+/// cannot help), other errors abort the reconcile for a retry.
 fn tally(
     results: Vec<Result<bool, Error>>,
     outcome: &mut CreateOutcome,
@@ -709,9 +709,9 @@ fn ensure_owned<K: Resource>(object: &K, uid: &str, kind: &'static str) -> Resul
     }
 }
 
-///
-/// A change that can wait ([`pacing::can_wait`]) is put off while the Workload's status
-/// was written less than [`pacing::COUNTS_INTERVAL`] ago: the wait is returned, and the
+/// Writes the part of the status this controller owns, if it changed. A change that can
+/// wait ([`pacing::can_wait`]) is put off while the Workload's status was written less
+/// than [`pacing::INTERVAL`] ago: the wait is returned, and the
 /// caller reconciles again by then.
 async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -> Result<Option<Duration>, Error> {
     let namespace = workload.namespace().unwrap_or_default();

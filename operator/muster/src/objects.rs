@@ -162,12 +162,7 @@ impl Objects {
         })?;
         let kind = head.kind.or(default_kind.map(Into::into)).unwrap_or_default();
         let name = head.metadata.and_then(|m| m.name).unwrap_or("<unnamed>".into());
-        let bad = |message: String| LoadError::Object {
-            file: file.to_string(),
-            document,
-            object: format!("{kind} {name}"),
-            message,
-        };
+        let bad = object_error(file, document, &kind, &name);
         if is_list(&kind) {
             let list: RawList = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
             for item in list.items.unwrap_or_default() {
@@ -193,12 +188,7 @@ impl Objects {
             .and_then(|n| n.as_str())
             .unwrap_or("<unnamed>")
             .to_string();
-        let bad = |message: String| LoadError::Object {
-            file: file.to_string(),
-            document,
-            object: format!("{kind} {name}"),
-            message,
-        };
+        let bad = object_error(file, document, &kind, &name);
         if is_list(&kind) {
             // Moved out, not copied: each item's tree goes once it is typed.
             let items = match value.get_mut("items").map(serde_json::Value::take) {
@@ -314,6 +304,16 @@ impl Objects {
 fn syntax(file: &str, message: String) -> LoadError {
     LoadError::Syntax {
         file: file.to_string(),
+        message,
+    }
+}
+
+/// What is wrong with object `kind name`, the `document`th of `file`.
+fn object_error<'a>(file: &'a str, document: usize, kind: &'a str, name: &'a str) -> impl Fn(String) -> LoadError + 'a {
+    move |message| LoadError::Object {
+        file: file.to_string(),
+        document,
+        object: format!("{kind} {name}"),
         message,
     }
 }

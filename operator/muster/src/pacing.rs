@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use muster_api::v1alpha1::{WorkloadPhase, WorkloadStatus};
 
 /// The shortest time between two status writes of one Workload that can wait.
-pub const COUNTS_INTERVAL: Duration = Duration::from_secs(1);
+pub const INTERVAL: Duration = Duration::from_secs(1);
 
 /// The status last written for each Workload, by uid.
 #[derive(Debug, Default)]
@@ -30,8 +30,9 @@ struct Written {
 #[derive(Debug)]
 struct LastWrite {
     at: Instant,
-    /// The resourceVersion the write returned, and what it wrote.
+    /// The resourceVersion the write returned.
     version: Option<u64>,
+    /// The status it wrote.
     status: WorkloadStatus,
     /// A later write was put off and is still to come.
     put_off: bool,
@@ -42,7 +43,7 @@ impl StatusPacer {
     pub fn wait(&self, uid: &str, now: Instant) -> Option<Duration> {
         let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         let since = now.saturating_duration_since(written.at.get(uid)?.at);
-        (since < COUNTS_INTERVAL).then(|| COUNTS_INTERVAL - since)
+        (since < INTERVAL).then(|| INTERVAL - since)
     }
 
     /// What this process last wrote for `uid`, if the cached copy (at `cached_version`)
@@ -67,7 +68,7 @@ impl StatusPacer {
     pub fn put_off_due(&self, uid: &str, now: Instant) -> Option<Duration> {
         let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         let last = written.at.get(uid).filter(|last| last.put_off)?;
-        Some(COUNTS_INTERVAL.saturating_sub(now.saturating_duration_since(last.at)))
+        Some(INTERVAL.saturating_sub(now.saturating_duration_since(last.at)))
     }
 
     /// Notes a status write of `uid`; `version` is the resourceVersion it returned.
@@ -80,15 +81,16 @@ impl StatusPacer {
             put_off: false,
         };
         written.at.insert(uid.to_string(), last);
-        // Entries older than the interval decide nothing: drop them now and then, so
-        // deleted Workloads do not pile up.
+        // A minute after its write an entry decides nothing (the cache has caught up and
+        // the interval is long over): drop such entries now and then, so that deleted
+        // Workloads do not pile up.
         if written
             .pruned
-            .is_none_or(|at| now.saturating_duration_since(at) >= COUNTS_INTERVAL * 60)
+            .is_none_or(|at| now.saturating_duration_since(at) >= INTERVAL * 60)
         {
             written
                 .at
-                .retain(|_, last| now.saturating_duration_since(last.at) < COUNTS_INTERVAL * 60);
+                .retain(|_, last| now.saturating_duration_since(last.at) < INTERVAL * 60);
             written.pruned = Some(now);
         }
     }
@@ -160,7 +162,7 @@ mod tests {
         let later = start + Duration::from_millis(300);
         assert_eq!(pacer.wait("a", later), Some(Duration::from_millis(700)));
         assert_eq!(pacer.wait("b", later), None, "per Workload");
-        assert_eq!(pacer.wait("a", start + COUNTS_INTERVAL), None);
+        assert_eq!(pacer.wait("a", start + INTERVAL), None);
     }
 
     #[test]
@@ -187,10 +189,7 @@ mod tests {
         pacer.put_off("a");
         let later = start + Duration::from_millis(400);
         assert_eq!(pacer.put_off_due("a", later), Some(Duration::from_millis(600)));
-        assert_eq!(
-            pacer.put_off_due("a", start + COUNTS_INTERVAL * 2),
-            Some(Duration::ZERO)
-        );
+        assert_eq!(pacer.put_off_due("a", start + INTERVAL * 2), Some(Duration::ZERO));
         pacer.wrote("a", later, Some("11"), &status(WorkloadPhase::Pending, 0));
         assert_eq!(pacer.put_off_due("a", later), None, "written");
     }
@@ -201,7 +200,7 @@ mod tests {
         let start = Instant::now();
         let queued = status(WorkloadPhase::Queued, 0);
         pacer.wrote("gone", start, None, &queued);
-        pacer.wrote("a", start + COUNTS_INTERVAL * 61, None, &queued);
+        pacer.wrote("a", start + INTERVAL * 61, None, &queued);
         let written = pacer.written.lock().unwrap();
         assert!(!written.at.contains_key("gone"));
         assert!(written.at.contains_key("a"));

@@ -96,12 +96,7 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         _ => WorkloadPhase::Pending,
     };
 
-    let mut owned: Vec<Condition> = previous
-        .conditions
-        .iter()
-        .filter(|c| c.type_ == conditions::CREATED || c.type_ == conditions::PODS_READY)
-        .cloned()
-        .collect();
+    let mut owned: Vec<Condition> = previous.conditions.iter().filter(|c| is_owned(c)).cloned().collect();
     set_condition(
         &mut owned,
         conditions::CREATED,
@@ -149,30 +144,29 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
 /// The controller-owned part of a status as it is (for comparison with [`compute`]).
 pub fn owned_part(status: &WorkloadStatus) -> WorkloadStatus {
     WorkloadStatus {
-        conditions: status
-            .conditions
-            .iter()
-            .filter(|c| c.type_ == conditions::CREATED || c.type_ == conditions::PODS_READY)
-            .cloned()
-            .collect(),
+        conditions: status.conditions.iter().filter(|c| is_owned(c)).cloned().collect(),
         placement: None,
         ..status.clone()
     }
 }
 
+/// Whether the Workload controller owns `condition` (the admission loop owns the rest).
+fn is_owned(condition: &Condition) -> bool {
+    condition.type_ == conditions::CREATED || condition.type_ == conditions::PODS_READY
+}
+
 /// `status` with the fields the Workload controller owns taken from `mine`: what this
 /// process last wrote, while the cache has not caught up with it.
 pub fn overlay_owned(status: &mut WorkloadStatus, mine: &WorkloadStatus) {
-    let owned = |c: &Condition| c.type_ == conditions::CREATED || c.type_ == conditions::PODS_READY;
     status.observed_generation = mine.observed_generation;
     status.phase = mine.phase;
     status.pods = mine.pods;
     status.ready_pods = mine.ready_pods;
     status.pod_groups = mine.pod_groups.clone();
-    status.conditions.retain(|c| !owned(c));
+    status.conditions.retain(|c| !is_owned(c));
     status
         .conditions
-        .extend(mine.conditions.iter().filter(|c| owned(c)).cloned());
+        .extend(mine.conditions.iter().filter(|c| is_owned(c)).cloned());
 }
 
 /// Sets a condition, keeping `lastTransitionTime` when the status is unchanged.
