@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::ApiResource;
-use muster_e2e::fleet::{GPU_DRIVER, RACK_LABEL};
+use muster_local_cluster::fleet::{GPU_DRIVER, RACK_LABEL};
 use serde_json::{Value, json};
 
 use crate::spec::GangSpec;

@@ -8,7 +8,7 @@ use anyhow::Result;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams};
-use muster_e2e::fleet::FleetSpec;
+use muster_local_cluster::fleet::FleetSpec;
 
 /// Replaces every node and ResourceSlice with `fleet`'s; returns the rack of each node.
 pub async fn reset(client: &kube::Client, fleet: &FleetSpec) -> Result<HashMap<String, String>> {
@@ -20,7 +20,7 @@ pub async fn reset(client: &kube::Client, fleet: &FleetSpec) -> Result<HashMap<S
     slices
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    muster_e2e::wait::until("the last fleet to go", Duration::from_secs(300), || async {
+    muster_local_cluster::wait::until("the last fleet to go", Duration::from_secs(300), || async {
         let left = nodes.list_metadata(&ListParams::default().limit(1)).await?.items.len()
             + slices.list_metadata(&ListParams::default().limit(1)).await?.items.len();
         Ok((left == 0).then_some(()))
@@ -29,7 +29,7 @@ pub async fn reset(client: &kube::Client, fleet: &FleetSpec) -> Result<HashMap<S
     let topology = fleet.create(client).await?;
     // Every node must be Ready before anything is scheduled onto it.
     let expected = topology.len();
-    muster_e2e::wait::until("the fleet's nodes to be ready", Duration::from_secs(600), || async {
+    muster_local_cluster::wait::until("the fleet's nodes to be ready", Duration::from_secs(600), || async {
         let ready = nodes
             .list(&ListParams::default())
             .await?

@@ -14,7 +14,7 @@ pub mod timeline;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use muster_e2e::{ControlPlane, Options, install_crds};
+use muster_local_cluster::{ControlPlane, Options, install_crds};
 
 use crate::contender::Contender;
 use crate::phase::Stage;
@@ -125,7 +125,7 @@ pub async fn run(config: &Config, progress: impl Fn(&str)) -> Result<Run> {
 /// Creates one object of every kind a contender submits, and deletes them: the API
 /// server's first write of a custom resource takes seconds, which no contender should pay.
 async fn warm_up(client: &kube::Client) -> Result<()> {
-    let ns = muster_e2e::testing::namespace(client, "bench-warm-up").await?;
+    let ns = muster_local_cluster::namespaces::namespace(client, "bench-warm-up").await?;
     let gang = spec::GangSpec {
         name: "warm-up".into(),
         pods: 1,
@@ -145,7 +145,7 @@ async fn warm_up(client: &kube::Client) -> Result<()> {
     groups
         .create(&post, &serde_json::from_value(contender::pod_group(&gang))?)
         .await?;
-    muster_e2e::testing::delete_namespace(client, &ns).await
+    muster_local_cluster::namespaces::delete_namespace(client, &ns).await
 }
 
 /// The CPU model, core count and memory of this machine.

@@ -10,8 +10,8 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use muster_e2e::operator::Operator;
-use muster_e2e::testing::namespace;
+use muster_local_cluster::namespaces::namespace;
+use muster_local_cluster::operator::Operator;
 use serde_json::json;
 
 use crate::contender::{self, Contender};
@@ -328,7 +328,7 @@ async fn fail_a_member(
     pods.patch(&victim, &PatchParams::default(), &Patch::Merge(&exit))
         .await?;
     // Recovery counts only once the failure has been seen.
-    muster_e2e::wait::until("the member to fail", Duration::from_secs(60), || async {
+    muster_local_cluster::wait::until("the member to fail", Duration::from_secs(60), || async {
         let timeline = recorder.timeline.lock().unwrap();
         Ok(timeline.pods.get(&victim_uid).and_then(|p| p.finished).map(|_| ()))
     })
@@ -362,13 +362,13 @@ async fn fail_a_member(
 /// Waits for `victim` to fail, deletes it and creates it again, as a Job-like controller
 /// would for a gang of bare pods.
 async fn replace_failed_pod(pods: &Api<Pod>, contender: Contender, gang: &GangSpec, victim: &str) -> Result<()> {
-    muster_e2e::wait::until("the failed member", Duration::from_secs(60), || async {
+    muster_local_cluster::wait::until("the failed member", Duration::from_secs(60), || async {
         let pod = pods.get(victim).await?;
         Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Failed")).then_some(()))
     })
     .await?;
     pods.delete(victim, &Default::default()).await?;
-    muster_e2e::wait::until("the failed member to go", Duration::from_secs(60), || async {
+    muster_local_cluster::wait::until("the failed member to go", Duration::from_secs(60), || async {
         Ok(pods.get_opt(victim).await?.is_none().then_some(()))
     })
     .await?;
@@ -381,7 +381,7 @@ async fn replace_failed_pod(pods: &Api<Pod>, contender: Contender, gang: &GangSp
 /// Waits until the operator is ready and leads, as kube-scheduler already is when the
 /// other contenders start.
 async fn wait_leading(operator: &Operator) -> Result<()> {
-    muster_e2e::wait::until("the operator to lead", Duration::from_secs(120), || async {
+    muster_local_cluster::wait::until("the operator to lead", Duration::from_secs(120), || async {
         let (code, body) = operator.get("/metrics").await?;
         let leading = code == 200 && body.lines().any(|l| l.trim() == "muster_leader 1");
         let ready = leading && matches!(operator.get("/readyz").await, Ok((200, _)));
@@ -411,9 +411,9 @@ async fn operator_writes(operator: &Operator) -> Result<BTreeMap<String, f64>> {
 /// Deletes the phase's namespace and waits until it is gone, so no claim of this phase
 /// holds a device in the next.
 async fn delete_namespace_and_wait(client: &kube::Client, ns: &str) -> Result<()> {
-    muster_e2e::testing::delete_namespace(client, ns).await?;
+    muster_local_cluster::namespaces::delete_namespace(client, ns).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    muster_e2e::wait::until(&format!("namespace {ns} to go"), Duration::from_secs(600), || async {
+    muster_local_cluster::wait::until(&format!("namespace {ns} to go"), Duration::from_secs(600), || async {
         Ok(namespaces.get_opt(ns).await?.is_none().then_some(()))
     })
     .await

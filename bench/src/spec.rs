@@ -1,7 +1,7 @@
 //! The scenarios: the fleet each runs on and the gangs it submits, in the full size the
 //! report is made from and a smoke size that only shows the harness works.
 
-use muster_e2e::fleet::FleetSpec;
+use muster_local_cluster::fleet::FleetSpec;
 
 /// One of the benchmark's scenarios.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

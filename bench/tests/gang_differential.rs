@@ -17,11 +17,11 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use muster_bench::contender::{self, Contender, GANG_LABEL};
 use muster_bench::spec::GangSpec;
-use muster_e2e::fleet::FleetSpec;
-use muster_e2e::operator::{Operator, muster_binary};
 use muster_e2e::rng::Rng;
-use muster_e2e::testing::namespace;
-use muster_e2e::{ControlPlane, install_crds, wait};
+use muster_local_cluster::fleet::FleetSpec;
+use muster_local_cluster::namespaces::namespace;
+use muster_local_cluster::operator::{Operator, muster_binary};
+use muster_local_cluster::{ControlPlane, install_crds, wait};
 use serde_json::json;
 
 const DEFAULT_SEED: u64 = 0x6761_6e67_0000_0001;

@@ -14,7 +14,7 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
         scenarios: ScenarioId::ALL.to_vec(),
         contenders: Contender::ALL.to_vec(),
         repeats: 1,
-        muster_binary: muster_e2e::operator::muster_binary()?,
+        muster_binary: muster_local_cluster::operator::muster_binary()?,
         keep_logs: false,
     };
     let run = muster_bench::run(&config, |line| eprintln!("{line}")).await?;

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::paths;
+use muster_local_cluster::paths;
 
 /// Release name the chart is rendered with.
 pub const RELEASE: &str = "muster";
@@ -39,13 +39,13 @@ impl Default for RenderOptions<'_> {
 
 /// The repository's root directory.
 pub fn repo_root() -> PathBuf {
-    paths::e2e_dir().parent().map(PathBuf::from).unwrap_or_default()
+    paths::crate_dir().parent().map(PathBuf::from).unwrap_or_default()
 }
 
 /// The Kubernetes version of the local control plane (`v1.37.1`): the `k8s.io/kubernetes`
-/// requirement of the control-plane wrapper module, as `e2e/controlplane/build.sh` reads it.
+/// requirement of the control-plane wrapper module, as `local-cluster/controlplane/build.sh` reads it.
 pub fn control_plane_kube_version() -> Result<String> {
-    let go_mod = paths::e2e_dir().join("controlplane").join("k8s").join("go.mod");
+    let go_mod = paths::crate_dir().join("controlplane").join("k8s").join("go.mod");
     let text = std::fs::read_to_string(&go_mod).with_context(|| format!("reading {}", go_mod.display()))?;
     text.lines()
         .filter_map(|line| line.trim().strip_prefix("k8s.io/kubernetes "))

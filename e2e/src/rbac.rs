@@ -12,8 +12,8 @@ use kube::config::{AuthInfo, Kubeconfig, NamedAuthInfo};
 use serde_json::Value;
 
 use crate::chart;
-use crate::operator::Operator;
 use crate::scenario::Test;
+use muster_local_cluster::operator::Operator;
 
 /// `name{labels} value` lines of a Prometheus text page, by name and label text.
 pub fn samples(page: &str) -> BTreeMap<String, f64> {

@@ -14,11 +14,12 @@ use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, PlacementStatus, Workload, WorkloadPhase};
 use serde_json::{Value, json};
 
-use crate::fleet::{FleetSpec, GPU_DRIVER, RACK_LABEL};
 use crate::invariants::Checker;
-use crate::operator::Operator;
-use crate::testing::{SharedCluster, delete_namespace, exclusive, namespace, shared_cluster};
-use crate::wait;
+use crate::testing::{SharedCluster, exclusive, shared_cluster};
+use muster_local_cluster::fleet::{FleetSpec, GPU_DRIVER, RACK_LABEL};
+use muster_local_cluster::namespaces::{delete_namespace, namespace};
+use muster_local_cluster::operator::Operator;
+use muster_local_cluster::wait;
 
 /// A Workload of one template-less group `group` of `replicas` pods in one rack: its
 /// pods come from another controller (see [`job_joining`]).

@@ -2,15 +2,12 @@
 //! test, and the operator as a child process.
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use kube::api::{Api, DeleteParams, PostParams};
+use anyhow::Result;
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
-use crate::fleet::{FleetSpec, NodeTopology};
-use crate::{ControlPlane, Options, wait};
+use muster_local_cluster::fleet::{FleetSpec, NodeTopology};
+use muster_local_cluster::{ControlPlane, Options};
 
 /// A control plane with a fleet, shared by the tests of one test binary. The processes
 /// end with the test binary (see [`crate::process`]).
@@ -27,7 +24,7 @@ pub async fn shared_cluster(fleet: FleetSpec) -> Result<&'static SharedCluster> 
         .get_or_try_init(|| async {
             let control_plane = ControlPlane::start(Options::default()).await?;
             let client = control_plane.client().await?;
-            crate::install_crds(&client).await?;
+            muster_local_cluster::install_crds(&client).await?;
             let nodes = fleet.create(&client).await?;
             Ok(SharedCluster {
                 control_plane,
@@ -45,32 +42,4 @@ pub async fn exclusive() -> MutexGuard<'static, ()> {
     LOCK.get_or_init(|| Mutex::new(())).lock().await
 }
 
-/// A namespace for one test, ready for pods (its default ServiceAccount exists).
-pub async fn namespace(client: &kube::Client, prefix: &str) -> Result<String> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut ns = Namespace::default();
-    ns.metadata.generate_name = Some(format!("{prefix}-"));
-    let created = namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .context("creating a test namespace")?;
-    let name = created.metadata.name.context("namespace without a name")?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-    wait::until(
-        "the namespace's default ServiceAccount",
-        Duration::from_secs(60),
-        || {
-            let accounts = accounts.clone();
-            async move { Ok(accounts.get_opt("default").await?.map(|_| ())) }
-        },
-    )
-    .await?;
-    Ok(name)
-}
-
-/// Deletes a test namespace (without waiting for it to go).
-pub async fn delete_namespace(client: &kube::Client, name: &str) -> Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.delete(name, &DeleteParams::default()).await?;
-    Ok(())
-}
+pub use muster_local_cluster::namespaces::{delete_namespace, namespace};

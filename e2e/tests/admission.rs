@@ -13,11 +13,11 @@ use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
-use muster_e2e::fleet::GPU_DRIVER;
 use muster_e2e::scenario::{
     Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node, workload_of_joining_pods,
 };
-use muster_e2e::wait;
+use muster_local_cluster::fleet::GPU_DRIVER;
+use muster_local_cluster::wait;
 use serde_json::json;
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{self, Scope};
 use muster_e2e::chart::{self, RenderOptions, describe, of_kind};
 use muster_e2e::testing::{delete_namespace, namespace};
-use muster_e2e::{ControlPlane, Options};
+use muster_local_cluster::{ControlPlane, Options};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
@@ -104,7 +104,7 @@ async fn install_crd(client: &kube::Client, crd: &Value) -> Result<()> {
         .context("CRD without a name")?
         .to_string();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    muster_e2e::wait_established(&api, &name).await
+    muster_local_cluster::wait_established(&api, &name).await
 }
 
 /// The operator's pod as the Deployment would create it, checked by admission (Pod

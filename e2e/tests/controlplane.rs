@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, PostParams};
-use muster_e2e::fleet::{FleetSpec, GPU_DRIVER};
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
-use muster_e2e::wait;
+use muster_local_cluster::fleet::{FleetSpec, GPU_DRIVER};
+use muster_local_cluster::wait;
 use serde_json::json;
 
 fn fleet() -> FleetSpec {

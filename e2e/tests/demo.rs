@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use muster_e2e::operator::muster_binary;
+use muster_local_cluster::operator::muster_binary;
 
 #[tokio::test]
 async fn the_demo_runs_the_example_gang_and_tears_down() -> Result<()> {

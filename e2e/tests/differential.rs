@@ -30,13 +30,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster::objects::Objects;
-use muster_e2e::fleet::{FleetSpec, create_or_keep};
 use muster_e2e::rng::Rng;
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
-use muster_e2e::wait;
 use muster_engine::placement::{self, Outcome, PlanOptions};
 use muster_engine::request::{GangRequest, GroupRequest, PodInstance, SharedClaim};
 use muster_engine::selector::NodeSelector;
+use muster_local_cluster::fleet::{FleetSpec, create_or_keep};
+use muster_local_cluster::wait;
 use serde_json::{Map, Value, json};
 
 /// The driver of the generated devices, and the domain of most of their attributes.

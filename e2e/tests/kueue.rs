@@ -8,9 +8,9 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::WorkloadPhase;
-use muster_e2e::kueue::{GPU_RESOURCE, Kueue};
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, cluster, gang, with_test};
-use muster_e2e::wait;
+use muster_local_cluster::kueue::{GPU_RESOURCE, Kueue};
+use muster_local_cluster::wait;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
@@ -740,7 +740,7 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
     with_kueue().await?;
     with_test("kueue-rbac", &[], &[], |test| {
         Box::pin(async move {
-            let release_ns = muster_e2e::testing::namespace(&test.client, "muster-system").await?;
+            let release_ns = muster_local_cluster::namespaces::namespace(&test.client, "muster-system").await?;
             let (objects, kubeconfig) = muster_e2e::rbac::chart_account(
                 test,
                 &release_ns,
@@ -793,7 +793,7 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
                 .filter(|(verb, resource)| !elsewhere.iter().any(|(v, r)| v == verb && r == resource))
                 .map(|(verb, resource)| format!("{verb} {resource}"))
                 .collect();
-            muster_e2e::testing::delete_namespace(&test.client, &release_ns).await?;
+            muster_local_cluster::namespaces::delete_namespace(&test.client, &release_ns).await?;
             ensure!(
                 unused.is_empty(),
                 "the chart grants Kueue permissions the operator never used: {unused:?}; it used {used:?}"

@@ -15,7 +15,7 @@ use muster_api::{conditions, labels};
 use muster_e2e::scenario::{
     Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node, workload_of_joining_pods,
 };
-use muster_e2e::wait;
+use muster_local_cluster::wait;
 use serde_json::{Value, json};
 
 fn with_policy(mut workload: Value, policy: Value) -> Value {

@@ -11,10 +11,10 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use muster_api::conditions;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_e2e::chart;
-use muster_e2e::operator::Operator;
 use muster_e2e::rbac::{self, metrics};
 use muster_e2e::scenario::{Test, assert_runs_as_planned, gang, with_test};
-use muster_e2e::wait;
+use muster_local_cluster::operator::Operator;
+use muster_local_cluster::wait;
 use serde_json::{Value, json};
 
 async fn is_leader(operator: &Operator) -> bool {
@@ -299,7 +299,7 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
     with_test("rbac", &[], &[], |test| {
         Box::pin(async move {
             // The chart's ServiceAccount and roles, released into a namespace of its own.
-            let release_ns = muster_e2e::testing::namespace(&test.client, "muster-system").await?;
+            let release_ns = muster_local_cluster::namespaces::namespace(&test.client, "muster-system").await?;
             let (objects, kubeconfig) = rbac::chart_account(test, &release_ns, &[("crds.install", "false")]).await?;
 
             // The operator with only those permissions, as the chart runs it.
@@ -365,7 +365,7 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
                 })
                 .map(|(verb, resource)| format!("{verb} {resource}"))
                 .collect();
-            muster_e2e::testing::delete_namespace(&test.client, &release_ns).await?;
+            muster_local_cluster::namespaces::delete_namespace(&test.client, &release_ns).await?;
             ensure!(
                 unused.is_empty(),
                 "the chart grants permissions the operator never used: {unused:?}; it used {used:?}"

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use muster_api::v1alpha1::WorkloadPhase;
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
-use muster_e2e::wait;
+use muster_local_cluster::wait;
 use serde_json::json;
 
 #[derive(Clone, Copy, Debug)]

@@ -12,10 +12,10 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{Workload, WorkloadPhase};
-use muster_e2e::fleet::{FleetSpec, GPU_DRIVER};
-use muster_e2e::operator::Operator;
 use muster_e2e::testing::{SharedCluster, delete_namespace, exclusive, namespace, shared_cluster};
-use muster_e2e::wait;
+use muster_local_cluster::fleet::{FleetSpec, GPU_DRIVER};
+use muster_local_cluster::operator::Operator;
+use muster_local_cluster::wait;
 use serde_json::{Value, json};
 
 async fn cluster() -> Result<&'static SharedCluster> {

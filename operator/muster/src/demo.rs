@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
-use muster_e2e::fleet::FleetSpec;
-use muster_e2e::operator::Operator;
-use muster_e2e::{ControlPlane, Options, apply, install_crds};
+use muster_local_cluster::fleet::FleetSpec;
+use muster_local_cluster::operator::Operator;
+use muster_local_cluster::{ControlPlane, Options, apply, install_crds};
 
 const EXAMPLE: &str = include_str!("../../../examples/training-gang.yaml");
 const EXAMPLE_NAME: &str = "llama-pretrain";
@@ -118,7 +118,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         println!("cluster stopped");
         return Ok(());
     }
-    let kubectl = muster_e2e::paths::control_plane_binaries()?.join("kubectl");
+    let kubectl = muster_local_cluster::paths::control_plane_binaries()?.join("kubectl");
     println!();
     println!("The cluster stays up until you press Ctrl-C. Try:");
     println!("  export KUBECONFIG={}", control_plane.kubeconfig().display());

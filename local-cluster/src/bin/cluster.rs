@@ -1,9 +1,9 @@
 //! Starts the local control plane with a fake GPU fleet and keeps it up until Ctrl-C,
-//! for development: `cargo run -p muster-e2e --bin cluster -- [NODES] [NODES_PER_RACK]`.
+//! for development: `cargo run -p muster-local-cluster --bin cluster -- [NODES] [NODES_PER_RACK]`.
 
 use anyhow::Result;
-use muster_e2e::fleet::FleetSpec;
-use muster_e2e::{ControlPlane, Options, install_crds};
+use muster_local_cluster::fleet::FleetSpec;
+use muster_local_cluster::{ControlPlane, Options, install_crds};
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -20,7 +20,7 @@ async fn main() -> Result<()> {
     }
     .create(&client)
     .await?;
-    let bin = muster_e2e::paths::control_plane_binaries()?;
+    let bin = muster_local_cluster::paths::control_plane_binaries()?;
     println!("export KUBECONFIG={}", control_plane.kubeconfig().display());
     println!("alias kubectl={}", bin.join("kubectl").display());
     println!("{nodes} nodes up; Ctrl-C stops the cluster");

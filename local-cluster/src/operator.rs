@@ -16,7 +16,7 @@ pub fn muster_binary() -> Result<PathBuf> {
         None => {
             let target = std::env::var_os("CARGO_TARGET_DIR")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| crate::paths::e2e_dir().join("..").join("target"));
+                .unwrap_or_else(|| crate::paths::crate_dir().join("..").join("target"));
             target.join("debug").join("muster")
         }
     };

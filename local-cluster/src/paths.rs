@@ -17,8 +17,8 @@ pub fn cache_dir() -> Result<PathBuf> {
     Ok(Path::new(&home).join(".cache").join("muster"))
 }
 
-/// The repository's `e2e/` directory.
-pub fn e2e_dir() -> PathBuf {
+/// This crate's directory (`local-cluster/` in the repository).
+pub fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -29,7 +29,7 @@ pub fn control_plane_binaries() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MUSTER_CONTROLPLANE_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    let script = e2e_dir().join("controlplane").join("build.sh");
+    let script = crate_dir().join("controlplane").join("build.sh");
     let output = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())

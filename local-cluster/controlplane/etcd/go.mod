@@ -1,4 +1,4 @@
-module muster.dev/e2e/controlplane/etcd
+module muster.dev/local-cluster/controlplane/etcd
 
 go 1.26.0
 

@@ -1,6 +1,6 @@
 //! A real Kubernetes control plane on loopback: etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler and kwok, started from the binaries that
-//! `e2e/controlplane/build.sh` builds into the cache.
+//! `local-cluster/controlplane/build.sh` builds into the cache.
 
 use std::fs;
 use std::net::TcpListener;
@@ -226,7 +226,7 @@ impl ControlPlane {
         // while (muster-e2e-run-for), and keep deleted pods terminating for a while
         // (muster-e2e-terminate-after).
         for file in ["pod-exit.yaml", "pod-run-for.yaml", "pod-delete.yaml"] {
-            let own_stages = paths::e2e_dir().join("controlplane").join("stages").join(file);
+            let own_stages = paths::crate_dir().join("controlplane").join("stages").join(file);
             kwok_args.push(format!("--config={}", s(&own_stages)));
         }
         processes.spawn("kwok", &bin.join("kwok"), &kwok_args, &logs.join("kwok.log"))?;

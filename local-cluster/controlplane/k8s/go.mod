@@ -1,4 +1,4 @@
-module muster.dev/e2e/controlplane/k8s
+module muster.dev/local-cluster/controlplane/k8s
 
 go 1.26.0
 

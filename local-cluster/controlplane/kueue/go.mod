@@ -1,4 +1,4 @@
-module muster.dev/e2e/kueue
+module muster.dev/local-cluster/kueue
 
 go 1.26.0
 

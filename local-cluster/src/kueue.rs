@@ -1,5 +1,5 @@
 //! A real Kueue beside the local control plane: built from its Go module by
-//! `e2e/controlplane/build-kueue.sh` (cached), its CRDs applied server-side, and the
+//! `local-cluster/controlplane/build-kueue.sh` (cached), its CRDs applied server-side, and the
 //! manager run as a process with muster registered as an external framework.
 
 use std::fs;
@@ -30,7 +30,7 @@ pub fn kueue_binaries() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MUSTER_KUEUE_DIR") {
         return Ok(PathBuf::from(dir));
     }
-    let script = paths::e2e_dir().join("controlplane").join("build-kueue.sh");
+    let script = paths::crate_dir().join("controlplane").join("build-kueue.sh");
     let output = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())
