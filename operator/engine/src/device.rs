@@ -4,17 +4,7 @@
 use crate::name_map::NameMap;
 use crate::quantity::Quantity;
 
-/// A device attribute value (`DeviceAttribute`: exactly one of int, bool, string,
-/// version).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum AttributeValue {
-    Int(i64),
-    Bool(bool),
-    String(String),
-    /// A semantic version string (semver 2.0.0), kept as published. It is parsed where it
-    /// is used: CEL turns an unparsable version into a runtime error, as upstream does.
-    Version(String),
-}
+pub use muster_cel::device::{AttributeValue, Attributes, qualify};
 
 /// How much of a capacity one allocation may consume (`CapacityRequestPolicy`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +33,12 @@ pub struct Capacity {
     pub request_policy: Option<Box<RequestPolicy>>,
 }
 
+impl AsRef<Quantity> for Capacity {
+    fn as_ref(&self) -> &Quantity {
+        &self.value
+    }
+}
+
 impl Capacity {
     pub fn new(value: Quantity) -> Self {
         Capacity {
@@ -52,19 +48,8 @@ impl Capacity {
     }
 }
 
-/// Attributes keyed by the name as published: `domain/id`, or a bare `id` that belongs
-/// to the driver's own domain.
-pub type Attributes = NameMap<AttributeValue>;
 /// Capacities keyed like [`Attributes`].
 pub type Capacities = NameMap<Capacity>;
-
-/// Splits a qualified name into (domain, id); a bare id belongs to `driver`.
-pub fn qualify<'a>(name: &'a str, driver: &'a str) -> (&'a str, &'a str) {
-    match name.split_once('/') {
-        Some((domain, id)) => (domain, id),
-        None => (driver, name),
-    }
-}
 
 /// Looks up an attribute by fully qualified name (`domain/id`), also finding a bare id
 /// published by a driver whose name is the domain (upstream `lookupAttribute`).

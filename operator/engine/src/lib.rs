@@ -3,17 +3,19 @@
 //! It never talks to Kubernetes and never reads the clock.
 #![forbid(unsafe_code)]
 
+// Device selectors, and the quantities and attribute maps they read, are their own crate;
+// the engine's model is built from them.
+pub use muster_cel as cel;
+pub use muster_cel::{name_map, quantity};
+
 pub mod allocator;
-pub mod cel;
 pub mod claim;
 pub mod cluster;
 pub mod device;
 pub mod fixtures;
 mod fxhash;
-pub mod name_map;
 pub mod placement;
 pub mod pools;
-pub mod quantity;
 pub mod request;
 pub mod resources;
 pub mod selector;

@@ -3,12 +3,12 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::device::{AttributeValue, Capacity};
+use crate::name_map::NameMap;
 use crate::quantity::Quantity;
 
 struct Fixture {
     attributes: Attributes,
-    capacity: Capacities,
+    capacity: NameMap<Quantity>,
 }
 
 impl Fixture {
@@ -23,9 +23,9 @@ impl Fixture {
             ("k8s.io/pcieRoot".into(), AttributeValue::String("pci0000:00".into())),
             ("other.example.com/flag".into(), AttributeValue::Bool(false)),
         ]);
-        let capacity = Capacities::from([
-            ("memory".into(), Capacity::new(Quantity::parse("80Gi").unwrap())),
-            ("k8s.io/slots".into(), Capacity::new(Quantity::parse("4").unwrap())),
+        let capacity = NameMap::from([
+            ("memory".into(), Quantity::parse("80Gi").unwrap()),
+            ("k8s.io/slots".into(), Quantity::parse("4").unwrap()),
         ]);
         Fixture { attributes, capacity }
     }
@@ -917,7 +917,7 @@ fn lazy_attribute_view() {
     }
     attributes.insert("model".into(), AttributeValue::String("H100".into()));
     attributes.insert("broken".into(), AttributeValue::Version("not-a-version".into()));
-    let capacity = Capacities::new();
+    let capacity = NameMap::<Quantity>::new();
     let device = DeviceView {
         driver: "gpu.example.com",
         attributes: &attributes,

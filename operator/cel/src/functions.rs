@@ -9,9 +9,9 @@ use regex::Regex;
 
 use crate::quantity::{Format, Quantity};
 
-use super::parser::BinOp;
-use super::semver::Semver;
-use super::value::{Error, Result, Shared, Value, compare, format_double};
+use crate::parser::BinOp;
+use crate::semver::Semver;
+use crate::value::{Error, Result, Shared, Value, compare, format_double};
 
 /// Every function an expression may call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,7 +242,7 @@ pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Resul
             }
             Ok(true)
         }
-        (x, y) => Ok(super::value::equals(x, y)),
+        (x, y) => Ok(crate::value::equals(x, y)),
     }
 }
 

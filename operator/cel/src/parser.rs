@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::lexer::{Tok, Token};
+use crate::lexer::{Tok, Token};
 
 /// Maximum nesting, as cel-go's default parser recursion limit.
 pub(crate) const MAX_DEPTH: u32 = 250;

@@ -9,8 +9,8 @@ use std::rc::Rc;
 use crate::device::{AttributeValue, qualify};
 use crate::quantity::Quantity;
 
-use super::DeviceView;
-use super::semver::Semver;
+use crate::DeviceView;
+use crate::semver::Semver;
 
 /// Borrowed from the program or the device, or owned by this evaluation.
 pub(crate) enum Shared<'a, T: ?Sized> {
@@ -274,8 +274,8 @@ impl<'a> Value<'a> {
                 Ok(names(dev, *table).any(|n| qualify(n, dev.driver).0 == &**domain))
             }
             (Value::Domain(dev, table, domain), Value::String(id)) => Ok(match table {
-                Table::Attributes => find(dev.attributes, dev.driver, domain, id).is_some(),
-                Table::Capacity => find(dev.capacity, dev.driver, domain, id).is_some(),
+                Table::Attributes => attribute(dev, domain, id).is_some(),
+                Table::Capacity => capacity(dev, domain, id).is_some(),
             }),
             (Value::Domains(..) | Value::Domain(..), _) => Ok(false),
             _ => Err(Error::no_overload()),
@@ -346,28 +346,41 @@ fn with_qualified<R>(domain: &str, id: &str, f: impl FnOnce(&str) -> R) -> R {
 
 /// Finds `domain`/`id` in one of the device's tables, honouring bare names of the
 /// driver's own domain.
-fn find<'a, V>(map: &'a crate::name_map::NameMap<V>, driver: &str, domain: &str, id: &str) -> Option<&'a V> {
+fn find<'a, V: ?Sized + 'a>(
+    get: impl Fn(&str) -> Option<&'a V>,
+    driver: &str,
+    domain: &str,
+    id: &str,
+) -> Option<&'a V> {
     if domain == driver
         && !id.contains('/')
-        && let Some(v) = map.get(id)
+        && let Some(v) = get(id)
     {
         return Some(v);
     }
     if domain.contains('/') || domain.is_empty() {
         return None;
     }
-    with_qualified(domain, id, |name| map.get(name))
+    with_qualified(domain, id, get)
+}
+
+fn attribute<'a>(dev: &DeviceView<'a>, domain: &str, id: &str) -> Option<&'a AttributeValue> {
+    let attributes = dev.attributes;
+    find(|name| attributes.get(name), dev.driver, domain, id)
+}
+
+fn capacity<'a>(dev: &DeviceView<'a>, domain: &str, id: &str) -> Option<&'a Quantity> {
+    let capacity = dev.capacity;
+    find(|name| capacity.quantity(name), dev.driver, domain, id)
 }
 
 fn lookup<'a>(dev: &'a DeviceView<'a>, table: Table, domain: &str, id: &str) -> Result<Option<Value<'a>>> {
     match table {
-        Table::Attributes => match find(dev.attributes, dev.driver, domain, id) {
+        Table::Attributes => match attribute(dev, domain, id) {
             None => Ok(None),
             Some(value) => attribute_value(value).map(Some),
         },
-        Table::Capacity => {
-            Ok(find(dev.capacity, dev.driver, domain, id).map(|c| Value::Quantity(Shared::Borrowed(&c.value))))
-        }
+        Table::Capacity => Ok(capacity(dev, domain, id).map(|q| Value::Quantity(Shared::Borrowed(q)))),
     }
 }
 
@@ -385,7 +398,7 @@ fn attribute_value(value: &AttributeValue) -> Result<Value<'_>> {
 fn names<'a>(dev: &'a DeviceView<'a>, table: Table) -> Box<dyn Iterator<Item = &'a str> + 'a> {
     match table {
         Table::Attributes => Box::new(dev.attributes.keys().map(String::as_str)),
-        Table::Capacity => Box::new(dev.capacity.keys().map(String::as_str)),
+        Table::Capacity => dev.capacity.names(),
     }
 }
 

@@ -9,13 +9,21 @@
 //!
 //! Attributes are not copied into a map per evaluation: `device.attributes[domain]` is a
 //! view that looks names up in the device's own tables.
+//!
+//! The crate also owns the value types the expressions see: Kubernetes quantities
+//! ([`quantity`]) and device attributes ([`device`]), in compact sorted maps
+//! ([`name_map`]).
+#![forbid(unsafe_code)]
 
 mod ast;
 mod check;
+pub mod device;
 mod eval;
 mod functions;
 mod lexer;
+pub mod name_map;
 mod parser;
+pub mod quantity;
 mod semver;
 mod value;
 
@@ -24,7 +32,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use crate::device::{Attributes, Capacities};
+pub use crate::device::{AttributeValue, Attributes, CapacityTable, DeviceView};
 
 /// Longest accepted expression, in bytes (`CELSelectorExpressionMaxLength`).
 pub const MAX_EXPRESSION_LENGTH: usize = 10 * 1024;
@@ -34,15 +42,6 @@ pub const COST_LIMIT: u64 = 1_000_000;
 
 /// Stack for parsing and checking; see [`compile`].
 const COMPILE_STACK: usize = 32 << 20;
-
-/// The device a selector is evaluated against.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceView<'a> {
-    pub driver: &'a str,
-    pub attributes: &'a Attributes,
-    pub capacity: &'a Capacities,
-    pub allow_multiple_allocations: bool,
-}
 
 /// An expression that does not compile.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use super::functions::Func;
-use super::parser::{BinOp, CompKind};
-use super::value::TypeName;
+use crate::functions::Func;
+use crate::parser::{BinOp, CompKind};
+use crate::value::TypeName;
 
 #[derive(Debug)]
 pub(crate) enum Const {

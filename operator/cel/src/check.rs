@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use super::ast::{Comp, Const, DeviceField, Node};
-use super::functions::{Func, Resolution, resolve};
-use super::parser::{BinOp, Expr, ExprKind, ParseError};
-use super::value::TypeName;
+use crate::ast::{Comp, Const, DeviceField, Node};
+use crate::functions::{Func, Resolution, resolve};
+use crate::parser::{BinOp, Expr, ExprKind, ParseError};
+use crate::value::TypeName;
 
 pub(crate) struct Checked {
     pub root: Node,
@@ -329,7 +329,7 @@ impl Checker {
         {
             // Literal patterns are validated and compiled once, like cel-go's regex
             // literal validator and regex optimisation.
-            match super::functions::compile_regex(pattern) {
+            match crate::functions::compile_regex(pattern) {
                 Ok(re) => regex = Some(Arc::new(re)),
                 Err(e) => return err(pos, e.message),
             }

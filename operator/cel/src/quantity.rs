@@ -325,6 +325,12 @@ impl fmt::Display for Quantity {
     }
 }
 
+impl AsRef<Quantity> for Quantity {
+    fn as_ref(&self) -> &Quantity {
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

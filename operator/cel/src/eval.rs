@@ -5,11 +5,11 @@
 
 use std::rc::Rc;
 
-use super::DeviceView;
-use super::ast::{Comp, Const, DeviceField, Node};
-use super::functions::{self, Budget, Func};
-use super::parser::{BinOp, CompKind};
-use super::value::{Error, MapEntries, Result, Shared, Table, Value, check_key, compare, key_eq};
+use crate::DeviceView;
+use crate::ast::{Comp, Const, DeviceField, Node};
+use crate::functions::{self, Budget, Func};
+use crate::parser::{BinOp, CompKind};
+use crate::value::{Error, MapEntries, Result, Shared, Table, Value, check_key, compare, key_eq};
 
 pub(crate) struct Evaluator<'a> {
     pub budget: Budget,
