@@ -29,7 +29,7 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use muster::objects::Objects;
+use muster::snapshot::Objects;
 use muster_e2e::rng::Rng;
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
 use muster_engine::placement::{self, Outcome, PlanOptions};

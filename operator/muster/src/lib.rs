@@ -1,34 +1,25 @@
-//! The muster operator: conversions between Kubernetes objects and the engine, the
-//! controllers, and the command-line interface.
+//! The muster operator. Its tree follows the path of a gang:
+//!
+//! - [`cache`]: watches and indexes — the gang objects by Workload, and the engine's
+//!   model of the cluster that planners read as a snapshot;
+//! - [`workload`]: the Workload controller — a gang's pods, claims and Service, its
+//!   membership, rendezvous and status;
+//! - [`admission`]: the admission loop — plans gangs with the engine, reserves their
+//!   claims, releases their pods, gives devices back; and what it tells Kueue;
+//! - [`kueue`]: Kueue's external-framework protocol;
+//! - [`convert`] and [`snapshot`]: Kubernetes objects in the engine's terms, from the
+//!   API server or from files;
+//! - [`kube_ops`]: the Kubernetes operations several of the above share;
+//! - [`ops`]: the client, metrics, health endpoints, leader election and fault hooks;
+//! - [`cli`]: `muster run`, `plan`, `crd` and `demo`.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod cache;
 pub mod cli;
-pub mod client;
-pub mod controller;
 pub mod convert;
-#[cfg(feature = "demo")]
-pub mod demo;
-pub mod extras;
-pub mod faults;
-pub mod fencing;
-pub mod gang;
-pub mod gang_index;
-pub mod index;
+pub mod kube_ops;
 pub mod kueue;
-pub mod kueue_status;
-pub mod leader;
-pub mod membership;
-pub mod metrics;
-pub mod names;
-pub mod objects;
-pub mod observe;
-pub mod pacing;
-pub mod plan;
-pub mod release;
-pub mod rendezvous;
-pub mod request;
-pub mod runtime;
-pub mod serve;
-pub mod status;
+pub mod ops;
+pub mod snapshot;
+pub mod workload;

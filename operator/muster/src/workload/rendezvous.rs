@@ -17,7 +17,7 @@
 use k8s_openapi::api::core::v1::{EnvVar, PodSpec};
 use muster_api::v1alpha1::Workload;
 
-use crate::names::pod_name;
+use crate::workload::names::pod_name;
 
 /// Annotation on a Workload overriding the coordinator port.
 pub const COORDINATOR_PORT_ANNOTATION: &str = "muster.dev/coordinator-port";

@@ -14,7 +14,7 @@ use muster_local_cluster::fleet::FleetSpec;
 use muster_local_cluster::operator::Operator;
 use muster_local_cluster::{ControlPlane, Options, apply, install_crds};
 
-const EXAMPLE: &str = include_str!("../../../examples/training-gang.yaml");
+const EXAMPLE: &str = include_str!("../../../../examples/training-gang.yaml");
 const EXAMPLE_NAME: &str = "llama-pretrain";
 const NAMESPACE: &str = "demo";
 

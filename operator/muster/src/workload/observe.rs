@@ -194,7 +194,7 @@ pub fn pod(pod: &Pod) -> PodView {
         uid: pod.uid().unwrap_or_default(),
         group: label(labels::POD_GROUP),
         attempt: label(labels::ATTEMPT).and_then(|a| a.parse().ok()),
-        gated: crate::status::is_gated(pod),
+        gated: crate::workload::status::is_gated(pod),
         phase,
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         deleting: pod.metadata.deletion_timestamp.is_some(),

@@ -89,7 +89,7 @@ fn respond(request: &Request<Incoming>, endpoints: Endpoints, health: &Health) -
     }
     match request.uri().path() {
         "/metrics" if metrics => {
-            let mut response = text(StatusCode::OK, crate::metrics::get().encode());
+            let mut response = text(StatusCode::OK, crate::ops::metrics::get().encode());
             response.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 hyper::header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),

@@ -22,11 +22,11 @@ use muster_api::v1alpha1::{Workload, WorkloadPhase};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::cache::{GangStores, GangWatches};
-use crate::gang::{self, ClaimSource, Gang};
-use crate::membership;
-use crate::pacing::{self, StatusPacer};
-use crate::status::{self, Progress};
+use crate::cache::gang_objects::{GangStores, GangWatches};
+use crate::workload::gang::{self, ClaimSource, Gang};
+use crate::workload::membership;
+use crate::workload::pacing::{self, StatusPacer};
+use crate::workload::status::{self, Progress};
 
 /// Errors of one reconcile. All are retried with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +61,7 @@ pub struct Settings {
     pub concurrency: u16,
     /// With leader election: whether this process still leads, checked before a
     /// reconcile writes.
-    pub lease: Option<crate::leader::LeaseGuard>,
+    pub lease: Option<crate::ops::leader::LeaseGuard>,
 }
 
 impl Default for Settings {
@@ -210,7 +210,7 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
         let put_off = write_status(workload, ctx, &Progress::Suspended).await?;
         return Ok(requeue(put_off, None));
     }
-    if crate::observe::finished(workload) {
+    if crate::workload::observe::finished(workload) {
         // A finished gang is not run again; its pods stay for their logs.
         let put_off = write_status(workload, ctx, &Progress::AllCreated).await?;
         return Ok(requeue(put_off, None));
@@ -767,7 +767,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         && let Some(created) = &workload.metadata.creation_timestamp
     {
         let took = Timestamp::now().duration_since(created.0).unsigned_abs();
-        crate::metrics::get().submit_to_running.observe(took.as_secs_f64());
+        crate::ops::metrics::get().submit_to_running.observe(took.as_secs_f64());
     }
     let reason = created_reason(Some(&desired));
     if let Progress::Invalid { message } | Progress::Waiting { message, .. } = progress

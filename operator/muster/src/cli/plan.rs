@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::Pod;
 use muster_engine::placement::{self, Outcome, PlanOptions};
 use serde::Serialize;
 
-use crate::fencing::Fencing;
-use crate::objects::Objects;
-use crate::request::{ClaimSources, gang_request};
+use crate::admission::fencing::Fencing;
+use crate::admission::request::{ClaimSources, gang_request};
+use crate::snapshot::Objects;
 
 /// The report `muster plan -o json` prints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -89,7 +89,7 @@ pub fn plan(
         let external: Vec<Arc<Pod>> = workloads
             .pods
             .iter()
-            .chain(snapshot.pods.iter().filter(|p| crate::status::is_gated(p)))
+            .chain(snapshot.pods.iter().filter(|p| crate::workload::status::is_gated(p)))
             .filter(|p| {
                 p.metadata.namespace.as_deref().unwrap_or(namespace)
                     == workload.metadata.namespace.as_deref().unwrap_or_default()

@@ -80,7 +80,7 @@ pub struct Gang {
     pub pods: Vec<Pod>,
 }
 
-pub use crate::names::{pod_claim_object_name, pod_name, shared_claim_object_name};
+pub use crate::workload::names::{pod_claim_object_name, pod_name, shared_claim_object_name};
 
 /// Owner reference making the Workload the controller of an object, so that deleting
 /// the Workload garbage-collects it.
@@ -223,7 +223,10 @@ fn build_pod(
         .iter()
         .position(|g| g.name == group.name)
         .unwrap_or(0);
-    crate::rendezvous::inject(&mut spec, &crate::rendezvous::environment(workload, group_index, index));
+    crate::workload::rendezvous::inject(
+        &mut spec,
+        &crate::workload::rendezvous::environment(workload, group_index, index),
+    );
     let gates = spec.scheduling_gates.get_or_insert_with(Vec::new);
     if !gates.iter().any(|g| g.name == labels::GANG_GATE) {
         gates.push(PodSchedulingGate {

@@ -16,6 +16,12 @@
 //! would fit an empty cluster has waited longer than `starvation_after`, no gang of the
 //! same or lower priority queued behind it is admitted until it is.
 
+pub mod extras;
+pub mod fencing;
+pub mod kueue;
+pub mod release;
+pub mod request;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,19 +48,18 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::cache::GangStores;
+use crate::admission::fencing::Fencing;
+use crate::admission::request::{ClaimSources, RequestError, gang_request};
+use crate::cache::cluster::Index;
+use crate::cache::gang_index::GangIndex;
+use crate::cache::gang_objects::GangStores;
 use crate::convert;
-use crate::faults::Write;
-use crate::fencing::Fencing;
-use crate::gang_index::GangIndex;
-use crate::index::Index;
-use crate::leader::LeaseGuard;
-use crate::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
-use crate::observe::{self, condition, finished};
-use crate::release;
-use crate::request::{ClaimSources, RequestError, gang_request};
+use crate::ops::faults::Write;
+use crate::ops::leader::LeaseGuard;
+use crate::ops::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
+use crate::workload::observe::{self, condition, finished};
 
-pub use crate::faults::{FaultPoint, Pause};
+pub use crate::ops::faults::{FaultPoint, Pause};
 
 /// Workloads by phase, and the queue, for the metrics.
 fn record_phases(workloads: &[Arc<Workload>], queued: usize) {
@@ -679,7 +684,7 @@ impl Admission {
         let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
         let gated = pods
             .iter()
-            .filter(|p| crate::status::is_gated(p) && p.metadata.deletion_timestamp.is_none())
+            .filter(|p| crate::workload::status::is_gated(p) && p.metadata.deletion_timestamp.is_none())
             .filter(|p| p.labels().get(labels::ATTEMPT).is_none_or(|a| *a == attempt))
             .count();
         // Pods of template-less groups: at least minCount, all waiting at the gate.
@@ -689,8 +694,8 @@ impl Admission {
             .iter()
             .filter(|g| g.template.is_none())
             .all(|g| {
-                let members = crate::membership::external_members(&pods, g);
-                members.len() as i32 >= g.min_count() && members.iter().all(|p| crate::status::is_gated(p))
+                let members = crate::workload::membership::external_members(&pods, g);
+                members.len() as i32 >= g.min_count() && members.iter().all(|p| crate::workload::status::is_gated(p))
             });
         gated as i32 >= expected && external_ready
     }
@@ -732,7 +737,7 @@ impl Admission {
         // Claims muster made or joined carry a gang's label; one the Workload shares with
         // another carries the other's.
         let sources = ClaimSources::from_claims(gangs.namespace_claims(&namespace).iter().map(AsRef::as_ref));
-        let pods = if crate::membership::has_external_groups(workload) {
+        let pods = if crate::workload::membership::has_external_groups(workload) {
             self.gang_pods(workload)
         } else {
             Vec::new()
@@ -1736,7 +1741,7 @@ impl Admission {
                 .cloned()
                 .collect();
             for (type_, status, reason, message) in &update.conditions {
-                crate::status::set_condition(
+                crate::workload::status::set_condition(
                     &mut owned,
                     type_,
                     *status,
@@ -1829,7 +1834,7 @@ impl Admission {
     }
 
     pub(crate) async fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
-        crate::controller::publish_event(&self.recorder, workload, type_, reason, action, note).await;
+        crate::workload::controller::publish_event(&self.recorder, workload, type_, reason, action, note).await;
     }
 }
 

@@ -54,9 +54,9 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<String>, limit: R
 
 fn count_request<B>(request: http::Request<B>) -> http::Request<B> {
     let (verb, resource) = classify(request.method(), request.uri().path(), request.uri().query());
-    crate::metrics::get()
+    crate::ops::metrics::get()
         .api_requests
-        .get_or_create(&crate::metrics::ApiLabels { verb, resource })
+        .get_or_create(&crate::ops::metrics::ApiLabels { verb, resource })
         .inc();
     request
 }

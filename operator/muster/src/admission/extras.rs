@@ -15,10 +15,10 @@ use muster_api::v1alpha1::Workload;
 use muster_engine::placement::{self, Outcome};
 use tracing::info;
 
+use crate::admission::release;
 use crate::admission::{Admission, CommitError, core_placement, key};
 use crate::convert;
-use crate::observe;
-use crate::release;
+use crate::workload::observe;
 
 impl Admission {
     /// Places the waiting extras of a released gang that now fit.
@@ -33,7 +33,7 @@ impl Admission {
         let planned: BTreeSet<&str> = journal.pods.iter().map(|p| p.name.as_str()).collect();
         let waiting: BTreeSet<String> = pods
             .iter()
-            .filter(|p| crate::status::is_gated(p) && !planned.contains(p.name_any().as_str()))
+            .filter(|p| crate::workload::status::is_gated(p) && !planned.contains(p.name_any().as_str()))
             .map(|p| p.name_any())
             .collect();
         if waiting.is_empty() {
@@ -147,7 +147,7 @@ impl Admission {
                 self.remember_pod(pod);
             }
         }
-        crate::metrics::get().extras_placed.inc_by(plan.pods.len() as u64);
+        crate::ops::metrics::get().extras_placed.inc_by(plan.pods.len() as u64);
         Ok(())
     }
 }

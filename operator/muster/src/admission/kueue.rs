@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::admission::{Admission, CommitError, key, placement_of};
 use crate::kueue::{self, Verdict};
-use crate::observe;
+use crate::workload::observe;
 
 impl Admission {
     /// The Kueue Workload of a gang that queues in Kueue (`Some(None)`: the cache does not

@@ -12,10 +12,10 @@ use tokio::sync::Notify;
 use tracing::{error, info};
 
 use crate::admission::{self, Admission};
-use crate::controller::{self, WorkloadController};
-use crate::index::{self, Index};
-use crate::leader::{self, Elector};
-use crate::serve::Health;
+use crate::cache::cluster::{self, Index};
+use crate::ops::leader::{self, Elector};
+use crate::ops::serve::Health;
+use crate::workload::controller::{self, WorkloadController};
 
 /// Everything `muster run` runs.
 #[derive(Clone, Debug, Default)]
@@ -46,7 +46,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         .reflect(writer)
         .for_each(|_| async {});
     let warm = async {
-        tokio::join!(index::run(client.clone(), index.clone()), priority_watch);
+        tokio::join!(cluster::run(client.clone(), index.clone()), priority_watch);
     };
     let readiness = async {
         index.wait_ready().await;
@@ -64,16 +64,16 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             elector.acquire().await;
         }
         let guard = elector.as_ref().map(Elector::guard);
-        crate::metrics::get().leader.set(1);
+        crate::ops::metrics::get().leader.set(1);
         let wake = Arc::new(Notify::new());
-        let kueue = crate::cache::kueue_served(&client).await;
+        let kueue = crate::cache::gang_objects::kueue_served(&client).await;
         if kueue {
             info!(
                 "the cluster serves Kueue: Workloads labelled {} queue in Kueue",
                 crate::kueue::QUEUE_LABEL
             );
         }
-        let (stores, mut watches) = crate::cache::gang_watches(&client, wake.clone(), kueue);
+        let (stores, mut watches) = crate::cache::gang_objects::gang_watches(&client, wake.clone(), kueue);
         let kueue_watch = watches.kueue.take();
         let controller = WorkloadController::new(
             client.clone(),
@@ -144,7 +144,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             _ = follow_kueue => Ended::Stopped,
             _ = keep => Ended::LostLease,
         };
-        crate::metrics::get().leader.set(0);
+        crate::ops::metrics::get().leader.set(0);
         let _ = stop.send(());
         if let Some(keeper) = keeper {
             // The keeper stops renewing before the Lease is given up, so it cannot take

@@ -1,4 +1,9 @@
-//! Command-line interface: `muster run`, `muster crd`.
+//! Command-line interface: `muster run`, `muster plan`, `muster crd` and `muster demo`.
+
+#[cfg(feature = "demo")]
+pub mod demo;
+pub mod plan;
+pub mod run;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -6,8 +11,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::controller;
-use crate::serve::{self, Endpoints, Health};
+use crate::ops::serve::{self, Endpoints, Health};
+use crate::workload::controller;
 
 /// muster runs a group of pods as one unit: it reserves every DRA device of a gang
 /// before any of its pods starts.
@@ -25,7 +30,7 @@ enum Command {
     /// Start a local control plane with fake GPU nodes, run the operator and an example
     /// training gang, and show it progress.
     #[cfg(feature = "demo")]
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::cli::demo::DemoArgs),
     /// Plan Workloads against a cluster snapshot without a cluster: where would they go,
     /// or why would they not fit.
     Plan(PlanArgs),
@@ -70,8 +75,8 @@ struct RunArgs {
     /// `device-taint` (taint GPU devices with muster.dev/fenced, effect NoSchedule, by a
     /// DeviceTaintRule; muster's claims tolerate it) or `none` (only the conflict check
     /// after reserving).
-    #[arg(long, value_enum, default_value_t = crate::fencing::Fencing::Taint)]
-    fencing: crate::fencing::Fencing,
+    #[arg(long, value_enum, default_value_t = crate::admission::fencing::Fencing::Taint)]
+    fencing: crate::admission::fencing::Fencing,
     /// Parallel API writes while reserving claims and releasing pods.
     #[arg(long, default_value_t = 64)]
     write_parallelism: usize,
@@ -124,8 +129,8 @@ struct PlanArgs {
     output: PlanOutput,
     /// Plan as the operator does with this `--fencing` (which fence its pods or claims
     /// tolerate).
-    #[arg(long, value_enum, default_value_t = crate::fencing::Fencing::Taint)]
-    fencing: crate::fencing::Fencing,
+    #[arg(long, value_enum, default_value_t = crate::admission::fencing::Fencing::Taint)]
+    fencing: crate::admission::fencing::Fencing,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -156,7 +161,7 @@ pub fn main() -> Result<()> {
         Command::Crd { dir } => print_crds(dir),
         Command::Plan(args) => plan(args),
         #[cfg(feature = "demo")]
-        Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::demo::run(args)),
+        Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::cli::demo::run(args)),
         Command::Run(args) => {
             init_logging(args.log_format, args.log_level);
             let runtime = tokio::runtime::Runtime::new()?;
@@ -183,11 +188,11 @@ fn init_logging(format: LogFormat, level: LogLevel) {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
-    let limit = crate::client::RateLimit {
+    let limit = crate::ops::client::RateLimit {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
     };
-    let client = crate::client::client(args.kubeconfig.as_deref(), args.context.clone(), limit).await?;
+    let client = crate::ops::client::client(args.kubeconfig.as_deref(), args.context.clone(), limit).await?;
     let fault = match std::env::var("MUSTER_FAULT_POINT") {
         Ok(name) => Some(
             crate::admission::FaultPoint::parse(&name)
@@ -205,7 +210,7 @@ async fn run(args: RunArgs) -> Result<()> {
         }),
         Err(_) => None,
     };
-    let settings = crate::runtime::Settings {
+    let settings = crate::cli::run::Settings {
         controller: controller::Settings {
             create_parallelism: args.create_parallelism,
             concurrency: args.concurrency,
@@ -227,10 +232,10 @@ async fn run(args: RunArgs) -> Result<()> {
                 .clone()
                 .or_else(|| std::env::var("POD_NAMESPACE").ok())
                 .unwrap_or_else(|| "default".to_string());
-            crate::leader::Settings::new(
+            crate::ops::leader::Settings::new(
                 namespace,
                 args.leader_election_id.clone(),
-                crate::leader::identity(),
+                crate::ops::leader::identity(),
                 std::time::Duration::from_secs(args.leader_election_lease_duration.max(1)),
             )
         }),
@@ -258,9 +263,9 @@ async fn run(args: RunArgs) -> Result<()> {
         tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone()));
     }
 
-    match crate::runtime::run(client, settings, health).await {
-        crate::runtime::Ended::Stopped => Ok(()),
-        crate::runtime::Ended::LostLease => anyhow::bail!("lost the leader Lease"),
+    match crate::cli::run::run(client, settings, health).await {
+        crate::cli::run::Ended::Stopped => Ok(()),
+        crate::cli::run::Ended::LostLease => anyhow::bail!("lost the leader Lease"),
     }
 }
 
@@ -272,24 +277,24 @@ async fn check_crd_installed(client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
-fn read_objects(path: &std::path::Path) -> Result<crate::objects::Objects> {
+fn read_objects(path: &std::path::Path) -> Result<crate::snapshot::Objects> {
     let size = std::fs::metadata(path)
         .with_context(|| format!("reading {}", path.display()))?
         .len();
-    if size > crate::objects::MAX_FILE_BYTES {
+    if size > crate::snapshot::MAX_FILE_BYTES {
         anyhow::bail!(
             "{}: {size} bytes is over the limit of {} bytes for one file",
             path.display(),
-            crate::objects::MAX_FILE_BYTES
+            crate::snapshot::MAX_FILE_BYTES
         );
     }
     let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(crate::objects::Objects::read(&path.display().to_string(), file)?)
+    Ok(crate::snapshot::Objects::read(&path.display().to_string(), file)?)
 }
 
 fn plan(args: PlanArgs) -> Result<()> {
     let snapshot = read_objects(&args.cluster)?;
-    let mut workloads = crate::objects::Objects::default();
+    let mut workloads = crate::snapshot::Objects::default();
     for path in &args.workloads {
         workloads.extend(read_objects(path)?);
     }
@@ -303,9 +308,9 @@ fn plan(args: PlanArgs) -> Result<()> {
                 .join(", ")
         );
     }
-    let (report, details) = crate::plan::plan(snapshot, &workloads, &args.namespace, args.fencing)?;
+    let (report, details) = crate::cli::plan::plan(snapshot, &workloads, &args.namespace, args.fencing)?;
     match args.output {
-        PlanOutput::Human => print!("{}", crate::plan::human(&report, &details)),
+        PlanOutput::Human => print!("{}", crate::cli::plan::human(&report, &details)),
         PlanOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
     }
     Ok(())

@@ -1,5 +1,5 @@
 //! The operator's Prometheus metrics, all prefixed `muster_`. One registry per process,
-//! like the gangs it describes; served by [`crate::serve`].
+//! like the gangs it describes; served by [`crate::ops::serve`].
 
 use std::sync::LazyLock;
 use std::time::Duration;

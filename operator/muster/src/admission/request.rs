@@ -1,4 +1,4 @@
-//! A Workload as the engine's gang request: its pods as [`crate::gang`] builds them,
+//! A Workload as the engine's gang request: its pods as [`crate::workload::gang`] builds them,
 //! their node requirements, their claims (from existing claims where they exist, else
 //! from the ResourceClaimTemplates they will be created from) and the topology.
 
@@ -13,8 +13,8 @@ use muster_engine::claim::{Allocation, ClaimSpec};
 use muster_engine::request::{GangRequest, GroupRequest, PodInstance, SharedClaim, TopologyRequest};
 
 use crate::convert::{self, ConvertError};
-use crate::gang::{self, ClaimSource};
-use crate::membership;
+use crate::workload::gang::{self, ClaimSource};
+use crate::workload::membership;
 
 /// Why a Workload cannot be turned into a gang request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -368,7 +368,7 @@ spec:
 
     #[test]
     fn workload_becomes_groups_with_own_and_shared_claims() {
-        let objects = crate::objects::Objects::parse("files.yaml", FILES).unwrap();
+        let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&objects.templates, &objects.claims);
         let request = gang_request(&objects.workloads[0], &sources, &[]).unwrap();
         assert_eq!(request.name, "team/llama");
@@ -392,7 +392,7 @@ spec:
 
     #[test]
     fn missing_templates_and_claims_are_named() {
-        let objects = crate::objects::Objects::parse("files.yaml", FILES).unwrap();
+        let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&[], &objects.claims);
         let e = gang_request(&objects.workloads[0], &sources, &[]).unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaimTemplate team/eight-gpus does not exist");

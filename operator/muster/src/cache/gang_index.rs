@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Resource;
 use muster_api::labels;
 
-use crate::cache::GangStores;
+use crate::cache::gang_objects::GangStores;
 
 type GangKey = (String, String);
 

@@ -10,7 +10,7 @@ use kube::api::{Api, Patch, PatchParams};
 use muster_api::labels;
 use serde_json::json;
 
-use crate::fencing::Fencing;
+use crate::admission::fencing::Fencing;
 
 /// The pod's spec changes that release it to `node`, or `None` if it is released
 /// already.

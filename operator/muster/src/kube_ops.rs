@@ -1,0 +1,1 @@
+//! Kubernetes operations several parts of muster share.
