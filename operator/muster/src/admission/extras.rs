@@ -10,7 +10,6 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
 use kube::api::Api;
 use muster_admission::{Journal, Record, commit};
-use muster_api::labels;
 use muster_api::v1alpha1::Workload;
 use muster_engine::placement::{self, Outcome};
 use tracing::info;
@@ -18,16 +17,17 @@ use tracing::info;
 use crate::admission::release;
 use crate::admission::{Admission, CommitError, core_placement, key};
 use crate::convert;
+use crate::workload::membership;
 use crate::workload::observe;
 
 impl Admission {
     /// Places the waiting extras of a released gang that now fit.
     pub(crate) async fn place_extras(&self, workload: &Workload, journal: &Journal) -> Result<(), CommitError> {
-        let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
+        let attempt = membership::attempt(workload);
         let pods: Vec<std::sync::Arc<Pod>> = self
             .gang_pods(workload)
             .into_iter()
-            .filter(|p| p.labels().get(labels::ATTEMPT).is_none_or(|a| *a == attempt))
+            .filter(|p| membership::of_attempt(p, attempt))
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
         let planned: BTreeSet<&str> = journal.pods.iter().map(|p| p.name.as_str()).collect();

@@ -11,10 +11,10 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use muster_api::conditions;
 use muster_api::v1alpha1::AdmissionState as State;
 use muster_api::v1alpha1::Workload;
-use serde_json::json;
 use tracing::{info, warn};
 
 use crate::admission::{Admission, CommitError, key, placement_of};
+use crate::kube_ops;
 use crate::kueue::{self, Verdict};
 use crate::workload::observe;
 
@@ -203,7 +203,7 @@ impl Admission {
                     Ok(_) => {
                         info!(object = %object.name_any(), "the gang no longer queues in Kueue; deleted its Kueue Workload")
                     }
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) if kube_ops::is_not_found(&e) => {}
                     Err(e) => {
                         warn!(object = %object.name_any(), error = %e, "deleting the Kueue Workload failed; retrying")
                     }
@@ -330,25 +330,16 @@ impl Admission {
         if !object.finalizers().iter().any(|f| f == kueue::RESOURCE_IN_USE) {
             return Ok(());
         }
-        let finalizers: Vec<&String> = object
-            .finalizers()
-            .iter()
-            .filter(|f| *f != kueue::RESOURCE_IN_USE)
-            .collect();
-        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": object.resource_version()}});
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
             &object.namespace().unwrap_or_default(),
             &kueue::api_resource(),
         );
         self.ensure_leading();
-        match api
-            .patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-            Err(e) => Err(e.into()),
+        match kube_ops::remove_finalizer(&api, object, kueue::RESOURCE_IN_USE).await {
+            // The list changed meanwhile (the test failed): the next pass reads it again.
+            Err(kube::Error::Api(s)) if s.code == 422 => Ok(()),
+            other => Ok(kube_ops::done_if_gone_or_changed(other)?),
         }
     }
 }

@@ -54,9 +54,11 @@ use crate::cache::cluster::Index;
 use crate::cache::gang_index::GangIndex;
 use crate::cache::gang_objects::GangStores;
 use crate::convert;
+use crate::kube_ops;
 use crate::ops::faults::Write;
 use crate::ops::leader::LeaseGuard;
 use crate::ops::metrics::{self, OutcomeLabel, PhaseLabel, ReasonLabel};
+use crate::workload::membership;
 use crate::workload::observe::{self, condition, finished};
 
 pub use crate::ops::faults::{FaultPoint, Pause};
@@ -341,15 +343,6 @@ fn write_of(effect: &Effect) -> Option<Write> {
         Effect::Deallocate { .. } => Some(Write::Deallocate),
         Effect::Release { .. } => Some(Write::Release),
         Effect::DeleteWorkload | Effect::Event { .. } => None,
-    }
-}
-
-fn ignore_gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match result {
-        Ok(_) => Ok(()),
-        // Gone, or made again under the same name (the uid precondition failed).
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e),
     }
 }
 
@@ -681,11 +674,11 @@ impl Admission {
             .map(|g| g.replicas)
             .sum();
         let pods = self.gang_pods(workload);
-        let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
+        let attempt = membership::attempt(workload);
         let gated = pods
             .iter()
             .filter(|p| crate::workload::status::is_gated(p) && p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.labels().get(labels::ATTEMPT).is_none_or(|a| *a == attempt))
+            .filter(|p| membership::of_attempt(p, attempt))
             .count();
         // Pods of template-less groups: at least minCount, all waiting at the gate.
         let external_ready = workload
@@ -1126,7 +1119,7 @@ impl Admission {
         let gang = Gang {
             spec: &spec,
             journal: journal.as_ref(),
-            restarts: workload.status.as_ref().map_or(0, |s| s.restarts),
+            restarts: membership::attempt(workload),
             finished_at: observe::finished_at(workload),
             pods: &pod_views,
             claims: &claim_views,
@@ -1212,7 +1205,7 @@ impl Admission {
                                     self.own_pods.remember(pod);
                                 }
                             }
-                            Err(e) => ignore_gone(Err::<(), _>(e))?,
+                            Err(e) => kube_ops::done_if_gone_or_changed(Err::<(), _>(e))?,
                         }
                     }
                 }
@@ -1262,7 +1255,9 @@ impl Admission {
                 }
                 Effect::DeleteWorkload => {
                     let api: Api<Workload> = Api::namespaced(self.client.clone(), &namespace);
-                    ignore_gone(api.delete(&workload.name_any(), &DeleteParams::default()).await)?;
+                    kube_ops::done_if_gone_or_changed(
+                        api.delete(&workload.name_any(), &DeleteParams::default()).await,
+                    )?;
                 }
                 Effect::Event {
                     kind,
@@ -1320,8 +1315,8 @@ impl Admission {
             };
             match api.patch(name, &params, &Patch::Merge(&fence)).await {
                 Ok(fenced) => self.own_claims.remember(fenced),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {
+                Err(e) if kube_ops::is_not_found(&e) => {}
+                Err(e) if kube_ops::is_conflict(&e) => {
                     return Err(CommitError::Conflict(format!(
                         "claim {name} changed while {} let go of it; looking again",
                         key(workload)
@@ -1547,7 +1542,7 @@ impl Admission {
                     // leader deposed after its check writes against a version older
                     // than the successor's fence (see `fence_dropped_claims`).
                     self.ensure_leading();
-                    let current = ensure_finalizer(&api, name).await?;
+                    let current = kube_ops::add_finalizer(&api, api.get(name).await?, labels::CLAIM_FINALIZER).await?;
                     self.ensure_leading();
                     if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
                         return Err(CommitError::Conflict(format!(
@@ -1687,7 +1682,7 @@ impl Admission {
                 match deallocate(&api, &claim.name_any(), &finished, &|| self.ensure_leading()).await? {
                     Some(current) if current.status.as_ref().is_none_or(|s| s.allocation.is_none()) => {
                         self.ensure_leading();
-                        remove_finalizer(&api, &current).await
+                        kube_ops::remove_finalizer(&api, &current, labels::CLAIM_FINALIZER).await
                     }
                     _ => Ok(()),
                 }
@@ -1782,7 +1777,7 @@ impl Admission {
                 // Another writer (the Workload controller, say) changed the object: try
                 // again against the newest copy the cache has, if its journal is still
                 // the one this write was decided on. (No read: muster may only patch.)
-                Err(kube::Error::Api(s)) if s.code == 409 => {
+                Err(e) if kube_ops::is_conflict(&e) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     let Some(fresh) = self.current_workload(&key(workload)) else {
                         return Err(CommitError::Conflict(format!("{} is gone", key(workload))));
@@ -1997,19 +1992,6 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
     }
 }
 
-/// Adds muster's finalizer to a claim that lacks it (claims muster did not create).
-/// Returns the claim as it is now.
-async fn ensure_finalizer(api: &Api<ResourceClaim>, name: &str) -> Result<ResourceClaim, kube::Error> {
-    let claim = api.get(name).await?;
-    if claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER) {
-        return Ok(claim);
-    }
-    let mut finalizers = claim.finalizers().to_vec();
-    finalizers.push(labels::CLAIM_FINALIZER.into());
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": claim.resource_version()}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await
-}
-
 /// The patch that clears a claim's allocation, and `reservedFor` with it (the API allows
 /// clearing the allocation only together with an empty `reservedFor`), conditional on
 /// the version read.
@@ -2047,8 +2029,8 @@ pub(crate) async fn deallocate(
     {
         Ok(claim) => Ok(Some(claim)),
         // Changed meanwhile: looked at again in the next pass.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Some(claim)),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) if kube_ops::is_conflict(&e) => Ok(Some(claim)),
+        Err(e) if kube_ops::is_not_found(&e) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -2067,28 +2049,7 @@ async fn undo_allocation(
         .await
     {
         Ok(claim) => Ok(Some(claim)),
-        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Removes muster's finalizer, guarded by a test of its position in the list.
-async fn remove_finalizer(api: &Api<ResourceClaim>, claim: &ResourceClaim) -> Result<(), kube::Error> {
-    let Some(position) = claim.finalizers().iter().position(|f| f == labels::CLAIM_FINALIZER) else {
-        return Ok(());
-    };
-    let path = format!("/metadata/finalizers/{position}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": labels::CLAIM_FINALIZER},
-        {"op": "remove", "path": path},
-    ]))
-    .map_err(kube::Error::SerdeError)?;
-    match api
-        .patch(&claim.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) if kube_ops::is_not_found(&e) || kube_ops::is_conflict(&e) => Ok(None),
         Err(e) => Err(e),
     }
 }

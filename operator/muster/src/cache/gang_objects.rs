@@ -7,6 +7,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::kube_ops;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -160,7 +161,7 @@ pub struct GangWatches {
 pub async fn kueue_served(client: &Client) -> bool {
     let served = match client.list_api_group_resources("kueue.x-k8s.io/v1beta2").await {
         Ok(list) => list.resources.iter().any(|r| r.name == "workloads"),
-        Err(kube::Error::Api(s)) if s.code == 404 => false,
+        Err(e) if kube_ops::is_not_found(&e) => false,
         Err(e) => {
             tracing::warn!(error = %e, "cannot tell whether the cluster serves Kueue; running without it");
             false

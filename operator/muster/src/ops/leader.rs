@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::kube_ops;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -208,7 +209,7 @@ impl Elector {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) if kube_ops::is_conflict(&e) => Ok(false),
                 Err(e) => Err(e),
             };
         };
@@ -247,7 +248,7 @@ impl Elector {
             .await
         {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) if kube_ops::is_conflict(&e) => Ok(false),
             Err(e) => Err(e),
         }
     }

@@ -13,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -20,9 +21,10 @@ use muster_api::conditions;
 use muster_api::labels::{self, FIELD_MANAGER};
 use muster_api::v1alpha1::{Workload, WorkloadPhase};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::gang_objects::{GangStores, GangWatches};
+use crate::kube_ops;
 use crate::workload::gang::{self, ClaimSource, Gang};
 use crate::workload::membership;
 use crate::workload::pacing::{self, StatusPacer};
@@ -39,6 +41,11 @@ pub enum Error {
     /// Workload goes with it.
     #[error("namespace {namespace} is being deleted")]
     NamespaceTerminating { namespace: String },
+    /// A deleted Workload still has pods or claims of its own; not a failure.
+    #[error("waiting for {pods} pods and {claims} claims to go")]
+    CleanupPending { pods: usize, claims: usize },
+    #[error("finalizer: {0}")]
+    Finalizer(String),
 }
 
 impl Error {
@@ -48,9 +55,15 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::NotOwned { .. } => "not_owned",
             Error::NamespaceTerminating { .. } => "namespace_terminating",
+            Error::CleanupPending { .. } => "cleanup_pending",
+            Error::Finalizer(_) => "finalizer",
         }
     }
 }
+
+/// How soon a deleted Workload whose pods or claims are still going is looked at again,
+/// should their deletion events not come.
+const CLEANUP_RECHECK: Duration = Duration::from_secs(5);
 
 /// Settings of the Workload controller.
 #[derive(Clone, Debug)]
@@ -168,23 +181,38 @@ async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action,
     result
 }
 
-async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Action, Error> {
     if let Some(lease) = &ctx.settings.lease {
         lease.exit_unless_held();
     }
+    // The finalizer keeps a deleted Workload until its gang objects are gone, so that its
+    // devices are given back even when the operator was down during the delete.
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &workload.namespace().unwrap_or_default());
+    let outcome = finalizer::finalizer(&api, labels::WORKLOAD_FINALIZER, workload.clone(), |event| async move {
+        match event {
+            finalizer::Event::Apply(workload) => apply(&workload, ctx).await,
+            finalizer::Event::Cleanup(workload) => clean_up(&workload, ctx).await,
+        }
+    })
+    .await;
+    match outcome {
+        Ok(action) => Ok(action),
+        Err(finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e)) => Err(e),
+        // Removed by someone else, or the Workload is gone: nothing is left to do.
+        Err(finalizer::Error::RemoveFinalizer(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {
+            Ok(Action::await_change())
+        }
+        Err(finalizer::Error::AddFinalizer(e) | finalizer::Error::RemoveFinalizer(e)) => Err(e.into()),
+        Err(e @ (finalizer::Error::UnnamedObject | finalizer::Error::InvalidFinalizer)) => {
+            Err(Error::Finalizer(e.to_string()))
+        }
+    }
+}
+
+/// A Workload that is not being deleted, with its finalizer in place.
+async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let name = workload.name_any();
     let namespace = workload.namespace().unwrap_or_default();
-    let has_finalizer = workload.finalizers().iter().any(|f| f == labels::WORKLOAD_FINALIZER);
-    if workload.metadata.deletion_timestamp.is_some() {
-        return if has_finalizer {
-            clean_up(workload, ctx).await
-        } else {
-            Ok(Action::await_change())
-        };
-    }
-    if !has_finalizer {
-        add_finalizer(workload, ctx).await?;
-    }
 
     let gang = match gang::build(workload) {
         Ok(gang) => gang,
@@ -205,7 +233,7 @@ async fn reconcile_inner(workload: &Workload, ctx: &Context) -> Result<Action, E
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none() && status::is_gated(p))
         {
-            ignore_missing(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
+            kube_ops::done_if_gone(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
         }
         let put_off = write_status(workload, ctx, &Progress::Suspended).await?;
         return Ok(requeue(put_off, None));
@@ -348,7 +376,7 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
             Ok(_) => {}
             // Ours already, or one of a deleted Workload of the same name still going:
             // that one would charge the old claim, so this is tried again later.
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(e) if kube_ops::is_conflict(&e) => {
                 let name = crate::kueue::accounting_template_name(workload, index);
                 let owned = templates.get_opt(&name).await?.is_some_and(|t| {
                     t.owner_references()
@@ -377,7 +405,7 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
         }
         // Made already (the cache shows it soon), or one of a deleted Workload of the same
         // name is still going: muster lets go of it, and this is tried again.
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::NotOwned {
+        Err(e) if kube_ops::is_conflict(&e) => Err(Error::NotOwned {
             kind: "Kueue Workload",
             name: crate::kueue::object_name(workload),
         }),
@@ -519,7 +547,7 @@ async fn join_claims(
         let patch = json!({"metadata": {"labels": {labels::WORKLOAD: name}}});
         match api.patch(&object, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => info!(workload = %name, namespace, claim = %object, "ResourceClaim joins the gang"),
-            Err(kube::Error::Api(s)) if s.code == 404 => {
+            Err(e) if kube_ops::is_not_found(&e) => {
                 waiting.get_or_insert(Progress::Waiting {
                     reason: conditions::REASON_CLAIM_NOT_FOUND,
                     message: format!("ResourceClaim {namespace}/{object} does not exist"),
@@ -686,7 +714,7 @@ where
         Err(kube::Error::Api(status)) if is_namespace_terminating(&status) => Err(Error::NamespaceTerminating {
             namespace: object.meta().namespace.clone().unwrap_or_default(),
         }),
-        Err(kube::Error::Api(status)) if status.code == 409 => {
+        Err(e) if kube_ops::is_conflict(&e) => {
             let name = object.meta().name.clone().unwrap_or_default();
             match api.get_opt(&name).await? {
                 Some(existing) => ensure_owned(&existing, uid, kind).map(|()| false),
@@ -787,20 +815,6 @@ fn created_reason(status: Option<&muster_api::WorkloadStatus>) -> Option<String>
         .map(|c| c.reason.clone())
 }
 
-/// Adds the Workload finalizer, so that its devices are released even if the operator
-/// is down when it is deleted.
-async fn add_finalizer(workload: &Workload, ctx: &Context) -> Result<(), Error> {
-    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &workload.namespace().unwrap_or_default());
-    let patch = match &workload.metadata.finalizers {
-        Some(_) => json!([{"op": "add", "path": "/metadata/finalizers/-", "value": labels::WORKLOAD_FINALIZER}]),
-        None => json!([{"op": "add", "path": "/metadata/finalizers", "value": [labels::WORKLOAD_FINALIZER]}]),
-    };
-    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-    api.patch(&workload.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await?;
-    Ok(())
-}
-
 /// A deleted Workload: delete its pods, claims and Service (the admission loop clears
 /// claim allocations once no pod uses them), then let the Workload go.
 async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
@@ -817,7 +831,7 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         .filter(|p| p.owner_references().iter().any(|r| r.uid == uid))
         .collect();
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-        ignore_missing(pods_api.delete(&pod.name_any(), &DeleteParams::default()).await)?;
+        kube_ops::done_if_gone(pods_api.delete(&pod.name_any(), &DeleteParams::default()).await)?;
     }
     let claims_api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     // Claims the gang only joined stay: their owner (a pod, or the user) decides; the
@@ -826,42 +840,20 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let owned = |o: &&Arc<ResourceClaim>| o.owner_references().iter().any(|r| r.uid == uid);
     let claims: Vec<&Arc<ResourceClaim>> = claims.iter().filter(owned).collect();
     for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
-        ignore_missing(claims_api.delete(&claim.name_any(), &DeleteParams::default()).await)?;
+        kube_ops::done_if_gone(claims_api.delete(&claim.name_any(), &DeleteParams::default()).await)?;
     }
     if let Some(service) = service.filter(|s| s.metadata.deletion_timestamp.is_none()) {
         let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
-        ignore_missing(services.delete(&service.name_any(), &DeleteParams::default()).await)?;
+        kube_ops::done_if_gone(services.delete(&service.name_any(), &DeleteParams::default()).await)?;
     }
     if !pods.is_empty() || !claims.is_empty() {
-        // Their deletion events bring us back.
-        return Ok(Action::requeue(Duration::from_secs(5)));
-    }
-    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
-    if let Some(position) = workload
-        .finalizers()
-        .iter()
-        .position(|f| f == labels::WORKLOAD_FINALIZER)
-    {
-        let path = format!("/metadata/finalizers/{position}");
-        let patch = json!([
-            {"op": "test", "path": path, "value": labels::WORKLOAD_FINALIZER},
-            {"op": "remove", "path": path},
-        ]);
-        let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-        ignore_missing(
-            api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
-                .await,
-        )?;
+        // Keeps the finalizer; their deletion events bring us back.
+        return Err(Error::CleanupPending {
+            pods: pods.len(),
+            claims: claims.len(),
+        });
     }
     Ok(Action::await_change())
-}
-
-fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn publish(ctx: &Context, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
@@ -891,6 +883,10 @@ pub(crate) async fn publish_event(
 }
 
 fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::CleanupPending { .. } = error {
+        debug!(workload = %workload.name_any(), namespace = ?workload.namespace(), %error, "deleting");
+        return Action::requeue(CLEANUP_RECHECK);
+    }
     let key = ObjectRef::from_obj(workload.as_ref());
     let mut failures = ctx.failures.lock().expect("failure map");
     let count = failures.entry(key).or_insert(0);

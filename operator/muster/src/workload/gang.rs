@@ -13,6 +13,8 @@ use kube::Resource;
 use muster_api::labels;
 use muster_api::v1alpha1::{PodGroup, Workload};
 
+use crate::workload::membership;
+
 /// A Workload that cannot be turned into pods. Reported as a status condition; the
 /// Workload's spec must change (it is immutable, so: recreated) before it can work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -213,8 +215,7 @@ fn build_pod(
     pod_labels.extend(gang_labels(name));
     pod_labels.insert(labels::POD_GROUP.into(), group.name.clone());
     pod_labels.insert(labels::POD_INDEX.into(), index.to_string());
-    let attempt = workload.status.as_ref().map_or(0, |s| s.restarts);
-    pod_labels.insert(labels::ATTEMPT.into(), attempt.to_string());
+    pod_labels.insert(labels::ATTEMPT.into(), membership::attempt(workload).to_string());
 
     let mut spec = template_spec.clone();
     let group_index = workload

@@ -9,11 +9,21 @@ use k8s_openapi::api::core::v1::Pod;
 use muster_api::labels;
 use muster_api::v1alpha1::{PodGroup, Workload};
 
+use crate::kube_ops::label;
+
 /// Index of an Indexed Job's pod (label since Kubernetes 1.28, annotation before).
 pub const JOB_COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 
-pub fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+/// The gang's current attempt: how many times it was restarted as a unit. Its pods
+/// carry it as a label, and their rendezvous environment says it.
+pub fn attempt(workload: &Workload) -> i32 {
+    workload.status.as_ref().map_or(0, |s| s.restarts)
+}
+
+/// Whether `pod` belongs to attempt `attempt`. A pod without the label (one another
+/// controller made) belongs to every attempt.
+pub fn of_attempt(pod: &Pod, attempt: i32) -> bool {
+    label(pod, labels::ATTEMPT).is_none_or(|a| a.parse() == Ok(attempt))
 }
 
 /// The pod's index within its group, where it carries one.
@@ -55,7 +65,7 @@ pub fn external_members<'p>(pods: &'p [Arc<Pod>], group: &PodGroup) -> Vec<&'p P
         .map(AsRef::as_ref)
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed"))
-        .filter(|p| label(p, labels::POD_GROUP) == Some(group.name.as_str()))
+        .filter(|p| label(*p, labels::POD_GROUP) == Some(group.name.as_str()))
         .collect();
     members.sort_by_key(|p| (pod_index(p).is_none(), pod_index(p), p.metadata.name.clone()));
     members.truncate(usize::try_from(group.replicas).unwrap_or(0));
@@ -123,5 +133,25 @@ mod tests {
         assert!(is_core(&w, &pod("a", Some("1"))));
         assert!(!is_core(&w, &pod("a", Some("2"))));
         assert!(is_core(&w, &pod("a", None)));
+    }
+
+    #[test]
+    fn a_pod_belongs_to_the_attempt_on_its_label_or_to_every_attempt_without_one() {
+        let mut w = workload();
+        assert_eq!(attempt(&w), 0);
+        w.status = Some(muster_api::WorkloadStatus {
+            restarts: 2,
+            ..Default::default()
+        });
+        assert_eq!(attempt(&w), 2);
+        let mut labelled = (*pod("a", None)).clone();
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(labels::ATTEMPT.into(), "2".into());
+        assert!(of_attempt(&labelled, 2));
+        assert!(!of_attempt(&labelled, 1));
+        assert!(of_attempt(&pod("b", None), 1));
     }
 }

@@ -11,6 +11,8 @@ use muster_api::conditions;
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload};
 
+use crate::kube_ops;
+
 pub fn millis(time: &Time) -> Millis {
     time.0.as_millisecond()
 }
@@ -180,7 +182,6 @@ pub fn finished_at(workload: &Workload) -> Option<Millis> {
 }
 
 pub fn pod(pod: &Pod) -> PodView {
-    let label = |key: &str| pod.labels().get(key).cloned();
     let status = pod.status.as_ref();
     let phase = match status.and_then(|s| s.phase.as_deref()) {
         Some("Pending") | None => Phase::Pending,
@@ -192,8 +193,8 @@ pub fn pod(pod: &Pod) -> PodView {
     PodView {
         name: pod.name_any(),
         uid: pod.uid().unwrap_or_default(),
-        group: label(labels::POD_GROUP),
-        attempt: label(labels::ATTEMPT).and_then(|a| a.parse().ok()),
+        group: kube_ops::label(pod, labels::POD_GROUP).map(str::to_string),
+        attempt: kube_ops::label(pod, labels::ATTEMPT).and_then(|a| a.parse().ok()),
         gated: crate::workload::status::is_gated(pod),
         phase,
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),

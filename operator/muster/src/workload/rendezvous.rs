@@ -17,6 +17,7 @@
 use k8s_openapi::api::core::v1::{EnvVar, PodSpec};
 use muster_api::v1alpha1::Workload;
 
+use crate::workload::membership;
 use crate::workload::names::pod_name;
 
 /// Annotation on a Workload overriding the coordinator port.
@@ -45,7 +46,7 @@ pub fn environment(workload: &Workload, group_index: usize, index: i32) -> Vec<E
         .and_then(|p| p.parse::<u16>().ok())
         .unwrap_or(DEFAULT_COORDINATOR_PORT)
         .to_string();
-    let attempt = workload.status.as_ref().map_or(0, |s| s.restarts).to_string();
+    let attempt = membership::attempt(workload).to_string();
     let var = |key: &str, value: String| EnvVar {
         name: key.to_string(),
         value: Some(value),

@@ -6,6 +6,8 @@ use muster_api::conditions;
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, PodGroupStatus, Workload, WorkloadPhase, WorkloadStatus};
 
+use crate::kube_ops::label;
+
 /// Where the controller stands with a Workload, as far as status is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
@@ -37,7 +39,7 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         };
         for pod in pods
             .iter()
-            .filter(|p| label(p, labels::POD_GROUP) == Some(group.name.as_str()))
+            .filter(|p| label(**p, labels::POD_GROUP) == Some(group.name.as_str()))
         {
             if pod.metadata.deletion_timestamp.is_some() {
                 continue;
@@ -212,10 +214,6 @@ fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
 #[cfg(test)]
