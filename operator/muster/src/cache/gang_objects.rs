@@ -7,7 +7,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::kube_ops;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -16,6 +15,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use muster_api::labels;
+
+use crate::kube_ops;
 
 /// `(namespace, Workload)`.
 type GangKey = (String, String);

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::kube_ops;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use tracing::{info, warn};
+
+use crate::kube_ops;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
