@@ -18,13 +18,38 @@ use crate::kube_ops;
 use crate::kueue::{self, Verdict};
 use crate::workload::observe;
 
+/// What muster knows of a gang's Kueue Workload.
+pub(crate) enum KueueObject {
+    /// The gang does not queue in Kueue (no queue label, or the cluster has no Kueue).
+    NotQueued,
+    /// It queues there, but the cache does not show its Kueue Workload yet.
+    NotSeen,
+    Seen(Arc<DynamicObject>),
+}
+
+impl KueueObject {
+    pub(crate) fn is_not_queued(&self) -> bool {
+        matches!(self, KueueObject::NotQueued)
+    }
+
+    fn seen(self) -> Option<Arc<DynamicObject>> {
+        match self {
+            KueueObject::Seen(object) => Some(object),
+            KueueObject::NotQueued | KueueObject::NotSeen => None,
+        }
+    }
+}
+
 impl Admission {
-    /// The Kueue Workload of a gang that queues in Kueue (`Some(None)`: the cache does not
-    /// show it yet); `None` for a gang that does not queue in Kueue.
-    pub(crate) fn kueue_object(&self, workload: &Workload) -> Option<Option<Arc<DynamicObject>>> {
-        self.stores.kueue.as_ref()?;
-        kueue::queue_of(workload)?;
-        Some(self.stores.kueue_workload(workload))
+    /// The Kueue Workload of a gang.
+    pub(crate) fn kueue_object(&self, workload: &Workload) -> KueueObject {
+        if self.stores.kueue.is_none() || kueue::queue_of(workload).is_none() {
+            return KueueObject::NotQueued;
+        }
+        match self.stores.kueue_workload(workload) {
+            Some(object) => KueueObject::Seen(object),
+            None => KueueObject::NotSeen,
+        }
     }
 
     /// The AdmissionChecks muster answers (`spec.controllerName` is muster's).
@@ -43,25 +68,25 @@ impl Admission {
     /// was evicted). A gang whose Kueue Workload is not cached yet waits too.
     pub(crate) fn held_by_kueue(&self, workload: &Workload) -> bool {
         match self.kueue_object(workload) {
-            None => false,
-            Some(None) => true,
-            Some(Some(object)) => Verdict::of(&object).must_stop(&self.our_checks()),
+            KueueObject::NotQueued => false,
+            KueueObject::NotSeen => true,
+            KueueObject::Seen(object) => Verdict::of(&object).must_stop(&self.our_checks()),
         }
     }
 
     /// Whether Kueue takes a placed gang back: evicted, or its admission gone. Only what
     /// Kueue wrote counts: a Kueue Workload the cache does not show stops nothing.
     pub(crate) fn evicted_by_kueue(&self, workload: &Workload) -> bool {
-        matches!(self.kueue_object(workload), Some(Some(object)) if Verdict::of(&object).must_stop(&self.our_checks()))
+        matches!(self.kueue_object(workload), KueueObject::Seen(object) if Verdict::of(&object).must_stop(&self.our_checks()))
     }
 
     /// Whether the pods of a reserved gang must wait for Kueue: its devices are
     /// reserved, but Kueue has not admitted it yet (muster's check still to be seen).
     pub(crate) fn release_held_by_kueue(&self, workload: &Workload) -> bool {
         match self.kueue_object(workload) {
-            None => false,
-            Some(None) => true,
-            Some(Some(object)) => {
+            KueueObject::NotQueued => false,
+            KueueObject::NotSeen => true,
+            KueueObject::Seen(object) => {
                 let verdict = Verdict::of(&object);
                 !verdict.admitted || verdict.must_stop(&self.our_checks())
             }
@@ -75,7 +100,7 @@ impl Admission {
         workload: &Workload,
         cluster: &muster_engine::cluster::ClusterState,
     ) -> Option<BTreeSet<String>> {
-        let object = self.kueue_object(workload)??;
+        let object = self.kueue_object(workload).seen()?;
         // The podSet that only charges shared claims places no pod.
         let mut assignments = kueue::assignments(&object);
         assignments.retain(|a| workload.spec.pod_groups.iter().any(|g| g.name == a.pod_set));
@@ -109,7 +134,7 @@ impl Admission {
         message: &str,
         requeue_after_seconds: Option<i64>,
     ) -> Result<(), CommitError> {
-        let Some(Some(object)) = self.kueue_object(workload) else {
+        let KueueObject::Seen(object) = self.kueue_object(workload) else {
             return Ok(());
         };
         let ours = self.our_checks();
@@ -166,7 +191,7 @@ impl Admission {
         let Some(store) = self.stores.kueue.clone() else { return };
         self.keep_checks_active().await;
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
-            let Some(Some(object)) = self.kueue_object(workload) else {
+            let KueueObject::Seen(object) = self.kueue_object(workload) else {
                 continue;
             };
             if let Err(e) = self.sync_one(workload, &object).await {

@@ -291,12 +291,20 @@ const ADMISSION_CONDITIONS: [&str; 4] = [
     conditions::FAILED,
 ];
 
-/// A change to the admission loop's part of the status: conditions as (type, status,
-/// reason, message); `placement`: `None` keeps it, `Some(None)` removes it; `restarts`:
-/// `None` keeps it.
+/// One condition the admission loop sets.
+pub(crate) struct ConditionUpdate {
+    pub(crate) type_: &'static str,
+    pub(crate) status: bool,
+    pub(crate) reason: String,
+    pub(crate) message: String,
+}
+
+/// A change to the admission loop's part of the status: the conditions it sets (the
+/// others it owns are kept), the placement (`None` removes it), and the restart count
+/// (`None` keeps it).
 pub(crate) struct StatusUpdate {
-    pub(crate) conditions: Vec<(&'static str, bool, String, String)>,
-    pub(crate) placement: Option<Option<PlacementStatus>>,
+    pub(crate) conditions: Vec<ConditionUpdate>,
+    pub(crate) placement: Option<PlacementStatus>,
     pub(crate) restarts: Option<i32>,
 }
 
@@ -781,7 +789,7 @@ impl Admission {
         // held nodes decide the outcome.
         let shape = self
             .kueue_object(workload)
-            .is_none()
+            .is_not_queued()
             .then(|| format!("{priority}|{excluded:?}|{}", shape_signature(&request)));
         let planned = match shape.as_ref().and_then(|s| unfit.get(s)) {
             Some((planned_gang, known)) => {
@@ -1351,16 +1359,14 @@ impl Admission {
             conditions: record
                 .conditions
                 .iter()
-                .map(|c| {
-                    (
-                        condition_type(c.type_),
-                        c.status,
-                        c.reason.as_str().to_string(),
-                        c.message.clone(),
-                    )
+                .map(|c| ConditionUpdate {
+                    type_: condition_type(c.type_),
+                    status: c.status,
+                    reason: c.reason.as_str().to_string(),
+                    message: c.message.clone(),
                 })
                 .collect(),
-            placement: Some(record.journal.as_ref().map(observe::placement)),
+            placement: record.journal.as_ref().map(observe::placement),
             restarts: record.restarts,
         };
         let written = self.write_status(workload, update).await?;
@@ -1704,16 +1710,21 @@ impl Admission {
         placement: Option<&PlacementStatus>,
     ) -> Result<(), CommitError> {
         let update = StatusUpdate {
-            conditions: vec![(conditions::ADMITTED, admitted, reason.to_string(), message.to_string())],
-            placement: Some(placement.cloned()),
+            conditions: vec![ConditionUpdate {
+                type_: conditions::ADMITTED,
+                status: admitted,
+                reason: reason.to_string(),
+                message: message.to_string(),
+            }],
+            placement: placement.cloned(),
             restarts: None,
         };
         self.write_status(workload, update).await.map(|_| ())
     }
 
-    /// Applies the admission loop's part of the status: every condition it owns, the
-    /// restart count and the placement, each taken from `update` or kept as it is. (A
-    /// server-side apply that left an owned field out would remove it.)
+    /// Applies the admission loop's part of the status: every condition it owns and the
+    /// restart count, each taken from `update` or kept as it is, and the placement of
+    /// `update`. (A server-side apply that left an owned field out would remove it.)
     ///
     /// The write is conditional on the journal `workload` shows: it is made against
     /// that resourceVersion, and when another writer changed the object meanwhile, it is
@@ -1735,18 +1746,18 @@ impl Admission {
                 .filter(|c| ADMISSION_CONDITIONS.contains(&c.type_.as_str()))
                 .cloned()
                 .collect();
-            for (type_, status, reason, message) in &update.conditions {
+            for condition in &update.conditions {
                 crate::workload::status::set_condition(
                     &mut owned,
-                    type_,
-                    *status,
-                    reason,
-                    message,
+                    condition.type_,
+                    condition.status,
+                    &condition.reason,
+                    &condition.message,
                     base.metadata.generation,
                     &now(),
                 );
             }
-            let placement = update.placement.clone().unwrap_or(current.placement.clone());
+            let placement = update.placement.clone();
             let restarts = update.restarts.unwrap_or(current.restarts);
             let mut status = json!({"conditions": owned, "restarts": restarts});
             if let Some(placement) = placement {
