@@ -135,25 +135,32 @@ pub struct ClaimRef<'a> {
     pub spec: &'a ClaimSpec,
 }
 
-/// Outcome of [`allocate`].
-pub type NodeResult = Result<Result<Vec<Allocation>, NoFit>, AllocationError>;
+/// What [`allocate`] found on one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeFit {
+    /// Devices for every claim: one allocation per claim, in the order given.
+    Placed(Vec<Allocation>),
+    /// No devices for these claims here.
+    NoFit(NoFit),
+}
 
 /// Allocates every claim of `claims` on `node`, all or nothing. `budget` counts search
-/// steps and is decremented by the steps used.
+/// steps and is decremented by the steps used. An error is a problem with the input,
+/// not with the node.
 pub fn allocate(
     cluster: &ClusterState,
     usage: &WorkingSet,
     node: &Node,
     claims: &[ClaimRef<'_>],
     budget: &mut u64,
-) -> NodeResult {
+) -> Result<NodeFit, AllocationError> {
     let pools = pools::gather(cluster, node);
     let mut search = Search::new(cluster, usage, node, claims, pools)?;
     search.steps_left = *budget;
     let found = search.allocate_one(Position::default(), false, Location::default());
     *budget = search.steps_left;
     match found {
-        Ok(true) => Ok(Ok(search.build_results())),
+        Ok(true) => Ok(NodeFit::Placed(search.build_results())),
         Ok(false) => {
             if let Some(pool) = search.pools.iter().find(|p| p.invalid.is_some()) {
                 return Err(error(format!(
@@ -163,10 +170,10 @@ pub fn allocate(
                     pool.invalid.as_deref().unwrap_or_default()
                 )));
             }
-            Ok(Err(NoFit::NoSolution))
+            Ok(NodeFit::NoFit(NoFit::NoSolution))
         }
-        Err(Stop::Budget) => Ok(Err(NoFit::BudgetExhausted)),
-        Err(Stop::MaxResults) => Ok(Err(NoFit::NoSolution)),
+        Err(Stop::Budget) => Ok(NodeFit::NoFit(NoFit::BudgetExhausted)),
+        Err(Stop::MaxResults) => Ok(NodeFit::NoFit(NoFit::NoSolution)),
         Err(Stop::Fatal(e)) => Err(e),
     }
 }

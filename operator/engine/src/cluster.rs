@@ -271,6 +271,24 @@ impl DeviceTaintRule {
     }
 }
 
+/// A planned pod as [`ClusterState::assume`] takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssumedPod {
+    /// `namespace/name`, the key the pod watch will report it under.
+    pub pod: String,
+    pub node: String,
+    /// What the pod takes from the node.
+    pub requests: Resources,
+}
+
+/// A planned claim allocation as [`ClusterState::assume`] takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssumedClaim {
+    /// `namespace/name`, the key the claim watch will report it under.
+    pub claim: String,
+    pub devices: Vec<DeviceResult>,
+}
+
 #[derive(Debug, Default, Clone)]
 struct AssumedPlan {
     pods: Vec<String>,
@@ -789,24 +807,19 @@ impl ClusterState {
 
     /// Enters a plan's pods and allocations before the cluster shows them. `plan_key`
     /// names the plan for [`ClusterState::forget`].
-    pub fn assume(
-        &mut self,
-        plan_key: &str,
-        pods: &[(String, String, Resources)],
-        claims: &[(String, Vec<DeviceResult>)],
-    ) {
+    pub fn assume(&mut self, plan_key: &str, pods: &[AssumedPod], claims: &[AssumedClaim]) {
         self.forget(plan_key);
-        for (pod, node, requests) in pods {
+        for AssumedPod { pod, node, requests } in pods {
             self.upsert_pod(pod, node, requests.clone());
         }
-        for (claim, devices) in claims {
+        for AssumedClaim { claim, devices } in claims {
             self.set_claim_allocation(claim, Some(devices.clone()));
         }
         self.assumed.insert(
             plan_key.to_string(),
             AssumedPlan {
-                pods: pods.iter().map(|(p, _, _)| p.clone()).collect(),
-                claims: claims.iter().map(|(c, _)| c.clone()).collect(),
+                pods: pods.iter().map(|p| p.pod.clone()).collect(),
+                claims: claims.iter().map(|c| c.claim.clone()).collect(),
                 ..AssumedPlan::default()
             },
         );
@@ -902,6 +915,23 @@ mod tests {
         assert!(!c.device_in_any_use(&id("g2")), "admin access holds nothing");
     }
 
+    /// Pod `pod` on node `n`.
+    fn assumed_pod(pod: &str, requests: &Resources) -> AssumedPod {
+        AssumedPod {
+            pod: pod.into(),
+            node: "n".into(),
+            requests: requests.clone(),
+        }
+    }
+
+    /// Claim `claim` holding device `device` exclusively.
+    fn assumed_claim(claim: &str, device: &str) -> AssumedClaim {
+        AssumedClaim {
+            claim: claim.into(),
+            devices: vec![result(device, None, &[])],
+        }
+    }
+
     /// A state with node `n` (8 CPUs, 10 pods) and a 2-CPU pod request.
     fn one_node_and_a_pod_request() -> (ClusterState, Node, Resources) {
         let mut c = ClusterState::new();
@@ -929,11 +959,7 @@ mod tests {
         c.upsert_pod("ns/p", "n", req.clone());
         c.upsert_pod("ns/p", "n", req.clone());
         assert_eq!(c.free_resources(&node).cpu_millis, 6000);
-        c.assume(
-            "plan",
-            &[("ns/q".into(), "n".into(), req.clone())],
-            &[("ns/claim".into(), vec![result("g0", None, &[])])],
-        );
+        c.assume("plan", &[assumed_pod("ns/q", &req)], &[assumed_claim("ns/claim", "g0")]);
         assert_eq!(c.free_resources(&node).cpu_millis, 4000);
         assert!(c.device_allocated(&id("g0")));
         // The watch reports the same pod: still counted once.
@@ -947,11 +973,7 @@ mod tests {
     #[test]
     fn a_stale_watch_event_does_not_erase_an_assumption() {
         let (mut c, node, req) = one_node_and_a_pod_request();
-        c.assume(
-            "plan",
-            &[("ns/q".into(), "n".into(), req)],
-            &[("ns/claim".into(), vec![result("g0", None, &[])])],
-        );
+        c.assume("plan", &[assumed_pod("ns/q", &req)], &[assumed_claim("ns/claim", "g0")]);
         // Events older than the plan's writes: the claim unallocated, the pod unbound.
         c.observe_claim_allocation("ns/claim", None);
         c.observe_pod_unbound("ns/q");
@@ -961,7 +983,7 @@ mod tests {
         c.observe_claim_allocation("ns/claim", Some(vec![result("g1", None, &[])]));
         assert!(c.device_allocated(&id("g1")) && !c.device_allocated(&id("g0")));
         // Forgetting restores what the watch reported meanwhile.
-        c.assume("other", &[], &[("ns/second".into(), vec![result("g2", None, &[])])]);
+        c.assume("other", &[], &[assumed_claim("ns/second", "g2")]);
         c.observe_claim_allocation("ns/second", Some(vec![result("g3", None, &[])]));
         c.forget("other");
         assert!(c.device_allocated(&id("g3")) && !c.device_allocated(&id("g2")));

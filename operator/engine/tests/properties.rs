@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use muster_engine::allocator::{self, ClaimRef, NoFit, WorkingSet};
+use muster_engine::allocator::{self, ClaimRef, NoFit, NodeFit, WorkingSet};
 use muster_engine::cel::{self, DeviceView};
 use muster_engine::claim::{
     Allocation, ClaimSpec, ConstraintKind, DeviceConstraint, DeviceId, DeviceRequest, DeviceRequestSpec, DeviceResult,
@@ -1660,7 +1660,7 @@ proptest! {
             let verdict = oracle_verdict(&cluster_spec, i, &gang_spec);
             let mut budget = PlanOptions::default().step_budget;
             match allocator::allocate(&cluster, &WorkingSet::default(), node, &refs, &mut budget) {
-                Ok(Ok(allocations)) => {
+                Ok(NodeFit::Placed(allocations)) => {
                     prop_assert!(verdict.devices_fit, "{}: allocated {allocations:?}, the search finds nothing", node.name);
                     prop_assert_eq!(allocations.len(), refs.len());
                     check_devices_unique(&world, refs.iter().map(|r| r.key).zip(&allocations)).map_err(fail)?;
@@ -1669,10 +1669,10 @@ proptest! {
                         check_constraints(&world, r.key, spec, allocation).map_err(fail)?;
                     }
                 }
-                Ok(Err(NoFit::NoSolution)) => {
+                Ok(NodeFit::NoFit(NoFit::NoSolution)) => {
                     prop_assert!(!verdict.devices_fit, "{}: no solution, the search finds one", node.name);
                 }
-                Ok(Err(NoFit::BudgetExhausted)) => prop_assert!(false, "{}: budget exhausted on a tiny input", node.name),
+                Ok(NodeFit::NoFit(NoFit::BudgetExhausted)) => prop_assert!(false, "{}: budget exhausted on a tiny input", node.name),
                 Err(e) => {
                     prop_assert!(verdict.cel_error && e.message.contains("CEL runtime error"), "{}: {e}", node.name);
                 }
@@ -1995,11 +1995,11 @@ proptest! {
         }
         // The same as a state that shows a's pods and claims for real.
         let mut shown = build_cluster(&cluster_spec, false);
-        for (pod, node, requests) in &pods {
-            shown.upsert_pod(pod, node, requests.clone());
+        for assumed in &pods {
+            shown.upsert_pod(&assumed.pod, &assumed.node, assumed.requests.clone());
         }
-        for (claim, devices) in &claims {
-            shown.set_claim_allocation(claim, Some(devices.clone()));
+        for assumed in &claims {
+            shown.set_claim_allocation(&assumed.claim, Some(assumed.devices.clone()));
         }
         prop_assert_eq!(&placement::plan(&shown, &b, &options), &b_outcome, "assumed vs shown");
 
