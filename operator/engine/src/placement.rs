@@ -377,8 +377,7 @@ impl<'a> Planner<'a> {
         }
         // Pods whose claims are all allocated already need no devices, only room on the
         // node their allocations pin them to.
-        let is_fixed =
-            |p: &&crate::request::PodInstance| !p.allocations.is_empty() && p.allocations.iter().all(Option::is_some);
+        let is_fixed = |p: &&crate::request::PodInstance| p.claims_all_allocated();
         let fixed = group
             .pods
             .iter()
@@ -423,15 +422,13 @@ impl<'a> Planner<'a> {
     /// Allocates the claims of the group's first pod that needs devices (with the gang's
     /// unallocated shared claims) on `node`: whether they fit, or the allocator's error.
     fn trial(&self, node: &Node, group: &crate::request::GroupRequest) -> Result<Trial, AllocationError> {
-        let needs_devices =
-            |p: &&crate::request::PodInstance| p.allocations.is_empty() || p.allocations.iter().any(Option::is_none);
-        let Some(pod) = group.pods.iter().find(needs_devices) else {
+        let Some(pod) = group.pods.iter().find(|p| !p.claims_all_allocated()) else {
             return Ok(Trial::Fits);
         };
         let mut refs: Vec<ClaimRef<'_>> = (0..group.shape.claims.len())
-            .filter(|c| pod.allocations.get(*c).is_none_or(Option::is_none))
+            .filter(|c| pod.claims.get(*c).is_none_or(|claim| claim.allocation.is_none()))
             .map(|c| ClaimRef {
-                key: &pod.claims[c],
+                key: &pod.claims[c].key,
                 spec: &group.shape.claims[c],
             })
             .collect();
@@ -472,9 +469,9 @@ impl<'a> Planner<'a> {
             .pods
             .iter()
             .map(|p| {
-                p.allocations
+                p.claims
                     .iter()
-                    .map(|a| a.as_ref().map(|a| &a.node_selector))
+                    .map(|c| c.allocation.as_ref().map(|a| &a.node_selector))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -782,12 +779,12 @@ impl<'a> Planner<'a> {
                         }
                         // This pod's claims that still need devices, then shared ones.
                         let own: Vec<usize> = (0..group.shape.claims.len())
-                            .filter(|c| pod.allocations[*c].is_none())
+                            .filter(|c| pod.claims[*c].allocation.is_none())
                             .collect();
                         let mut refs: Vec<ClaimRef<'_>> = own
                             .iter()
                             .map(|c| ClaimRef {
-                                key: &pod.claims[*c],
+                                key: &pod.claims[*c].key,
                                 spec: &group.shape.claims[*c],
                             })
                             .collect();
@@ -815,7 +812,7 @@ impl<'a> Planner<'a> {
                                 new_claims.push((
                                     1,
                                     ClaimAllocation {
-                                        claim: pod.claims[own[i]].clone(),
+                                        claim: pod.claims[own[i]].key.clone(),
                                         allocation,
                                     },
                                 ));
@@ -936,10 +933,9 @@ impl<'a> Planner<'a> {
 
 /// Pre-existing allocations of the pod's own claims pin it to their nodes.
 fn fixed_allocations_allow(pod: &crate::request::PodInstance, node: &Node) -> bool {
-    pod.allocations
+    pod.claims
         .iter()
-        .flatten()
-        .filter_map(|a| a.node_selector.as_ref())
+        .filter_map(|c| c.allocation.as_ref()?.node_selector.as_ref())
         .all(|s| s.matches(&node.name, &node.labels))
 }
 
@@ -1012,7 +1008,7 @@ fn open_claims(group: &crate::request::GroupRequest) -> Vec<usize> {
                 || group
                     .pods
                     .iter()
-                    .any(|p| p.allocations.get(*c).is_none_or(Option::is_none))
+                    .any(|p| p.claims.get(*c).is_none_or(|claim| claim.allocation.is_none()))
         })
         .collect()
 }
@@ -1102,7 +1098,7 @@ fn validate(cluster: &ClusterState, gang: &GangRequest) -> Result<(), Allocation
             g.shape
                 .claims
                 .iter()
-                .map(move |c| (g.pods.first().and_then(|p| p.claims.first()).cloned(), c))
+                .map(move |c| (g.pods.first().and_then(|p| p.claims.first()).map(|c| c.key.clone()), c))
         })
         .chain(gang.shared_claims.iter().map(|c| (Some(c.key.clone()), &c.spec)));
     for (key, claim) in specs {
