@@ -21,6 +21,7 @@ use crate::claim::{
 use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
 use crate::device::{AttributeValue, Capacity, lookup_attribute};
 use crate::fxhash::FxHashMap;
+use crate::ledger::DeviceLedger;
 use crate::pools::{self, Pool};
 use crate::quantity::Quantity;
 use crate::selector::{NodeSelector, Term};
@@ -52,73 +53,39 @@ pub enum NoFit {
 /// built), on top of [`ClusterState`].
 #[derive(Clone, Debug, Default)]
 pub struct WorkingSet {
-    dedicated: FxHashMap<DeviceId, u32>,
-    consumed: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
-    shared: FxHashMap<DeviceId, u32>,
+    held: DeviceLedger,
 }
 
 impl WorkingSet {
+    /// Takes the devices of an allocation.
     pub fn hold(&mut self, results: &[DeviceResult]) {
-        for device in results.iter().filter(|d| d.admin_access != Some(true)) {
-            let id = device.device_id();
-            if device.share_id.is_some() {
-                *self.shared.entry(id.clone()).or_default() += 1;
-                let consumed = self.consumed.entry(id).or_default();
-                for (name, value) in &device.consumed_capacity {
-                    let total = consumed.entry(name.clone()).or_insert(Quantity::ZERO);
-                    *total = total.checked_add(value).unwrap_or(*total);
-                }
-            } else {
-                *self.dedicated.entry(id).or_default() += 1;
-            }
+        for result in results {
+            self.held.hold(result);
         }
     }
 
+    /// Gives back the devices of an allocation taken with [`WorkingSet::hold`].
     pub fn release(&mut self, results: &[DeviceResult]) {
-        for device in results.iter().filter(|d| d.admin_access != Some(true)) {
-            let id = device.device_id();
-            if device.share_id.is_some() {
-                if let Some(n) = self.shared.get_mut(&id) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.shared.remove(&id);
-                        self.consumed.remove(&id);
-                    }
-                }
-                if let Some(consumed) = self.consumed.get_mut(&id) {
-                    for (name, value) in &device.consumed_capacity {
-                        if let Some(total) = consumed.get_mut(name) {
-                            *total = total.checked_sub(value).unwrap_or(*total);
-                        }
-                    }
-                }
-            } else if let Some(n) = self.dedicated.get_mut(&id) {
-                *n -= 1;
-                if *n == 0 {
-                    self.dedicated.remove(&id);
-                }
-            }
+        for result in results {
+            self.held.release(result);
         }
     }
 
     fn allocated(&self, cluster: &ClusterState, id: &DeviceId) -> bool {
-        self.dedicated.contains_key(id) || cluster.device_allocated(id)
+        self.held.held_exclusively(id) || cluster.device_allocated(id)
     }
 
     fn capacity_in_use(&self, cluster: &ClusterState, id: &DeviceId) -> bool {
-        self.shared.contains_key(id) || self.consumed.contains_key(id) || cluster.device_shared(id)
+        self.held.shared(id) || cluster.device_shared(id)
     }
 
     fn in_any_use(&self, cluster: &ClusterState, id: &DeviceId) -> bool {
-        self.dedicated.contains_key(id)
-            || self.shared.contains_key(id)
-            || self.consumed.contains_key(id)
-            || cluster.device_in_any_use(id)
+        self.held.in_any_use(id) || cluster.device_in_any_use(id)
     }
 
     fn consumed(&self, cluster: &ClusterState, id: &DeviceId) -> BTreeMap<String, Quantity> {
         let mut total = cluster.consumed_capacity(id).cloned().unwrap_or_default();
-        if let Some(extra) = self.consumed.get(id) {
+        if let Some(extra) = self.held.consumed_capacity(id) {
             for (name, value) in extra {
                 let t = total.entry(name.clone()).or_insert(Quantity::ZERO);
                 *t = t.checked_add(value).unwrap_or(*t);

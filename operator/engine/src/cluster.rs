@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
 use crate::device::{Attributes, Capacities};
 use crate::fxhash::FxHashMap;
+use crate::ledger::{DeviceLedger, holds_device};
 use crate::quantity::Quantity;
 use crate::resources::Resources;
 use crate::selector::{NodeSelector, Taint};
@@ -147,48 +148,6 @@ impl MatchCache {
     }
 }
 
-/// Counts per device, looked up by borrowed names (no allocation on the hot path).
-#[derive(Debug, Default, Clone)]
-struct DeviceCounts(FxHashMap<String, FxHashMap<String, FxHashMap<String, u32>>>);
-
-impl DeviceCounts {
-    fn get(&self, driver: &str, pool: &str, device: &str) -> u32 {
-        self.0
-            .get(driver)
-            .and_then(|p| p.get(pool))
-            .and_then(|d| d.get(device))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn increment(&mut self, id: &DeviceId) {
-        let devices = self
-            .0
-            .entry(id.driver.clone())
-            .or_default()
-            .entry(id.pool.clone())
-            .or_default();
-        *devices.entry(id.device.clone()).or_default() += 1;
-    }
-
-    fn decrement(&mut self, id: &DeviceId) {
-        let Some(pools) = self.0.get_mut(&id.driver) else {
-            return;
-        };
-        let Some(devices) = pools.get_mut(&id.pool) else { return };
-        if let Some(count) = devices.get_mut(&id.device) {
-            *count -= 1;
-            if *count == 0 {
-                devices.remove(&id.device);
-            }
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.0.values().flat_map(|p| p.values()).map(FxHashMap::len).sum()
-    }
-}
-
 /// What the planner learned about a node for one pod shape, valid while the node's
 /// version is unchanged.
 #[derive(Clone, Debug)]
@@ -230,12 +189,8 @@ pub struct ClusterState {
     /// DeviceTaintRules by name: taints on every device they select.
     taint_rules: BTreeMap<String, DeviceTaintRule>,
     claims: FxHashMap<String, HeldDevices>,
-    /// Claims holding each device exclusively (not admin access, not shared).
-    dedicated: DeviceCounts,
-    /// Capacity consumed by shared allocations of devices that allow several.
-    consumed: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
-    /// Shared allocations per device (with or without consumed capacity).
-    shared: FxHashMap<DeviceId, u32>,
+    /// The devices those claims hold.
+    devices: DeviceLedger,
     pub(crate) match_cache: Mutex<MatchCache>,
     /// Compiled CEL selectors by expression text.
     programs: Mutex<FxHashMap<String, Result<crate::cel::Program, String>>>,
@@ -330,9 +285,7 @@ impl Clone for ClusterState {
             classes: self.classes.clone(),
             taint_rules: self.taint_rules.clone(),
             claims: self.claims.clone(),
-            dedicated: self.dedicated.clone(),
-            consumed: self.consumed.clone(),
-            shared: self.shared.clone(),
+            devices: self.devices.clone(),
             match_cache: copy_of(&self.match_cache),
             programs: copy_of(&self.programs),
             assumed: self.assumed.clone(),
@@ -704,60 +657,28 @@ impl ClusterState {
     }
 
     fn hold(&mut self, device: &DeviceResult) {
-        if device.admin_access == Some(true) {
-            return;
+        if holds_device(device) {
+            self.bump_pool(&device.driver, &device.pool);
         }
-        self.bump_pool(&device.driver, &device.pool);
-        let id = device.device_id();
-        if device.share_id.is_some() {
-            *self.shared.entry(id.clone()).or_default() += 1;
-            let consumed = self.consumed.entry(id).or_default();
-            for (name, value) in &device.consumed_capacity {
-                let total = consumed.entry(name.clone()).or_insert(Quantity::ZERO);
-                *total = total.checked_add(value).unwrap_or(*total);
-            }
-        } else {
-            self.dedicated.increment(&id);
-        }
+        self.devices.hold(device);
     }
 
     fn release(&mut self, device: &DeviceResult) {
-        if device.admin_access == Some(true) {
-            return;
+        if holds_device(device) {
+            self.bump_pool(&device.driver, &device.pool);
         }
-        self.bump_pool(&device.driver, &device.pool);
-        let id = device.device_id();
-        if device.share_id.is_some() {
-            if let Some(count) = self.shared.get_mut(&id) {
-                *count -= 1;
-                if *count == 0 {
-                    self.shared.remove(&id);
-                }
-            }
-            if let Some(consumed) = self.consumed.get_mut(&id) {
-                for (name, value) in &device.consumed_capacity {
-                    if let Some(total) = consumed.get_mut(name) {
-                        *total = total.checked_sub(value).unwrap_or(*total);
-                    }
-                }
-                if !self.shared.contains_key(&id) {
-                    self.consumed.remove(&id);
-                }
-            }
-        } else {
-            self.dedicated.decrement(&id);
-        }
+        self.devices.release(device);
     }
 
     /// Held exclusively by some claim.
     pub fn device_allocated(&self, id: &DeviceId) -> bool {
-        self.dedicated.get(&id.driver, &id.pool, &id.device) > 0
+        self.devices.held_exclusively(id)
     }
 
     /// How many claims hold a device exclusively: more than one is a double
     /// allocation, which the API server does not prevent.
     pub fn exclusive_holders(&self, driver: &str, pool: &str, device: &str) -> u32 {
-        self.dedicated.get(driver, pool, device)
+        self.devices.exclusive_holders(driver, pool, device)
     }
 
     /// The claims holding a device exclusively, in name order. A scan of every claim:
@@ -779,28 +700,28 @@ impl ClusterState {
 
     /// [`ClusterState::device_allocated`] by names.
     pub fn device_allocated_by_name(&self, driver: &str, pool: &str, device: &str) -> bool {
-        self.dedicated.get(driver, pool, device) > 0
+        self.devices.exclusive_holders(driver, pool, device) > 0
     }
 
     /// Held in any way (exclusively, shared, or with consumed capacity): the test
     /// upstream uses for counter accounting.
     pub fn device_in_any_use(&self, id: &DeviceId) -> bool {
-        self.device_allocated(id) || self.shared.contains_key(id) || self.consumed.contains_key(id)
+        self.devices.in_any_use(id)
     }
 
     /// Capacity consumed by shared allocations of a device.
     pub fn consumed_capacity(&self, id: &DeviceId) -> Option<&BTreeMap<String, Quantity>> {
-        self.consumed.get(id)
+        self.devices.consumed_capacity(id)
     }
 
     /// Shared allocations of a device exist.
     pub fn device_shared(&self, id: &DeviceId) -> bool {
-        self.shared.contains_key(id) || self.consumed.contains_key(id)
+        self.devices.shared(id)
     }
 
     /// Number of devices held exclusively.
     pub fn allocated_device_count(&self) -> usize {
-        self.dedicated.len()
+        self.devices.exclusive_device_count()
     }
 
     // ---- assumed plans ----

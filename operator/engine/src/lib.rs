@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod device;
 pub mod fixtures;
 mod fxhash;
+mod ledger;
 pub mod placement;
 pub mod pools;
 pub mod request;
