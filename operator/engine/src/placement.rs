@@ -27,6 +27,14 @@ pub struct PlanOptions {
     pub step_budget: u64,
     /// Topology domains tried with exact placement before giving up.
     pub max_domains: usize,
+    /// Allocator search steps for the one-pod trial that tightens each candidate node's
+    /// room bound. Apart from [`PlanOptions::step_budget`], so that one hard node cannot
+    /// starve the others; when spent, the node keeps its cheap bound.
+    pub trial_step_budget: u64,
+    /// Values of the preferred topology label whose nodes could hold the gang alone,
+    /// tried one at a time (tightest first) in a required domain before the gang is
+    /// spread over several: each try is an exact placement attempt.
+    pub max_preferred_domains: usize,
     /// Nodes the plan must not use: held for a gang that has waited longest.
     pub excluded_nodes: std::sync::Arc<BTreeSet<String>>,
 }
@@ -36,6 +44,8 @@ impl Default for PlanOptions {
         PlanOptions {
             step_budget: 20_000_000,
             max_domains: 32,
+            trial_step_budget: 20_000,
+            max_preferred_domains: 4,
             excluded_nodes: Default::default(),
         }
     }
@@ -447,7 +457,7 @@ impl<'a> Planner<'a> {
         if refs.is_empty() {
             return Ok(Trial::Fits);
         }
-        let mut budget = 20_000;
+        let mut budget = self.options.trial_step_budget;
         Ok(
             match allocator::allocate(self.cluster, &WorkingSet::default(), node, &refs, &mut budget)? {
                 NodeFit::Placed(_) => Trial::Fits,
@@ -457,7 +467,8 @@ impl<'a> Planner<'a> {
         )
     }
 
-    /// Everything about a group that decides what a node offers it.
+    /// Everything about a group that decides what a node offers it (the trial's budget
+    /// included, as a cached room depends on it).
     fn signature(&self, group: &crate::request::GroupRequest) -> String {
         let shared: Vec<_> = group
             .shape
@@ -476,12 +487,13 @@ impl<'a> Planner<'a> {
             })
             .collect();
         format!(
-            "{:?}|{}|{:?}|{:?}|{:?}",
+            "{:?}|{}|{:?}|{:?}|{:?}|{}",
             group.shape,
             group.pods.len(),
             shared,
             open_claims(group),
-            fixed
+            fixed,
+            self.options.trial_step_budget
         )
     }
 
@@ -674,7 +686,7 @@ impl<'a> Planner<'a> {
             }
         }
         whole.sort();
-        for (_, value) in whole.iter().take(4) {
+        for (_, value) in whole.iter().take(self.options.max_preferred_domains) {
             if let placed @ Placement::Placed(_) = self.place_on(domain, &[by_value[value].clone()], budget)? {
                 return Ok(placed);
             }
