@@ -12,15 +12,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+// A fast hasher for the maps on the search's hot path, keyed by device ids and names.
+use rustc_hash::FxHashMap;
+
 use crate::cel::{self, DeviceView};
-// Maps on the search's hot path, keyed by device ids and names from the cluster.
 use crate::claim::{
     AllocatedConfig, Allocation, AllocationMode, ClaimSpec, ConfigSource, ConstraintKind, DeviceId, DeviceRequest,
     DeviceRequestSpec, DeviceResult, MAX_ALLOCATION_RESULTS, TaintEffect,
 };
 use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
 use crate::device::{AttributeValue, Capacity, lookup_attribute};
-use crate::fxhash::FxHashMap;
 use crate::ledger::DeviceLedger;
 use crate::pools::{self, Pool};
 use crate::quantity::Quantity;

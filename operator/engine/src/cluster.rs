@@ -9,9 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use rustc_hash::FxHashMap;
+
 use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
 use crate::device::{Attributes, Capacities};
-use crate::fxhash::FxHashMap;
 use crate::ledger::{DeviceLedger, holds_device};
 use crate::quantity::Quantity;
 use crate::resources::Resources;

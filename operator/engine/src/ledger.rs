@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use crate::claim::{DeviceId, DeviceResult};
-use crate::fxhash::FxHashMap;
 use crate::quantity::Quantity;
 
 /// Whether an allocation result holds its device: admin access only looks at it.

@@ -13,7 +13,6 @@ pub mod claim;
 pub mod cluster;
 pub mod device;
 pub mod fixtures;
-mod fxhash;
 mod ledger;
 pub mod placement;
 pub mod pools;
