@@ -12,6 +12,7 @@ pub mod allocator;
 pub mod claim;
 pub mod cluster;
 pub mod device;
+#[cfg(feature = "fixtures")]
 pub mod fixtures;
 mod ledger;
 pub mod placement;
