@@ -33,7 +33,7 @@ use muster::snapshot::Objects;
 use muster_e2e::rng::Rng;
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
 use muster_engine::placement::{self, Outcome, PlanOptions};
-use muster_engine::request::{GangRequest, GroupRequest, PodInstance, SharedClaim};
+use muster_engine::request::{GangRequest, GroupRequest, PodClaim, PodInstance, SharedClaim};
 use muster_engine::selector::NodeSelector;
 use muster_local_cluster::fleet::{FleetSpec, create_or_keep};
 use muster_local_cluster::wait;
@@ -758,7 +758,6 @@ fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[St
                         PodInstance {
                             name: pod_key.clone(),
                             claims: vec![],
-                            allocations: vec![],
                         },
                     )
                 }
@@ -768,8 +767,7 @@ fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[St
                         vec![],
                         PodInstance {
                             name: pod_key.clone(),
-                            claims: vec![claim_key.clone()],
-                            allocations: vec![None],
+                            claims: vec![PodClaim::unallocated(claim_key.clone())],
                         },
                     )
                 }

@@ -12,15 +12,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+// A fast hasher for the maps on the search's hot path, keyed by device ids and names.
+use rustc_hash::FxHashMap;
+
 use crate::cel::{self, DeviceView};
-// Maps on the search's hot path, keyed by device ids and names from the cluster.
 use crate::claim::{
     AllocatedConfig, Allocation, AllocationMode, ClaimSpec, ConfigSource, ConstraintKind, DeviceId, DeviceRequest,
     DeviceRequestSpec, DeviceResult, MAX_ALLOCATION_RESULTS, TaintEffect,
 };
 use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
 use crate::device::{AttributeValue, Capacity, lookup_attribute};
-use crate::fxhash::FxHashMap;
+use crate::ledger::DeviceLedger;
 use crate::pools::{self, Pool};
 use crate::quantity::Quantity;
 use crate::selector::{NodeSelector, Term};
@@ -52,73 +54,39 @@ pub enum NoFit {
 /// built), on top of [`ClusterState`].
 #[derive(Clone, Debug, Default)]
 pub struct WorkingSet {
-    dedicated: FxHashMap<DeviceId, u32>,
-    consumed: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
-    shared: FxHashMap<DeviceId, u32>,
+    held: DeviceLedger,
 }
 
 impl WorkingSet {
+    /// Takes the devices of an allocation.
     pub fn hold(&mut self, results: &[DeviceResult]) {
-        for device in results.iter().filter(|d| d.admin_access != Some(true)) {
-            let id = device.device_id();
-            if device.share_id.is_some() {
-                *self.shared.entry(id.clone()).or_default() += 1;
-                let consumed = self.consumed.entry(id).or_default();
-                for (name, value) in &device.consumed_capacity {
-                    let total = consumed.entry(name.clone()).or_insert(Quantity::ZERO);
-                    *total = total.checked_add(value).unwrap_or(*total);
-                }
-            } else {
-                *self.dedicated.entry(id).or_default() += 1;
-            }
+        for result in results {
+            self.held.hold(result);
         }
     }
 
+    /// Gives back the devices of an allocation taken with [`WorkingSet::hold`].
     pub fn release(&mut self, results: &[DeviceResult]) {
-        for device in results.iter().filter(|d| d.admin_access != Some(true)) {
-            let id = device.device_id();
-            if device.share_id.is_some() {
-                if let Some(n) = self.shared.get_mut(&id) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.shared.remove(&id);
-                        self.consumed.remove(&id);
-                    }
-                }
-                if let Some(consumed) = self.consumed.get_mut(&id) {
-                    for (name, value) in &device.consumed_capacity {
-                        if let Some(total) = consumed.get_mut(name) {
-                            *total = total.checked_sub(value).unwrap_or(*total);
-                        }
-                    }
-                }
-            } else if let Some(n) = self.dedicated.get_mut(&id) {
-                *n -= 1;
-                if *n == 0 {
-                    self.dedicated.remove(&id);
-                }
-            }
+        for result in results {
+            self.held.release(result);
         }
     }
 
     fn allocated(&self, cluster: &ClusterState, id: &DeviceId) -> bool {
-        self.dedicated.contains_key(id) || cluster.device_allocated(id)
+        self.held.held_exclusively(id) || cluster.device_allocated(id)
     }
 
     fn capacity_in_use(&self, cluster: &ClusterState, id: &DeviceId) -> bool {
-        self.shared.contains_key(id) || self.consumed.contains_key(id) || cluster.device_shared(id)
+        self.held.shared(id) || cluster.device_shared(id)
     }
 
     fn in_any_use(&self, cluster: &ClusterState, id: &DeviceId) -> bool {
-        self.dedicated.contains_key(id)
-            || self.shared.contains_key(id)
-            || self.consumed.contains_key(id)
-            || cluster.device_in_any_use(id)
+        self.held.in_any_use(id) || cluster.device_in_any_use(id)
     }
 
     fn consumed(&self, cluster: &ClusterState, id: &DeviceId) -> BTreeMap<String, Quantity> {
         let mut total = cluster.consumed_capacity(id).cloned().unwrap_or_default();
-        if let Some(extra) = self.consumed.get(id) {
+        if let Some(extra) = self.held.consumed_capacity(id) {
             for (name, value) in extra {
                 let t = total.entry(name.clone()).or_insert(Quantity::ZERO);
                 *t = t.checked_add(value).unwrap_or(*t);
@@ -135,25 +103,32 @@ pub struct ClaimRef<'a> {
     pub spec: &'a ClaimSpec,
 }
 
-/// Outcome of [`allocate`].
-pub type NodeResult = Result<Result<Vec<Allocation>, NoFit>, AllocationError>;
+/// What [`allocate`] found on one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeFit {
+    /// Devices for every claim: one allocation per claim, in the order given.
+    Placed(Vec<Allocation>),
+    /// No devices for these claims here.
+    NoFit(NoFit),
+}
 
 /// Allocates every claim of `claims` on `node`, all or nothing. `budget` counts search
-/// steps and is decremented by the steps used.
+/// steps and is decremented by the steps used. An error is a problem with the input,
+/// not with the node.
 pub fn allocate(
     cluster: &ClusterState,
     usage: &WorkingSet,
     node: &Node,
     claims: &[ClaimRef<'_>],
     budget: &mut u64,
-) -> NodeResult {
+) -> Result<NodeFit, AllocationError> {
     let pools = pools::gather(cluster, node);
     let mut search = Search::new(cluster, usage, node, claims, pools)?;
     search.steps_left = *budget;
     let found = search.allocate_one(Position::default(), false, Location::default());
     *budget = search.steps_left;
     match found {
-        Ok(true) => Ok(Ok(search.build_results())),
+        Ok(true) => Ok(NodeFit::Placed(search.build_results())),
         Ok(false) => {
             if let Some(pool) = search.pools.iter().find(|p| p.invalid.is_some()) {
                 return Err(error(format!(
@@ -163,10 +138,10 @@ pub fn allocate(
                     pool.invalid.as_deref().unwrap_or_default()
                 )));
             }
-            Ok(Err(NoFit::NoSolution))
+            Ok(NodeFit::NoFit(NoFit::NoSolution))
         }
-        Err(Stop::Budget) => Ok(Err(NoFit::BudgetExhausted)),
-        Err(Stop::MaxResults) => Ok(Err(NoFit::NoSolution)),
+        Err(Stop::Budget) => Ok(NodeFit::NoFit(NoFit::BudgetExhausted)),
+        Err(Stop::MaxResults) => Ok(NodeFit::NoFit(NoFit::NoSolution)),
         Err(Stop::Fatal(e)) => Err(e),
     }
 }

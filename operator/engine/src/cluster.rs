@@ -9,9 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use rustc_hash::FxHashMap;
+
 use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
 use crate::device::{Attributes, Capacities};
-use crate::fxhash::FxHashMap;
+use crate::ledger::{DeviceLedger, holds_device};
 use crate::quantity::Quantity;
 use crate::resources::Resources;
 use crate::selector::{NodeSelector, Taint};
@@ -147,48 +149,6 @@ impl MatchCache {
     }
 }
 
-/// Counts per device, looked up by borrowed names (no allocation on the hot path).
-#[derive(Debug, Default, Clone)]
-struct DeviceCounts(FxHashMap<String, FxHashMap<String, FxHashMap<String, u32>>>);
-
-impl DeviceCounts {
-    fn get(&self, driver: &str, pool: &str, device: &str) -> u32 {
-        self.0
-            .get(driver)
-            .and_then(|p| p.get(pool))
-            .and_then(|d| d.get(device))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn increment(&mut self, id: &DeviceId) {
-        let devices = self
-            .0
-            .entry(id.driver.clone())
-            .or_default()
-            .entry(id.pool.clone())
-            .or_default();
-        *devices.entry(id.device.clone()).or_default() += 1;
-    }
-
-    fn decrement(&mut self, id: &DeviceId) {
-        let Some(pools) = self.0.get_mut(&id.driver) else {
-            return;
-        };
-        let Some(devices) = pools.get_mut(&id.pool) else { return };
-        if let Some(count) = devices.get_mut(&id.device) {
-            *count -= 1;
-            if *count == 0 {
-                devices.remove(&id.device);
-            }
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.0.values().flat_map(|p| p.values()).map(FxHashMap::len).sum()
-    }
-}
-
 /// What the planner learned about a node for one pod shape, valid while the node's
 /// version is unchanged.
 #[derive(Clone, Debug)]
@@ -230,12 +190,8 @@ pub struct ClusterState {
     /// DeviceTaintRules by name: taints on every device they select.
     taint_rules: BTreeMap<String, DeviceTaintRule>,
     claims: FxHashMap<String, HeldDevices>,
-    /// Claims holding each device exclusively (not admin access, not shared).
-    dedicated: DeviceCounts,
-    /// Capacity consumed by shared allocations of devices that allow several.
-    consumed: FxHashMap<DeviceId, BTreeMap<String, Quantity>>,
-    /// Shared allocations per device (with or without consumed capacity).
-    shared: FxHashMap<DeviceId, u32>,
+    /// The devices those claims hold.
+    devices: DeviceLedger,
     pub(crate) match_cache: Mutex<MatchCache>,
     /// Compiled CEL selectors by expression text.
     programs: Mutex<FxHashMap<String, Result<crate::cel::Program, String>>>,
@@ -269,6 +225,24 @@ impl DeviceTaintRule {
             && self.pool.as_deref().is_none_or(|p| p == pool)
             && self.device.as_deref().is_none_or(|d| d == device)
     }
+}
+
+/// A planned pod as [`ClusterState::assume`] takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssumedPod {
+    /// `namespace/name`, the key the pod watch will report it under.
+    pub pod: String,
+    pub node: String,
+    /// What the pod takes from the node.
+    pub requests: Resources,
+}
+
+/// A planned claim allocation as [`ClusterState::assume`] takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssumedClaim {
+    /// `namespace/name`, the key the claim watch will report it under.
+    pub claim: String,
+    pub devices: Vec<DeviceResult>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -312,9 +286,7 @@ impl Clone for ClusterState {
             classes: self.classes.clone(),
             taint_rules: self.taint_rules.clone(),
             claims: self.claims.clone(),
-            dedicated: self.dedicated.clone(),
-            consumed: self.consumed.clone(),
-            shared: self.shared.clone(),
+            devices: self.devices.clone(),
             match_cache: copy_of(&self.match_cache),
             programs: copy_of(&self.programs),
             assumed: self.assumed.clone(),
@@ -686,60 +658,28 @@ impl ClusterState {
     }
 
     fn hold(&mut self, device: &DeviceResult) {
-        if device.admin_access == Some(true) {
-            return;
+        if holds_device(device) {
+            self.bump_pool(&device.driver, &device.pool);
         }
-        self.bump_pool(&device.driver, &device.pool);
-        let id = device.device_id();
-        if device.share_id.is_some() {
-            *self.shared.entry(id.clone()).or_default() += 1;
-            let consumed = self.consumed.entry(id).or_default();
-            for (name, value) in &device.consumed_capacity {
-                let total = consumed.entry(name.clone()).or_insert(Quantity::ZERO);
-                *total = total.checked_add(value).unwrap_or(*total);
-            }
-        } else {
-            self.dedicated.increment(&id);
-        }
+        self.devices.hold(device);
     }
 
     fn release(&mut self, device: &DeviceResult) {
-        if device.admin_access == Some(true) {
-            return;
+        if holds_device(device) {
+            self.bump_pool(&device.driver, &device.pool);
         }
-        self.bump_pool(&device.driver, &device.pool);
-        let id = device.device_id();
-        if device.share_id.is_some() {
-            if let Some(count) = self.shared.get_mut(&id) {
-                *count -= 1;
-                if *count == 0 {
-                    self.shared.remove(&id);
-                }
-            }
-            if let Some(consumed) = self.consumed.get_mut(&id) {
-                for (name, value) in &device.consumed_capacity {
-                    if let Some(total) = consumed.get_mut(name) {
-                        *total = total.checked_sub(value).unwrap_or(*total);
-                    }
-                }
-                if !self.shared.contains_key(&id) {
-                    self.consumed.remove(&id);
-                }
-            }
-        } else {
-            self.dedicated.decrement(&id);
-        }
+        self.devices.release(device);
     }
 
     /// Held exclusively by some claim.
     pub fn device_allocated(&self, id: &DeviceId) -> bool {
-        self.dedicated.get(&id.driver, &id.pool, &id.device) > 0
+        self.devices.held_exclusively(id)
     }
 
     /// How many claims hold a device exclusively: more than one is a double
     /// allocation, which the API server does not prevent.
     pub fn exclusive_holders(&self, driver: &str, pool: &str, device: &str) -> u32 {
-        self.dedicated.get(driver, pool, device)
+        self.devices.exclusive_holders(driver, pool, device)
     }
 
     /// The claims holding a device exclusively, in name order. A scan of every claim:
@@ -761,52 +701,47 @@ impl ClusterState {
 
     /// [`ClusterState::device_allocated`] by names.
     pub fn device_allocated_by_name(&self, driver: &str, pool: &str, device: &str) -> bool {
-        self.dedicated.get(driver, pool, device) > 0
+        self.devices.exclusive_holders(driver, pool, device) > 0
     }
 
     /// Held in any way (exclusively, shared, or with consumed capacity): the test
     /// upstream uses for counter accounting.
     pub fn device_in_any_use(&self, id: &DeviceId) -> bool {
-        self.device_allocated(id) || self.shared.contains_key(id) || self.consumed.contains_key(id)
+        self.devices.in_any_use(id)
     }
 
     /// Capacity consumed by shared allocations of a device.
     pub fn consumed_capacity(&self, id: &DeviceId) -> Option<&BTreeMap<String, Quantity>> {
-        self.consumed.get(id)
+        self.devices.consumed_capacity(id)
     }
 
     /// Shared allocations of a device exist.
     pub fn device_shared(&self, id: &DeviceId) -> bool {
-        self.shared.contains_key(id) || self.consumed.contains_key(id)
+        self.devices.shared(id)
     }
 
     /// Number of devices held exclusively.
     pub fn allocated_device_count(&self) -> usize {
-        self.dedicated.len()
+        self.devices.exclusive_device_count()
     }
 
     // ---- assumed plans ----
 
     /// Enters a plan's pods and allocations before the cluster shows them. `plan_key`
     /// names the plan for [`ClusterState::forget`].
-    pub fn assume(
-        &mut self,
-        plan_key: &str,
-        pods: &[(String, String, Resources)],
-        claims: &[(String, Vec<DeviceResult>)],
-    ) {
+    pub fn assume(&mut self, plan_key: &str, pods: &[AssumedPod], claims: &[AssumedClaim]) {
         self.forget(plan_key);
-        for (pod, node, requests) in pods {
+        for AssumedPod { pod, node, requests } in pods {
             self.upsert_pod(pod, node, requests.clone());
         }
-        for (claim, devices) in claims {
+        for AssumedClaim { claim, devices } in claims {
             self.set_claim_allocation(claim, Some(devices.clone()));
         }
         self.assumed.insert(
             plan_key.to_string(),
             AssumedPlan {
-                pods: pods.iter().map(|(p, _, _)| p.clone()).collect(),
-                claims: claims.iter().map(|(c, _)| c.clone()).collect(),
+                pods: pods.iter().map(|p| p.pod.clone()).collect(),
+                claims: claims.iter().map(|c| c.claim.clone()).collect(),
                 ..AssumedPlan::default()
             },
         );
@@ -902,6 +837,23 @@ mod tests {
         assert!(!c.device_in_any_use(&id("g2")), "admin access holds nothing");
     }
 
+    /// Pod `pod` on node `n`.
+    fn assumed_pod(pod: &str, requests: &Resources) -> AssumedPod {
+        AssumedPod {
+            pod: pod.into(),
+            node: "n".into(),
+            requests: requests.clone(),
+        }
+    }
+
+    /// Claim `claim` holding device `device` exclusively.
+    fn assumed_claim(claim: &str, device: &str) -> AssumedClaim {
+        AssumedClaim {
+            claim: claim.into(),
+            devices: vec![result(device, None, &[])],
+        }
+    }
+
     /// A state with node `n` (8 CPUs, 10 pods) and a 2-CPU pod request.
     fn one_node_and_a_pod_request() -> (ClusterState, Node, Resources) {
         let mut c = ClusterState::new();
@@ -929,11 +881,7 @@ mod tests {
         c.upsert_pod("ns/p", "n", req.clone());
         c.upsert_pod("ns/p", "n", req.clone());
         assert_eq!(c.free_resources(&node).cpu_millis, 6000);
-        c.assume(
-            "plan",
-            &[("ns/q".into(), "n".into(), req.clone())],
-            &[("ns/claim".into(), vec![result("g0", None, &[])])],
-        );
+        c.assume("plan", &[assumed_pod("ns/q", &req)], &[assumed_claim("ns/claim", "g0")]);
         assert_eq!(c.free_resources(&node).cpu_millis, 4000);
         assert!(c.device_allocated(&id("g0")));
         // The watch reports the same pod: still counted once.
@@ -947,11 +895,7 @@ mod tests {
     #[test]
     fn a_stale_watch_event_does_not_erase_an_assumption() {
         let (mut c, node, req) = one_node_and_a_pod_request();
-        c.assume(
-            "plan",
-            &[("ns/q".into(), "n".into(), req)],
-            &[("ns/claim".into(), vec![result("g0", None, &[])])],
-        );
+        c.assume("plan", &[assumed_pod("ns/q", &req)], &[assumed_claim("ns/claim", "g0")]);
         // Events older than the plan's writes: the claim unallocated, the pod unbound.
         c.observe_claim_allocation("ns/claim", None);
         c.observe_pod_unbound("ns/q");
@@ -961,7 +905,7 @@ mod tests {
         c.observe_claim_allocation("ns/claim", Some(vec![result("g1", None, &[])]));
         assert!(c.device_allocated(&id("g1")) && !c.device_allocated(&id("g0")));
         // Forgetting restores what the watch reported meanwhile.
-        c.assume("other", &[], &[("ns/second".into(), vec![result("g2", None, &[])])]);
+        c.assume("other", &[], &[assumed_claim("ns/second", "g2")]);
         c.observe_claim_allocation("ns/second", Some(vec![result("g3", None, &[])]));
         c.forget("other");
         assert!(c.device_allocated(&id("g3")) && !c.device_allocated(&id("g2")));

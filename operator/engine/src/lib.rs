@@ -12,9 +12,10 @@ pub mod allocator;
 pub mod claim;
 pub mod cluster;
 pub mod device;
+#[cfg(feature = "fixtures")]
 pub mod fixtures;
-mod fxhash;
 pub mod key;
+mod ledger;
 pub mod placement;
 pub mod pools;
 pub mod request;

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::allocator::{self, AllocationError, ClaimRef, Matcher, NoFit, WorkingSet};
+use crate::allocator::{self, AllocationError, ClaimRef, Matcher, NoFit, NodeFit, WorkingSet};
 use crate::claim::{Allocation, AllocationMode, ClaimSpec, DeviceRequest};
 use crate::cluster::{CachedRoom, ClusterState, Node};
 use crate::pools;
@@ -27,6 +27,14 @@ pub struct PlanOptions {
     pub step_budget: u64,
     /// Topology domains tried with exact placement before giving up.
     pub max_domains: usize,
+    /// Allocator search steps for the one-pod trial that tightens each candidate node's
+    /// room bound. Apart from [`PlanOptions::step_budget`], so that one hard node cannot
+    /// starve the others; when spent, the node keeps its cheap bound.
+    pub trial_step_budget: u64,
+    /// Values of the preferred topology label whose nodes could hold the gang alone,
+    /// tried one at a time (tightest first) in a required domain before the gang is
+    /// spread over several: each try is an exact placement attempt.
+    pub max_preferred_domains: usize,
     /// Nodes the plan must not use: held for a gang that has waited longest.
     pub excluded_nodes: std::sync::Arc<BTreeSet<String>>,
 }
@@ -36,6 +44,8 @@ impl Default for PlanOptions {
         PlanOptions {
             step_budget: 20_000_000,
             max_domains: 32,
+            trial_step_budget: 20_000,
+            max_preferred_domains: 4,
             excluded_nodes: Default::default(),
         }
     }
@@ -72,10 +82,7 @@ pub struct Plan {
     pub unplaced: Vec<String>,
 }
 
-/// A planned pod as [`ClusterState::assume`] takes it: pod, node, requests.
-pub type AssumedPod = (String, String, Resources);
-/// A planned claim as [`ClusterState::assume`] takes it: claim and its devices.
-pub type AssumedClaim = (String, Vec<crate::claim::DeviceResult>);
+pub use crate::cluster::{AssumedClaim, AssumedPod};
 
 impl Plan {
     /// The plan's pods and claims in the form [`ClusterState::assume`] takes, so the next
@@ -91,13 +98,20 @@ impl Plan {
                     .find(|g| g.name == p.group)
                     .map(|g| g.shape.requests.clone())
                     .unwrap_or_default();
-                (p.pod.clone(), p.node.clone(), requests)
+                AssumedPod {
+                    pod: p.pod.clone(),
+                    node: p.node.clone(),
+                    requests,
+                }
             })
             .collect();
         let claims = self
             .claims
             .iter()
-            .map(|c| (c.claim.clone(), c.allocation.devices.clone()))
+            .map(|c| AssumedClaim {
+                claim: c.claim.clone(),
+                devices: c.allocation.devices.clone(),
+            })
             .collect();
         (pods, claims)
     }
@@ -165,6 +179,31 @@ pub fn reachable_nodes(cluster: &ClusterState, gang: &GangRequest, options: &Pla
         Ok(planner) => planner.candidates.iter().map(|c| c.node.name.clone()).collect(),
         Err(_) => BTreeSet::new(),
     }
+}
+
+/// How exact placement of the gang on some nodes ended.
+enum Placement {
+    Placed(Plan),
+    /// A pod the gang needs fits on none of the nodes: why, in words.
+    NoFit(String),
+    /// The call's search budget ran out while placing this pod.
+    BudgetSpent {
+        pod: String,
+    },
+}
+
+fn budget_spent_on(pod: &str) -> String {
+    format!("search budget exhausted while placing pod {pod}")
+}
+
+/// What allocating one pod's claims on a node, for real, says about the node.
+enum Trial {
+    /// The pod's devices fit (or it needs none).
+    Fits,
+    /// They do not: only pods whose claims are allocated already can go there.
+    DoesNotFit,
+    /// The trial's search budget ran out: the cheap bound stands.
+    Inconclusive,
 }
 
 struct Candidate {
@@ -348,8 +387,7 @@ impl<'a> Planner<'a> {
         }
         // Pods whose claims are all allocated already need no devices, only room on the
         // node their allocations pin them to.
-        let is_fixed =
-            |p: &&crate::request::PodInstance| !p.allocations.is_empty() && p.allocations.iter().all(Option::is_some);
+        let is_fixed = |p: &&crate::request::PodInstance| p.claims_all_allocated();
         let fixed = group
             .pods
             .iter()
@@ -367,9 +405,9 @@ impl<'a> Planner<'a> {
         // would: a tighter bound, and the allocator errors upstream reports.
         if open > 0 {
             match self.trial(node, group) {
-                Ok(Some(true)) => room = room.max(1).min(by_resources),
-                Ok(Some(false)) => room = room.min(fixed),
-                Ok(None) => {}
+                Ok(Trial::Fits) => room = room.max(1).min(by_resources),
+                Ok(Trial::DoesNotFit) => room = room.min(fixed),
+                Ok(Trial::Inconclusive) => {}
                 Err(e) => {
                     return Ok(CachedRoom {
                         version,
@@ -392,18 +430,15 @@ impl<'a> Planner<'a> {
     }
 
     /// Allocates the claims of the group's first pod that needs devices (with the gang's
-    /// unallocated shared claims) on `node`: whether they fit (`None`: search budget
-    /// spent), or the allocator's error.
-    fn trial(&self, node: &Node, group: &crate::request::GroupRequest) -> Result<Option<bool>, AllocationError> {
-        let needs_devices =
-            |p: &&crate::request::PodInstance| p.allocations.is_empty() || p.allocations.iter().any(Option::is_none);
-        let Some(pod) = group.pods.iter().find(needs_devices) else {
-            return Ok(Some(true));
+    /// unallocated shared claims) on `node`: whether they fit, or the allocator's error.
+    fn trial(&self, node: &Node, group: &crate::request::GroupRequest) -> Result<Trial, AllocationError> {
+        let Some(pod) = group.pods.iter().find(|p| !p.claims_all_allocated()) else {
+            return Ok(Trial::Fits);
         };
         let mut refs: Vec<ClaimRef<'_>> = (0..group.shape.claims.len())
-            .filter(|c| pod.allocations.get(*c).is_none_or(Option::is_none))
+            .filter(|c| pod.claims.get(*c).is_none_or(|claim| claim.allocation.is_none()))
             .map(|c| ClaimRef {
-                key: &pod.claims[c],
+                key: &pod.claims[c].key,
                 spec: &group.shape.claims[c],
             })
             .collect();
@@ -420,19 +455,20 @@ impl<'a> Planner<'a> {
                 }),
         );
         if refs.is_empty() {
-            return Ok(Some(true));
+            return Ok(Trial::Fits);
         }
-        let mut budget = 20_000;
+        let mut budget = self.options.trial_step_budget;
         Ok(
             match allocator::allocate(self.cluster, &WorkingSet::default(), node, &refs, &mut budget)? {
-                Ok(_) => Some(true),
-                Err(NoFit::NoSolution) => Some(false),
-                Err(NoFit::BudgetExhausted) => None,
+                NodeFit::Placed(_) => Trial::Fits,
+                NodeFit::NoFit(NoFit::NoSolution) => Trial::DoesNotFit,
+                NodeFit::NoFit(NoFit::BudgetExhausted) => Trial::Inconclusive,
             },
         )
     }
 
-    /// Everything about a group that decides what a node offers it.
+    /// Everything about a group that decides what a node offers it (the trial's budget
+    /// included, as a cached room depends on it).
     fn signature(&self, group: &crate::request::GroupRequest) -> String {
         let shared: Vec<_> = group
             .shape
@@ -444,19 +480,20 @@ impl<'a> Planner<'a> {
             .pods
             .iter()
             .map(|p| {
-                p.allocations
+                p.claims
                     .iter()
-                    .map(|a| a.as_ref().map(|a| &a.node_selector))
+                    .map(|c| c.allocation.as_ref().map(|a| &a.node_selector))
                     .collect::<Vec<_>>()
             })
             .collect();
         format!(
-            "{:?}|{}|{:?}|{:?}|{:?}",
+            "{:?}|{}|{:?}|{:?}|{:?}|{}",
             group.shape,
             group.pods.len(),
             shared,
             open_claims(group),
-            fixed
+            fixed,
+            self.options.trial_step_budget
         )
     }
 
@@ -509,9 +546,11 @@ impl<'a> Planner<'a> {
                 _marker: Default::default(),
             };
             let mut budget = 0;
-            return Ok(self
-                .place_on(&empty, &[], &mut budget)?
-                .map_or_else(|e| unschedulable(vec![e]), Outcome::Placed));
+            return Ok(match self.place_on(&empty, &[], &mut budget)? {
+                Placement::Placed(plan) => Outcome::Placed(plan),
+                Placement::NoFit(reason) => unschedulable(vec![reason]),
+                Placement::BudgetSpent { pod } => unschedulable(vec![budget_spent_on(&pod)]),
+            });
         }
         let mut domains = self.domains();
         if domains.is_empty() {
@@ -547,18 +586,18 @@ impl<'a> Planner<'a> {
                     _marker: Default::default(),
                 },
             );
-            match self.place_in_domain(&domain, &mut budget)? {
-                Ok(plan) => return Ok(Outcome::Placed(plan)),
-                Err(failure) => {
-                    first_failure.get_or_insert(match &domain.value {
-                        Some(value) => format!(
-                            "{}={value}: {failure}",
-                            self.gang.topology.required.as_deref().unwrap_or_default()
-                        ),
-                        None => failure,
-                    });
-                }
-            }
+            let failure = match self.place_in_domain(&domain, &mut budget)? {
+                Placement::Placed(plan) => return Ok(Outcome::Placed(plan)),
+                Placement::NoFit(reason) => reason,
+                Placement::BudgetSpent { pod } => budget_spent_on(&pod),
+            };
+            first_failure.get_or_insert(match &domain.value {
+                Some(value) => format!(
+                    "{}={value}: {failure}",
+                    self.gang.topology.required.as_deref().unwrap_or_default()
+                ),
+                None => failure,
+            });
             if budget == 0 {
                 break;
             }
@@ -614,8 +653,8 @@ impl<'a> Planner<'a> {
             .collect()
     }
 
-    /// Exact placement within one domain; `Err(message)` when it does not fit there.
-    fn place_in_domain(&self, domain: &Domain<'a>, budget: &mut u64) -> Result<Result<Plan, String>, AllocationError> {
+    /// Exact placement within one domain.
+    fn place_in_domain(&self, domain: &Domain<'a>, budget: &mut u64) -> Result<Placement, AllocationError> {
         let Some(preferred) = &self.gang.topology.preferred else {
             return self.place_on(domain, std::slice::from_ref(&domain.nodes), budget);
         };
@@ -647,9 +686,9 @@ impl<'a> Planner<'a> {
             }
         }
         whole.sort();
-        for (_, value) in whole.iter().take(4) {
-            if let Ok(plan) = self.place_on(domain, &[by_value[value].clone()], budget)? {
-                return Ok(Ok(plan));
+        for (_, value) in whole.iter().take(self.options.max_preferred_domains) {
+            if let placed @ Placement::Placed(_) = self.place_on(domain, &[by_value[value].clone()], budget)? {
+                return Ok(placed);
             }
         }
         // Spread over as few sub-domains as possible: the roomiest first.
@@ -671,7 +710,7 @@ impl<'a> Planner<'a> {
         domain: &Domain<'a>,
         buckets: &[Vec<usize>],
         budget: &mut u64,
-    ) -> Result<Result<Plan, String>, AllocationError> {
+    ) -> Result<Placement, AllocationError> {
         let gang = self.gang;
         let mut usage = WorkingSet::default();
         let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
@@ -752,12 +791,12 @@ impl<'a> Planner<'a> {
                         }
                         // This pod's claims that still need devices, then shared ones.
                         let own: Vec<usize> = (0..group.shape.claims.len())
-                            .filter(|c| pod.allocations[*c].is_none())
+                            .filter(|c| pod.claims[*c].allocation.is_none())
                             .collect();
                         let mut refs: Vec<ClaimRef<'_>> = own
                             .iter()
                             .map(|c| ClaimRef {
-                                key: &pod.claims[*c],
+                                key: &pod.claims[*c].key,
                                 spec: &group.shape.claims[*c],
                             })
                             .collect();
@@ -765,59 +804,55 @@ impl<'a> Planner<'a> {
                             key: &gang.shared_claims[*s].key,
                             spec: &gang.shared_claims[*s].spec,
                         }));
-                        let result = if refs.is_empty() {
-                            Ok(Vec::new())
+                        let allocations = if refs.is_empty() {
+                            Vec::new()
                         } else {
                             match allocator::allocate(self.cluster, &usage, node, &refs, budget)? {
-                                Ok(allocations) => Ok(allocations),
-                                Err(NoFit::BudgetExhausted) => {
-                                    return Ok(Err(format!("search budget exhausted while placing pod {}", pod.name)));
+                                NodeFit::Placed(allocations) => allocations,
+                                NodeFit::NoFit(NoFit::BudgetExhausted) => {
+                                    return Ok(Placement::BudgetSpent { pod: pod.name.clone() });
                                 }
-                                Err(NoFit::NoSolution) => Err(()),
+                                NodeFit::NoFit(NoFit::NoSolution) => {
+                                    full[g].insert(n);
+                                    continue;
+                                }
                             }
                         };
-                        match result {
-                            Ok(allocations) => {
-                                for (i, allocation) in allocations.into_iter().enumerate() {
-                                    usage.hold(&allocation.devices);
-                                    if i < own.len() {
-                                        new_claims.push((
-                                            1,
-                                            ClaimAllocation {
-                                                claim: pod.claims[own[i]].clone(),
-                                                allocation,
-                                            },
-                                        ));
-                                    } else {
-                                        let s = shared_now[i - own.len()];
-                                        new_claims.push((
-                                            0,
-                                            ClaimAllocation {
-                                                claim: gang.shared_claims[s].key.clone(),
-                                                allocation: allocation.clone(),
-                                            },
-                                        ));
-                                        shared[s] = Some(allocation);
-                                    }
-                                }
-                                if !shared_now.is_empty() {
-                                    // Nodes that failed with the shared claims may fit without them.
-                                    full.iter_mut().for_each(BTreeSet::clear);
-                                }
-                                used.entry(node.name.as_str()).or_default().add(&group.shape.requests);
-                                outcome = Some(node.name.clone());
-                                break;
-                            }
-                            Err(()) => {
-                                full[g].insert(n);
+                        for (i, allocation) in allocations.into_iter().enumerate() {
+                            usage.hold(&allocation.devices);
+                            if i < own.len() {
+                                new_claims.push((
+                                    1,
+                                    ClaimAllocation {
+                                        claim: pod.claims[own[i]].key.clone(),
+                                        allocation,
+                                    },
+                                ));
+                            } else {
+                                let s = shared_now[i - own.len()];
+                                new_claims.push((
+                                    0,
+                                    ClaimAllocation {
+                                        claim: gang.shared_claims[s].key.clone(),
+                                        allocation: allocation.clone(),
+                                    },
+                                ));
+                                shared[s] = Some(allocation);
                             }
                         }
+                        if !shared_now.is_empty() {
+                            // Nodes that failed with the shared claims may fit without them.
+                            full.iter_mut().for_each(BTreeSet::clear);
+                        }
+                        used.entry(node.name.as_str()).or_default().add(&group.shape.requests);
+                        outcome = Some(node.name.clone());
+                        break;
                     }
                     match outcome {
                         Some(node) => placed[g][index] = Some(node),
                         None if phase == 0 => {
                             let done = placed[g].iter().filter(|p| p.is_some()).count();
-                            return Ok(Err(format!(
+                            return Ok(Placement::NoFit(format!(
                                 "placed {done} of {} pods of group {} ({}); pod {} fits on none of the {} candidate nodes",
                                 group.min_count,
                                 group.name,
@@ -856,7 +891,7 @@ impl<'a> Planner<'a> {
                 .collect(),
             None => vec![],
         };
-        Ok(Ok(Plan {
+        Ok(Placement::Placed(Plan {
             gang: gang.name.clone(),
             topology_value: domain.value.clone(),
             preferred_values,
@@ -910,10 +945,9 @@ impl<'a> Planner<'a> {
 
 /// Pre-existing allocations of the pod's own claims pin it to their nodes.
 fn fixed_allocations_allow(pod: &crate::request::PodInstance, node: &Node) -> bool {
-    pod.allocations
+    pod.claims
         .iter()
-        .flatten()
-        .filter_map(|a| a.node_selector.as_ref())
+        .filter_map(|c| c.allocation.as_ref()?.node_selector.as_ref())
         .all(|s| s.matches(&node.name, &node.labels))
 }
 
@@ -986,7 +1020,7 @@ fn open_claims(group: &crate::request::GroupRequest) -> Vec<usize> {
                 || group
                     .pods
                     .iter()
-                    .any(|p| p.allocations.get(*c).is_none_or(Option::is_none))
+                    .any(|p| p.claims.get(*c).is_none_or(|claim| claim.allocation.is_none()))
         })
         .collect()
 }
@@ -1076,7 +1110,7 @@ fn validate(cluster: &ClusterState, gang: &GangRequest) -> Result<(), Allocation
             g.shape
                 .claims
                 .iter()
-                .map(move |c| (g.pods.first().and_then(|p| p.claims.first()).cloned(), c))
+                .map(move |c| (g.pods.first().and_then(|p| p.claims.first()).map(|c| c.key.clone()), c))
         })
         .chain(gang.shared_claims.iter().map(|c| (Some(c.key.clone()), &c.spec)));
     for (key, claim) in specs {

@@ -69,7 +69,8 @@ pub struct PodShape {
     /// Required node affinity.
     pub affinity: Option<NodeSelector>,
     pub tolerations: Vec<Toleration>,
-    /// Claims each pod has for itself, in the pod's order.
+    /// Claims each pod has for itself, in the pod's order: one spec for the whole group,
+    /// each pod's own [`PodInstance::claims`] in the same order.
     pub claims: Vec<ClaimSpec>,
     /// Indices into [`GangRequest::shared_claims`] of the shared claims the pods use.
     pub shared: Vec<usize>,
@@ -80,10 +81,37 @@ pub struct PodShape {
 pub struct PodInstance {
     /// `namespace/name`.
     pub name: String,
-    /// Keys of the pod's own claims, aligned with [`PodShape::claims`].
-    pub claims: Vec<String>,
-    /// Allocations those claims already have (kept, and constraining the node).
-    pub allocations: Vec<Option<Allocation>>,
+    /// The pod's own claims, aligned by index with its group's [`PodShape::claims`]: the
+    /// shape holds what each claim asks for (the same for every pod of the group), this
+    /// holds which claim object it is for this pod.
+    pub claims: Vec<PodClaim>,
+}
+
+impl PodInstance {
+    /// Whether the pod has claims of its own and every one is allocated already: it needs
+    /// no devices, only room on the nodes those allocations allow.
+    pub fn claims_all_allocated(&self) -> bool {
+        !self.claims.is_empty() && self.claims.iter().all(|c| c.allocation.is_some())
+    }
+}
+
+/// One of a pod's own claims.
+#[derive(Clone, Debug, Default)]
+pub struct PodClaim {
+    /// `namespace/name` of the ResourceClaim.
+    pub key: String,
+    /// The allocation the claim already has: kept, and constraining the pod's node.
+    pub allocation: Option<Allocation>,
+}
+
+impl PodClaim {
+    /// A claim not allocated yet.
+    pub fn unallocated(key: impl Into<String>) -> Self {
+        PodClaim {
+            key: key.into(),
+            allocation: None,
+        }
+    }
 }
 
 impl GroupRequest {
@@ -94,8 +122,9 @@ impl GroupRequest {
             .map(|i| {
                 let pod = format!("{namespace}/{name}-{i}");
                 PodInstance {
-                    claims: (0..shape.claims.len()).map(|c| format!("{pod}-claim-{c}")).collect(),
-                    allocations: vec![None; shape.claims.len()],
+                    claims: (0..shape.claims.len())
+                        .map(|c| PodClaim::unallocated(format!("{pod}-claim-{c}")))
+                        .collect(),
                     name: pod,
                 }
             })

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use muster_engine::allocator::{self, ClaimRef, NoFit, WorkingSet};
+use muster_engine::allocator::{self, ClaimRef, NoFit, NodeFit, WorkingSet};
 use muster_engine::cel::{self, DeviceView};
 use muster_engine::claim::{
     Allocation, ClaimSpec, ConstraintKind, DeviceConstraint, DeviceId, DeviceRequest, DeviceRequestSpec, DeviceResult,
@@ -828,8 +828,8 @@ fn claim_owners(gang: &GangRequest) -> BTreeMap<&str, Owner> {
     let mut owners = BTreeMap::new();
     for (g, group) in gang.groups.iter().enumerate() {
         for (p, pod) in group.pods.iter().enumerate() {
-            for (c, key) in pod.claims.iter().enumerate() {
-                owners.insert(key.as_str(), Owner::Pod(g, p, c));
+            for (c, claim) in pod.claims.iter().enumerate() {
+                owners.insert(claim.key.as_str(), Owner::Pod(g, p, c));
             }
         }
     }
@@ -1087,7 +1087,7 @@ fn property_2_devices_satisfy(world: &World<'_>, gang: &GangRequest, plan: &Plan
     }
     for (key, &owner) in &owners {
         let preallocated = match owner {
-            Owner::Pod(g, p, c) => gang.groups[g].pods[p].allocations[c].is_some(),
+            Owner::Pod(g, p, c) => gang.groups[g].pods[p].claims[c].allocation.is_some(),
             Owner::Shared(s) => gang.shared_claims[s].allocation.is_some(),
         };
         if !preallocated && !users(gang, plan, owner).is_empty() && !allocated.contains(key) {
@@ -1653,14 +1653,14 @@ proptest! {
             .claims
             .iter()
             .zip(&shape.claims)
-            .map(|(key, spec)| ClaimRef { key, spec })
+            .map(|(claim, spec)| ClaimRef { key: &claim.key, spec })
             .collect();
         for i in 0..cluster_spec.nodes.len() {
             let node = cluster.node(&node_name(i)).expect("node");
             let verdict = oracle_verdict(&cluster_spec, i, &gang_spec);
             let mut budget = PlanOptions::default().step_budget;
             match allocator::allocate(&cluster, &WorkingSet::default(), node, &refs, &mut budget) {
-                Ok(Ok(allocations)) => {
+                Ok(NodeFit::Placed(allocations)) => {
                     prop_assert!(verdict.devices_fit, "{}: allocated {allocations:?}, the search finds nothing", node.name);
                     prop_assert_eq!(allocations.len(), refs.len());
                     check_devices_unique(&world, refs.iter().map(|r| r.key).zip(&allocations)).map_err(fail)?;
@@ -1669,10 +1669,10 @@ proptest! {
                         check_constraints(&world, r.key, spec, allocation).map_err(fail)?;
                     }
                 }
-                Ok(Err(NoFit::NoSolution)) => {
+                Ok(NodeFit::NoFit(NoFit::NoSolution)) => {
                     prop_assert!(!verdict.devices_fit, "{}: no solution, the search finds one", node.name);
                 }
-                Ok(Err(NoFit::BudgetExhausted)) => prop_assert!(false, "{}: budget exhausted on a tiny input", node.name),
+                Ok(NodeFit::NoFit(NoFit::BudgetExhausted)) => prop_assert!(false, "{}: budget exhausted on a tiny input", node.name),
                 Err(e) => {
                     prop_assert!(verdict.cel_error && e.message.contains("CEL runtime error"), "{}: {e}", node.name);
                 }
@@ -1722,8 +1722,8 @@ proptest! {
                 }
             }
             for pod in gang.groups.iter_mut().flat_map(|g| &mut g.pods) {
-                if let Some(c) = pod.claims.iter().position(|k| *k == claim.claim) {
-                    pod.allocations[c] = Some(claim.allocation.clone());
+                if let Some(own) = pod.claims.iter_mut().find(|own| own.key == claim.claim) {
+                    own.allocation = Some(claim.allocation.clone());
                 }
             }
         }
@@ -1745,7 +1745,7 @@ proptest! {
             for pod in &group.pods[..group.min_count] {
                 let node = placed.get(pod.name.as_str()).ok_or_else(|| fail(format!("core pod {} not placed", pod.name)))?;
                 let node = cluster.node(node).expect("placed on a known node");
-                for allocation in pod.allocations.iter().flatten() {
+                for allocation in pod.claims.iter().filter_map(|c| c.allocation.as_ref()) {
                     let admits = allocation.node_selector.as_ref().is_none_or(|s| s.matches(&node.name, &node.labels));
                     prop_assert!(admits, "pod {} placed on {}, its allocation says otherwise", pod.name, node.name);
                 }
@@ -1769,7 +1769,7 @@ fn a_pod_whose_claim_is_allocated_still_fits_on_its_node() {
     let first = placement::plan(&cluster, &gang, &PlanOptions::default());
     let claim = &first.plan().expect("fits on the empty cluster").claims[0];
     cluster.set_claim_allocation(&claim.claim, Some(claim.allocation.devices.clone()));
-    gang.groups[0].pods[0].allocations[0] = Some(claim.allocation.clone());
+    gang.groups[0].pods[0].claims[0].allocation = Some(claim.allocation.clone());
     let again = placement::plan(&cluster, &gang, &PlanOptions::default());
     let plan = again.plan().unwrap_or_else(|| panic!("{again:?}"));
     assert_eq!(plan.nodes(), ["node-00000"]);
@@ -1995,11 +1995,11 @@ proptest! {
         }
         // The same as a state that shows a's pods and claims for real.
         let mut shown = build_cluster(&cluster_spec, false);
-        for (pod, node, requests) in &pods {
-            shown.upsert_pod(pod, node, requests.clone());
+        for assumed in &pods {
+            shown.upsert_pod(&assumed.pod, &assumed.node, assumed.requests.clone());
         }
-        for (claim, devices) in &claims {
-            shown.set_claim_allocation(claim, Some(devices.clone()));
+        for assumed in &claims {
+            shown.set_claim_allocation(&assumed.claim, Some(assumed.devices.clone()));
         }
         prop_assert_eq!(&placement::plan(&shown, &b, &options), &b_outcome, "assumed vs shown");
 

@@ -7,6 +7,19 @@ use crate::selector::{Operator, Requirement};
 
 const BUDGET: u64 = 1_000_000;
 
+impl NodeFit {
+    fn expect_placed(self) -> Vec<Allocation> {
+        match self {
+            NodeFit::Placed(allocations) => allocations,
+            NodeFit::NoFit(why) => panic!("expected a fit, got {why:?}"),
+        }
+    }
+
+    fn is_placed(&self) -> bool {
+        matches!(self, NodeFit::Placed(_))
+    }
+}
+
 fn setup(devices: Vec<Device>) -> (ClusterState, Node) {
     let mut cluster = ClusterState::new();
     cluster.upsert_class(gpu_class());
@@ -16,11 +29,16 @@ fn setup(devices: Vec<Device>) -> (ClusterState, Node) {
     (cluster, n)
 }
 
-fn run(cluster: &ClusterState, node: &Node, claims: &[ClaimSpec]) -> NodeResult {
+fn run(cluster: &ClusterState, node: &Node, claims: &[ClaimSpec]) -> Result<NodeFit, AllocationError> {
     run_with(cluster, &WorkingSet::default(), node, claims)
 }
 
-fn run_with(cluster: &ClusterState, usage: &WorkingSet, node: &Node, claims: &[ClaimSpec]) -> NodeResult {
+fn run_with(
+    cluster: &ClusterState,
+    usage: &WorkingSet,
+    node: &Node,
+    claims: &[ClaimSpec],
+) -> Result<NodeFit, AllocationError> {
     let keys: Vec<String> = (0..claims.len()).map(|i| format!("ns/claim-{i}")).collect();
     let refs: Vec<ClaimRef<'_>> = claims
         .iter()
@@ -42,7 +60,7 @@ fn gpus(n: usize) -> Vec<Device> {
 #[test]
 fn allocates_devices_in_slice_order_with_node_selector() {
     let (cluster, n) = setup(gpus(4));
-    let result = run(&cluster, &n, &[gpu_claim(2)]).unwrap().unwrap();
+    let result = run(&cluster, &n, &[gpu_claim(2)]).unwrap().expect_placed();
     assert_eq!(devices_of(&result[0]), ["gpu-0", "gpu-1"]);
     let d = &result[0].devices[0];
     assert_eq!(
@@ -55,35 +73,40 @@ fn allocates_devices_in_slice_order_with_node_selector() {
 #[test]
 fn all_claims_of_a_pod_are_allocated_together_or_not_at_all() {
     let (cluster, n) = setup(gpus(4));
-    let ok = run(&cluster, &n, &[gpu_claim(2), gpu_claim(2)]).unwrap().unwrap();
+    let ok = run(&cluster, &n, &[gpu_claim(2), gpu_claim(2)])
+        .unwrap()
+        .expect_placed();
     assert_eq!(devices_of(&ok[1]), ["gpu-2", "gpu-3"]);
     assert_eq!(
         run(&cluster, &n, &[gpu_claim(2), gpu_claim(3)]).unwrap(),
-        Err(NoFit::NoSolution)
+        NodeFit::NoFit(NoFit::NoSolution)
     );
 }
 
 #[test]
 fn allocated_devices_are_excluded() {
     let (mut cluster, n) = setup(gpus(4));
-    let taken = run(&cluster, &n, &[gpu_claim(3)]).unwrap().unwrap();
+    let taken = run(&cluster, &n, &[gpu_claim(3)]).unwrap().expect_placed();
     cluster.set_claim_allocation("ns/other", Some(taken[0].devices.clone()));
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed()[0]),
         ["gpu-3"]
     );
-    assert_eq!(run(&cluster, &n, &[gpu_claim(2)]).unwrap(), Err(NoFit::NoSolution));
+    assert_eq!(
+        run(&cluster, &n, &[gpu_claim(2)]).unwrap(),
+        NodeFit::NoFit(NoFit::NoSolution)
+    );
 
     // The working set of a plan in progress counts too.
     let mut usage = WorkingSet::default();
-    let last = run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap();
+    let last = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
     usage.hold(&last[0].devices);
     assert_eq!(
         run_with(&cluster, &usage, &n, &[gpu_claim(1)]).unwrap(),
-        Err(NoFit::NoSolution)
+        NodeFit::NoFit(NoFit::NoSolution)
     );
     usage.release(&last[0].devices);
-    assert!(run_with(&cluster, &usage, &n, &[gpu_claim(1)]).unwrap().is_ok());
+    assert!(run_with(&cluster, &usage, &n, &[gpu_claim(1)]).unwrap().is_placed());
 }
 
 #[test]
@@ -97,13 +120,13 @@ fn selectors_from_class_and_request() {
             .push(format!("device.attributes['{GPU}'].model == 'A100'"));
     }
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[claim.clone()]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[claim.clone()]).unwrap().expect_placed()[0]),
         ["gpu-2"]
     );
     if let DeviceRequest::Exactly(spec) = &mut claim.requests[0] {
         spec.count = 2;
     }
-    assert_eq!(run(&cluster, &n, &[claim]).unwrap(), Err(NoFit::NoSolution));
+    assert_eq!(run(&cluster, &n, &[claim]).unwrap(), NodeFit::NoFit(NoFit::NoSolution));
 }
 
 #[test]
@@ -171,11 +194,11 @@ fn match_attribute_backtracks_to_a_consistent_set() {
     let mut claim = gpu_claim(2);
     claim.constraints.push(match_attribute(&format!("{GPU}/nvlinkDomain")));
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[claim.clone()]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[claim.clone()]).unwrap().expect_placed()[0]),
         ["gpu-4", "gpu-5"]
     );
     claim.requests[0] = DeviceRequest::Exactly(request("gpus", 5));
-    assert_eq!(run(&cluster, &n, &[claim]).unwrap(), Err(NoFit::NoSolution));
+    assert_eq!(run(&cluster, &n, &[claim]).unwrap(), NodeFit::NoFit(NoFit::NoSolution));
 }
 
 #[test]
@@ -187,17 +210,17 @@ fn distinct_attribute_and_missing_attributes() {
         kind: ConstraintKind::DistinctAttribute(format!("{GPU}/nvlinkDomain")),
     });
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[claim.clone()]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[claim.clone()]).unwrap().expect_placed()[0]),
         ["gpu-0", "gpu-4"]
     );
     claim.requests[0] = DeviceRequest::Exactly(request("gpus", 3));
-    assert_eq!(run(&cluster, &n, &[claim]).unwrap(), Err(NoFit::NoSolution));
+    assert_eq!(run(&cluster, &n, &[claim]).unwrap(), NodeFit::NoFit(NoFit::NoSolution));
 
     let mut claim = gpu_claim(1);
     claim.constraints.push(match_attribute("other.example.com/missing"));
     assert_eq!(
         run(&cluster, &n, &[claim]).unwrap(),
-        Err(NoFit::NoSolution),
+        NodeFit::NoFit(NoFit::NoSolution),
         "a device lacking the attribute is refused"
     );
 }
@@ -212,7 +235,7 @@ fn first_available_takes_the_first_subrequest_that_fits_and_names_it() {
         }],
         ..ClaimSpec::default()
     };
-    let result = run(&cluster, &n, &[claim]).unwrap().unwrap();
+    let result = run(&cluster, &n, &[claim]).unwrap().expect_placed();
     assert_eq!(result[0].devices.len(), 4);
     assert_eq!(result[0].devices[0].request, "gpus/four");
 }
@@ -227,16 +250,16 @@ fn all_mode_takes_every_matching_device_or_nothing() {
         ..ClaimSpec::default()
     };
     assert_eq!(
-        run(&cluster, &n, std::slice::from_ref(&claim)).unwrap().unwrap()[0]
+        run(&cluster, &n, std::slice::from_ref(&claim)).unwrap().expect_placed()[0]
             .devices
             .len(),
         3
     );
-    let one = run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap();
+    let one = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
     cluster.set_claim_allocation("ns/x", Some(one[0].devices.clone()));
     assert_eq!(
         run(&cluster, &n, std::slice::from_ref(&claim)).unwrap(),
-        Err(NoFit::NoSolution)
+        NodeFit::NoFit(NoFit::NoSolution)
     );
 
     // All on an incomplete pool is an error.
@@ -266,11 +289,14 @@ fn device_taint_rules_taint_the_devices_they_select() {
     cluster.upsert_taint_rule("gpu-0-broken", rule(Some("gpu-0"), None));
     cluster.upsert_taint_rule("other-pool", rule(None, Some("n2")));
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[gpu_claim(2)]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[gpu_claim(2)]).unwrap().expect_placed()[0]),
         ["gpu-1", "gpu-2"],
         "the rule's device is skipped; a rule for another pool changes nothing"
     );
-    assert_eq!(run(&cluster, &n, &[gpu_claim(3)]).unwrap(), Err(NoFit::NoSolution));
+    assert_eq!(
+        run(&cluster, &n, &[gpu_claim(3)]).unwrap(),
+        NodeFit::NoFit(NoFit::NoSolution)
+    );
 
     let mut tolerant = gpu_claim(3);
     if let DeviceRequest::Exactly(spec) = &mut tolerant.requests[0] {
@@ -283,16 +309,19 @@ fn device_taint_rules_taint_the_devices_they_select() {
         });
     }
     assert!(
-        run(&cluster, &n, &[tolerant]).unwrap().is_ok(),
+        run(&cluster, &n, &[tolerant]).unwrap().is_placed(),
         "a toleration lets it through"
     );
 
     cluster.upsert_taint_rule("whole-driver", rule(None, None));
-    assert_eq!(run(&cluster, &n, &[gpu_claim(1)]).unwrap(), Err(NoFit::NoSolution));
+    assert_eq!(
+        run(&cluster, &n, &[gpu_claim(1)]).unwrap(),
+        NodeFit::NoFit(NoFit::NoSolution)
+    );
     cluster.remove_taint_rule("whole-driver");
     cluster.remove_taint_rule("gpu-0-broken");
     assert!(
-        run(&cluster, &n, &[gpu_claim(3)]).unwrap().is_ok(),
+        run(&cluster, &n, &[gpu_claim(3)]).unwrap().is_placed(),
         "removed rules taint nothing"
     );
 }
@@ -312,10 +341,13 @@ fn taints_need_tolerations_and_admin_access_ignores_use() {
     });
     let (mut cluster, n) = setup(devices);
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed()[0]),
         ["gpu-1"]
     );
-    assert_eq!(run(&cluster, &n, &[gpu_claim(2)]).unwrap(), Err(NoFit::NoSolution));
+    assert_eq!(
+        run(&cluster, &n, &[gpu_claim(2)]).unwrap(),
+        NodeFit::NoFit(NoFit::NoSolution)
+    );
     let mut claim = gpu_claim(2);
     let toleration = DeviceToleration {
         key: Some("fenced".into()),
@@ -327,20 +359,20 @@ fn taints_need_tolerations_and_admin_access_ignores_use() {
     if let DeviceRequest::Exactly(spec) = &mut claim.requests[0] {
         spec.tolerations.push(toleration.clone());
     }
-    let result = run(&cluster, &n, &[claim]).unwrap().unwrap();
+    let result = run(&cluster, &n, &[claim]).unwrap().expect_placed();
     assert_eq!(
         result[0].devices[0].tolerations,
         vec![toleration],
         "tolerations are copied into results"
     );
 
-    let both = run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap();
+    let both = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
     cluster.set_claim_allocation("ns/x", Some(both[0].devices.clone()));
     let mut admin = gpu_claim(1);
     if let DeviceRequest::Exactly(spec) = &mut admin.requests[0] {
         spec.admin_access = true;
     }
-    let result = run(&cluster, &n, &[admin]).unwrap().unwrap();
+    let result = run(&cluster, &n, &[admin]).unwrap().expect_placed();
     assert_eq!(
         devices_of(&result[0]),
         ["gpu-1"],
@@ -394,18 +426,18 @@ fn shared_counters_limit_partitions() {
     cluster.upsert_slice(devices_slice);
     cluster.upsert_slice(counters);
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed()[0]),
         ["whole"]
     );
     assert_eq!(
-        devices_of(&run(&cluster, &n, &[gpu_claim(2)]).unwrap().unwrap()[0]),
+        devices_of(&run(&cluster, &n, &[gpu_claim(2)]).unwrap().expect_placed()[0]),
         ["half-a", "half-b"]
     );
-    let whole = run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap();
+    let whole = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
     cluster.set_claim_allocation("ns/x", Some(whole[0].devices.clone()));
     assert_eq!(
         run(&cluster, &n, &[gpu_claim(1)]).unwrap(),
-        Err(NoFit::NoSolution),
+        NodeFit::NoFit(NoFit::NoSolution),
         "the counters are used up"
     );
 }
@@ -438,9 +470,9 @@ fn consumable_capacity_shares_a_device() {
         spec.capacity
             .insert("bandwidth".into(), Quantity::parse("35G").unwrap());
     }
-    let first = run(&cluster, &n, &[claim.clone()]).unwrap().unwrap();
+    let first = run(&cluster, &n, &[claim.clone()]).unwrap().expect_placed();
     assert_eq!(
-        run(&cluster, &n, &[claim.clone()]).unwrap().unwrap(),
+        run(&cluster, &n, &[claim.clone()]).unwrap().expect_placed(),
         first,
         "deterministic, share ID included"
     );
@@ -452,15 +484,15 @@ fn consumable_capacity_shares_a_device() {
     );
     assert!(result.share_id.is_some());
     cluster.set_claim_allocation("ns/a", Some(first[0].devices.clone()));
-    let second = run(&cluster, &n, &[claim.clone()]).unwrap().unwrap();
+    let second = run(&cluster, &n, &[claim.clone()]).unwrap().expect_placed();
     cluster.set_claim_allocation("ns/b", Some(second[0].devices.clone()));
     assert_eq!(
         run(&cluster, &n, &[claim.clone()]).unwrap(),
-        Err(NoFit::NoSolution),
+        NodeFit::NoFit(NoFit::NoSolution),
         "80G used, 40G more does not fit"
     );
     let small = gpu_claim(1);
-    let third = run(&cluster, &n, &[small]).unwrap().unwrap();
+    let third = run(&cluster, &n, &[small]).unwrap().expect_placed();
     assert_eq!(
         third[0].devices[0].consumed_capacity["bandwidth"],
         Quantity::parse("10G").unwrap(),
@@ -494,7 +526,7 @@ fn config_from_class_then_claim() {
         requests: vec![],
         opaque: opaque("{\"all\":1}"),
     });
-    let result = run(&cluster, &n, &[claim]).unwrap().unwrap();
+    let result = run(&cluster, &n, &[claim]).unwrap().expect_placed();
     let config: Vec<(ConfigSource, Vec<String>, String)> = result[0]
         .config
         .iter()
@@ -523,7 +555,7 @@ fn shared_slices_give_selector_or_no_node_selector() {
         }],
     });
     cluster.upsert_slice(network);
-    let result = run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap();
+    let result = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
     let selector = result[0].node_selector.clone().unwrap();
     assert_eq!(
         selector.terms[0].match_expressions,
@@ -536,7 +568,7 @@ fn shared_slices_give_selector_or_no_node_selector() {
     cluster.upsert_class(gpu_class());
     cluster.upsert_slice(everywhere);
     assert_eq!(
-        run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap()[0].node_selector,
+        run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed()[0].node_selector,
         None
     );
 
@@ -547,7 +579,7 @@ fn shared_slices_give_selector_or_no_node_selector() {
     let mut cluster = ClusterState::new();
     cluster.upsert_class(gpu_class());
     cluster.upsert_slice(per_device);
-    let result = run(&cluster, &n, &[gpu_claim(1)]).unwrap().unwrap();
+    let result = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
     assert_eq!(devices_of(&result[0]), ["gpu-1"]);
 }
 
@@ -571,13 +603,13 @@ fn a_hopeless_search_stops_at_its_budget() {
     let mut budget = 1_000;
     assert_eq!(
         allocate(&cluster, &WorkingSet::default(), &n, &refs, &mut budget).unwrap(),
-        Err(NoFit::BudgetExhausted)
+        NodeFit::NoFit(NoFit::BudgetExhausted)
     );
     assert_eq!(budget, 0);
     let mut budget = BUDGET;
     assert_eq!(
         allocate(&cluster, &WorkingSet::default(), &n, &refs, &mut budget).unwrap(),
-        Err(NoFit::NoSolution)
+        NodeFit::NoFit(NoFit::NoSolution)
     );
     assert!(
         BUDGET - budget > 42_504,

@@ -43,7 +43,7 @@ use muster_admission::{
 use muster_api::v1alpha1::{AdmissionState, PlacementStatus, Workload, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
-use muster_engine::request::GangRequest;
+use muster_engine::request::{GangRequest, PodClaim};
 use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span, warn};
@@ -1902,7 +1902,11 @@ fn shape_signature(request: &GangRequest) -> String {
         .groups
         .iter()
         .map(|g| {
-            let allocations: Vec<_> = g.pods.iter().map(|p| &p.allocations).collect();
+            let allocations: Vec<Vec<_>> = g
+                .pods
+                .iter()
+                .map(|p| p.claims.iter().map(|c| &c.allocation).collect())
+                .collect();
             format!("{}/{}/{:?}/{allocations:?}", g.min_count, g.pods.len(), g.shape)
         })
         .collect();
@@ -1934,9 +1938,8 @@ fn uses_a_claim_allocated_meanwhile(request: &GangRequest, cluster: &muster_engi
     let own = request.groups.iter().flat_map(|g| &g.pods).flat_map(|p| {
         p.claims
             .iter()
-            .zip(&p.allocations)
-            .filter(|(_, allocation)| allocation.is_none())
-            .map(|(key, _)| key.as_str())
+            .filter(|c| c.allocation.is_none())
+            .map(|c| c.key.as_str())
     });
     shared.chain(own).any(|key| cluster.claim_allocated(key))
 }
@@ -1965,7 +1968,7 @@ enum Admit {
 
 /// The engine's plan in the state machine's terms: an extra's own claims go with it.
 pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Placement {
-    let own_claims: BTreeMap<&str, &Vec<String>> = request
+    let own_claims: BTreeMap<&str, &Vec<PodClaim>> = request
         .groups
         .iter()
         .flat_map(|g| &g.pods)
@@ -1988,8 +1991,8 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
                             .get(p.pod.as_str())
                             .into_iter()
                             .flat_map(|c| c.iter())
-                            .filter(|c| !shared.contains(c.as_str()))
-                            .map(|c| convert::name_of(c))
+                            .filter(|c| !shared.contains(c.key.as_str()))
+                            .map(|c| convert::name_of(&c.key))
                             .collect()
                     } else {
                         Vec::new()

@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use muster_api::Workload;
 use muster_api::labels;
 use muster_engine::claim::{Allocation, ClaimSpec};
-use muster_engine::request::{GangRequest, GroupRequest, PodInstance, SharedClaim, TopologyRequest};
+use muster_engine::request::{GangRequest, GroupRequest, PodClaim, PodInstance, SharedClaim, TopologyRequest};
 
 use crate::convert::{self, ConvertError};
 use crate::workload::gang::{self, ClaimSource};
@@ -231,7 +231,6 @@ pub fn gang_request(
             .map(|pod| {
                 let pod_name = pod.metadata.name.clone().unwrap_or_default();
                 let mut claims = Vec::new();
-                let mut allocations = Vec::new();
                 for own in &own_names {
                     let object_name = if made_elsewhere {
                         generated(pod, own)?.to_string()
@@ -246,13 +245,14 @@ pub fn gang_request(
                         .and_then(|c| c.status.as_ref()?.allocation.as_ref())
                         .map(|a| convert::allocation(&format!("ResourceClaim {namespace}/{object_name}"), a))
                         .transpose()?;
-                    claims.push(format!("{namespace}/{object_name}"));
-                    allocations.push(allocation);
+                    claims.push(PodClaim {
+                        key: format!("{namespace}/{object_name}"),
+                        allocation,
+                    });
                 }
                 Ok(PodInstance {
                     name: format!("{namespace}/{pod_name}"),
                     claims,
-                    allocations,
                 })
             })
             .collect::<Result<Vec<_>, RequestError>>()?;
@@ -383,7 +383,8 @@ spec:
         assert_eq!(workers.shape.requests.cpu_millis, 16_000);
         assert_eq!(workers.shape.tolerations.len(), 1);
         assert_eq!(workers.shape.claims.len(), 1, "one claim per pod");
-        assert_eq!(workers.pods[2].claims, ["team/llama-workers-2-gpus"]);
+        let keys: Vec<_> = workers.pods[2].claims.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(keys, ["team/llama-workers-2-gpus"]);
         let shared: Vec<_> = request.shared_claims.iter().map(|c| c.key.as_str()).collect();
         assert_eq!(shared, ["team/scratch", "team/llama-fabric"]);
         assert_eq!(workers.shape.shared, [0, 1]);

@@ -132,7 +132,7 @@ pub fn plan(
                     let group = request.groups.iter().find(|g| g.name == placed.group);
                     let instance = group.and_then(|g| g.pods.iter().find(|p| p.name == placed.pod));
                     let mut claim_keys: Vec<&str> = instance
-                        .map(|p| p.claims.iter().map(String::as_str).collect())
+                        .map(|p| p.claims.iter().map(|c| c.key.as_str()).collect())
                         .unwrap_or_default();
                     if let Some(group) = group {
                         claim_keys.extend(

@@ -303,27 +303,6 @@ fn attribute(value: &resource::DeviceAttribute) -> Option<AttributeValue> {
     }
 }
 
-fn attribute_to_kube(value: &AttributeValue) -> resource::DeviceAttribute {
-    let mut a = resource::DeviceAttribute::default();
-    match value {
-        AttributeValue::Int(v) => a.int = Some(*v),
-        AttributeValue::Bool(v) => a.bool = Some(*v),
-        AttributeValue::String(v) => a.string = Some(v.clone()),
-        AttributeValue::Version(v) => a.version = Some(v.clone()),
-    }
-    a
-}
-
-/// Converts back, for tests and tools that build slices from the model.
-pub fn attributes_to_kube(
-    attributes: &BTreeMap<String, AttributeValue>,
-) -> BTreeMap<String, resource::DeviceAttribute> {
-    attributes
-        .iter()
-        .map(|(k, v)| (k.clone(), attribute_to_kube(v)))
-        .collect()
-}
-
 fn device_taint(t: &resource::DeviceTaint) -> DeviceTaint {
     DeviceTaint {
         key: t.key.clone(),
