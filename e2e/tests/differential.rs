@@ -32,6 +32,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster::snapshot::Objects;
 use muster_e2e::rng::Rng;
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
+use muster_engine::key::{ClaimKey, PodKey};
 use muster_engine::placement::{self, Outcome, PlanOptions};
 use muster_engine::request::{GangRequest, GroupRequest, PodClaim, PodInstance, SharedClaim};
 use muster_engine::selector::NodeSelector;
@@ -733,8 +734,8 @@ impl EngineView {
 fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[String]) -> Result<Vec<EngineView>> {
     let cluster = objects.clone().take_cluster_state()?;
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-    let claim_key = format!("{namespace}/{}", claim.metadata.name.clone().unwrap_or_default());
-    let pod_key = format!("{namespace}/{}", pod.metadata.name.clone().unwrap_or_default());
+    let claim_key = ClaimKey::new(&namespace, claim.metadata.name.as_deref().unwrap_or_default());
+    let pod_key = PodKey::new(&namespace, pod.metadata.name.as_deref().unwrap_or_default());
     let spec = muster::convert::claim_spec(
         &format!("ResourceClaim {claim_key}"),
         &claim.spec.clone().unwrap_or_default(),
@@ -756,7 +757,7 @@ fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[St
                             allocation: None,
                         }],
                         PodInstance {
-                            name: pod_key.clone(),
+                            key: pod_key.clone(),
                             claims: vec![],
                         },
                     )
@@ -766,14 +767,14 @@ fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[St
                     (
                         vec![],
                         PodInstance {
-                            name: pod_key.clone(),
+                            key: pod_key.clone(),
                             claims: vec![PodClaim::unallocated(claim_key.clone())],
                         },
                     )
                 }
             };
             GangRequest {
-                name: pod_key.clone(),
+                name: pod_key.to_string(),
                 groups: vec![GroupRequest {
                     name: "pod".into(),
                     min_count: 1,

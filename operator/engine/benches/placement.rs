@@ -36,7 +36,7 @@ fn loaded_cluster() -> ClusterState {
                 consumed_capacity: Default::default(),
             })
             .collect();
-        cluster.set_claim_allocation(&format!("load/{node}"), Some(devices));
+        cluster.set_claim_allocation(&format!("load/{node}").into(), Some(devices));
     }
     cluster
 }

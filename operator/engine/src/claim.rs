@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::key::ClaimKey;
 use crate::quantity::Quantity;
 use crate::selector::NodeSelector;
 
@@ -144,10 +145,10 @@ pub struct ClaimSpec {
     pub config: Vec<ClaimConfig>,
 }
 
-/// A claim to allocate, identified by `namespace/name`.
+/// A claim to allocate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Claim {
-    pub key: String,
+    pub key: ClaimKey,
     pub spec: ClaimSpec,
 }
 

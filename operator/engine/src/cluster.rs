@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 
 use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
 use crate::device::{Attributes, Capacities};
+use crate::key::{ClaimKey, ObjectKey, PodKey};
 use crate::ledger::{DeviceLedger, holds_device};
 use crate::quantity::Quantity;
 use crate::resources::Resources;
@@ -181,7 +182,7 @@ pub struct ClusterState {
     nodes: BTreeMap<String, Arc<Node>>,
     /// Requests of pods bound or nominated to each node.
     node_usage: FxHashMap<String, Resources>,
-    pods: FxHashMap<String, (String, Resources)>,
+    pods: FxHashMap<PodKey, (String, Resources)>,
     slices: BTreeMap<String, Arc<Slice>>,
     slices_by_node: FxHashMap<String, BTreeSet<String>>,
     shared_slices: BTreeSet<String>,
@@ -189,14 +190,14 @@ pub struct ClusterState {
     classes: BTreeMap<String, DeviceClass>,
     /// DeviceTaintRules by name: taints on every device they select.
     taint_rules: BTreeMap<String, DeviceTaintRule>,
-    claims: FxHashMap<String, HeldDevices>,
+    claims: FxHashMap<ClaimKey, HeldDevices>,
     /// The devices those claims hold.
     devices: DeviceLedger,
     pub(crate) match_cache: Mutex<MatchCache>,
     /// Compiled CEL selectors by expression text.
     programs: Mutex<FxHashMap<String, Result<crate::cel::Program, String>>>,
     /// Claims assumed by plans, and the pods they placed.
-    assumed: FxHashMap<String, AssumedPlan>,
+    assumed: FxHashMap<PlanId, AssumedPlan>,
     versions: Versions,
     /// Dense ids for node names, so hot per-node state lives in vectors.
     node_ids: FxHashMap<String, usize>,
@@ -230,30 +231,36 @@ impl DeviceTaintRule {
 /// A planned pod as [`ClusterState::assume`] takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AssumedPod {
-    /// `namespace/name`, the key the pod watch will report it under.
-    pub pod: String,
+    pub pod: PodKey,
     pub node: String,
     /// What the pod takes from the node.
     pub requests: Resources,
 }
 
+/// Names a plan [`ClusterState::assume`] entered: a gang's, or the one for the pods
+/// beyond its minimum that it commits later, while its first plan stands.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PlanId {
+    Gang(ObjectKey),
+    Extras(ObjectKey),
+}
+
 /// A planned claim allocation as [`ClusterState::assume`] takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AssumedClaim {
-    /// `namespace/name`, the key the claim watch will report it under.
-    pub claim: String,
+    pub claim: ClaimKey,
     pub devices: Vec<DeviceResult>,
 }
 
 #[derive(Debug, Default, Clone)]
 struct AssumedPlan {
-    pods: Vec<String>,
-    claims: Vec<String>,
+    pods: Vec<PodKey>,
+    claims: Vec<ClaimKey>,
     /// What the watch last reported about the assumed claims meanwhile (absent: no
     /// report), restored by [`ClusterState::forget`].
-    observed_claims: FxHashMap<String, Option<Vec<DeviceResult>>>,
+    observed_claims: FxHashMap<ClaimKey, Option<Vec<DeviceResult>>>,
     /// Likewise for the assumed pods: `Some((node, requests))` bound, `None` not.
-    observed_pods: FxHashMap<String, Option<(String, Resources)>>,
+    observed_pods: FxHashMap<PodKey, Option<(String, Resources)>>,
 }
 
 /// A cache behind a lock: a poisoned lock only means a planner panicked mid-update,
@@ -444,16 +451,15 @@ impl ClusterState {
 
     // ---- pods ----
 
-    /// A pod bound or nominated to `node` uses `requests` there. `key` identifies the
-    /// pod (for example `namespace/name`).
-    pub fn upsert_pod(&mut self, key: &str, node: &str, requests: Resources) {
+    /// A pod bound or nominated to `node` uses `requests` there.
+    pub fn upsert_pod(&mut self, key: &PodKey, node: &str, requests: Resources) {
         self.remove_pod(key);
         self.bump_node(node);
         self.node_usage.entry(node.to_string()).or_default().add(&requests);
-        self.pods.insert(key.to_string(), (node.to_string(), requests));
+        self.pods.insert(key.clone(), (node.to_string(), requests));
     }
 
-    pub fn remove_pod(&mut self, key: &str) {
+    pub fn remove_pod(&mut self, key: &PodKey) {
         if let Some((node, requests)) = self.pods.remove(key) {
             if let Some(usage) = self.node_usage.get_mut(&node) {
                 usage.sub(&requests);
@@ -463,7 +469,7 @@ impl ClusterState {
     }
 
     /// The node a pod uses resources on.
-    pub fn pod_node(&self, key: &str) -> Option<&str> {
+    pub fn pod_node(&self, key: &PodKey) -> Option<&str> {
         self.pods.get(key).map(|(node, _)| node.as_str())
     }
 
@@ -606,7 +612,7 @@ impl ClusterState {
     // ---- claims ----
 
     /// Records the devices an allocated claim holds (`None`: not allocated, or gone).
-    pub fn set_claim_allocation(&mut self, key: &str, devices: Option<Vec<DeviceResult>>) {
+    pub fn set_claim_allocation(&mut self, key: &ClaimKey, devices: Option<Vec<DeviceResult>>) {
         if let Some(old) = self.claims.remove(key) {
             for device in &old.devices {
                 self.release(device);
@@ -616,16 +622,16 @@ impl ClusterState {
             for device in &devices {
                 self.hold(device);
             }
-            self.claims.insert(key.to_string(), HeldDevices { devices });
+            self.claims.insert(key.clone(), HeldDevices { devices });
         }
     }
 
     /// What a watch reports about a claim. While a plan assumes the claim, a report of
     /// no allocation is older than the plan's own write and is ignored: only an
     /// allocation the cluster shows, or [`ClusterState::forget`], replaces the assumed one.
-    pub fn observe_claim_allocation(&mut self, key: &str, devices: Option<Vec<DeviceResult>>) {
+    pub fn observe_claim_allocation(&mut self, key: &ClaimKey, devices: Option<Vec<DeviceResult>>) {
         if let Some(plan) = self.assumed.values_mut().find(|p| p.claims.iter().any(|c| c == key)) {
-            plan.observed_claims.insert(key.to_string(), devices.clone());
+            plan.observed_claims.insert(key.clone(), devices.clone());
             if devices.is_none() {
                 return;
             }
@@ -634,26 +640,26 @@ impl ClusterState {
     }
 
     /// What a watch reports about a bound pod.
-    pub fn observe_pod_bound(&mut self, key: &str, node: &str, requests: Resources) {
+    pub fn observe_pod_bound(&mut self, key: &PodKey, node: &str, requests: Resources) {
         if let Some(plan) = self.assumed.values_mut().find(|p| p.pods.iter().any(|pod| pod == key)) {
             plan.observed_pods
-                .insert(key.to_string(), Some((node.to_string(), requests.clone())));
+                .insert(key.clone(), Some((node.to_string(), requests.clone())));
         }
         self.upsert_pod(key, node, requests);
     }
 
     /// What a watch reports about a pod that is not bound (or gone): its usage is
     /// dropped, unless a plan assumes the pod on its node.
-    pub fn observe_pod_unbound(&mut self, key: &str) {
+    pub fn observe_pod_unbound(&mut self, key: &PodKey) {
         if let Some(plan) = self.assumed.values_mut().find(|p| p.pods.iter().any(|pod| pod == key)) {
-            plan.observed_pods.insert(key.to_string(), None);
+            plan.observed_pods.insert(key.clone(), None);
             return;
         }
         self.remove_pod(key);
     }
 
     /// Whether the engine knows `key` as allocated.
-    pub fn claim_allocated(&self, key: &str) -> bool {
+    pub fn claim_allocated(&self, key: &ClaimKey) -> bool {
         self.claims.contains_key(key)
     }
 
@@ -727,10 +733,10 @@ impl ClusterState {
 
     // ---- assumed plans ----
 
-    /// Enters a plan's pods and allocations before the cluster shows them. `plan_key`
-    /// names the plan for [`ClusterState::forget`].
-    pub fn assume(&mut self, plan_key: &str, pods: &[AssumedPod], claims: &[AssumedClaim]) {
-        self.forget(plan_key);
+    /// Enters a plan's pods and allocations before the cluster shows them. `plan` names
+    /// it for [`ClusterState::forget`] and [`ClusterState::confirm`].
+    pub fn assume(&mut self, plan: &PlanId, pods: &[AssumedPod], claims: &[AssumedClaim]) {
+        self.forget(plan);
         for AssumedPod { pod, node, requests } in pods {
             self.upsert_pod(pod, node, requests.clone());
         }
@@ -738,7 +744,7 @@ impl ClusterState {
             self.set_claim_allocation(claim, Some(devices.clone()));
         }
         self.assumed.insert(
-            plan_key.to_string(),
+            plan.clone(),
             AssumedPlan {
                 pods: pods.iter().map(|p| p.pod.clone()).collect(),
                 claims: claims.iter().map(|c| c.claim.clone()).collect(),
@@ -749,8 +755,8 @@ impl ClusterState {
 
     /// Undoes [`ClusterState::assume`]: what the plan entered goes, and what the watch
     /// reported meanwhile takes its place.
-    pub fn forget(&mut self, plan_key: &str) {
-        if let Some(mut plan) = self.assumed.remove(plan_key) {
+    pub fn forget(&mut self, plan: &PlanId) {
+        if let Some(mut plan) = self.assumed.remove(plan) {
             for pod in &plan.pods {
                 match plan.observed_pods.remove(pod).flatten() {
                     Some((node, requests)) => self.upsert_pod(pod, &node, requests),
@@ -766,12 +772,12 @@ impl ClusterState {
 
     /// Drops the record of an assumption once the cluster shows its objects, keeping
     /// what it entered (now owned by the watch).
-    pub fn confirm(&mut self, plan_key: &str) {
-        self.assumed.remove(plan_key);
+    pub fn confirm(&mut self, plan: &PlanId) {
+        self.assumed.remove(plan);
     }
 
-    pub fn assumed_plans(&self) -> impl Iterator<Item = &str> {
-        self.assumed.keys().map(String::as_str)
+    pub fn assumed_plans(&self) -> impl Iterator<Item = &PlanId> {
+        self.assumed.keys()
     }
 }
 
@@ -809,7 +815,7 @@ mod tests {
     fn claims_hold_and_release_devices() {
         let mut c = ClusterState::new();
         c.set_claim_allocation(
-            "ns/a",
+            &"ns/a".into(),
             Some(vec![
                 result("g0", None, &[]),
                 result("g1", Some("s1"), &[("mem", "10Gi")]),
@@ -818,22 +824,22 @@ mod tests {
         assert!(c.device_allocated(&id("g0")));
         assert!(!c.device_allocated(&id("g1")));
         assert!(c.device_shared(&id("g1")));
-        c.set_claim_allocation("ns/b", Some(vec![result("g1", Some("s2"), &[("mem", "5Gi")])]));
+        c.set_claim_allocation(&"ns/b".into(), Some(vec![result("g1", Some("s2"), &[("mem", "5Gi")])]));
         assert_eq!(
             c.consumed_capacity(&id("g1")).unwrap()["mem"],
             Quantity::parse("15Gi").unwrap()
         );
-        c.set_claim_allocation("ns/a", None);
+        c.set_claim_allocation(&"ns/a".into(), None);
         assert!(!c.device_allocated(&id("g0")));
         assert_eq!(
             c.consumed_capacity(&id("g1")).unwrap()["mem"],
             Quantity::parse("5Gi").unwrap()
         );
-        c.set_claim_allocation("ns/b", None);
+        c.set_claim_allocation(&"ns/b".into(), None);
         assert!(!c.device_in_any_use(&id("g1")));
         let mut admin = result("g2", None, &[]);
         admin.admin_access = Some(true);
-        c.set_claim_allocation("ns/c", Some(vec![admin]));
+        c.set_claim_allocation(&"ns/c".into(), Some(vec![admin]));
         assert!(!c.device_in_any_use(&id("g2")), "admin access holds nothing");
     }
 
@@ -847,6 +853,10 @@ mod tests {
     }
 
     /// Claim `claim` holding device `device` exclusively.
+    fn plan_id() -> PlanId {
+        PlanId::Gang("ns/plan".into())
+    }
+
     fn assumed_claim(claim: &str, device: &str) -> AssumedClaim {
         AssumedClaim {
             claim: claim.into(),
@@ -878,16 +888,20 @@ mod tests {
     #[test]
     fn pods_use_node_resources_once_per_key() {
         let (mut c, node, req) = one_node_and_a_pod_request();
-        c.upsert_pod("ns/p", "n", req.clone());
-        c.upsert_pod("ns/p", "n", req.clone());
+        c.upsert_pod(&"ns/p".into(), "n", req.clone());
+        c.upsert_pod(&"ns/p".into(), "n", req.clone());
         assert_eq!(c.free_resources(&node).cpu_millis, 6000);
-        c.assume("plan", &[assumed_pod("ns/q", &req)], &[assumed_claim("ns/claim", "g0")]);
+        c.assume(
+            &plan_id(),
+            &[assumed_pod("ns/q", &req)],
+            &[assumed_claim("ns/claim", "g0")],
+        );
         assert_eq!(c.free_resources(&node).cpu_millis, 4000);
         assert!(c.device_allocated(&id("g0")));
         // The watch reports the same pod: still counted once.
-        c.upsert_pod("ns/q", "n", req);
+        c.upsert_pod(&"ns/q".into(), "n", req);
         assert_eq!(c.free_resources(&node).cpu_millis, 4000);
-        c.forget("plan");
+        c.forget(&plan_id());
         assert_eq!(c.free_resources(&node).cpu_millis, 6000);
         assert!(!c.device_allocated(&id("g0")));
     }
@@ -895,23 +909,31 @@ mod tests {
     #[test]
     fn a_stale_watch_event_does_not_erase_an_assumption() {
         let (mut c, node, req) = one_node_and_a_pod_request();
-        c.assume("plan", &[assumed_pod("ns/q", &req)], &[assumed_claim("ns/claim", "g0")]);
+        c.assume(
+            &plan_id(),
+            &[assumed_pod("ns/q", &req)],
+            &[assumed_claim("ns/claim", "g0")],
+        );
         // Events older than the plan's writes: the claim unallocated, the pod unbound.
-        c.observe_claim_allocation("ns/claim", None);
-        c.observe_pod_unbound("ns/q");
+        c.observe_claim_allocation(&"ns/claim".into(), None);
+        c.observe_pod_unbound(&"ns/q".into());
         assert!(c.device_allocated(&id("g0")), "the assumed allocation stays");
         assert_eq!(c.free_resources(&node).cpu_millis, 6000, "the assumed pod stays");
         // The cluster's own allocation replaces it; once confirmed, the watch rules.
-        c.observe_claim_allocation("ns/claim", Some(vec![result("g1", None, &[])]));
+        c.observe_claim_allocation(&"ns/claim".into(), Some(vec![result("g1", None, &[])]));
         assert!(c.device_allocated(&id("g1")) && !c.device_allocated(&id("g0")));
         // Forgetting restores what the watch reported meanwhile.
-        c.assume("other", &[], &[assumed_claim("ns/second", "g2")]);
-        c.observe_claim_allocation("ns/second", Some(vec![result("g3", None, &[])]));
-        c.forget("other");
+        c.assume(
+            &PlanId::Gang("ns/other".into()),
+            &[],
+            &[assumed_claim("ns/second", "g2")],
+        );
+        c.observe_claim_allocation(&"ns/second".into(), Some(vec![result("g3", None, &[])]));
+        c.forget(&PlanId::Gang("ns/other".into()));
         assert!(c.device_allocated(&id("g3")) && !c.device_allocated(&id("g2")));
-        c.confirm("plan");
-        c.observe_claim_allocation("ns/claim", None);
-        c.observe_pod_unbound("ns/q");
+        c.confirm(&plan_id());
+        c.observe_claim_allocation(&"ns/claim".into(), None);
+        c.observe_pod_unbound(&"ns/q".into());
         assert!(!c.device_allocated(&id("g1")));
         assert_eq!(c.free_resources(&node).cpu_millis, 8000);
     }

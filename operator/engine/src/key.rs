@@ -37,6 +37,17 @@ impl ObjectKey {
     }
 }
 
+/// Splits `namespace/name` at the first `/`, as Kubernetes does with its own keys (a
+/// namespace never holds one); a string without `/` is a name without a namespace.
+impl From<&str> for ObjectKey {
+    fn from(joined: &str) -> Self {
+        match joined.split_once('/') {
+            Some((namespace, name)) => ObjectKey::new(namespace, name),
+            None => ObjectKey::new("", joined),
+        }
+    }
+}
+
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.joined)
@@ -84,6 +95,32 @@ macro_rules! typed_key {
             }
         }
 
+        /// See [`ObjectKey`]'s `From<&str>`.
+        impl From<&str> for $name {
+            fn from(joined: &str) -> Self {
+                $name(ObjectKey::from(joined))
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(joined: String) -> Self {
+                $name(ObjectKey::from(joined.as_str()))
+            }
+        }
+
+        /// Compares with the `namespace/name` form.
+        impl PartialEq<str> for $name {
+            fn eq(&self, joined: &str) -> bool {
+                self.as_str() == joined
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, joined: &&str) -> bool {
+                self.as_str() == *joined
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 fmt::Display::fmt(&self.0, f)
@@ -120,6 +157,8 @@ mod tests {
         assert_eq!(format!("{key:?}"), "\"team-a/llama-workers-0-gpu\"");
         let empty = PodKey::new("", "p");
         assert_eq!((empty.namespace(), empty.name()), ("", "p"));
+        assert_eq!(ClaimKey::from("team-a/llama-workers-0-gpu"), key);
+        assert_eq!(PodKey::from("p"), empty);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::allocator::{self, AllocationError, ClaimRef, Matcher, NoFit, NodeFit, WorkingSet};
 use crate::claim::{Allocation, AllocationMode, ClaimSpec, DeviceRequest};
 use crate::cluster::{CachedRoom, ClusterState, Node};
+use crate::key::{ClaimKey, PodKey};
 use crate::pools;
 use crate::request::{GangRequest, PodShape};
 use crate::resources::Resources;
@@ -55,14 +56,14 @@ impl Default for PlanOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPlacement {
     pub group: String,
-    pub pod: String,
+    pub pod: PodKey,
     pub node: String,
 }
 
 /// A new allocation for a claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimAllocation {
-    pub claim: String,
+    pub claim: ClaimKey,
     pub allocation: Allocation,
 }
 
@@ -79,7 +80,7 @@ pub struct Plan {
     /// New allocations, shared claims first.
     pub claims: Vec<ClaimAllocation>,
     /// Pods beyond `minCount` that did not fit.
-    pub unplaced: Vec<String>,
+    pub unplaced: Vec<PodKey>,
 }
 
 pub use crate::cluster::{AssumedClaim, AssumedPod};
@@ -188,11 +189,11 @@ enum Placement {
     NoFit(String),
     /// The call's search budget ran out while placing this pod.
     BudgetSpent {
-        pod: String,
+        pod: PodKey,
     },
 }
 
-fn budget_spent_on(pod: &str) -> String {
+fn budget_spent_on(pod: &PodKey) -> String {
     format!("search budget exhausted while placing pod {pod}")
 }
 
@@ -438,7 +439,7 @@ impl<'a> Planner<'a> {
         let mut refs: Vec<ClaimRef<'_>> = (0..group.shape.claims.len())
             .filter(|c| pod.claims.get(*c).is_none_or(|claim| claim.allocation.is_none()))
             .map(|c| ClaimRef {
-                key: &pod.claims[c].key,
+                key: pod.claims[c].key.as_str(),
                 spec: &group.shape.claims[c],
             })
             .collect();
@@ -450,7 +451,7 @@ impl<'a> Planner<'a> {
                 .map(|s| &self.gang.shared_claims[*s])
                 .filter(|c| c.allocation.is_none())
                 .map(|c| ClaimRef {
-                    key: &c.key,
+                    key: c.key.as_str(),
                     spec: &c.spec,
                 }),
         );
@@ -796,12 +797,12 @@ impl<'a> Planner<'a> {
                         let mut refs: Vec<ClaimRef<'_>> = own
                             .iter()
                             .map(|c| ClaimRef {
-                                key: &pod.claims[*c].key,
+                                key: pod.claims[*c].key.as_str(),
                                 spec: &group.shape.claims[*c],
                             })
                             .collect();
                         refs.extend(shared_now.iter().map(|s| ClaimRef {
-                            key: &gang.shared_claims[*s].key,
+                            key: gang.shared_claims[*s].key.as_str(),
                             spec: &gang.shared_claims[*s].spec,
                         }));
                         let allocations = if refs.is_empty() {
@@ -810,7 +811,7 @@ impl<'a> Planner<'a> {
                             match allocator::allocate(self.cluster, &usage, node, &refs, budget)? {
                                 NodeFit::Placed(allocations) => allocations,
                                 NodeFit::NoFit(NoFit::BudgetExhausted) => {
-                                    return Ok(Placement::BudgetSpent { pod: pod.name.clone() });
+                                    return Ok(Placement::BudgetSpent { pod: pod.key.clone() });
                                 }
                                 NodeFit::NoFit(NoFit::NoSolution) => {
                                     full[g].insert(n);
@@ -857,7 +858,7 @@ impl<'a> Planner<'a> {
                                 group.min_count,
                                 group.name,
                                 describe_shape(&group.shape),
-                                pod.name,
+                                pod.key,
                                 orders[g].len()
                             )));
                         }
@@ -874,10 +875,10 @@ impl<'a> Planner<'a> {
                 match &placed[g][i] {
                     Some(node) => pods.push(PodPlacement {
                         group: group.name.clone(),
-                        pod: pod.name.clone(),
+                        pod: pod.key.clone(),
                         node: node.clone(),
                     }),
-                    None => unplaced.push(pod.name.clone()),
+                    None => unplaced.push(pod.key.clone()),
                 }
             }
         }
@@ -1114,7 +1115,11 @@ fn validate(cluster: &ClusterState, gang: &GangRequest) -> Result<(), Allocation
         })
         .chain(gang.shared_claims.iter().map(|c| (Some(c.key.clone()), &c.spec)));
     for (key, claim) in specs {
-        check_claim(cluster, key.as_deref().unwrap_or(&gang.name), claim)?;
+        check_claim(
+            cluster,
+            key.as_ref().map_or(gang.name.as_str(), ClaimKey::as_str),
+            claim,
+        )?;
     }
     for group in &gang.groups {
         if group.min_count > group.pods.len() {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::claim::{Allocation, ClaimSpec};
+use crate::key::{ClaimKey, PodKey};
 use crate::resources::Resources;
 use crate::selector::{NodeSelector, Toleration};
 
@@ -21,11 +22,11 @@ pub struct GangRequest {
 
 impl GangRequest {
     /// Whether pod `pod` of group `group` comes after the group's `min_count` pods.
-    pub fn is_extra(&self, group: &str, pod: &str) -> bool {
+    pub fn is_extra(&self, group: &str, pod: &PodKey) -> bool {
         self.groups
             .iter()
             .find(|g| g.name == group)
-            .and_then(|g| g.pods.iter().position(|p| p.name == pod).map(|i| i >= g.min_count))
+            .and_then(|g| g.pods.iter().position(|p| p.key == *pod).map(|i| i >= g.min_count))
             .unwrap_or(false)
     }
 }
@@ -42,8 +43,7 @@ pub struct TopologyRequest {
 /// A claim several pods use.
 #[derive(Clone, Debug)]
 pub struct SharedClaim {
-    /// `namespace/name` of the ResourceClaim.
-    pub key: String,
+    pub key: ClaimKey,
     pub spec: ClaimSpec,
     /// Already allocated: the allocation stands and constrains the nodes.
     pub allocation: Option<Allocation>,
@@ -77,10 +77,9 @@ pub struct PodShape {
 }
 
 /// One pod of a group.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PodInstance {
-    /// `namespace/name`.
-    pub name: String,
+    pub key: PodKey,
     /// The pod's own claims, aligned by index with its group's [`PodShape::claims`]: the
     /// shape holds what each claim asks for (the same for every pod of the group), this
     /// holds which claim object it is for this pod.
@@ -96,21 +95,17 @@ impl PodInstance {
 }
 
 /// One of a pod's own claims.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PodClaim {
-    /// `namespace/name` of the ResourceClaim.
-    pub key: String,
+    pub key: ClaimKey,
     /// The allocation the claim already has: kept, and constraining the pod's node.
     pub allocation: Option<Allocation>,
 }
 
 impl PodClaim {
     /// A claim not allocated yet.
-    pub fn unallocated(key: impl Into<String>) -> Self {
-        PodClaim {
-            key: key.into(),
-            allocation: None,
-        }
+    pub fn unallocated(key: ClaimKey) -> Self {
+        PodClaim { key, allocation: None }
     }
 }
 
@@ -120,12 +115,12 @@ impl GroupRequest {
     pub fn uniform(name: &str, namespace: &str, replicas: usize, min_count: usize, shape: PodShape) -> Self {
         let pods = (0..replicas)
             .map(|i| {
-                let pod = format!("{namespace}/{name}-{i}");
+                let pod = format!("{name}-{i}");
                 PodInstance {
                     claims: (0..shape.claims.len())
-                        .map(|c| PodClaim::unallocated(format!("{pod}-claim-{c}")))
+                        .map(|c| PodClaim::unallocated(ClaimKey::new(namespace, &format!("{pod}-claim-{c}"))))
                         .collect(),
-                    name: pod,
+                    key: PodKey::new(namespace, &pod),
                 }
             })
             .collect();

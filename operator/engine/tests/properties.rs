@@ -15,7 +15,7 @@ use muster_engine::cel::{self, DeviceView};
 use muster_engine::claim::{
     Allocation, ClaimSpec, ConstraintKind, DeviceConstraint, DeviceId, DeviceRequest, DeviceRequestSpec, DeviceResult,
 };
-use muster_engine::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
+use muster_engine::cluster::{ClusterState, Device, DeviceClass, Node, PlanId, Slice, SliceNodes};
 use muster_engine::device::{AttributeValue, lookup_attribute};
 use muster_engine::fixtures::{self, GPU};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
@@ -365,13 +365,17 @@ fn build_cluster(spec: &ClusterSpec, reversed: bool) -> ClusterState {
         let usage = usage_of(node);
         if usage != Resources::default() {
             steps.push(Box::new(move |c| {
-                c.upsert_pod(&format!("other/{}-pod", node_name(i)), &node_name(i), usage.clone())
+                c.upsert_pod(
+                    &format!("other/{}-pod", node_name(i)).into(),
+                    &node_name(i),
+                    usage.clone(),
+                )
             }));
         }
         let taken = taken_in(&node_name(i), "gpu", &node.devices);
         if !taken.is_empty() {
             steps.push(Box::new(move |c| {
-                c.set_claim_allocation(&format!("other/{}", node_name(i)), Some(taken.clone()))
+                c.set_claim_allocation(&format!("other/{}", node_name(i)).into(), Some(taken.clone()))
             }));
         }
     }
@@ -380,7 +384,7 @@ fn build_cluster(spec: &ClusterSpec, reversed: bool) -> ClusterState {
         let taken = taken_in(FABRIC, "fab", &shared.devices);
         if !taken.is_empty() {
             steps.push(Box::new(move |c| {
-                c.set_claim_allocation(&format!("other/{FABRIC}"), Some(taken.clone()))
+                c.set_claim_allocation(&format!("other/{FABRIC}").into(), Some(taken.clone()))
             }));
         }
     }
@@ -496,7 +500,7 @@ fn build_gang(name: &str, spec: &GangSpec) -> GangRequest {
             .iter()
             .enumerate()
             .map(|(s, shared)| SharedClaim {
-                key: format!("ns/{name}-shared-{s}"),
+                key: format!("ns/{name}-shared-{s}").into(),
                 spec: claim_spec(&shared.claim),
                 allocation: None,
             })
@@ -850,12 +854,12 @@ fn owner_spec(gang: &GangRequest, owner: Owner) -> &ClaimSpec {
 fn users<'p>(gang: &'p GangRequest, plan: &'p Plan, owner: Owner) -> Vec<(&'p str, &'p str)> {
     let nodes = placed_nodes(plan);
     let pods: Vec<&str> = match owner {
-        Owner::Pod(g, p, _) => vec![gang.groups[g].pods[p].name.as_str()],
+        Owner::Pod(g, p, _) => vec![gang.groups[g].pods[p].key.as_str()],
         Owner::Shared(s) => gang
             .groups
             .iter()
             .filter(|g| g.shape.shared.contains(&s))
-            .flat_map(|g| g.pods.iter().map(|p| p.name.as_str()))
+            .flat_map(|g| g.pods.iter().map(|p| p.key.as_str()))
             .collect(),
     };
     pods.into_iter()
@@ -1081,8 +1085,14 @@ fn property_2_devices_satisfy(world: &World<'_>, gang: &GangRequest, plan: &Plan
         }
         for (pod, node) in users {
             let node = world.node(node)?;
-            check_allocation_satisfies(world, &claim.claim, owner_spec(gang, owner), &claim.allocation, node)
-                .map_err(|e| format!("{e} (pod {pod})"))?;
+            check_allocation_satisfies(
+                world,
+                claim.claim.as_str(),
+                owner_spec(gang, owner),
+                &claim.allocation,
+                node,
+            )
+            .map_err(|e| format!("{e} (pod {pod})"))?;
         }
     }
     for (key, &owner) in &owners {
@@ -1103,7 +1113,7 @@ fn property_3_constraints(world: &World<'_>, gang: &GangRequest, plan: &Plan) ->
         let owner = *owners
             .get(claim.claim.as_str())
             .ok_or_else(|| format!("allocation for unknown claim {}", claim.claim))?;
-        check_constraints(world, &claim.claim, owner_spec(gang, owner), &claim.allocation)?;
+        check_constraints(world, claim.claim.as_str(), owner_spec(gang, owner), &claim.allocation)?;
     }
     Ok(())
 }
@@ -1166,7 +1176,7 @@ fn property_5_gang(gang: &GangRequest, plan: &Plan) -> Check {
         let group = gang
             .groups
             .iter()
-            .find(|g| g.pods.iter().any(|p| p.name == pod.pod))
+            .find(|g| g.pods.iter().any(|p| p.key == pod.pod))
             .ok_or_else(|| format!("unknown pod {} placed", pod.pod))?;
         if group.name != pod.group {
             return Err(format!(
@@ -1176,7 +1186,7 @@ fn property_5_gang(gang: &GangRequest, plan: &Plan) -> Check {
         }
     }
     for group in &gang.groups {
-        let placed: Vec<bool> = group.pods.iter().map(|p| seen.contains(p.name.as_str())).collect();
+        let placed: Vec<bool> = group.pods.iter().map(|p| seen.contains(p.key.as_str())).collect();
         let n = placed.iter().filter(|p| **p).count();
         if n < group.min_count || n > group.pods.len() {
             return Err(format!(
@@ -1187,7 +1197,7 @@ fn property_5_gang(gang: &GangRequest, plan: &Plan) -> Check {
         if let Some(i) = placed[..group.min_count].iter().position(|p| !p) {
             return Err(format!(
                 "group {}: core pod {} not placed",
-                group.name, group.pods[i].name
+                group.name, group.pods[i].key
             ));
         }
     }
@@ -1195,10 +1205,10 @@ fn property_5_gang(gang: &GangRequest, plan: &Plan) -> Check {
         .groups
         .iter()
         .flat_map(|g| &g.pods)
-        .map(|p| p.name.as_str())
+        .map(|p| p.key.as_str())
         .filter(|p| !seen.contains(p))
         .collect();
-    let unplaced: Vec<&str> = plan.unplaced.iter().map(String::as_str).collect();
+    let unplaced: Vec<&str> = plan.unplaced.iter().map(|p| p.as_str()).collect();
     if unplaced != expected {
         return Err(format!(
             "unplaced lists {unplaced:?}, the pods not placed are {expected:?}"
@@ -1653,7 +1663,7 @@ proptest! {
             .claims
             .iter()
             .zip(&shape.claims)
-            .map(|(claim, spec)| ClaimRef { key: &claim.key, spec })
+            .map(|(claim, spec)| ClaimRef { key: claim.key.as_str(), spec })
             .collect();
         for i in 0..cluster_spec.nodes.len() {
             let node = cluster.node(&node_name(i)).expect("node");
@@ -1743,11 +1753,11 @@ proptest! {
         let placed = placed_nodes(plan);
         for group in &gang.groups {
             for pod in &group.pods[..group.min_count] {
-                let node = placed.get(pod.name.as_str()).ok_or_else(|| fail(format!("core pod {} not placed", pod.name)))?;
+                let node = placed.get(pod.key.as_str()).ok_or_else(|| fail(format!("core pod {} not placed", pod.key)))?;
                 let node = cluster.node(node).expect("placed on a known node");
                 for allocation in pod.claims.iter().filter_map(|c| c.allocation.as_ref()) {
                     let admits = allocation.node_selector.as_ref().is_none_or(|s| s.matches(&node.name, &node.labels));
-                    prop_assert!(admits, "pod {} placed on {}, its allocation says otherwise", pod.name, node.name);
+                    prop_assert!(admits, "pod {} placed on {}, its allocation says otherwise", pod.key, node.name);
                 }
             }
         }
@@ -1871,7 +1881,7 @@ fn apply(spec: &mut ClusterSpec, cluster: &mut ClusterState, change: &Change) {
             node.used_cpu_millis = node.cpu_cores * 1000 * cpu_pct / 100;
             node.used_memory_gib = node.memory_gib * memory_pct / 100;
             node.used_pods = (*pods).min(node.pods);
-            cluster.upsert_pod(&format!("other/{name}-pod"), &name, usage_of(node));
+            cluster.upsert_pod(&format!("other/{name}-pod").into(), &name, usage_of(node));
         }
         Change::Take { device, taken, .. } => {
             if node.devices.is_empty() {
@@ -1880,7 +1890,7 @@ fn apply(spec: &mut ClusterSpec, cluster: &mut ClusterState, change: &Change) {
             let d = device % node.devices.len();
             node.devices[d].taken = *taken;
             let held = taken_in(&name, "gpu", &node.devices);
-            cluster.set_claim_allocation(&format!("other/{name}"), (!held.is_empty()).then_some(held));
+            cluster.set_claim_allocation(&format!("other/{name}").into(), (!held.is_empty()).then_some(held));
         }
         Change::Node {
             labels,
@@ -1893,18 +1903,18 @@ fn apply(spec: &mut ClusterSpec, cluster: &mut ClusterState, change: &Change) {
             node.cpu_cores = *cpu_cores;
             node.used_cpu_millis = node.used_cpu_millis.min(cpu_cores * 1000);
             cluster.upsert_node(engine_node(i, node));
-            cluster.upsert_pod(&format!("other/{name}-pod"), &name, usage_of(node));
+            cluster.upsert_pod(&format!("other/{name}-pod").into(), &name, usage_of(node));
         }
         Change::Devices { devices, .. } => {
             node.devices = devices.clone();
             cluster.upsert_slice(fixtures::node_slice(&name, node_devices(node)));
             let held = taken_in(&name, "gpu", &node.devices);
-            cluster.set_claim_allocation(&format!("other/{name}"), (!held.is_empty()).then_some(held));
+            cluster.set_claim_allocation(&format!("other/{name}").into(), (!held.is_empty()).then_some(held));
         }
         Change::DropSlice { .. } => {
             node.devices.clear();
             cluster.remove_slice(&format!("{name}-{GPU}"));
-            cluster.set_claim_allocation(&format!("other/{name}"), None);
+            cluster.set_claim_allocation(&format!("other/{name}").into(), None);
         }
         Change::Recreate { .. } => {
             cluster.remove_node(&name);
@@ -1978,12 +1988,12 @@ proptest! {
         let a_before = placement::plan(&cluster, &a, &options);
         let b_alone = placement::plan(&cluster, &b, &options);
         let Outcome::Placed(a_plan) = &a_before else {
-            cluster.forget("ns/a");
+            cluster.forget(&PlanId::Gang("ns/a".into()));
             prop_assert_eq!(&placement::plan(&cluster, &b, &options), &b_alone);
             return Ok(());
         };
         let (pods, claims) = a_plan.assumption(&a);
-        cluster.assume("ns/a", &pods, &claims);
+        cluster.assume(&PlanId::Gang("ns/a".into()), &pods, &claims);
 
         let b_outcome = placement::plan(&cluster, &b, &options);
         if let Outcome::Placed(b_plan) = &b_outcome {
@@ -2003,7 +2013,7 @@ proptest! {
         }
         prop_assert_eq!(&placement::plan(&shown, &b, &options), &b_outcome, "assumed vs shown");
 
-        cluster.forget("ns/a");
+        cluster.forget(&PlanId::Gang("ns/a".into()));
         prop_assert_eq!(&placement::plan(&cluster, &a, &options), &a_before, "a after forget");
         prop_assert_eq!(&placement::plan(&cluster, &b, &options), &b_alone, "b after forget");
     }

@@ -11,6 +11,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use muster_api::Workload;
 use muster_engine::cluster::{self as model, ClusterState};
+use muster_engine::key::PodKey;
 use muster_engine::resources::Resources;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -55,8 +56,7 @@ pub struct Objects {
 /// A pod that uses resources on a node.
 #[derive(Debug, Clone)]
 pub struct PodOnNode {
-    /// `namespace/name`.
-    pub key: String,
+    pub key: PodKey,
     pub node: String,
     pub requests: Resources,
 }
@@ -241,7 +241,7 @@ impl Objects {
     /// Counts what a pod uses on its node, and keeps a pod labelled as a Workload's.
     pub fn add_pod(&mut self, pod: Pod) -> Result<(), ConvertError> {
         if let (Some(node), Some(spec)) = (convert::pod_node(&pod), pod.spec.as_ref()) {
-            let key = convert::key(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
+            let key = convert::pod_key(&pod);
             let requests = convert::pod_requests(&format!("Pod {key}"), spec)?;
             self.pods_on_nodes.push(PodOnNode { key, node, requests });
         }
@@ -291,7 +291,7 @@ impl Objects {
             cluster.upsert_pod(&pod.key, &pod.node, pod.requests);
         }
         for claim in &self.claims {
-            let key = convert::key(claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref());
+            let key = convert::claim_key(claim);
             if let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
                 let devices = convert::allocation_devices(&format!("ResourceClaim {key}"), allocation)?;
                 cluster.set_claim_allocation(&key, Some(devices));

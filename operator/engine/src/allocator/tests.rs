@@ -87,7 +87,7 @@ fn all_claims_of_a_pod_are_allocated_together_or_not_at_all() {
 fn allocated_devices_are_excluded() {
     let (mut cluster, n) = setup(gpus(4));
     let taken = run(&cluster, &n, &[gpu_claim(3)]).unwrap().expect_placed();
-    cluster.set_claim_allocation("ns/other", Some(taken[0].devices.clone()));
+    cluster.set_claim_allocation(&"ns/other".into(), Some(taken[0].devices.clone()));
     assert_eq!(
         devices_of(&run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed()[0]),
         ["gpu-3"]
@@ -190,7 +190,10 @@ fn match_attribute_backtracks_to_a_consistent_set() {
         share_id: None,
         consumed_capacity: BTreeMap::new(),
     };
-    cluster.set_claim_allocation("ns/x", Some(vec![taken("gpu-1"), taken("gpu-2"), taken("gpu-3")]));
+    cluster.set_claim_allocation(
+        &"ns/x".into(),
+        Some(vec![taken("gpu-1"), taken("gpu-2"), taken("gpu-3")]),
+    );
     let mut claim = gpu_claim(2);
     claim.constraints.push(match_attribute(&format!("{GPU}/nvlinkDomain")));
     assert_eq!(
@@ -256,7 +259,7 @@ fn all_mode_takes_every_matching_device_or_nothing() {
         3
     );
     let one = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
-    cluster.set_claim_allocation("ns/x", Some(one[0].devices.clone()));
+    cluster.set_claim_allocation(&"ns/x".into(), Some(one[0].devices.clone()));
     assert_eq!(
         run(&cluster, &n, std::slice::from_ref(&claim)).unwrap(),
         NodeFit::NoFit(NoFit::NoSolution)
@@ -267,7 +270,7 @@ fn all_mode_takes_every_matching_device_or_nothing() {
     incomplete.name = "n1-b".into();
     incomplete.pool = "second".into();
     incomplete.resource_slice_count = 2;
-    cluster.set_claim_allocation("ns/x", None);
+    cluster.set_claim_allocation(&"ns/x".into(), None);
     cluster.upsert_slice(incomplete);
     let e = run(&cluster, &n, &[claim]).unwrap_err();
     assert!(e.message.contains("is currently being updated"), "{e}");
@@ -367,7 +370,7 @@ fn taints_need_tolerations_and_admin_access_ignores_use() {
     );
 
     let both = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
-    cluster.set_claim_allocation("ns/x", Some(both[0].devices.clone()));
+    cluster.set_claim_allocation(&"ns/x".into(), Some(both[0].devices.clone()));
     let mut admin = gpu_claim(1);
     if let DeviceRequest::Exactly(spec) = &mut admin.requests[0] {
         spec.admin_access = true;
@@ -434,7 +437,7 @@ fn shared_counters_limit_partitions() {
         ["half-a", "half-b"]
     );
     let whole = run(&cluster, &n, &[gpu_claim(1)]).unwrap().expect_placed();
-    cluster.set_claim_allocation("ns/x", Some(whole[0].devices.clone()));
+    cluster.set_claim_allocation(&"ns/x".into(), Some(whole[0].devices.clone()));
     assert_eq!(
         run(&cluster, &n, &[gpu_claim(1)]).unwrap(),
         NodeFit::NoFit(NoFit::NoSolution),
@@ -483,9 +486,9 @@ fn consumable_capacity_shares_a_device() {
         "rounded up to the step"
     );
     assert!(result.share_id.is_some());
-    cluster.set_claim_allocation("ns/a", Some(first[0].devices.clone()));
+    cluster.set_claim_allocation(&"ns/a".into(), Some(first[0].devices.clone()));
     let second = run(&cluster, &n, &[claim.clone()]).unwrap().expect_placed();
-    cluster.set_claim_allocation("ns/b", Some(second[0].devices.clone()));
+    cluster.set_claim_allocation(&"ns/b".into(), Some(second[0].devices.clone()));
     assert_eq!(
         run(&cluster, &n, &[claim.clone()]).unwrap(),
         NodeFit::NoFit(NoFit::NoSolution),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::claim::{DeviceId, DeviceResult};
+use crate::cluster::PlanId;
 use crate::fixtures::*;
 use crate::request::{GroupRequest, SharedClaim, TopologyRequest};
 use crate::selector::Toleration;
@@ -44,7 +45,7 @@ fn occupy(cluster: &mut ClusterState, node: &str, count: usize) {
             consumed_capacity: Default::default(),
         })
         .collect();
-    cluster.set_claim_allocation(&format!("other/{node}"), Some(devices));
+    cluster.set_claim_allocation(&format!("other/{node}").into(), Some(devices));
 }
 
 #[test]
@@ -169,7 +170,7 @@ fn cpu_shortage_is_respected_and_explained() {
     let mut cluster = gpu_cluster(4, 8, 2, 2);
     // node-00000 has its CPU used up by another pod.
     cluster.upsert_pod(
-        "other/hog",
+        &"other/hog".into(),
         "node-00000",
         Resources {
             cpu_millis: 60_000,
@@ -184,7 +185,7 @@ fn cpu_shortage_is_respected_and_explained() {
     );
     assert_eq!(placed(&outcome).topology_value.as_deref(), Some("rack-0001"));
     cluster.upsert_pod(
-        "other/hog2",
+        &"other/hog2".into(),
         "node-00002",
         Resources {
             cpu_millis: 60_000,
@@ -336,7 +337,7 @@ fn an_assumed_plan_is_seen_by_the_next_plan() {
     let gang = gpu_gang("g", 2, 8, Some(RACK), None);
     let first = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
     let (pods, claims) = first.assumption(&gang);
-    cluster.assume("ns/g", &pods, &claims);
+    cluster.assume(&PlanId::Gang("ns/g".into()), &pods, &claims);
     let second = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
     assert_ne!(second.topology_value, first.topology_value, "the first rack is taken");
     let overlap: Vec<_> = all_devices(&second)
@@ -344,7 +345,7 @@ fn an_assumed_plan_is_seen_by_the_next_plan() {
         .filter(|d| all_devices(&first).contains(d))
         .collect();
     assert!(overlap.is_empty(), "no device twice: {overlap:?}");
-    cluster.forget("ns/g");
+    cluster.forget(&PlanId::Gang("ns/g".into()));
     assert_eq!(
         placed(&plan(&cluster, &gang, &PlanOptions::default())),
         &first,

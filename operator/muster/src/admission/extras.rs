@@ -11,12 +11,12 @@ use kube::ResourceExt;
 use kube::api::Api;
 use muster_admission::{Journal, Record, commit};
 use muster_api::v1alpha1::Workload;
+use muster_engine::cluster::PlanId;
 use muster_engine::placement::{self, Outcome};
 use tracing::info;
 
 use crate::admission::release;
 use crate::admission::{Admission, CommitError, core_placement, key};
-use crate::convert;
 use crate::workload::membership;
 use crate::workload::observe;
 
@@ -49,7 +49,7 @@ impl Admission {
         };
         let mut extras = request.clone();
         for group in &mut extras.groups {
-            group.pods.retain(|p| waiting.contains(&convert::name_of(&p.name)));
+            group.pods.retain(|p| waiting.contains(p.key.name()));
             group.min_count = 0;
             // The gang's placement domain.
             if let (Some(key), Some(value)) = (&extras.topology.required, &journal.topology_value) {
@@ -98,7 +98,7 @@ impl Admission {
                 },
             )
             .await?;
-        let assumption = format!("{}+extras", key(workload));
+        let assumption = PlanId::Extras(key(workload));
         let (assumed_pods, assumed_claims) = plan.assumption(&extras);
         self.index
             .update(|c| c.assume(&assumption, &assumed_pods, &assumed_claims));

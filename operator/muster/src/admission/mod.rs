@@ -42,6 +42,8 @@ use muster_admission::{
 };
 use muster_api::v1alpha1::{AdmissionState, PlacementStatus, Workload, WorkloadPhase};
 use muster_api::{conditions, labels};
+use muster_engine::cluster::PlanId;
+use muster_engine::key::{ObjectKey, PodKey};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::{GangRequest, PodClaim};
 use serde_json::json;
@@ -145,12 +147,12 @@ struct Waiting {
 #[derive(Clone, Default)]
 struct Held {
     /// Each holder's priority, name and nodes.
-    holders: Vec<(i32, String, Arc<BTreeSet<String>>)>,
+    holders: Vec<(i32, ObjectKey, Arc<BTreeSet<String>>)>,
 }
 
 impl Held {
-    fn hold(&mut self, priority: i32, gang: &str, reach: &Arc<BTreeSet<String>>) {
-        self.holders.push((priority, gang.to_string(), reach.clone()));
+    fn hold(&mut self, priority: i32, gang: &ObjectKey, reach: &Arc<BTreeSet<String>>) {
+        self.holders.push((priority, gang.clone(), reach.clone()));
     }
 
     /// The nodes held against a gang of `priority`.
@@ -194,7 +196,7 @@ pub enum CommitError {
 /// Objects this loop wrote, by `namespace/name`, until the cache shows them: the loop
 /// reads its own writes, so it never acts on a copy older than what it did.
 struct OwnWrites<K> {
-    objects: std::sync::Mutex<HashMap<String, Arc<K>>>,
+    objects: std::sync::Mutex<HashMap<ObjectKey, Arc<K>>>,
 }
 
 impl<K> Default for OwnWrites<K> {
@@ -223,7 +225,7 @@ fn version<K: kube::Resource>(object: &K) -> u64 {
 
 impl<K: kube::Resource> OwnWrites<K> {
     fn remember(&self, object: K) {
-        let key = convert::key(object.meta().namespace.as_deref(), object.meta().name.as_deref());
+        let key = convert::object_key(&object);
         self.objects
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -232,7 +234,7 @@ impl<K: kube::Resource> OwnWrites<K> {
 
     /// `cached`, or this loop's newer write of the same object.
     fn overlay(&self, cached: Arc<K>) -> Arc<K> {
-        let key = convert::key(cached.meta().namespace.as_deref(), cached.meta().name.as_deref());
+        let key = convert::object_key(cached.as_ref());
         let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
         match objects.get(&key) {
             Some(own) if own.meta().uid == cached.meta().uid && version(own.as_ref()) > version(cached.as_ref()) => {
@@ -247,7 +249,7 @@ impl<K: kube::Resource> OwnWrites<K> {
     }
 
     /// Forgets writes of objects the cache no longer has.
-    fn prune(&self, exists: impl Fn(&str) -> bool) {
+    fn prune(&self, exists: impl Fn(&ObjectKey) -> bool) {
         self.objects
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -264,11 +266,11 @@ pub struct Admission {
     recorder: Recorder,
     pub(crate) settings: Settings,
     wake: Arc<Notify>,
-    waiting: HashMap<String, Waiting>,
+    waiting: HashMap<ObjectKey, Waiting>,
     /// Nodes held by the starvation rule as of the last pass.
     held: Held,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
-    written: std::sync::Mutex<HashMap<String, Arc<Workload>>>,
+    written: std::sync::Mutex<HashMap<ObjectKey, Arc<Workload>>>,
     own_pods: OwnWrites<Pod>,
     own_claims: OwnWrites<ResourceClaim>,
     /// Fault points already passed (each aborts at its first write).
@@ -276,7 +278,7 @@ pub struct Admission {
     /// The gang objects of the caches, grouped once per pass.
     gangs: std::sync::Mutex<Arc<GangIndex>>,
     /// Since when a gang's claim has looked doubly allocated, by (gang, claim).
-    conflicts_seen: std::sync::Mutex<HashMap<(String, String), Instant>>,
+    conflicts_seen: std::sync::Mutex<HashMap<(ObjectKey, String), Instant>>,
 }
 
 /// How long a double allocation of a released gang's device must last before the gang
@@ -308,11 +310,9 @@ pub(crate) struct StatusUpdate {
     pub(crate) restarts: Option<i32>,
 }
 
-pub(crate) fn key(workload: &Workload) -> String {
-    convert::key(
-        workload.metadata.namespace.as_deref(),
-        workload.metadata.name.as_deref(),
-    )
+/// A Workload's identity, as logs and messages name the gang.
+pub(crate) fn key(workload: &Workload) -> ObjectKey {
+    convert::object_key(workload)
 }
 
 pub(crate) fn placement_of(workload: &Workload) -> Option<&PlacementStatus> {
@@ -461,20 +461,17 @@ impl Admission {
         self.reconcile_assumptions(&workloads);
         self.prune_conflicts(&workloads);
         self.collect_claims().await;
-        let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<String> {
-            store
-                .iter()
-                .map(|p| convert::key(p.metadata.namespace.as_deref(), p.metadata.name.as_deref()))
-                .collect()
+        let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
+            store.iter().map(|p| convert::object_key(p.as_ref())).collect()
         };
         let pods = keys(self.stores.pods.state());
         self.own_pods.prune(|k| pods.contains(k));
-        let claims: BTreeSet<String> = self
+        let claims: BTreeSet<ObjectKey> = self
             .stores
             .claims
             .state()
             .iter()
-            .map(|c| convert::key(c.metadata.namespace.as_deref(), c.metadata.name.as_deref()))
+            .map(|c| convert::object_key(c.as_ref()))
             .collect();
         self.own_claims.prune(|k| claims.contains(k));
 
@@ -486,7 +483,7 @@ impl Admission {
         }
         self.sync_kueue(&workloads).await;
 
-        let mut queue: Vec<(i32, Timestamp, String, Arc<Workload>)> = workloads
+        let mut queue: Vec<(i32, Timestamp, ObjectKey, Arc<Workload>)> = workloads
             .iter()
             .filter(|w| self.admissible(w))
             .map(|w| {
@@ -502,7 +499,7 @@ impl Admission {
         queue.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         record_phases(&workloads, queue.len());
         // Only gangs in the queue wait; a suspended or finished one starts afresh.
-        let queued: BTreeSet<String> = queue.iter().map(|(_, _, k, _)| k.clone()).collect();
+        let queued: BTreeSet<ObjectKey> = queue.iter().map(|(_, _, k, _)| k.clone()).collect();
         self.waiting.retain(|k, _| queued.contains(k));
 
         let changes = self.index.changes();
@@ -547,7 +544,8 @@ impl Admission {
                     // The gangs planned after this one must see its devices and pods as
                     // taken.
                     let (pods, claims) = plan.assumption(&request);
-                    self.index.update(|c| c.assume(&name, &pods, &claims));
+                    self.index
+                        .update(|c| c.assume(&PlanId::Gang(name.clone()), &pods, &claims));
                     planned.push(PlannedGang {
                         name,
                         priority,
@@ -607,7 +605,7 @@ impl Admission {
     /// waited past the starvation limit.
     fn settle_attempt(
         &mut self,
-        name: &str,
+        name: &ObjectKey,
         priority: i32,
         outcome: Result<Admit, CommitError>,
         changes: u64,
@@ -627,7 +625,7 @@ impl Admission {
         if let Err(e) = &outcome {
             warn!(workload = %name, error = %e, "admission failed");
         }
-        let entry = self.waiting.entry(name.to_string()).or_insert(Waiting {
+        let entry = self.waiting.entry(name.clone()).or_insert(Waiting {
             since: Instant::now(),
             next_try: Instant::now(),
             failures: 0,
@@ -1007,19 +1005,22 @@ impl Admission {
     /// failed (or a Workload deleted mid-commit) would otherwise leave one behind, and
     /// devices would look taken for good.
     fn reconcile_assumptions(&self, workloads: &[Arc<Workload>]) {
-        let states: HashMap<String, Option<AdmissionState>> = workloads
+        let states: HashMap<ObjectKey, Option<AdmissionState>> = workloads
             .iter()
             .filter(|w| w.metadata.deletion_timestamp.is_none())
             .map(|w| (key(w), placement_of(w).and_then(|p| p.state)))
             .collect();
-        let plans: Vec<String> = self.index.cluster().assumed_plans().map(String::from).collect();
+        let plans: Vec<PlanId> = self.index.cluster().assumed_plans().cloned().collect();
         for plan in plans {
-            // An extras commit ends within the call that made it.
-            if plan.ends_with("+extras") {
-                self.index.update(|c| c.forget(&plan));
-                continue;
-            }
-            match states.get(&plan) {
+            let gang = match &plan {
+                PlanId::Gang(gang) => gang,
+                // An extras commit ends within the call that made it.
+                PlanId::Extras(_) => {
+                    self.index.update(|c| c.forget(&plan));
+                    continue;
+                }
+            };
+            match states.get(gang) {
                 Some(Some(AdmissionState::Reserving | AdmissionState::Reserved)) => {}
                 Some(Some(AdmissionState::Released | AdmissionState::Restarting)) => {
                     self.index.update(|c| c.confirm(&plan))
@@ -1031,7 +1032,7 @@ impl Admission {
 
     /// Forgets double-allocation sightings of gangs that are gone.
     fn prune_conflicts(&self, workloads: &[Arc<Workload>]) {
-        let live: BTreeSet<String> = workloads.iter().map(|w| key(w)).collect();
+        let live: BTreeSet<ObjectKey> = workloads.iter().map(|w| key(w)).collect();
         self.conflicts_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -1389,7 +1390,7 @@ impl Admission {
                         .inc();
                 }
                 (ConditionType::Admitted, true) => {
-                    self.index.update(|c| c.confirm(&gang));
+                    self.index.update(|c| c.confirm(&PlanId::Gang(gang.clone())));
                     if workload.status.as_ref().is_none_or(|s| s.restarts == 0)
                         && let Some(created) = &workload.metadata.creation_timestamp
                     {
@@ -1398,7 +1399,7 @@ impl Admission {
                     }
                 }
                 (ConditionType::Admitted, false) if record.journal.is_none() => {
-                    self.index.update(|c| c.forget(&gang));
+                    self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
                     metrics::get()
                         .rollbacks
                         .get_or_create(&ReasonLabel {
@@ -1430,7 +1431,7 @@ impl Admission {
         {
             Ok(recorded) => recorded,
             Err(e) => {
-                self.index.update(|c| c.forget(&gang));
+                self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
                 return Err(e);
             }
         };
@@ -1441,7 +1442,7 @@ impl Admission {
             .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
             .await
         {
-            self.index.update(|c| c.forget(&gang));
+            self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
             self.fail_commit(&recorded, &journal, e).await?;
             return Ok(false);
         }
@@ -1538,7 +1539,7 @@ impl Admission {
         let written = std::sync::Mutex::new(Vec::new());
         let result = self
             .write_all(&plan.claims, FaultPoint::AfterFirstClaim, |claim| {
-                let (namespace, name) = claim.claim.split_once('/').unwrap_or(("", &claim.claim));
+                let (namespace, name) = (claim.claim.namespace(), claim.claim.name());
                 let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
                 let mut allocation = convert::allocation_to_kube(&claim.allocation);
                 allocation.allocation_timestamp = Some(timestamp.clone());
@@ -1620,7 +1621,7 @@ impl Admission {
         let all: Api<ResourceClaim> = Api::all(self.client.clone());
         let claims = all.list(&ListParams::default()).await?;
         for claim in claims.items {
-            let claim_key = convert::key(claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref());
+            let claim_key = convert::claim_key(&claim);
             if ours.contains(claim_key.as_str()) {
                 continue;
             }
@@ -1662,14 +1663,14 @@ impl Admission {
             })
             .filter_map(|p| p.uid())
             .collect();
-        let workloads: BTreeSet<String> = self.current_workloads().iter().map(|w| key(w)).collect();
+        let workloads: BTreeSet<ObjectKey> = self.current_workloads().iter().map(|w| key(w)).collect();
         for claim in self.stores.claims.state() {
             let has_finalizer = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
             let namespace = claim.namespace().unwrap_or_default();
             let orphaned = claim
                 .labels()
                 .get(labels::WORKLOAD)
-                .is_some_and(|w| !workloads.contains(&format!("{namespace}/{w}")));
+                .is_some_and(|w| !workloads.contains(&ObjectKey::new(&namespace, w)));
             if !has_finalizer || (claim.metadata.deletion_timestamp.is_none() && !orphaned) {
                 continue;
             }
@@ -1811,8 +1812,8 @@ impl Admission {
     }
 
     /// The Workload as this loop last saw it.
-    fn current_workload(&self, gang: &str) -> Option<Arc<Workload>> {
-        self.current_workloads().into_iter().find(|w| key(w) == gang)
+    fn current_workload(&self, gang: &ObjectKey) -> Option<Arc<Workload>> {
+        self.current_workloads().into_iter().find(|w| key(w) == *gang)
     }
 
     /// The Workloads as the loop last saw them: the cache, or what its own last write
@@ -1821,7 +1822,7 @@ impl Admission {
     pub(crate) fn current_workloads(&self) -> Vec<Arc<Workload>> {
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         let cached = self.workloads.state();
-        let live: BTreeSet<String> = cached.iter().map(|w| key(w)).collect();
+        let live: BTreeSet<ObjectKey> = cached.iter().map(|w| key(w)).collect();
         written.retain(|k, _| live.contains(k));
         cached
             .into_iter()
@@ -1934,19 +1935,18 @@ fn uses_a_claim_allocated_meanwhile(request: &GangRequest, cluster: &muster_engi
         .shared_claims
         .iter()
         .filter(|c| c.allocation.is_none())
-        .map(|c| c.key.as_str());
-    let own = request.groups.iter().flat_map(|g| &g.pods).flat_map(|p| {
-        p.claims
-            .iter()
-            .filter(|c| c.allocation.is_none())
-            .map(|c| c.key.as_str())
-    });
+        .map(|c| &c.key);
+    let own = request
+        .groups
+        .iter()
+        .flat_map(|g| &g.pods)
+        .flat_map(|p| p.claims.iter().filter(|c| c.allocation.is_none()).map(|c| &c.key));
     shared.chain(own).any(|key| cluster.claim_allocated(key))
 }
 
 /// A gang planned in this pass, waiting for its commit.
 struct PlannedGang {
-    name: String,
+    name: ObjectKey,
     priority: i32,
     workload: Arc<Workload>,
     request: GangRequest,
@@ -1968,11 +1968,11 @@ enum Admit {
 
 /// The engine's plan in the state machine's terms: an extra's own claims go with it.
 pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Placement {
-    let own_claims: BTreeMap<&str, &Vec<PodClaim>> = request
+    let own_claims: BTreeMap<&PodKey, &Vec<PodClaim>> = request
         .groups
         .iter()
         .flat_map(|g| &g.pods)
-        .map(|p| (p.name.as_str(), &p.claims))
+        .map(|p| (&p.key, &p.claims))
         .collect();
     let shared: BTreeSet<&str> = request.shared_claims.iter().map(|c| c.key.as_str()).collect();
     commit::Placement {
@@ -1982,17 +1982,17 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
             .map(|p| {
                 let extra = request.is_extra(&p.group, &p.pod);
                 muster_admission::PlannedPod {
-                    name: convert::name_of(&p.pod),
+                    name: p.pod.name().to_string(),
                     node: p.node.clone(),
                     extra,
                     released_at: None,
                     claims: if extra {
                         own_claims
-                            .get(p.pod.as_str())
+                            .get(&p.pod)
                             .into_iter()
                             .flat_map(|c| c.iter())
                             .filter(|c| !shared.contains(c.key.as_str()))
-                            .map(|c| convert::name_of(&c.key))
+                            .map(|c| c.key.name().to_string())
                             .collect()
                     } else {
                         Vec::new()
@@ -2000,7 +2000,7 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
                 }
             })
             .collect(),
-        claims: plan.claims.iter().map(|c| convert::name_of(&c.claim)).collect(),
+        claims: plan.claims.iter().map(|c| c.claim.name().to_string()).collect(),
         topology_value: plan.topology_value.clone(),
         devices: plan.device_count() as i32,
     }

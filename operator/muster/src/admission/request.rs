@@ -10,6 +10,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use muster_api::Workload;
 use muster_api::labels;
 use muster_engine::claim::{Allocation, ClaimSpec};
+use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::request::{GangRequest, GroupRequest, PodClaim, PodInstance, SharedClaim, TopologyRequest};
 
 use crate::convert::{self, ConvertError};
@@ -59,8 +60,8 @@ impl RequestError {
 /// Claims and templates the gang may refer to, by `namespace/name`.
 #[derive(Debug, Default)]
 pub struct ClaimSources<'a> {
-    pub templates: BTreeMap<String, &'a ResourceClaimTemplate>,
-    pub claims: BTreeMap<String, &'a ResourceClaim>,
+    pub templates: BTreeMap<ObjectKey, &'a ResourceClaimTemplate>,
+    pub claims: BTreeMap<ClaimKey, &'a ResourceClaim>,
     /// Claims only, as the operator sees them: a claim not among them does not exist
     /// yet (it is waited for), rather than being taken from its template.
     claims_only: bool,
@@ -68,12 +69,9 @@ pub struct ClaimSources<'a> {
 
 impl<'a> ClaimSources<'a> {
     pub fn new(templates: &'a [ResourceClaimTemplate], claims: &'a [ResourceClaim]) -> Self {
-        let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            convert::key(m.namespace.as_deref(), m.name.as_deref())
-        };
         ClaimSources {
-            templates: templates.iter().map(|t| (key(&t.metadata), t)).collect(),
-            claims: claims.iter().map(|c| (key(&c.metadata), c)).collect(),
+            templates: templates.iter().map(|t| (convert::object_key(t), t)).collect(),
+            claims: claims.iter().map(|c| (convert::claim_key(c), c)).collect(),
             claims_only: false,
         }
     }
@@ -82,15 +80,7 @@ impl<'a> ClaimSources<'a> {
     pub fn from_claims(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Self {
         ClaimSources {
             templates: BTreeMap::new(),
-            claims: claims
-                .into_iter()
-                .map(|c| {
-                    (
-                        convert::key(c.metadata.namespace.as_deref(), c.metadata.name.as_deref()),
-                        c,
-                    )
-                })
-                .collect(),
+            claims: claims.into_iter().map(|c| (convert::claim_key(c), c)).collect(),
             claims_only: true,
         }
     }
@@ -103,7 +93,7 @@ impl<'a> ClaimSources<'a> {
         name: &str,
         template: Option<&str>,
     ) -> Result<(ClaimSpec, Option<Allocation>), RequestError> {
-        let key = format!("{namespace}/{name}");
+        let key = ClaimKey::new(namespace, name);
         if let Some(claim) = self.claims.get(&key) {
             let object = format!("ResourceClaim {key}");
             let spec = convert::claim_spec(&object, &claim.spec.clone().unwrap_or_default())?;
@@ -116,13 +106,13 @@ impl<'a> ClaimSources<'a> {
             return Ok((spec, allocation));
         }
         let Some(template) = template.filter(|_| !self.claims_only) else {
-            return Err(RequestError::MissingClaim(key));
+            return Err(RequestError::MissingClaim(key.to_string()));
         };
-        let template_key = format!("{namespace}/{template}");
+        let template_key = ObjectKey::new(namespace, template);
         let found = self
             .templates
             .get(&template_key)
-            .ok_or(RequestError::MissingTemplate(template_key.clone()))?;
+            .ok_or_else(|| RequestError::MissingTemplate(template_key.to_string()))?;
         let spec = found.spec.clone().and_then(|s| s.spec).unwrap_or_default();
         Ok((
             convert::claim_spec(&format!("ResourceClaimTemplate {template_key}"), &spec)?,
@@ -214,7 +204,7 @@ pub fn gang_request(
                         let template = gang_templates.get(object_name).copied();
                         let (spec, allocation) = sources.resolve(&namespace, object_name, template)?;
                         shared.push(SharedClaim {
-                            key: format!("{namespace}/{object_name}"),
+                            key: ClaimKey::new(&namespace, object_name),
                             spec,
                             allocation,
                         });
@@ -237,21 +227,19 @@ pub fn gang_request(
                     } else {
                         gang::pod_claim_object_name(&pod_name, own)
                     };
-                    let existing = sources.claims.get(&format!("{namespace}/{object_name}"));
+                    let key = ClaimKey::new(&namespace, &object_name);
+                    let existing = sources.claims.get(&key);
                     if existing.is_none() && sources.claims_only {
-                        return Err(RequestError::MissingClaim(format!("{namespace}/{object_name}")));
+                        return Err(RequestError::MissingClaim(key.to_string()));
                     }
                     let allocation = existing
                         .and_then(|c| c.status.as_ref()?.allocation.as_ref())
-                        .map(|a| convert::allocation(&format!("ResourceClaim {namespace}/{object_name}"), a))
+                        .map(|a| convert::allocation(&format!("ResourceClaim {key}"), a))
                         .transpose()?;
-                    claims.push(PodClaim {
-                        key: format!("{namespace}/{object_name}"),
-                        allocation,
-                    });
+                    claims.push(PodClaim { key, allocation });
                 }
                 Ok(PodInstance {
-                    name: format!("{namespace}/{pod_name}"),
+                    key: PodKey::new(&namespace, &pod_name),
                     claims,
                 })
             })

@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::fmt::Debug;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,8 +14,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use muster_engine::cluster::ClusterState;
+use muster_engine::key::{ClaimKey, PodKey};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tracing::warn;
@@ -121,26 +123,35 @@ impl Index {
 
 /// How one kind enters the cluster state.
 trait Indexed: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static {
-    fn key(&self) -> String {
-        convert::key(self.meta().namespace.as_deref(), self.meta().name.as_deref())
-    }
+    /// How the engine names objects of this kind: a name for cluster-scoped kinds, a
+    /// typed key for namespaced ones.
+    type Key: Clone + Eq + Hash + Send;
+    fn key(&self) -> Self::Key;
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError>;
-    fn remove(key: &str, cluster: &mut ClusterState);
+    fn remove(key: &Self::Key, cluster: &mut ClusterState);
     /// Whether the index tracks how far the watch of this kind has come.
     const VERSIONED: bool = false;
 }
 
 impl Indexed for Node {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         cluster.upsert_node(convert::node(self)?);
         Ok(())
     }
-    fn remove(key: &str, cluster: &mut ClusterState) {
-        cluster.remove_node(key.trim_start_matches('/'));
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.remove_node(key);
     }
 }
 
 impl Indexed for Pod {
+    type Key = PodKey;
+    fn key(&self) -> PodKey {
+        convert::pod_key(self)
+    }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         let key = Indexed::key(self);
         match (convert::pod_node(self), self.spec.as_ref()) {
@@ -151,32 +162,44 @@ impl Indexed for Pod {
         }
         Ok(())
     }
-    fn remove(key: &str, cluster: &mut ClusterState) {
+    fn remove(key: &PodKey, cluster: &mut ClusterState) {
         cluster.remove_pod(key);
     }
 }
 
 impl Indexed for ResourceSlice {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         cluster.upsert_slice(convert::slice(self)?);
         Ok(())
     }
-    fn remove(key: &str, cluster: &mut ClusterState) {
-        cluster.remove_slice(key.trim_start_matches('/'));
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.remove_slice(key);
     }
 }
 
 impl Indexed for DeviceClass {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         cluster.upsert_class(convert::device_class(self));
         Ok(())
     }
-    fn remove(key: &str, cluster: &mut ClusterState) {
-        cluster.remove_class(key.trim_start_matches('/'));
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.remove_class(key);
     }
 }
 
 impl Indexed for DeviceTaintRule {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         cluster.upsert_taint_rule(
             self.metadata.name.as_deref().unwrap_or_default(),
@@ -184,13 +207,17 @@ impl Indexed for DeviceTaintRule {
         );
         Ok(())
     }
-    fn remove(key: &str, cluster: &mut ClusterState) {
-        cluster.remove_taint_rule(key.trim_start_matches('/'));
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.remove_taint_rule(key);
     }
 }
 
 impl Indexed for ResourceClaim {
     const VERSIONED: bool = true;
+    type Key = ClaimKey;
+    fn key(&self) -> ClaimKey {
+        convert::claim_key(self)
+    }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         let key = Indexed::key(self);
         let devices = self
@@ -202,7 +229,7 @@ impl Indexed for ResourceClaim {
         cluster.observe_claim_allocation(&key, devices);
         Ok(())
     }
-    fn remove(key: &str, cluster: &mut ClusterState) {
+    fn remove(key: &ClaimKey, cluster: &mut ClusterState) {
         cluster.set_claim_allocation(key, None);
     }
 }
@@ -248,13 +275,13 @@ async fn watch_taint_rules(client: Client, index: Arc<Index>) {
 /// Feeds one kind into the cluster state.
 async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
     let kind = K::kind(&());
-    let mut known: HashSet<String> = HashSet::new();
-    let mut relisting: Option<HashSet<String>> = None;
+    let mut known: HashSet<K::Key> = HashSet::new();
+    let mut relisting: Option<HashSet<K::Key>> = None;
     let mut listed_once = false;
     let mut newest_version = 0u64;
     let mut relist_version = 0u64;
     // Objects the engine cannot use, left out of the state.
-    let mut unusable: HashSet<String> = HashSet::new();
+    let mut unusable: HashSet<K::Key> = HashSet::new();
     let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
     while let Some(event) = events.next().await {
         let event = match event {
@@ -326,7 +353,7 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
     }
 }
 
-fn apply<K: Indexed>(object: &K, cluster: &mut ClusterState, unusable: &mut HashSet<String>) {
+fn apply<K: Indexed>(object: &K, cluster: &mut ClusterState, unusable: &mut HashSet<K::Key>) {
     let key = Indexed::key(object);
     if let Err(e) = object.apply(cluster) {
         // The object is unusable: forget it rather than keep a stale version.

@@ -7,11 +7,14 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use muster_engine::cluster::PlanId;
+use muster_engine::key::ClaimKey;
 use muster_engine::placement::{self, Outcome, PlanOptions};
 use serde::Serialize;
 
 use crate::admission::fencing::Fencing;
 use crate::admission::request::{ClaimSources, gang_request};
+use crate::convert;
 use crate::snapshot::Objects;
 
 /// The report `muster plan -o json` prints.
@@ -125,29 +128,23 @@ pub fn plan(
             }),
             Outcome::Placed(plan) => {
                 // Devices per claim key, shared claims included.
-                let by_claim: BTreeMap<&str, &muster_engine::claim::Allocation> =
-                    plan.claims.iter().map(|c| (c.claim.as_str(), &c.allocation)).collect();
+                let by_claim: BTreeMap<&ClaimKey, &muster_engine::claim::Allocation> =
+                    plan.claims.iter().map(|c| (&c.claim, &c.allocation)).collect();
                 let mut pods = Vec::new();
                 for placed in &plan.pods {
                     let group = request.groups.iter().find(|g| g.name == placed.group);
-                    let instance = group.and_then(|g| g.pods.iter().find(|p| p.name == placed.pod));
-                    let mut claim_keys: Vec<&str> = instance
-                        .map(|p| p.claims.iter().map(|c| c.key.as_str()).collect())
+                    let instance = group.and_then(|g| g.pods.iter().find(|p| p.key == placed.pod));
+                    let mut claim_keys: Vec<&ClaimKey> = instance
+                        .map(|p| p.claims.iter().map(|c| &c.key).collect())
                         .unwrap_or_default();
                     if let Some(group) = group {
-                        claim_keys.extend(
-                            group
-                                .shape
-                                .shared
-                                .iter()
-                                .map(|s| request.shared_claims[*s].key.as_str()),
-                        );
+                        claim_keys.extend(group.shape.shared.iter().map(|s| &request.shared_claims[*s].key));
                     }
                     let devices = claim_keys
                         .iter()
                         .filter_map(|key| by_claim.get(key).map(|a| (key, a)))
                         .flat_map(|(key, allocation)| {
-                            let claim = key.split_once('/').map_or(*key, |(_, n)| n).to_string();
+                            let claim = key.name().to_string();
                             allocation.devices.iter().map(move |d| DeviceReport {
                                 claim: claim.clone(),
                                 request: d.request.clone(),
@@ -157,13 +154,8 @@ pub fn plan(
                             })
                         })
                         .collect();
-                    let pod_name = placed
-                        .pod
-                        .split_once('/')
-                        .map_or(placed.pod.as_str(), |(_, n)| n)
-                        .to_string();
                     pods.push(PodReport {
-                        name: pod_name,
+                        name: placed.pod.name().to_string(),
                         node: placed.node.clone(),
                         devices,
                     });
@@ -181,11 +173,17 @@ pub fn plan(
                 }
                 details.topology.insert(name.clone(), topology);
                 if !plan.unplaced.is_empty() {
-                    details.unplaced.insert(name.clone(), plan.unplaced.clone());
+                    details
+                        .unplaced
+                        .insert(name.clone(), plan.unplaced.iter().map(|p| p.to_string()).collect());
                 }
                 // The next Workload sees this one as placed.
                 let (assumed_pods, assumed_claims) = plan.assumption(&request);
-                cluster.assume(&request.name, &assumed_pods, &assumed_claims);
+                cluster.assume(
+                    &PlanId::Gang(convert::object_key(&workload)),
+                    &assumed_pods,
+                    &assumed_claims,
+                );
                 report.workloads.push(WorkloadReport {
                     name,
                     feasible: true,

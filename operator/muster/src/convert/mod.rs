@@ -13,6 +13,7 @@ use muster_engine::claim::{
 };
 use muster_engine::cluster::{self as model, CounterConsumption, CounterSet, DeviceNodes, SliceNodes};
 use muster_engine::device::{AttributeValue, Capacity, RequestPolicy, ValidRange};
+use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::quantity::Quantity;
 use muster_engine::resources::Resources;
 use muster_engine::selector::{NodeSelector, NodeTaintEffect, Operator, Requirement, Taint, Term, Toleration};
@@ -201,14 +202,21 @@ fn pinned_node(spec: &PodSpec) -> Option<String> {
     pinned.cloned()
 }
 
-/// `namespace/name`.
-pub fn key(namespace: Option<&str>, name: Option<&str>) -> String {
-    format!("{}/{}", namespace.unwrap_or_default(), name.unwrap_or_default())
+/// The identity of a namespaced object.
+pub fn object_key<K: kube::Resource>(object: &K) -> ObjectKey {
+    let meta = object.meta();
+    ObjectKey::new(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
 }
 
-/// The name part of a [`key`].
-pub fn name_of(key: &str) -> String {
-    key.split_once('/').map_or(key, |(_, name)| name).to_string()
+pub fn pod_key(pod: &Pod) -> PodKey {
+    object_key(pod).into()
+}
+
+pub fn claim_key(claim: &resource::ResourceClaim) -> ClaimKey {
+    object_key(claim).into()
 }
 
 pub fn tolerations(list: &[core::Toleration]) -> Vec<Toleration> {
