@@ -16,7 +16,8 @@ use muster_engine::placement::{self, Outcome};
 use tracing::info;
 
 use crate::admission::release;
-use crate::admission::{Admission, CommitError, core_placement, key};
+use crate::admission::reserve::core_placement;
+use crate::admission::{Admission, CommitError, key};
 use crate::workload::membership;
 use crate::workload::observe;
 

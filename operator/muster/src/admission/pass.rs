@@ -1,0 +1,146 @@
+//! One pass of the admission loop: every placed gang takes a step of its state machine,
+//! then waiting gangs are planned in priority-then-age order and committed in batches.
+
+use crate::cache::gang_index::GangIndex;
+use crate::convert;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use muster_api::v1alpha1::Workload;
+use muster_engine::cluster::PlanId;
+use muster_engine::key::ObjectKey;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::warn;
+
+use super::queue::{Attempt, Planned, PlannedGang};
+use super::{Admission, Held, key, placement_of, record_phases};
+
+impl Admission {
+    /// One look at every gang. Returns how long to wait at most before the next pass.
+    pub(super) async fn pass(&mut self) -> Duration {
+        // A safety net: every event wakes the loop anyway.
+        let mut next = Duration::from_secs(5);
+        let workloads = self.current_workloads();
+        *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));
+        self.reconcile_assumptions(&workloads);
+        self.prune_conflicts(&workloads);
+        self.collect_claims().await;
+        let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
+            store.iter().map(|p| convert::object_key(p.as_ref())).collect()
+        };
+        let pods = keys(self.stores.pods.state());
+        self.own_pods.prune(|k| pods.contains(k));
+        let claims: BTreeSet<ObjectKey> = self
+            .stores
+            .claims
+            .state()
+            .iter()
+            .map(|c| convert::object_key(c.as_ref()))
+            .collect();
+        self.own_claims.prune(|k| claims.contains(k));
+
+        for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
+            if let Err(e) = self.advance(workload, &mut next).await {
+                warn!(workload = %key(workload), error = %e, "admission step failed; retrying");
+                next = next.min(Duration::from_secs(2));
+            }
+        }
+        self.sync_kueue(&workloads).await;
+
+        let mut queue: Vec<(i32, Timestamp, ObjectKey, Arc<Workload>)> = workloads
+            .iter()
+            .filter(|w| self.admissible(w))
+            .map(|w| {
+                let created = w
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .unwrap_or(Timestamp::UNIX_EPOCH);
+                (self.priority(w), created, key(w), w.clone())
+            })
+            .collect();
+        queue.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        record_phases(&workloads, queue.len());
+        // Only gangs in the queue wait; a suspended or finished one starts afresh.
+        let queued: BTreeSet<ObjectKey> = queue.iter().map(|(_, _, k, _)| k.clone()).collect();
+        self.waiting.retain(|k, _| queued.contains(k));
+
+        let changes = self.index.changes();
+        let mut held = Held::default();
+        let mut planned: Vec<PlannedGang> = Vec::new();
+        // Within a pass the cluster only fills up: a gang shaped like one that did not
+        // fit does not fit either, and is not planned again.
+        let mut unfit: HashMap<String, (String, Planned)> = HashMap::new();
+        for (priority, _, name, workload) in queue {
+            // The cache may not show this pass's own commits yet.
+            if self
+                .written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&name)
+                .is_some_and(|w| placement_of(w).and_then(|p| p.state).is_some())
+            {
+                continue;
+            }
+            // The queue is in priority order: every gang holding nodes so far has at
+            // least this one's priority.
+            if let Some(waiting) = self.waiting.get(&name) {
+                let due = Instant::now() >= waiting.next_try
+                    && (waiting.changes_seen != changes || waiting.next_try.elapsed() > Duration::from_secs(300));
+                if !due {
+                    next = next.min(
+                        waiting
+                            .next_try
+                            .saturating_duration_since(Instant::now())
+                            .max(Duration::from_millis(100)),
+                    );
+                    if waiting.since.elapsed() > self.settings.starvation_after
+                        && let Some(reach) = &waiting.reach
+                    {
+                        held.hold(priority, &name, reach);
+                    }
+                    continue;
+                }
+            }
+            let outcome = match self.try_plan(&workload, priority, &held, &mut unfit).await {
+                Ok(Attempt::Placed { request, plan }) => {
+                    // The gangs planned after this one must see its devices and pods as
+                    // taken.
+                    let (pods, claims) = plan.assumption(&request);
+                    self.index
+                        .update(|c| c.assume(&PlanId::Gang(name.clone()), &pods, &claims));
+                    planned.push(PlannedGang {
+                        name,
+                        priority,
+                        workload,
+                        request: *request,
+                        plan: *plan,
+                    });
+                    // A batch of planned gangs is committed at once; the next batch is
+                    // planned on what this one left.
+                    if planned.len() >= self.settings.commit_parallelism.max(1) {
+                        self.commit_batch(std::mem::take(&mut planned), changes, &mut held, &mut next)
+                            .await;
+                    }
+                    continue;
+                }
+                Ok(Attempt::Stale) => {
+                    // It uses a claim that a planned commit allocates, or that the index
+                    // shows allocated before the cache does. Planned again next pass,
+                    // and no gang behind it goes first meanwhile.
+                    next = next.min(Duration::from_millis(100));
+                    break;
+                }
+                Ok(Attempt::Done(admit)) => Ok(admit),
+                Err(e) => Err(e),
+            };
+            self.settle_attempt(&name, priority, outcome, changes, &mut held, &mut next);
+        }
+        self.commit_batch(planned, changes, &mut held, &mut next).await;
+        // Extras of running gangs keep off them too, until the next pass says again.
+        self.held = held;
+        next
+    }
+}

@@ -1,0 +1,463 @@
+//! Performing the state machine: each pass, every placed gang is observed, handed to
+//! `muster_admission::decide`, and the effects it returns are written in order, each
+//! conditional, with a fault point after every write so tests can stop the operator
+//! between any two.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use muster_admission::{ClaimView, Effect, EventKind, Gang, Journal, NodeHealth, PodView, State};
+use muster_api::labels;
+use muster_api::v1alpha1::{AdmissionState, Workload};
+use muster_engine::cluster::PlanId;
+use muster_engine::key::ObjectKey;
+use serde_json::json;
+use tracing::warn;
+
+use crate::kube_ops;
+use crate::ops::faults::Write;
+use crate::ops::metrics::{self};
+use crate::workload::membership;
+use crate::workload::observe::{self};
+
+use super::reserve::deallocate;
+use super::status::event_reason;
+use super::{Admission, CommitError, key, placement_of, release};
+pub use crate::ops::faults::FaultPoint;
+
+/// How long a double allocation of a released gang's device must last before the gang
+/// gives way.
+pub(super) const CONFLICT_SETTLE: Duration = Duration::from_secs(2);
+
+pub(super) fn write_of(effect: &Effect) -> Option<Write> {
+    match effect {
+        Effect::Record(_) => Some(Write::Record),
+        Effect::DeletePods { .. } => Some(Write::Delete),
+        Effect::Deallocate { .. } => Some(Write::Deallocate),
+        Effect::Release { .. } => Some(Write::Release),
+        Effect::DeleteWorkload | Effect::Event { .. } => None,
+    }
+}
+
+impl Admission {
+    pub(super) fn fault(&self, point: FaultPoint) {
+        if self.settings.fault == Some(point) {
+            eprintln!("fault point {} reached: aborting", point.name());
+            std::process::abort();
+        }
+    }
+
+    /// Runs `write` for every item, `--write-parallelism` at a time, and fails with the
+    /// first error once all have run. A test may abort after the first success (`first`).
+    pub(super) async fn write_all<'i, T, F, Fut, R>(
+        &self,
+        items: &'i [T],
+        first: FaultPoint,
+        write: F,
+    ) -> Result<Vec<R>, CommitError>
+    where
+        F: Fn(&'i T) -> Fut,
+        Fut: std::future::Future<Output = Result<R, CommitError>>,
+    {
+        let first_done = std::sync::atomic::AtomicBool::new(false);
+        let results: Vec<Result<R, CommitError>> = stream::iter(items)
+            .map(|item| {
+                let written = write(item);
+                let first_done = &first_done;
+                async move {
+                    let result = written.await?;
+                    if !first_done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        self.checkpoint(first).await;
+                    }
+                    Ok(result)
+                }
+            })
+            .buffer_unordered(self.settings.write_parallelism.max(1))
+            .collect()
+            .await;
+        let mut done = Vec::with_capacity(results.len());
+        let mut failed = None;
+        for result in results {
+            match result {
+                Ok(r) => done.push(r),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(done),
+        }
+    }
+
+    /// [`Self::fault`], then a test's pause at `point`, if either is set.
+    pub(super) async fn checkpoint(&self, point: FaultPoint) {
+        self.fault(point);
+        let Some(pause) = self.settings.pause.as_ref().filter(|p| p.point == point) else {
+            return;
+        };
+        warn!(until = %pause.until.display(), "pause point {} reached: waiting", point.name());
+        while !pause.until.exists() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every assumption ends with the commit that made it: confirmed once the gang is
+    /// released, forgotten once it holds nothing or is gone. A commit whose final record
+    /// failed (or a Workload deleted mid-commit) would otherwise leave one behind, and
+    /// devices would look taken for good.
+    pub(super) fn reconcile_assumptions(&self, workloads: &[Arc<Workload>]) {
+        let states: HashMap<ObjectKey, Option<AdmissionState>> = workloads
+            .iter()
+            .filter(|w| w.metadata.deletion_timestamp.is_none())
+            .map(|w| (key(w), placement_of(w).and_then(|p| p.state)))
+            .collect();
+        let plans: Vec<PlanId> = self.index.cluster().assumed_plans().cloned().collect();
+        for plan in plans {
+            let gang = match &plan {
+                PlanId::Gang(gang) => gang,
+                // An extras commit ends within the call that made it.
+                PlanId::Extras(_) => {
+                    self.index.update(|c| c.forget(&plan));
+                    continue;
+                }
+            };
+            match states.get(gang) {
+                Some(Some(AdmissionState::Reserving | AdmissionState::Reserved)) => {}
+                Some(Some(AdmissionState::Released | AdmissionState::Restarting)) => {
+                    self.index.update(|c| c.confirm(&plan))
+                }
+                _ => self.index.update(|c| c.forget(&plan)),
+            }
+        }
+    }
+
+    /// Forgets double-allocation sightings of gangs that are gone.
+    pub(super) fn prune_conflicts(&self, workloads: &[Arc<Workload>]) {
+        let live: BTreeSet<ObjectKey> = workloads.iter().map(|w| key(w)).collect();
+        self.conflicts_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(gang, _), _| live.contains(gang));
+    }
+
+    /// Of `seen` (the gang's claims whose devices another claim holds too, as the
+    /// index shows now), those seen so continuously for [`CONFLICT_SETTLE`].
+    /// The second value: whether some are still settling.
+    pub(super) fn lasting_conflicts(&self, workload: &Workload, seen: Vec<String>) -> (Vec<String>, bool) {
+        let gang = key(workload);
+        let mut since = self.conflicts_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        since.retain(|(g, claim), _| *g != gang || seen.contains(claim));
+        let settling = !seen.is_empty();
+        let lasting: Vec<String> = seen
+            .into_iter()
+            .filter(|claim| {
+                let first = *since.entry((gang.clone(), claim.clone())).or_insert(now);
+                now.duration_since(first) >= CONFLICT_SETTLE
+            })
+            .collect();
+        let settling = settling && lasting.is_empty();
+        (lasting, settling)
+    }
+
+    /// The core's picture of a placed gang, and its next step.
+    pub(super) fn observe_and_decide(&self, workload: &Workload) -> (Option<Journal>, muster_admission::Step) {
+        let journal = observe::journal(workload);
+        let mut spec = observe::spec(workload);
+        // An eviction by Kueue takes the gang apart as a suspend does; the Workload
+        // controller keeps its gated pods for the next admission.
+        spec.suspend |= self.evicted_by_kueue(workload);
+        let pods = self.gang_pods(workload);
+        let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
+        let claims = self.gang_claims(workload);
+        let claim_views: Vec<ClaimView> = claims.iter().map(|c| observe::claim(c)).collect();
+        let (nodes, devices_published, conflicted, settling) = {
+            let cluster = self.index.cluster();
+            let names: BTreeSet<&str> = journal
+                .iter()
+                .flat_map(|j| &j.nodes)
+                .map(String::as_str)
+                .chain(pod_views.iter().filter_map(|p| p.node.as_deref()))
+                .collect();
+            let nodes: BTreeMap<String, NodeHealth> = names
+                .into_iter()
+                .filter_map(|n| {
+                    let node = cluster.node(n)?;
+                    let health = if node.unschedulable {
+                        NodeHealth::Unschedulable
+                    } else {
+                        NodeHealth::Ready
+                    };
+                    Some((n.to_string(), health))
+                })
+                .collect();
+            let conflicted: Vec<String> = claims
+                .iter()
+                .filter(|c| {
+                    journal
+                        .iter()
+                        .flat_map(|j| &j.claims)
+                        .any(|name| Some(name) == c.metadata.name.as_ref())
+                })
+                .filter(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.allocation.as_ref())
+                        .into_iter()
+                        .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                        .filter(|r| r.admin_access != Some(true) && r.share_id.is_none())
+                        .any(|r| cluster.exclusive_holders(&r.driver, &r.pool, &r.device) > 1)
+                })
+                .map(|c| c.name_any())
+                .collect();
+            // The index can lag (a deallocation seen after the allocation that followed
+            // it): only an overlap that lasts is a conflict.
+            let (conflicted, settling) = self.lasting_conflicts(workload, conflicted);
+            let published = claims
+                .iter()
+                .filter(|c| {
+                    journal
+                        .iter()
+                        .flat_map(|j| &j.claims)
+                        .any(|name| Some(name) == c.metadata.name.as_ref())
+                })
+                .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
+                .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                .all(|r| cluster.device_published(&r.driver, &r.pool, &r.device));
+            (nodes, published, conflicted, settling)
+        };
+        let gang = Gang {
+            spec: &spec,
+            journal: journal.as_ref(),
+            restarts: membership::attempt(workload),
+            finished_at: observe::finished_at(workload),
+            pods: &pod_views,
+            claims: &claim_views,
+            nodes: &nodes,
+            devices_published,
+            conflicted: &conflicted,
+            now: observe::now_millis(),
+        };
+        let mut step = muster_admission::decide(&gang, &self.core_settings());
+        if settling {
+            step = step.then_recheck_in(500);
+        }
+        (journal, step)
+    }
+
+    /// One step of a placed gang's state machine; a released gang's waiting extras are
+    /// placed when nothing else is to be done.
+    pub(super) async fn advance(&self, workload: &Workload, next: &mut Duration) -> Result<(), CommitError> {
+        let (journal, step) = self.observe_and_decide(workload);
+        let state = journal.as_ref().map(|j| j.state);
+        if !step.effects.is_empty() {
+            tracing::debug!(workload = %key(workload), ?state, effects = ?step.effects, "state machine step");
+        }
+        if let Some(millis) = step.recheck_in {
+            *next = (*next).min(Duration::from_millis(millis.max(0) as u64 + 100));
+        }
+        let idle = step.effects.is_empty();
+        self.execute(workload, state, step.effects).await?;
+        if let Some(journal) = journal.filter(|j| idle && j.state == State::Released)
+            && workload.spec.suspend != Some(true)
+            && !self.evicted_by_kueue(workload)
+        {
+            self.place_extras(workload, &journal).await?;
+        }
+        Ok(())
+    }
+
+    /// Performs the state machine's effects in order, stopping at the first that fails.
+    pub(super) async fn execute(
+        &self,
+        workload: &Workload,
+        state: Option<State>,
+        effects: Vec<Effect>,
+    ) -> Result<(), CommitError> {
+        let namespace = workload.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        for effect in effects {
+            self.ensure_leading();
+            let write = write_of(&effect);
+            match effect {
+                // A record that changes nothing is not written: a decision can never spin
+                // on it.
+                Effect::Record(record)
+                    if record.conditions.is_empty()
+                        && record.restarts.is_none()
+                        && record.journal == observe::journal(workload) =>
+                {
+                    warn!(workload = %key(workload), "the state machine asked to record the journal unchanged; skipped");
+                }
+                Effect::Record(record) => {
+                    self.fence_dropped_claims(workload, record.journal.as_ref(), &claims)
+                        .await?;
+                    self.record(workload, record).await?;
+                }
+                Effect::DeletePods {
+                    pods: targets,
+                    immediately,
+                } => {
+                    for target in targets {
+                        self.ensure_leading();
+                        let params = DeleteParams {
+                            grace_period_seconds: immediately.then_some(0),
+                            preconditions: Some(kube::api::Preconditions {
+                                uid: Some(target.uid.clone()),
+                                resource_version: None,
+                            }),
+                            ..DeleteParams::default()
+                        };
+                        match pods.delete(&target.name, &params).await {
+                            Ok(either) => {
+                                if let Some(pod) = either.left() {
+                                    self.own_pods.remember(pod);
+                                }
+                            }
+                            Err(e) => kube_ops::done_if_gone_or_changed(Err::<(), _>(e))?,
+                        }
+                    }
+                }
+                Effect::Deallocate {
+                    claims: names,
+                    finished,
+                } => {
+                    for name in names {
+                        self.ensure_leading();
+                        if let Some(claim) = deallocate(&claims, &name, &finished, &|| self.ensure_leading()).await? {
+                            self.own_claims.remember(claim);
+                        }
+                    }
+                }
+                // Reserved for a gang Kueue has not admitted yet: the pods wait until
+                // Kueue reads muster's answer to its check.
+                Effect::Release { .. } if self.release_held_by_kueue(workload) => {
+                    tracing::debug!(workload = %key(workload), "reserved; waiting for Kueue to admit before releasing");
+                }
+                Effect::Release { pods: pins } => {
+                    let released = self
+                        .write_all(&pins, FaultPoint::AfterFirstRelease, |pin| {
+                            let api = pods.clone();
+                            let cached = self
+                                .gang_pods(workload)
+                                .into_iter()
+                                .find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str()));
+                            async move {
+                                self.ensure_leading();
+                                release::release(
+                                    &api,
+                                    &pin.pod.name,
+                                    &pin.pod.uid,
+                                    &pin.node,
+                                    cached.as_deref(),
+                                    self.settings.fencing,
+                                    &|| self.ensure_leading(),
+                                )
+                                .await
+                                .map_err(CommitError::from)
+                            }
+                        })
+                        .await?;
+                    for pod in released.into_iter().flatten() {
+                        self.own_pods.remember(pod);
+                    }
+                }
+                Effect::DeleteWorkload => {
+                    let api: Api<Workload> = Api::namespaced(self.client.clone(), &namespace);
+                    kube_ops::done_if_gone_or_changed(
+                        api.delete(&workload.name_any(), &DeleteParams::default()).await,
+                    )?;
+                }
+                Effect::Event {
+                    kind,
+                    warning,
+                    action,
+                    note,
+                } => {
+                    if kind == EventKind::ScheduleTimeout {
+                        metrics::get().schedule_timeouts.inc();
+                    }
+                    let type_ = if warning { EventType::Warning } else { EventType::Normal };
+                    self.event(workload, type_, event_reason(kind), action, note).await;
+                }
+            }
+            if let (Some(state), Some(write)) = (state, write) {
+                self.transition_checkpoint(FaultPoint::After(state, write)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims a record stops naming (every one, when the gang is queued again): a fresh
+    /// read must show each unallocated, so that a cache behind an allocation never lets
+    /// one leak. Each is then fenced: its resourceVersion moves, so an allocation a
+    /// deposed leader prepared against an older version (it reads a claim before its
+    /// last Lease check) fails instead of landing after the gang let go.
+    pub(super) async fn fence_dropped_claims(
+        &self,
+        workload: &Workload,
+        next: Option<&Journal>,
+        api: &Api<ResourceClaim>,
+    ) -> Result<(), CommitError> {
+        let kept: BTreeSet<&str> = next.iter().flat_map(|j| &j.claims).map(String::as_str).collect();
+        let named = placement_of(workload).map(|p| p.claims.clone()).unwrap_or_default();
+        for name in named.iter().filter(|c| !kept.contains(c.as_str())) {
+            let Some(claim) = api.get_opt(name).await? else {
+                continue;
+            };
+            if claim.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+                return Err(CommitError::Conflict(format!(
+                    "claim {name} is still allocated; looking again before {} lets go of it",
+                    key(workload)
+                )));
+            }
+            let fence = json!({
+                "metadata": {
+                    "resourceVersion": claim.resource_version(),
+                    "annotations": {labels::CLAIM_RELEASED_AT: observe::now_millis().to_string()},
+                },
+            });
+            self.ensure_leading();
+            let params = PatchParams {
+                field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            match api.patch(name, &params, &Patch::Merge(&fence)).await {
+                Ok(fenced) => self.own_claims.remember(fenced),
+                Err(e) if kube_ops::is_not_found(&e) => {}
+                Err(e) if kube_ops::is_conflict(&e) => {
+                    return Err(CommitError::Conflict(format!(
+                        "claim {name} changed while {} let go of it; looking again",
+                        key(workload)
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A state machine's fault point: aborts (or pauses) at its first write only, so a
+    /// restarted operator can get past it.
+    pub(super) async fn transition_checkpoint(&self, point: FaultPoint) {
+        if self.settings.fault != Some(point) && self.settings.pause.as_ref().is_none_or(|p| p.point != point) {
+            return;
+        }
+        if self
+            .passed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(point.name())
+        {
+            self.checkpoint(point).await;
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! The queue of gangs waiting for admission: which are admissible, in which order, how
+//! each is planned against the engine's snapshot (with the starvation rule's held
+//! nodes), and how a failed attempt waits before the next.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use muster_api::conditions;
+use muster_api::v1alpha1::Workload;
+use muster_engine::key::ObjectKey;
+use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
+use muster_engine::request::GangRequest;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::admission::request::{ClaimSources, RequestError, gang_request};
+use crate::ops::metrics::{self, OutcomeLabel};
+use crate::workload::membership;
+use crate::workload::observe::{condition, finished};
+
+use super::{Admission, CommitError, Held, Waiting, key, placement_of};
+
+/// How long Kueue waits before it gives quota again to a gang whose devices muster could
+/// not reserve inside Kueue's decision.
+pub(super) const KUEUE_RETRY_SECONDS: i64 = 15;
+
+/// What came of planning a queued gang: a plan, and what the starvation rule needs to
+/// know when it does not fit.
+#[derive(Clone)]
+pub(super) struct Planned {
+    pub(super) outcome: Outcome,
+    /// The nodes it could use on the cluster with nothing else on it, if it would fit
+    /// there.
+    pub(super) reach: Option<Arc<BTreeSet<String>>>,
+    /// It would have fit but for nodes held for gangs that waited longest.
+    pub(super) held_back: bool,
+}
+
+/// What a gang that has waited longest holds, given its plan on the emptied cluster:
+/// every node it could use, or every node at all if it needs devices that are not tied
+/// to one node (a network-attached pool serves many nodes, and holding nodes would not
+/// keep others off those devices).
+pub(super) fn reach(
+    empty: &muster_engine::cluster::ClusterState,
+    request: &GangRequest,
+    plan: &Plan,
+    options: &PlanOptions,
+) -> BTreeSet<String> {
+    let planned: BTreeSet<String> = plan.nodes().into_iter().collect();
+    let node_local = plan.claims.iter().all(|c| {
+        c.allocation.node_selector.as_ref().is_some_and(|s| {
+            planned
+                .iter()
+                .any(|n| *s == muster_engine::selector::NodeSelector::for_node(n))
+        })
+    });
+    if node_local {
+        placement::reachable_nodes(empty, request, options)
+    } else {
+        empty.nodes().map(|n| n.name.clone()).collect()
+    }
+}
+
+/// What decides whether a gang fits, without the names of its pods and claims: two
+/// gangs with one signature fit or do not fit alike.
+pub(super) fn shape_signature(request: &GangRequest) -> String {
+    let groups: Vec<String> = request
+        .groups
+        .iter()
+        .map(|g| {
+            let allocations: Vec<Vec<_>> = g
+                .pods
+                .iter()
+                .map(|p| p.claims.iter().map(|c| &c.allocation).collect())
+                .collect();
+            format!("{}/{}/{:?}/{allocations:?}", g.min_count, g.pods.len(), g.shape)
+        })
+        .collect();
+    let shared: Vec<_> = request.shared_claims.iter().map(|c| (&c.spec, &c.allocation)).collect();
+    format!("{groups:?}|{shared:?}|{:?}", request.topology)
+}
+
+/// How planning a gang ended.
+pub(super) enum Attempt {
+    /// It fits: commit this plan.
+    Placed {
+        request: Box<GangRequest>,
+        plan: Box<Plan>,
+    },
+    /// Not planned: the caches are behind the index on one of its claims.
+    Stale,
+    Done(Admit),
+}
+
+/// Whether the request takes a claim as unallocated that the index holds allocated: a
+/// gang committed in this pass allocates it, or the claim cache has not caught up with
+/// an allocation yet. Planned on that view, the claim would be allocated twice.
+pub(super) fn uses_a_claim_allocated_meanwhile(
+    request: &GangRequest,
+    cluster: &muster_engine::cluster::ClusterState,
+) -> bool {
+    let shared = request
+        .shared_claims
+        .iter()
+        .filter(|c| c.allocation.is_none())
+        .map(|c| &c.key);
+    let own = request
+        .groups
+        .iter()
+        .flat_map(|g| &g.pods)
+        .flat_map(|p| p.claims.iter().filter(|c| c.allocation.is_none()).map(|c| &c.key));
+    shared.chain(own).any(|key| cluster.claim_allocated(key))
+}
+
+/// A gang planned in this pass, waiting for its commit.
+pub(super) struct PlannedGang {
+    pub(super) name: ObjectKey,
+    pub(super) priority: i32,
+    pub(super) workload: Arc<Workload>,
+    pub(super) request: GangRequest,
+    pub(super) plan: Plan,
+}
+
+pub(super) enum Admit {
+    Committed,
+    /// The commit found a conflict or failed, and was undone.
+    RolledBack,
+    /// Not now; `reach`: the nodes it could use on the cluster with nothing else on
+    /// it, if it would fit there.
+    DoesNotFit {
+        reach: Option<Arc<BTreeSet<String>>>,
+    },
+    /// The request is wrong for this cluster (the condition says why).
+    Invalid,
+}
+
+impl Admission {
+    /// Commits planned gangs at once: each commit is a chain of round trips, and their
+    /// plans cannot overlap, each planned with the ones before it assumed.
+    pub(super) async fn commit_batch(
+        &mut self,
+        batch: Vec<PlannedGang>,
+        changes: u64,
+        held: &mut Held,
+        next: &mut Duration,
+    ) {
+        if batch.is_empty() {
+            return;
+        }
+        let this = &*self;
+        let parallelism = batch.len();
+        let committed: Vec<(PlannedGang, Result<Admit, CommitError>)> = stream::iter(batch)
+            .map(|gang| async move {
+                let outcome = this.commit_planned(&gang.workload, &gang.request, &gang.plan).await;
+                (gang, outcome)
+            })
+            .buffer_unordered(parallelism)
+            .collect()
+            .await;
+        for (gang, outcome) in committed {
+            self.settle_attempt(&gang.name, gang.priority, outcome, changes, held, next);
+        }
+    }
+
+    /// Remembers how an attempt to admit gang `name` ended: a committed gang stops
+    /// waiting; any other waits with a growing backoff, and holds its nodes once it has
+    /// waited past the starvation limit.
+    pub(super) fn settle_attempt(
+        &mut self,
+        name: &ObjectKey,
+        priority: i32,
+        outcome: Result<Admit, CommitError>,
+        changes: u64,
+        held: &mut Held,
+        next: &mut Duration,
+    ) {
+        if matches!(outcome, Ok(Admit::Committed)) {
+            self.waiting.remove(name);
+            return;
+        }
+        let reach = match &outcome {
+            Ok(Admit::DoesNotFit { reach }) => reach.clone(),
+            // A commit that failed, or an invalid request, waits like a gang that does
+            // not fit, but never holds the queue back.
+            Ok(Admit::Committed | Admit::RolledBack | Admit::Invalid) | Err(_) => None,
+        };
+        if let Err(e) = &outcome {
+            warn!(workload = %name, error = %e, "admission failed");
+        }
+        let entry = self.waiting.entry(name.clone()).or_insert(Waiting {
+            since: Instant::now(),
+            next_try: Instant::now(),
+            failures: 0,
+            changes_seen: 0,
+            reach: None,
+        });
+        entry.failures += 1;
+        entry.changes_seen = changes;
+        // A gang that would fit an emptied cluster waits for capacity: it is tried again
+        // as soon as the cluster changes, at most once a second. Anything else (a failed
+        // commit, a gang too big for the cluster) backs off: 1 s, 2 s, 4 s ... at most a
+        // minute between attempts.
+        let backoff = if reach.is_some() {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(1u64 << entry.failures.min(7).saturating_sub(1)).min(Duration::from_secs(60))
+        };
+        entry.reach = reach;
+        entry.next_try = Instant::now() + backoff;
+        *next = (*next).min(backoff);
+        if entry.since.elapsed() > self.settings.starvation_after
+            && let Some(reach) = &entry.reach
+        {
+            held.hold(priority, name, reach);
+        }
+    }
+
+    /// Waiting for admission: every object exists, not suspended, not being deleted.
+    pub(super) fn admissible(&self, workload: &Workload) -> bool {
+        if workload.metadata.deletion_timestamp.is_some() || workload.spec.suspend == Some(true) {
+            return false;
+        }
+        if finished(workload) {
+            return false;
+        }
+        if placement_of(workload).and_then(|p| p.state).is_some() {
+            return false;
+        }
+        if self.held_by_kueue(workload) {
+            return false;
+        }
+        let created = condition(workload, conditions::CREATED)
+            .is_some_and(|c| c.status == "True" && c.observed_generation == workload.metadata.generation);
+        if !created {
+            return false;
+        }
+        let expected: i32 = workload
+            .spec
+            .pod_groups
+            .iter()
+            .filter(|g| g.template.is_some())
+            .map(|g| g.replicas)
+            .sum();
+        let pods = self.gang_pods(workload);
+        let attempt = membership::attempt(workload);
+        let gated = pods
+            .iter()
+            .filter(|p| crate::workload::status::is_gated(p) && p.metadata.deletion_timestamp.is_none())
+            .filter(|p| membership::of_attempt(p, attempt))
+            .count();
+        // Pods of template-less groups: at least minCount, all waiting at the gate.
+        let external_ready = workload
+            .spec
+            .pod_groups
+            .iter()
+            .filter(|g| g.template.is_none())
+            .all(|g| {
+                let members = crate::workload::membership::external_members(&pods, g);
+                members.len() as i32 >= g.min_count() && members.iter().all(|p| crate::workload::status::is_gated(p))
+            });
+        gated as i32 >= expected && external_ready
+    }
+
+    /// Nodes held by the starvation rule (as of the last pass) against `workload`.
+    pub(crate) fn held_against(&self, workload: &Workload) -> BTreeSet<String> {
+        self.held.against(self.priority(workload))
+    }
+
+    pub(super) fn priority(&self, workload: &Workload) -> i32 {
+        let Some(class) = &workload.spec.priority_class_name else {
+            // The global default class, if one is marked default.
+            return self
+                .priorities
+                .state()
+                .iter()
+                .find(|p| p.global_default == Some(true))
+                .map_or(0, |p| p.value.unwrap_or(0));
+        };
+        self.priorities
+            .state()
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(class))
+            .map_or(0, |p| p.value.unwrap_or(0))
+    }
+
+    /// The gang request for a Workload whose objects exist: claims from the cluster.
+    pub(crate) fn request(&self, workload: &Workload) -> Result<GangRequest, RequestError> {
+        let namespace = workload.namespace().unwrap_or_default();
+        // A claim this loop deallocated that the cache still shows allocated would be
+        // planned as the gang's own: wait until the cache catches up.
+        let gangs = self.gangs();
+        let claims = gangs.claims(&namespace, &workload.name_any());
+        for claim in claims {
+            if !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), claim) {
+                return Err(RequestError::DeallocationNotSeen(claim.name_any()));
+            }
+        }
+        // Claims muster made or joined carry a gang's label; one the Workload shares with
+        // another carries the other's.
+        let sources = ClaimSources::from_claims(gangs.namespace_claims(&namespace).iter().map(AsRef::as_ref));
+        let pods = if crate::workload::membership::has_external_groups(workload) {
+            self.gang_pods(workload)
+        } else {
+            Vec::new()
+        };
+        let mut request = gang_request(workload, &sources, &pods)?;
+        // muster's pods or claims tolerate the fence that keeps others off the devices.
+        self.settings.fencing.apply(&mut request);
+        Ok(request)
+    }
+
+    /// Plans a gang of `priority`, without the nodes `held` against it for gangs that
+    /// have waited longest, and commits it if it fits.
+    /// Plans gang `workload`: a plan to commit, or how the attempt ended (its status and
+    /// Kueue's check already say why).
+    pub(super) async fn try_plan(
+        &self,
+        workload: &Workload,
+        priority: i32,
+        held: &Held,
+        unfit: &mut HashMap<String, (String, Planned)>,
+    ) -> Result<Attempt, CommitError> {
+        let request = match self.request(workload) {
+            Ok(request) => request,
+            Err(e) if e.is_waiting() => return Ok(Attempt::Done(Admit::DoesNotFit { reach: None })),
+            Err(e) => {
+                let message = e.to_string();
+                if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
+                    self.set_admitted(workload, false, conditions::REASON_INVALID_REQUEST, &message, None)
+                        .await?;
+                }
+                // Kueue would hold the quota for it with the check pending, for ever.
+                self.answer_check(workload, "Rejected", &message, None).await?;
+                return Ok(Attempt::Done(Admit::Invalid));
+            }
+        };
+        let started = Instant::now();
+        // Inside Kueue's decision: the nodes of its flavors and topology domains.
+        let mut excluded = held.against(priority);
+        let cluster = self.index.snapshot();
+        if uses_a_claim_allocated_meanwhile(&request, &cluster) {
+            return Ok(Attempt::Stale);
+        }
+        if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
+            excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
+        }
+        drop(cluster);
+        // Kueue's decision differs per gang; otherwise the shape, the priority and the
+        // held nodes decide the outcome.
+        let shape = self
+            .kueue_object(workload)
+            .is_not_queued()
+            .then(|| format!("{priority}|{excluded:?}|{}", shape_signature(&request)));
+        let planned = match shape.as_ref().and_then(|s| unfit.get(s)) {
+            Some((planned_gang, known)) => {
+                // The reasons name the gang that was planned: name this one instead.
+                let mut planned = known.clone();
+                if let Outcome::Unschedulable(why) = &mut planned.outcome {
+                    for reason in &mut why.reasons {
+                        *reason = reason.replace(planned_gang.as_str(), &request.name);
+                    }
+                }
+                planned
+            }
+            None => {
+                let planned = self.plan_off_runtime(workload, request.clone(), excluded).await?;
+                if let Some(shape) = shape
+                    && matches!(planned.outcome, Outcome::Unschedulable(_))
+                {
+                    unfit.insert(shape, (request.name.clone(), planned.clone()));
+                }
+                planned
+            }
+        };
+        let (outcome, reach) = (planned.outcome, planned.reach);
+        let planned_in = started.elapsed();
+        let label = OutcomeLabel {
+            outcome: if matches!(outcome, Outcome::Placed(_)) {
+                "placed"
+            } else {
+                "unschedulable"
+            },
+        };
+        metrics::get()
+            .plan_duration
+            .get_or_create(&label)
+            .observe(metrics::seconds(planned_in));
+        match outcome {
+            Outcome::Unschedulable(why) => {
+                let mut message = why.to_string();
+                if reach.is_none() {
+                    message.push_str("; it would not fit even on an empty cluster");
+                }
+                let reason = if planned.held_back {
+                    message = format!("{}; elsewhere: {message}", held.message(priority));
+                    conditions::REASON_WAITING_BEHIND
+                } else {
+                    conditions::REASON_UNSCHEDULABLE
+                };
+                let previous = condition(workload, conditions::ADMITTED).map(|c| (c.reason.clone(), c.message.clone()));
+                if previous != Some((reason.to_string(), message.clone())) {
+                    info!(workload = %key(workload), reason = %message, "gang does not fit");
+                    self.set_admitted(workload, false, reason, &message, None).await?;
+                    self.event(
+                        workload,
+                        EventType::Normal,
+                        conditions::EVENT_UNSCHEDULABLE,
+                        "Plan",
+                        message.clone(),
+                    )
+                    .await;
+                }
+                // Kueue reserved quota and asked: not now (it requeues the gang and
+                // frees the quota meanwhile), or never.
+                if reach.is_some() {
+                    self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_SECONDS))
+                        .await?;
+                } else {
+                    self.answer_check(workload, "Rejected", &message, None).await?;
+                }
+                Ok(Attempt::Done(Admit::DoesNotFit { reach }))
+            }
+            Outcome::Placed(plan) => {
+                info!(workload = %key(workload), pods = plan.pods.len(), devices = plan.device_count(), planned_ms = planned_in.as_millis() as u64, "gang fits; committing");
+                Ok(Attempt::Placed {
+                    request: Box::new(request),
+                    plan: Box::new(plan),
+                })
+            }
+        }
+    }
+
+    /// Commits a planned gang whose plan the index already assumes.
+    pub(super) async fn commit_planned(
+        &self,
+        workload: &Workload,
+        request: &GangRequest,
+        plan: &Plan,
+    ) -> Result<Admit, CommitError> {
+        let started = Instant::now();
+        let committed = self
+            .commit(workload, request, plan)
+            .instrument(info_span!("commit", workload = %key(workload)))
+            .await;
+        let outcome = if matches!(committed, Ok(true)) {
+            "committed"
+        } else {
+            "failed"
+        };
+        metrics::get()
+            .commit_duration
+            .get_or_create(&OutcomeLabel { outcome })
+            .observe(metrics::seconds(started.elapsed()));
+        Ok(if committed? {
+            Admit::Committed
+        } else {
+            Admit::RolledBack
+        })
+    }
+
+    /// Plans on a snapshot of the cluster, on a blocking thread: watches go on meanwhile,
+    /// and the commit's conflict check catches what they show too late. `held` nodes
+    /// are left out.
+    pub(super) async fn plan_off_runtime(
+        &self,
+        workload: &Workload,
+        request: GangRequest,
+        held: BTreeSet<String>,
+    ) -> Result<Planned, CommitError> {
+        let cluster = self.index.snapshot();
+        let unlimited = self.settings.plan.clone();
+        let options = PlanOptions {
+            excluded_nodes: Arc::new(held),
+            ..unlimited.clone()
+        };
+        let span = info_span!("plan", workload = %key(workload));
+        tokio::task::spawn_blocking(move || {
+            let _span = span.entered();
+            let outcome = placement::plan(&cluster, &request, &options);
+            if matches!(outcome, Outcome::Placed(_)) {
+                return Planned {
+                    outcome,
+                    reach: None,
+                    held_back: false,
+                };
+            }
+            let held_back = !options.excluded_nodes.is_empty()
+                && matches!(placement::plan(&cluster, &request, &unlimited), Outcome::Placed(_));
+            let empty = cluster.emptied();
+            let reach = match placement::plan(&empty, &request, &unlimited) {
+                Outcome::Placed(plan) => Some(Arc::new(reach(&empty, &request, &plan, &unlimited))),
+                Outcome::Unschedulable(_) => None,
+            };
+            Planned {
+                outcome,
+                reach,
+                held_back,
+            }
+        })
+        .await
+        .map_err(|e| CommitError::Planning(e.to_string()))
+    }
+}

@@ -1,0 +1,443 @@
+//! Committing a plan: record it, allocate every claim of the gang, check that no device
+//! went twice, and undo what was written when any of it fails; giving allocations back
+//! once a gang no longer needs them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use muster_admission::commit;
+use muster_admission::{ConditionType, Journal, Reason, Record};
+use muster_api::labels;
+use muster_api::v1alpha1::Workload;
+use muster_engine::cluster::PlanId;
+use muster_engine::key::{ObjectKey, PodKey};
+use muster_engine::placement::Plan;
+use muster_engine::request::{GangRequest, PodClaim};
+use serde_json::json;
+use tracing::{Instrument, info_span, warn};
+
+use crate::convert;
+use crate::kube_ops;
+use crate::ops::metrics::{self};
+use crate::workload::observe::{self};
+
+use super::{Admission, CommitError, key, now, version};
+pub use crate::ops::faults::FaultPoint;
+
+/// How long the commit's conflict check waits for the claim watch before it lists.
+pub(super) const CONFLICT_CHECK_WAIT: Duration = Duration::from_secs(5);
+
+/// A commit's record of its progress: the journal, and `Admitted` false while reserving.
+pub(super) fn reserving_record(journal: Journal, message: &str) -> Record {
+    Record {
+        journal: Some(journal),
+        conditions: vec![muster_admission::Condition {
+            type_: ConditionType::Admitted,
+            status: false,
+            reason: Reason::Reserving,
+            message: message.into(),
+        }],
+        restarts: None,
+    }
+}
+
+/// The engine's plan in the state machine's terms: an extra's own claims go with it.
+pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Placement {
+    let own_claims: BTreeMap<&PodKey, &Vec<PodClaim>> = request
+        .groups
+        .iter()
+        .flat_map(|g| &g.pods)
+        .map(|p| (&p.key, &p.claims))
+        .collect();
+    let shared: BTreeSet<&str> = request.shared_claims.iter().map(|c| c.key.as_str()).collect();
+    commit::Placement {
+        pods: plan
+            .pods
+            .iter()
+            .map(|p| {
+                let extra = request.is_extra(&p.group, &p.pod);
+                muster_admission::PlannedPod {
+                    name: p.pod.name().to_string(),
+                    node: p.node.clone(),
+                    extra,
+                    released_at: None,
+                    claims: if extra {
+                        own_claims
+                            .get(&p.pod)
+                            .into_iter()
+                            .flat_map(|c| c.iter())
+                            .filter(|c| !shared.contains(c.key.as_str()))
+                            .map(|c| c.key.name().to_string())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect(),
+        claims: plan.claims.iter().map(|c| c.claim.name().to_string()).collect(),
+        topology_value: plan.topology_value.clone(),
+        devices: plan.device_count() as i32,
+    }
+}
+
+/// The patch that clears a claim's allocation, and `reservedFor` with it (the API allows
+/// clearing the allocation only together with an empty `reservedFor`), conditional on
+/// the version read.
+pub(super) fn deallocation(claim: &ResourceClaim) -> serde_json::Value {
+    json!({
+        "metadata": {"resourceVersion": claim.resource_version()},
+        "status": {"allocation": null, "reservedFor": null},
+    })
+}
+
+/// Clears a claim's allocation after a fresh read, unless a pod other than those in
+/// `finished` reserves it: a pod that may still run keeps its devices. Returns the claim
+/// as it is now (`None`: gone). `leading` runs between the read and the write, so a
+/// leader deposed before it cannot clear an allocation its successor made.
+pub(crate) async fn deallocate(
+    api: &Api<ResourceClaim>,
+    name: &str,
+    finished: &[String],
+    leading: &(dyn Fn() + Sync),
+) -> Result<Option<ResourceClaim>, kube::Error> {
+    let Some(claim) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
+        return Ok(Some(claim));
+    };
+    let in_use = status.reserved_for.iter().flatten().any(|r| !finished.contains(&r.uid));
+    if in_use {
+        return Ok(Some(claim));
+    }
+    leading();
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&deallocation(&claim)))
+        .await
+    {
+        Ok(claim) => Ok(Some(claim)),
+        // Changed meanwhile: looked at again in the next pass.
+        Err(e) if kube_ops::is_conflict(&e) => Ok(Some(claim)),
+        Err(e) if kube_ops::is_not_found(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Undoes an allocation this loop wrote, only while the claim is as the write left it.
+pub(super) async fn undo_allocation(
+    api: &Api<ResourceClaim>,
+    written: &ResourceClaim,
+) -> Result<Option<ResourceClaim>, kube::Error> {
+    match api
+        .patch_status(
+            &written.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&deallocation(written)),
+        )
+        .await
+    {
+        Ok(claim) => Ok(Some(claim)),
+        Err(e) if kube_ops::is_not_found(&e) || kube_ops::is_conflict(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl Admission {
+    /// Commits a plan: record, reserve, check, then release through the state machine.
+    /// `Ok(false)`: the commit was undone.
+    /// Records the plan, reserves every claim and releases the pods. The index assumes
+    /// the plan already (the caller did, before planning the next gang); a commit that
+    /// stops before its plan is recorded forgets the assumption.
+    pub(super) async fn commit(
+        &self,
+        workload: &Workload,
+        request: &GangRequest,
+        plan: &Plan,
+    ) -> Result<bool, CommitError> {
+        let gang = key(workload);
+        let placement = core_placement(request, plan);
+        let journal = commit::reserving(&placement, observe::now_millis());
+        let recorded = match self
+            .record(
+                workload,
+                reserving_record(journal.clone(), "reserving the gang's devices"),
+            )
+            .await
+        {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
+                return Err(e);
+            }
+        };
+        self.checkpoint(FaultPoint::AfterPlanRecorded).await;
+
+        if let Err(e) = self
+            .reserve(plan)
+            .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
+            .await
+        {
+            self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
+            self.fail_commit(&recorded, &journal, e).await?;
+            return Ok(false);
+        }
+        metrics::get().reservations.inc();
+        metrics::get().reserved_devices.inc_by(plan.device_count() as u64);
+        let reserved = self
+            .record(
+                &recorded,
+                reserving_record(
+                    commit::reserved(&journal, observe::now_millis()),
+                    "every claim is allocated; releasing pods",
+                ),
+            )
+            .await?;
+        self.checkpoint(FaultPoint::AfterReserved).await;
+        // The state machine releases the pods, then records the gang as released.
+        let mut next = Duration::MAX;
+        async {
+            self.advance(&reserved, &mut next).await?;
+            let current = self.current_workload(&gang).unwrap_or(reserved.clone());
+            self.advance(&current, &mut next).await
+        }
+        .instrument(info_span!("release", workload = %gang, pods = plan.pods.len()))
+        .await?;
+        Ok(true)
+    }
+
+    /// A commit that failed before every claim was allocated and checked: undo its own
+    /// writes and record the cause; the state machine gives back whatever is left.
+    pub(super) async fn fail_commit(
+        &self,
+        recorded: &Workload,
+        journal: &Journal,
+        failure: (CommitError, Vec<ResourceClaim>),
+    ) -> Result<(), CommitError> {
+        let (error, written) = failure;
+        let conflict = matches!(error, CommitError::Conflict(_));
+        if conflict {
+            metrics::get().conflicts.inc();
+        }
+        let reason = if conflict { Reason::Conflict } else { Reason::RolledBack };
+        let message = format!("reserving failed and was undone: {error}");
+        let namespace = recorded.namespace().unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let written_names: BTreeSet<String> = written.iter().map(|c| c.name_any()).collect();
+        self.undo_allocations(&api, written).await?;
+        // Only the claims this commit allocated are left to give back: a claim someone
+        // else allocated meanwhile is not the gang's to clear.
+        let mut failed = commit::failed(journal, reason, message.clone());
+        failed.claims.retain(|c| written_names.contains(c));
+        self.record(
+            recorded,
+            Record {
+                journal: Some(failed),
+                conditions: vec![muster_admission::Condition {
+                    type_: ConditionType::Admitted,
+                    status: false,
+                    reason,
+                    message: message.clone(),
+                }],
+                restarts: None,
+            },
+        )
+        .await?;
+        warn!(workload = %key(recorded), "{message}");
+        Ok(())
+    }
+
+    /// Undoes allocations a commit wrote, each only while the claim is as the commit
+    /// left it: whatever changed it since is not the commit's to undo.
+    pub(crate) async fn undo_allocations(
+        &self,
+        api: &Api<ResourceClaim>,
+        written: Vec<ResourceClaim>,
+    ) -> Result<(), CommitError> {
+        for claim in written {
+            self.ensure_leading();
+            if let Some(claim) = undo_allocation(api, &claim).await? {
+                self.own_claims.remember(claim);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remember_pod(&self, pod: Pod) {
+        self.own_pods.remember(pod);
+    }
+
+    /// Allocates every planned claim, each only if it is still unallocated, then checks
+    /// that no other claim holds any of the devices. On error, the claims written so
+    /// far come back with it.
+    pub(crate) async fn reserve(&self, plan: &Plan) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
+        let timestamp = now();
+        let written = std::sync::Mutex::new(Vec::new());
+        let result = self
+            .write_all(&plan.claims, FaultPoint::AfterFirstClaim, |claim| {
+                let (namespace, name) = (claim.claim.namespace(), claim.claim.name());
+                let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+                let mut allocation = convert::allocation_to_kube(&claim.allocation);
+                allocation.allocation_timestamp = Some(timestamp.clone());
+                let written = &written;
+                async move {
+                    // Read, then check the Lease, then write against what was read: a
+                    // leader deposed after its check writes against a version older
+                    // than the successor's fence (see `fence_dropped_claims`).
+                    self.ensure_leading();
+                    let current = kube_ops::add_finalizer(&api, api.get(name).await?, labels::CLAIM_FINALIZER).await?;
+                    self.ensure_leading();
+                    if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+                        return Err(CommitError::Conflict(format!(
+                            "ResourceClaim {name} was allocated by someone else meanwhile"
+                        )));
+                    }
+                    let patch = json!({
+                        "metadata": {"resourceVersion": current.resource_version()},
+                        "status": {"allocation": allocation},
+                    });
+                    let params = PatchParams {
+                        field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                        ..PatchParams::default()
+                    };
+                    let claim = api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
+                    self.own_claims.remember(claim.clone());
+                    written.lock().unwrap_or_else(|p| p.into_inner()).push(claim);
+                    Ok(())
+                }
+            })
+            .await;
+        let written = written.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = result {
+            return Err((e, written));
+        }
+        self.checkpoint(FaultPoint::AfterAllClaims).await;
+        let newest = written.iter().map(version).max().unwrap_or(0);
+        match self.check_conflicts(plan, newest).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e, written)),
+        }
+    }
+
+    /// No claim outside the gang holds a planned device, as of a moment after the
+    /// gang's last claim write (`written`, its resourceVersion). The index answers once
+    /// its claim watch has come that far; a fresh list of every claim if it lags.
+    pub(super) async fn check_conflicts(&self, plan: &Plan, written: u64) -> Result<(), CommitError> {
+        let ours: BTreeSet<&str> = plan.claims.iter().map(|c| c.claim.as_str()).collect();
+        let planned: BTreeMap<muster_engine::claim::DeviceId, &str> = plan
+            .claims
+            .iter()
+            .flat_map(|c| {
+                c.allocation
+                    .devices
+                    .iter()
+                    .filter(|d| d.share_id.is_none() && d.admin_access != Some(true))
+                    .map(move |d| (d.device_id(), c.claim.as_str()))
+            })
+            .collect();
+        if written > 0 && self.index.wait_for_claims(written, CONFLICT_CHECK_WAIT).await {
+            // Each of the gang's claims holds its own devices once: a second holder is
+            // another claim.
+            let cluster = self.index.cluster();
+            for (id, mine) in &planned {
+                if cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1 {
+                    let others: Vec<&str> = cluster
+                        .exclusive_holder_names(id)
+                        .into_iter()
+                        .filter(|c| !ours.contains(c))
+                        .collect();
+                    return Err(CommitError::Conflict(format!(
+                        "device {id} planned for {mine} is allocated to {}",
+                        others.join(", ")
+                    )));
+                }
+            }
+            return Ok(());
+        }
+        let all: Api<ResourceClaim> = Api::all(self.client.clone());
+        let claims = all.list(&ListParams::default()).await?;
+        for claim in claims.items {
+            let claim_key = convert::claim_key(&claim);
+            if ours.contains(claim_key.as_str()) {
+                continue;
+            }
+            let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+                continue;
+            };
+            for result in allocation.devices.iter().flat_map(|d| d.results.iter().flatten()) {
+                if result.admin_access == Some(true) || result.share_id.is_some() {
+                    continue;
+                }
+                let id = muster_engine::claim::DeviceId {
+                    driver: result.driver.clone(),
+                    pool: result.pool.clone(),
+                    device: result.device.clone(),
+                };
+                if let Some(mine) = planned.get(&id) {
+                    return Err(CommitError::Conflict(format!(
+                        "device {id} planned for {mine} is allocated to {claim_key}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims being deleted, and claims a deleted Workload only joined (a user's): clear
+    /// the allocation muster wrote once no pod that may run uses them, then let go.
+    pub(super) async fn collect_claims(&self) {
+        let finished: Vec<String> = self
+            .stores
+            .pods
+            .state()
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
+            .filter_map(|p| p.uid())
+            .collect();
+        let workloads: BTreeSet<ObjectKey> = self.current_workloads().iter().map(|w| key(w)).collect();
+        for claim in self.stores.claims.state() {
+            let has_finalizer = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
+            let namespace = claim.namespace().unwrap_or_default();
+            let orphaned = claim
+                .labels()
+                .get(labels::WORKLOAD)
+                .is_some_and(|w| !workloads.contains(&ObjectKey::new(&namespace, w)));
+            if !has_finalizer || (claim.metadata.deletion_timestamp.is_none() && !orphaned) {
+                continue;
+            }
+            // A pod that may still run keeps it: look again once the cache says otherwise.
+            let in_use = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.reserved_for.as_ref())
+                .is_some_and(|r| r.iter().any(|c| !finished.contains(&c.uid)));
+            if in_use {
+                continue;
+            }
+            self.ensure_leading();
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+            let result = async {
+                match deallocate(&api, &claim.name_any(), &finished, &|| self.ensure_leading()).await? {
+                    Some(current) if current.status.as_ref().is_none_or(|s| s.allocation.is_none()) => {
+                        self.ensure_leading();
+                        kube_ops::remove_finalizer(&api, &current, labels::CLAIM_FINALIZER).await
+                    }
+                    _ => Ok(()),
+                }
+            }
+            .await;
+            if let Err(e) = result {
+                warn!(claim = %claim.name_any(), error = %e, "releasing a deleted claim failed; retrying");
+            }
+        }
+    }
+}
