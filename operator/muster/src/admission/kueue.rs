@@ -152,11 +152,7 @@ impl Admission {
         ) else {
             return Ok(());
         };
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &object.namespace().unwrap_or_default(),
-            &kueue::api_resource(),
-        );
+        let api = self.kueue_api(&object);
         self.ensure_leading();
         api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -239,11 +235,7 @@ impl Admission {
 
     async fn sync_one(&self, workload: &Workload, object: &DynamicObject) -> Result<(), CommitError> {
         let verdict = Verdict::of(object);
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &object.namespace().unwrap_or_default(),
-            &kueue::api_resource(),
-        );
+        let api = self.kueue_api(object);
         let now = observe::now_rfc3339();
         let journal = placement_of(workload).and_then(|p| p.state);
         let params = PatchParams::default();
@@ -350,16 +342,22 @@ impl Admission {
         Ok(())
     }
 
-    /// Removes Kueue's quota finalizer from `object`, conditional on the version read.
+    /// The API of `object`'s Kueue Workloads.
+    fn kueue_api(&self, object: &DynamicObject) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            &object.namespace().unwrap_or_default(),
+            &kueue::api_resource(),
+        )
+    }
+
+    /// Removes Kueue's quota finalizer from `object`, guarded by a test of its place in
+    /// the list.
     async fn release_quota_finalizer(&self, object: &DynamicObject) -> Result<(), CommitError> {
         if !object.finalizers().iter().any(|f| f == kueue::RESOURCE_IN_USE) {
             return Ok(());
         }
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &object.namespace().unwrap_or_default(),
-            &kueue::api_resource(),
-        );
+        let api = self.kueue_api(object);
         self.ensure_leading();
         match kube_ops::remove_finalizer(&api, object, kueue::RESOURCE_IN_USE).await {
             // The list changed meanwhile (the test failed): the next pass reads it again.

@@ -178,6 +178,12 @@ impl Admission {
         let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
         let claims = self.gang_claims(workload);
         let claim_views: Vec<ClaimView> = claims.iter().map(|c| observe::claim(c)).collect();
+        let in_journal = |claim: &ResourceClaim| {
+            journal
+                .iter()
+                .flat_map(|j| &j.claims)
+                .any(|name| Some(name) == claim.metadata.name.as_ref())
+        };
         let (nodes, devices_published, conflicted, settling) = {
             let cluster = self.index.cluster();
             let names: BTreeSet<&str> = journal
@@ -200,12 +206,7 @@ impl Admission {
                 .collect();
             let conflicted: Vec<String> = claims
                 .iter()
-                .filter(|c| {
-                    journal
-                        .iter()
-                        .flat_map(|j| &j.claims)
-                        .any(|name| Some(name) == c.metadata.name.as_ref())
-                })
+                .filter(|c| in_journal(c))
                 .filter(|c| {
                     c.status
                         .as_ref()
@@ -222,12 +223,7 @@ impl Admission {
             let (conflicted, settling) = self.lasting_conflicts(workload, conflicted);
             let published = claims
                 .iter()
-                .filter(|c| {
-                    journal
-                        .iter()
-                        .flat_map(|j| &j.claims)
-                        .any(|name| Some(name) == c.metadata.name.as_ref())
-                })
+                .filter(|c| in_journal(c))
                 .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
                 .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
                 .all(|r| cluster.device_published(&r.driver, &r.pool, &r.device));
