@@ -17,6 +17,8 @@
 
 mod ast;
 mod check;
+mod cost;
+mod decls;
 pub mod device;
 mod eval;
 mod functions;
@@ -25,6 +27,7 @@ pub mod name_map;
 mod parser;
 pub mod quantity;
 mod semver;
+mod types;
 mod value;
 
 #[cfg(test)]

@@ -58,10 +58,15 @@ pub(crate) enum TypeName {
     Map,
     Type,
     Optional,
-    Dyn,
     Quantity,
     Semver,
     Device,
+    Timestamp,
+    Duration,
+    Url,
+    Format,
+    Ip,
+    Cidr,
 }
 
 impl TypeName {
@@ -78,30 +83,16 @@ impl TypeName {
             TypeName::Map => "map",
             TypeName::Type => "type",
             TypeName::Optional => "optional_type",
-            TypeName::Dyn => "dyn",
             TypeName::Quantity => "kubernetes.Quantity",
             TypeName::Semver => "kubernetes.Semver",
             TypeName::Device => "kubernetes.DRADevice",
+            TypeName::Timestamp => "google.protobuf.Timestamp",
+            TypeName::Duration => "google.protobuf.Duration",
+            TypeName::Url => "kubernetes.URL",
+            TypeName::Format => "kubernetes.NamedFormat",
+            TypeName::Ip => "net.IP",
+            TypeName::Cidr => "net.CIDR",
         }
-    }
-
-    /// The type a bare identifier names, if any.
-    pub(crate) fn from_ident(name: &str) -> Option<TypeName> {
-        Some(match name {
-            "null_type" => TypeName::Null,
-            "bool" => TypeName::Bool,
-            "int" => TypeName::Int,
-            "uint" => TypeName::Uint,
-            "double" => TypeName::Double,
-            "string" => TypeName::String,
-            "bytes" => TypeName::Bytes,
-            "list" => TypeName::List,
-            "map" => TypeName::Map,
-            "type" => TypeName::Type,
-            "optional_type" => TypeName::Optional,
-            "dyn" => TypeName::Dyn,
-            _ => return None,
-        })
     }
 }
 
