@@ -332,7 +332,7 @@ impl Checker {
                             }
                         }
                     }
-                    elem = Some(self.join(item.pos, elem, t)?);
+                    elem = Some(self.join(elem, t));
                     out.push((item, optional));
                 }
                 let elem = match elem {
@@ -350,7 +350,8 @@ impl Checker {
                 let (mut kt, mut vt): (Option<Type>, Option<Type>) = (None, None);
                 for (key, value, optional) in entries {
                     let key = self.node(key)?;
-                    kt = Some(self.join(key.pos, kt, self.sub(&key.ty))?);
+                    let key_type = self.sub(&key.ty);
+                    kt = Some(self.join(kt, key_type));
                     let value = self.node(value)?;
                     let mut t = self.sub(&value.ty);
                     if optional {
@@ -362,19 +363,13 @@ impl Checker {
                             }
                         }
                     }
-                    vt = Some(self.join(value.pos, vt, t)?);
+                    vt = Some(self.join(vt, t));
                     out.push((key, value, optional));
                 }
                 let (k, v) = match (kt, vt) {
                     (Some(k), Some(v)) => (k, v),
                     _ => (self.fresh_var(), self.fresh_var()),
                 };
-                if !matches!(
-                    self.sub(&k),
-                    Type::Int | Type::Uint | Type::Bool | Type::String | Type::Dyn | Type::Any | Type::Param(_)
-                ) {
-                    return err(pos, format!("unsupported map key type: {}", self.sub(&k)));
-                }
                 TNode {
                     pos,
                     ty: Type::map(k, v),
@@ -450,23 +445,17 @@ impl Checker {
         })
     }
 
-    /// Joins the element types of a literal (cel-go's `joinTypes` with homogeneous
-    /// aggregate literals).
-    fn join(&mut self, pos: usize, previous: Option<Type>, current: Type) -> Result<Type, ParseError> {
+    /// Joins the element types of a literal (cel-go's `joinTypes`).
+    fn join(&mut self, previous: Option<Type>, current: Type) -> Type {
         let Some(previous) = previous else {
-            return Ok(current);
+            return current;
         };
         if self.mapping.assignable(&previous, &current) {
-            return Ok(types::most_general(&previous, &current));
+            return types::most_general(&previous, &current);
         }
-        err(
-            pos,
-            format!(
-                "expected type '{}' but found '{}'",
-                self.mapping.substitute(&previous, true),
-                self.mapping.substitute(&current, true)
-            ),
-        )
+        // Mixed literals type-check as dyn; the literal validator refuses them unless
+        // they are arguments of `format`.
+        Type::Dyn
     }
 
     /// Resolves a call against the declared overloads (cel-go's `resolveOverload`).
@@ -829,6 +818,10 @@ fn rename_params(t: &Type, renames: &[(String, Type)]) -> Type {
     }
 }
 
+/// cel-go's literal validator reads the parameter of an optional element's type; on a
+/// `dyn` element it fails, and the API server with it.
+const DYN_OPTIONAL: &str = "an optional element of type dyn: the API server fails on it";
+
 /// cel-go's homogeneous aggregate literal validator: the elements of a list literal
 /// (keys and values of a map literal) must all have the same type, except inside the
 /// arguments of `format`.
@@ -841,7 +834,10 @@ fn validate_literals(node: &TNode) -> Result<(), ParseError> {
                     let mut first: Option<Type> = None;
                     for (item, optional) in items {
                         let t = if *optional {
-                            item.ty.optional_inner().cloned().unwrap_or(Type::Dyn)
+                            match item.ty.optional_inner() {
+                                Some(inner) => inner.clone(),
+                                None => return err(item.pos, DYN_OPTIONAL),
+                            }
                         } else {
                             item.ty.clone()
                         };
@@ -861,7 +857,10 @@ fn validate_literals(node: &TNode) -> Result<(), ParseError> {
                     let mut first: Option<(Type, Type)> = None;
                     for (k, v, optional) in entries {
                         let vt = if *optional {
-                            v.ty.optional_inner().cloned().unwrap_or(Type::Dyn)
+                            match v.ty.optional_inner() {
+                                Some(inner) => inner.clone(),
+                                None => return err(v.pos, DYN_OPTIONAL),
+                            }
                         } else {
                             v.ty.clone()
                         };
@@ -1047,17 +1046,62 @@ fn lower_call(pos: usize, function: &str, member: bool, args: Vec<TNode>) -> Res
     }
     let mut regex = None;
     if let Some(pattern) = pattern {
-        // Literal patterns are compiled once. cel-go validates the literal patterns of
-        // `matches` at compile time; the others fail when evaluated.
+        // Literal patterns are compiled once; the API server compiles them too when it
+        // builds the program (cel-go's literal validator and regex optimisation), and
+        // refuses an invalid one.
         match functions::compile_regex(&pattern) {
             Ok(re) => regex = Some(Arc::new(re)),
-            Err(e) if func == Func::Matches => return err(pos, e.message),
-            Err(_) => {}
+            Err(e) => return err(pos, e.message),
         }
     }
-    Ok(Node::Call {
+    let node = Node::Call {
         func,
         args: nodes,
         regex,
-    })
+    };
+    // The API server builds the program with cel-go's constant folding of type
+    // conversions: one that fails on a constant fails the program, and the object.
+    if is_constant(&node)
+        && let Some(message) = constant_error(&node)
+    {
+        return err(pos, format!("program instantiation failed: {message}"));
+    }
+    Ok(node)
+}
+
+/// Conversions that cel-go evaluates when it plans a program, if their argument is
+/// constant.
+fn is_conversion(func: Func) -> bool {
+    matches!(
+        func,
+        Func::Int | Func::Uint | Func::Double | Func::String | Func::Bool | Func::Bytes | Func::Dyn | Func::Type
+    )
+}
+
+/// Constants after cel-go's folding: literals, literal lists and maps of constants, and
+/// conversions of constants.
+fn is_constant(node: &Node) -> bool {
+    match node {
+        Node::Const(_) => true,
+        Node::List(items) => items.iter().all(|(i, optional)| !optional && is_constant(i)),
+        Node::Map(entries) => entries
+            .iter()
+            .all(|(k, v, optional)| !optional && is_constant(k) && is_constant(v)),
+        Node::Call { func, args, .. } => is_conversion(*func) && args.len() == 1 && is_constant(&args[0]),
+        _ => false,
+    }
+}
+
+/// The error a constant expression evaluates to, if any.
+fn constant_error(node: &Node) -> Option<String> {
+    let attributes = crate::Attributes::new();
+    let capacity = crate::name_map::NameMap::<crate::quantity::Quantity>::new();
+    let device = crate::DeviceView {
+        driver: "",
+        attributes: &attributes,
+        capacity: &capacity,
+        allow_multiple_allocations: false,
+    };
+    let mut evaluator = crate::eval::Evaluator::new(&device, 0, crate::COST_LIMIT);
+    evaluator.eval(node).err().map(|e| e.message)
 }

@@ -99,7 +99,7 @@ struct Info {
     path: Option<Vec<String>>,
     /// A literal's own size.
     literal: Option<Est>,
-    /// A literal integer (for `lists.range`, `slice`, `split` limits).
+    /// An int literal (for `lists.range`, `slice`, `flatten`, `split` limits).
     int: Option<i64>,
     ty: Type,
 }
@@ -231,9 +231,6 @@ impl Coster {
                 }));
                 if let Const::Int(i) = c {
                     info.int = Some(*i);
-                }
-                if let Const::Uint(u) = c {
-                    info.int = i64::try_from(*u).ok();
                 }
                 fixed(0)
             }
@@ -569,8 +566,8 @@ impl Coster {
                     && args.len() == 2
                 {
                     let sz = size(t);
-                    let start = args[0].int.map_or(0, |v| v as u64);
-                    let end = args[1].int.map_or(sz.max, |v| v as u64);
+                    let start = as_uint(&args[0], 0);
+                    let end = as_uint(&args[1], sz.max);
                     return call(
                         alloc_list(1.0, fixed(end.wrapping_sub(start))),
                         Some(fixed(end.wrapping_sub(start))),
@@ -578,7 +575,7 @@ impl Coster {
                 }
             }
             "lists_range" => {
-                let n = args.first().and_then(|a| a.int).map_or(u64::MAX, |v| v as u64);
+                let n = args.first().map_or(u64::MAX, |a| as_uint(a, u64::MAX));
                 return call(alloc_list(1.0, fixed(n)), Some(fixed(n)));
             }
             "list_reverse" => {
@@ -591,7 +588,7 @@ impl Coster {
                     let depth = if id == "list_flatten" {
                         1
                     } else {
-                        args.first().and_then(|a| a.int).map_or(u64::MAX, |v| v as u64)
+                        args.first().map_or(u64::MAX, |a| as_uint(a, u64::MAX))
                     };
                     return call(alloc_list(depth as f64, size(t)), Some(size(t)));
                 }
@@ -740,8 +737,26 @@ fn local_slot(node: &TNode) -> Option<usize> {
     }
 }
 
+/// cel-go's `nodeAsUintValue`: an int literal, negative ones as zero.
+fn as_uint(info: &Info, default: u64) -> u64 {
+    info.int.map_or(default, |v| v.max(0) as u64)
+}
+
 fn alloc_list(per: f64, size: Est) -> Est {
     size.times(per).add(fixed(1)).add(fixed(LIST_CREATE))
+}
+
+/// The size of a list's elements as the Kubernetes estimator sees it: only from the
+/// size estimator's paths (not from literals).
+fn items_size(list: &Info) -> Est {
+    list.path
+        .as_ref()
+        .and_then(|p| {
+            let mut p = p.clone();
+            p.push("@items".into());
+            device_size(&p)
+        })
+        .unwrap_or(UNKNOWN)
 }
 
 /// The Kubernetes library's estimator (`library.CostEstimator.EstimateCallCost`),
@@ -755,14 +770,7 @@ fn kubernetes_cost(function: &str, id: &str, target: Option<&Info>, args: &[Info
             if let Type::List(elem) = &t.ty {
                 let mut el = fixed(1);
                 if matches!(**elem, Type::String | Type::Bytes) {
-                    let elem_size = t.entry.map(|e| e.val).or_else(|| {
-                        t.path.as_ref().and_then(|p| {
-                            let mut p = p.clone();
-                            p.push("@items".into());
-                            device_size(&p)
-                        })
-                    });
-                    el = el.add(elem_size.unwrap_or(UNKNOWN).times(STRING_TRAVERSAL));
+                    el = el.add(items_size(t).times(STRING_TRAVERSAL));
                 }
                 return Some((size(t).mul(el), None));
             }
@@ -814,7 +822,7 @@ fn kubernetes_cost(function: &str, id: &str, target: Option<&Info>, args: &[Info
         "join" => {
             let t = target?;
             let list = size(t);
-            let elem = t.entry.map(|e| e.val).unwrap_or(UNKNOWN);
+            let elem = items_size(t);
             let mut sz = list.mul(elem);
             if let Some(sep) = args.first() {
                 let seps = Est {
