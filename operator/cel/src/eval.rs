@@ -292,7 +292,10 @@ impl<'a> Evaluator<'a> {
                 self.budget.charge(m.lookup_cost())?;
                 Ok(Value::Bool(m.map_contains(&Value::str(field))?))
             }
-            other => Err(select_error(other, field)),
+            // cel-go indexes a list with the field name, which fails; on any other
+            // value a presence test is simply false.
+            Value::List(_) => Err(Error::new("unsupported index type 'string' in list")),
+            _ => Ok(Value::Bool(false)),
         }
     }
 

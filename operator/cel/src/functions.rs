@@ -53,6 +53,7 @@ pub(crate) enum Func {
     Sort,
     First,
     Last,
+    Unwrap,
     Range,
     SetsContains,
     SetsEquivalent,
@@ -123,6 +124,8 @@ const TABLE: &[(&str, Func, &[usize], &[usize])] = &[
     ("sort", Func::Sort, &[], &[0]),
     ("first", Func::First, &[], &[0]),
     ("last", Func::Last, &[], &[0]),
+    ("optional.unwrap", Func::Unwrap, &[1], &[]),
+    ("unwrapOpt", Func::Unwrap, &[], &[0]),
     ("lists.range", Func::Range, &[1], &[]),
     ("sets.contains", Func::SetsContains, &[2], &[]),
     ("sets.equivalent", Func::SetsEquivalent, &[2], &[]),
@@ -1094,11 +1097,24 @@ pub(crate) fn call<'a>(
             let items = list_arg(a0?)?;
             sort_by_keys(items, items, budget)?
         }
+        Func::Unwrap => {
+            let mut out = Vec::new();
+            for item in list_arg(a0?)?.iter() {
+                match item {
+                    V::Optional(Some(v)) => out.push((**v).clone()),
+                    V::Optional(None) => {}
+                    _ => return Err(no_overload()),
+                }
+            }
+            V::list(out)
+        }
         Func::First => V::Optional(list_arg(a0?)?.first().map(|v| Rc::new(v.clone()))),
         Func::Last => V::Optional(list_arg(a0?)?.last().map(|v| Rc::new(v.clone()))),
         Func::Range => {
             let n = int_arg(a0?)?;
-            let n = n.max(0);
+            if n < 0 {
+                return Err(Error::new(format!("lists.range: size must be non-negative, got {n}")));
+            }
             budget.charge(n as u64)?;
             V::List((0..n).map(V::Int).collect())
         }

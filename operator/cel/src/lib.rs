@@ -1,22 +1,63 @@
-//! CEL device selectors, evaluated as kube-scheduler evaluates them.
+//! CEL device selectors, compiled as the API server compiles them and evaluated as
+//! kube-scheduler evaluates them (Kubernetes 1.37).
 //!
-//! An interpreter for the Common Expression Language with the environment Kubernetes
-//! gives DRA device selectors: the `device` variable (driver, attributes, capacity,
-//! allowMultipleAllocations), the standard library, the cel-go extensions of the
-//! Kubernetes base environment (strings, lists, sets, optionals, two-variable
-//! comprehensions, `cel.bind`) and the Kubernetes libraries (lists, regex, quantity,
-//! semver).
+//! # The environment (this crate's contract)
+//!
+//! `k8s.io/dynamic-resource-allocation/cel` builds its environment on
+//! `environment.MustBaseEnvSet(DefaultCompatibilityVersion())`: in 1.37 the
+//! compatibility version is 1.36. The API server compiles a new selector in that set's
+//! "NewExpressions" environment (libraries introduced by 1.36 and not removed by then),
+//! refuses it if it does not type-check, if a validator or the program's constant
+//! folding fails, if its type is not `bool` (or the attribute type), or if its
+//! estimated cost exceeds 1,000,000; kube-scheduler evaluates stored selectors with a
+//! runtime limit of 1,000,000. `device` is a `kubernetes.DRADevice` with `driver`,
+//! `attributes` (attribute values declared `google.protobuf.Any`), `capacity` and, with
+//! DRAConsumableCapacity (on by default since 1.36), `allowMultipleAllocations`.
+//!
+//! Library (version) — status here; "before" is the untyped interpreter this replaced:
+//! - standard library: operators, conversions, `size`, `type`, `dyn`, `contains`,
+//!   `startsWith`, `endsWith`, `matches`, macros `has`, `all`, `exists`, `exists_one`,
+//!   `map`, `filter` — implemented before, now type-checked;
+//!   `timestamp`/`duration`, their arithmetic and getters — undeclared before, now
+//!   declared and refused ("declared but not implemented"; the API server accepts them);
+//! - homogeneous aggregate literals, regex literal validation, cross-type numeric
+//!   comparisons (cel-go's conversions), constant folding of conversions — implemented;
+//! - optionals (latest: `optional.of/ofNonZeroValue/none`, `value`, `hasValue`, `or`,
+//!   `orValue`, `.?`, `[?]`, `optMap`, `optFlatMap`, `first`, `last`,
+//!   `optional.unwrap`, `unwrapOpt`) — implemented (`unwrap`, `unwrapOpt` added);
+//! - cel-go strings (2): `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`,
+//!   `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote` —
+//!   implemented; `format` — declared and refused; `reverse` on strings (version 3) —
+//!   now refused, as upstream;
+//! - cel-go sets, two-variable comprehensions, bindings (`cel.bind`), lists (3:
+//!   `slice`, `flatten`, `sort`, `sortBy`, `lists.range`, `reverse`, `distinct`) —
+//!   implemented;
+//! - Kubernetes lists (0: `isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`) —
+//!   implemented; lists 1 (`includes`, 1.37) is only in kube-scheduler's environment
+//!   and refused, as the API server refuses it;
+//! - Kubernetes regex (`find`, `findAll`), quantity, semver (1) — implemented;
+//!   `sign` is global only and `mul` does not exist upstream: both now refused;
+//! - Kubernetes URLs, IP, CIDR, format — declared and refused (not implemented yet);
+//! - Kubernetes authz libraries — no authorizer variable in this environment: their
+//!   functions are refused;
+//! - not in the environment (math, encoders, protos, ...) — refused, as upstream.
+//!
+//! The cost estimate follows cel-go's static model with the Kubernetes library's
+//! estimator and DRA's size estimator (module `cost`); the runtime meter is this crate's
+//! own, coarser than cel-go's tracker, and bounds every evaluation.
+//! `operator/cel/corpus.txt` and the e2e test `cel_corpus` check all of this against
+//! a real API server and kube-scheduler.
 //!
 //! Attributes are not copied into a map per evaluation: `device.attributes[domain]` is a
-//! view that looks names up in the device's own tables.
-//!
-//! The crate also owns the value types the expressions see: Kubernetes quantities
-//! ([`quantity`]) and device attributes ([`device`]), in compact sorted maps
-//! ([`name_map`]).
+//! view that looks names up in the device's own tables. The crate also owns the value
+//! types the expressions see: Kubernetes quantities ([`quantity`]) and device attributes
+//! ([`device`]), in compact sorted maps ([`name_map`]).
 #![forbid(unsafe_code)]
 
 mod ast;
 mod check;
+mod cost;
+mod decls;
 pub mod device;
 mod eval;
 mod functions;
@@ -25,6 +66,7 @@ pub mod name_map;
 mod parser;
 pub mod quantity;
 mod semver;
+mod types;
 mod value;
 
 #[cfg(test)]

@@ -58,10 +58,15 @@ pub(crate) enum TypeName {
     Map,
     Type,
     Optional,
-    Dyn,
     Quantity,
     Semver,
     Device,
+    Timestamp,
+    Duration,
+    Url,
+    Format,
+    Ip,
+    Cidr,
 }
 
 impl TypeName {
@@ -78,30 +83,16 @@ impl TypeName {
             TypeName::Map => "map",
             TypeName::Type => "type",
             TypeName::Optional => "optional_type",
-            TypeName::Dyn => "dyn",
             TypeName::Quantity => "kubernetes.Quantity",
             TypeName::Semver => "kubernetes.Semver",
             TypeName::Device => "kubernetes.DRADevice",
+            TypeName::Timestamp => "google.protobuf.Timestamp",
+            TypeName::Duration => "google.protobuf.Duration",
+            TypeName::Url => "kubernetes.URL",
+            TypeName::Format => "kubernetes.NamedFormat",
+            TypeName::Ip => "net.IP",
+            TypeName::Cidr => "net.CIDR",
         }
-    }
-
-    /// The type a bare identifier names, if any.
-    pub(crate) fn from_ident(name: &str) -> Option<TypeName> {
-        Some(match name {
-            "null_type" => TypeName::Null,
-            "bool" => TypeName::Bool,
-            "int" => TypeName::Int,
-            "uint" => TypeName::Uint,
-            "double" => TypeName::Double,
-            "string" => TypeName::String,
-            "bytes" => TypeName::Bytes,
-            "list" => TypeName::List,
-            "map" => TypeName::Map,
-            "type" => TypeName::Type,
-            "optional_type" => TypeName::Optional,
-            "dyn" => TypeName::Dyn,
-            _ => return None,
-        })
     }
 }
 
@@ -316,10 +307,11 @@ impl<'a> Value<'a> {
     }
 }
 
-/// Map keys must be int, uint, bool or string.
+/// Map keys: cel-go keeps its maps as Go maps, which take any hashable value (doubles
+/// and null too); lists, maps and bytes are not hashable.
 pub(crate) fn check_key(key: &Value<'_>) -> Result<()> {
     match key {
-        Value::Int(_) | Value::Uint(_) | Value::Bool(_) | Value::String(_) => Ok(()),
+        Value::Int(_) | Value::Uint(_) | Value::Bool(_) | Value::String(_) | Value::Double(_) | Value::Null => Ok(()),
         other => Err(Error::new(format!("unsupported map key type: {}", other.type_name()))),
     }
 }
@@ -430,9 +422,7 @@ pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>) -> bool {
     match (a, b) {
         (V::Null, V::Null) => true,
         (V::Bool(x), V::Bool(y)) => x == y,
-        (V::Int(_) | V::Uint(_) | V::Double(_), V::Int(_) | V::Uint(_) | V::Double(_)) => {
-            compare_numbers(a, b) == Some(Ordering::Equal)
-        }
+        (V::Int(_) | V::Uint(_) | V::Double(_), V::Int(_) | V::Uint(_) | V::Double(_)) => numbers_equal(a, b),
         (V::String(x), V::String(y)) => **x == **y,
         (V::Bytes(x), V::Bytes(y)) => **x == **y,
         (V::List(x), V::List(y)) => x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| equals(p, q)),
@@ -461,51 +451,75 @@ pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>) -> bool {
     }
 }
 
-/// Exact ordering of two numbers of any numeric kind; `None` when either is NaN or a
-/// value is not a number.
+fn cmp_f64(a: f64, b: f64) -> Ordering {
+    if a < b {
+        Ordering::Less
+    } else if a > b {
+        Ordering::Greater
+    } else {
+        Ordering::Equal
+    }
+}
+
+/// cel-go's cross-type comparisons: a double is compared with an integer converted to
+/// a double, after range checks; a negative int is below every uint.
+fn double_int(d: f64, i: i64) -> Ordering {
+    if d < i64::MIN as f64 {
+        Ordering::Less
+    } else if d > i64::MAX as f64 {
+        Ordering::Greater
+    } else {
+        cmp_f64(d, i as f64)
+    }
+}
+
+fn double_uint(d: f64, u: u64) -> Ordering {
+    if d < 0.0 {
+        Ordering::Less
+    } else if d > u64::MAX as f64 {
+        Ordering::Greater
+    } else {
+        cmp_f64(d, u as f64)
+    }
+}
+
+fn int_uint(i: i64, u: u64) -> Ordering {
+    match i64::try_from(u) {
+        Ok(u) if i >= 0 => i.cmp(&u),
+        _ => Ordering::Less,
+    }
+}
+
+/// Ordering of two numbers of any numeric kind, as cel-go orders them; `None` when
+/// cel-go refuses (a NaN receiver, or two doubles one of which is NaN) or a value is
+/// not a number.
 pub(crate) fn compare_numbers(a: &Value<'_>, b: &Value<'_>) -> Option<Ordering> {
     use Value as V;
     match (a, b) {
+        (V::Double(x), _) if x.is_nan() => None,
+        (V::Double(_), V::Double(y)) if y.is_nan() => None,
         (V::Int(x), V::Int(y)) => Some(x.cmp(y)),
         (V::Uint(x), V::Uint(y)) => Some(x.cmp(y)),
-        (V::Double(x), V::Double(y)) => x.partial_cmp(y),
-        (V::Int(x), V::Uint(y)) => Some(i128::from(*x).cmp(&i128::from(*y))),
-        (V::Uint(x), V::Int(y)) => Some(i128::from(*x).cmp(&i128::from(*y))),
-        (V::Double(x), V::Int(y)) => cmp_double_int(*x, i128::from(*y)),
-        (V::Int(x), V::Double(y)) => cmp_double_int(*y, i128::from(*x)).map(Ordering::reverse),
-        (V::Double(x), V::Uint(y)) => cmp_double_int(*x, i128::from(*y)),
-        (V::Uint(x), V::Double(y)) => cmp_double_int(*y, i128::from(*x)).map(Ordering::reverse),
+        (V::Double(x), V::Double(y)) => Some(cmp_f64(*x, *y)),
+        (V::Int(x), V::Uint(y)) => Some(int_uint(*x, *y)),
+        (V::Uint(x), V::Int(y)) => Some(int_uint(*y, *x).reverse()),
+        (V::Double(x), V::Int(y)) => Some(double_int(*x, *y)),
+        (V::Int(x), V::Double(y)) => Some(double_int(*y, *x).reverse()),
+        (V::Double(x), V::Uint(y)) => Some(double_uint(*x, *y)),
+        (V::Uint(x), V::Double(y)) => Some(double_uint(*y, *x).reverse()),
         _ => None,
     }
 }
 
-/// Compares a double with an integer exactly (no rounding of the integer).
-fn cmp_double_int(d: f64, i: i128) -> Option<Ordering> {
-    if d.is_nan() {
-        return None;
-    }
-    // Every i64/u64 lies strictly inside (-2^64, 2^64).
-    const TWO_64: f64 = 18_446_744_073_709_551_616.0;
-    if d >= TWO_64 {
-        return Some(Ordering::Greater);
-    }
-    if d <= -TWO_64 {
-        return Some(Ordering::Less);
-    }
-    let truncated = d.trunc();
-    // |truncated| < 2^64, so it converts to i128 exactly.
-    let whole = truncated as i128;
-    match whole.cmp(&i) {
-        Ordering::Equal => {
-            if d > truncated {
-                Some(Ordering::Greater)
-            } else if d < truncated {
-                Some(Ordering::Less)
-            } else {
-                Some(Ordering::Equal)
-            }
-        }
-        other => Some(other),
+/// Numeric equality as cel-go's `Equal` methods: a NaN double equals nothing, but an
+/// integer compared with NaN finds them "equal" (its comparison does not check).
+fn numbers_equal(a: &Value<'_>, b: &Value<'_>) -> bool {
+    use Value as V;
+    match (a, b) {
+        (V::Double(x), _) if x.is_nan() => false,
+        (V::Double(_), V::Double(y)) if y.is_nan() => false,
+        (V::Int(_) | V::Uint(_), V::Double(y)) if y.is_nan() => true,
+        _ => compare_numbers(a, b) == Some(Ordering::Equal),
     }
 }
 
@@ -599,10 +613,11 @@ mod tests {
 
     #[test]
     fn exact_numeric_comparison() {
+        // As cel-go: the int is converted to a double, which rounds it to 2^63.
         let big = Value::Int(i64::MAX);
         assert_eq!(
             compare_numbers(&big, &Value::Double(9_223_372_036_854_775_808.0)),
-            Some(Ordering::Less)
+            Some(Ordering::Equal)
         );
         assert_eq!(
             compare_numbers(&Value::Uint(u64::MAX), &Value::Int(-1)),
