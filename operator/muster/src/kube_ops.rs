@@ -65,26 +65,40 @@ where
         .await
 }
 
-/// Removes `finalizer` from `object`, guarded by a test of its position in the list so
-/// that finalizers others add or remove meanwhile are kept. A missing object counts as
-/// done.
+/// Removes `finalizer` from `object`, guarded by tests of the object's uid and of the
+/// finalizer's position in the list: finalizers others add or remove meanwhile are kept,
+/// and an object made again under the same name is left alone (the failed test is a 422).
+/// A missing object counts as done.
 pub async fn remove_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let Some(position) = object.finalizers().iter().position(|f| f == finalizer) else {
+    let Some(patch) = finalizer_removal(object, finalizer) else {
         return Ok(());
     };
-    let path = format!("/metadata/finalizers/{position}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": finalizer},
-        {"op": "remove", "path": path},
-    ]))
-    .map_err(kube::Error::SerdeError)?;
+    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
     done_if_gone(
         api.patch(&object.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
             .await,
     )
+}
+
+/// The JSON patch that removes `finalizer` from `object` as read; `None` if it has none.
+fn finalizer_removal<K: Resource>(object: &K, finalizer: &str) -> Option<serde_json::Value> {
+    let position = object.finalizers().iter().position(|f| f == finalizer)?;
+    let path = format!("/metadata/finalizers/{position}");
+    let mut operations = Vec::new();
+    if let Some(uid) = object.uid() {
+        operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
+    operations.push(json!({"op": "test", "path": path, "value": finalizer}));
+    operations.push(json!({"op": "remove", "path": path}));
+    Some(serde_json::Value::Array(operations))
+}
+
+/// A JSON patch's test failed: the object is not as the patch was decided on.
+pub fn is_test_failed(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 422)
 }
 
 #[cfg(test)]
@@ -105,6 +119,23 @@ mod tests {
         assert!(done_if_gone(Err::<(), _>(api_error(409))).is_err());
         assert!(done_if_gone_or_changed(Err::<(), _>(api_error(409))).is_ok());
         assert!(done_if_gone_or_changed(Err::<(), _>(api_error(500))).is_err());
+    }
+
+    #[test]
+    fn a_finalizer_is_removed_only_from_the_object_read_and_at_its_place() {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {
+            "name": "p", "uid": "u1", "finalizers": ["other", "ours"],
+        }}))
+        .unwrap();
+        assert_eq!(
+            finalizer_removal(&pod, "ours"),
+            Some(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u1"},
+                {"op": "test", "path": "/metadata/finalizers/1", "value": "ours"},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ]))
+        );
+        assert_eq!(finalizer_removal(&pod, "absent"), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use muster_api::conditions;
 use muster_api::v1alpha1::AdmissionState as State;
 use muster_api::v1alpha1::Workload;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::admission::{Admission, CommitError, key, placement_of};
 use crate::kube_ops;
@@ -360,8 +360,12 @@ impl Admission {
         let api = self.kueue_api(object);
         self.ensure_leading();
         match kube_ops::remove_finalizer(&api, object, kueue::RESOURCE_IN_USE).await {
-            // The list changed meanwhile (the test failed): the next pass reads it again.
-            Err(kube::Error::Api(s)) if s.code == 422 => Ok(()),
+            // Made again under the same name, or its finalizers changed meanwhile: the
+            // next pass decides on a fresh copy.
+            Err(e) if kube_ops::is_test_failed(&e) => {
+                debug!(object = %object.name_any(), "Kueue Workload changed since it was read; looking again");
+                Ok(())
+            }
             other => Ok(kube_ops::done_if_gone_or_changed(other)?),
         }
     }

@@ -328,7 +328,9 @@ impl Admission {
                 } => {
                     for name in names {
                         self.ensure_leading();
-                        if let Some(claim) = deallocate(&claims, &name, &finished, &|| self.ensure_leading()).await? {
+                        if let Some(claim) =
+                            deallocate(&claims, &name, None, &finished, &|| self.ensure_leading()).await?
+                        {
                             self.own_claims.remember(claim);
                         }
                     }

@@ -96,18 +96,24 @@ pub(super) fn deallocation(claim: &ResourceClaim) -> serde_json::Value {
 }
 
 /// Clears a claim's allocation after a fresh read, unless a pod other than those in
-/// `finished` reserves it: a pod that may still run keeps its devices. Returns the claim
-/// as it is now (`None`: gone). `leading` runs between the read and the write, so a
-/// leader deposed before it cannot clear an allocation its successor made.
+/// `finished` reserves it: a pod that may still run keeps its devices. With `uid`, only
+/// that object is touched: a claim made again under the same name is another gang's.
+/// Returns the claim as it is now (`None`: gone, or not the object meant). `leading` runs
+/// between the read and the write, so a leader deposed before it cannot clear an
+/// allocation its successor made.
 pub(crate) async fn deallocate(
     api: &Api<ResourceClaim>,
     name: &str,
+    uid: Option<&str>,
     finished: &[String],
     leading: &(dyn Fn() + Sync),
 ) -> Result<Option<ResourceClaim>, kube::Error> {
     let Some(claim) = api.get_opt(name).await? else {
         return Ok(None);
     };
+    if uid.is_some_and(|uid| claim.metadata.uid.as_deref() != Some(uid)) {
+        return Ok(None);
+    }
     let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
         return Ok(Some(claim));
     };
@@ -426,7 +432,8 @@ impl Admission {
             self.ensure_leading();
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
             let result = async {
-                match deallocate(&api, &claim.name_any(), &finished, &|| self.ensure_leading()).await? {
+                let uid = claim.metadata.uid.as_deref();
+                match deallocate(&api, &claim.name_any(), uid, &finished, &|| self.ensure_leading()).await? {
                     Some(current) if current.status.as_ref().is_none_or(|s| s.allocation.is_none()) => {
                         self.ensure_leading();
                         kube_ops::remove_finalizer(&api, &current, labels::CLAIM_FINALIZER).await

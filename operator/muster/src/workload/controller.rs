@@ -162,6 +162,8 @@ impl WorkloadController {
                 match result {
                     // A Workload deleted while queued: nothing to do.
                     Err(kube::runtime::controller::Error::ObjectNotFound(_)) | Ok(_) => {}
+                    // Waiting for a deleted Workload's objects to go is not a failure.
+                    Err(kube::runtime::controller::Error::ReconcilerFailed(Error::CleanupPending { .. }, _)) => {}
                     Err(e) => warn!(error = %e, "reconcile failed"),
                 }
             })
@@ -198,8 +200,11 @@ async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Acti
     match outcome {
         Ok(action) => Ok(action),
         Err(finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e)) => Err(e),
-        // Removed by someone else, or the Workload is gone: nothing is left to do.
-        Err(finalizer::Error::RemoveFinalizer(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {
+        // The Workload is gone, or its finalizers changed since the cached copy (the
+        // patch's test failed): the watch event of that change brings it back.
+        Err(finalizer::Error::AddFinalizer(e) | finalizer::Error::RemoveFinalizer(e))
+            if kube_ops::is_not_found(&e) || kube_ops::is_test_failed(&e) =>
+        {
             Ok(Action::await_change())
         }
         Err(finalizer::Error::AddFinalizer(e) | finalizer::Error::RemoveFinalizer(e)) => Err(e.into()),
