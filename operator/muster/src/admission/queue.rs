@@ -206,7 +206,7 @@ impl Admission {
         let backoff = if reach.is_some() {
             Duration::from_secs(1)
         } else {
-            Duration::from_secs(1u64 << entry.failures.min(7).saturating_sub(1)).min(Duration::from_secs(60))
+            crate::ops::backoff::exponential(entry.failures, Duration::from_secs(60))
         };
         entry.reach = reach;
         entry.next_try = Instant::now() + backoff;

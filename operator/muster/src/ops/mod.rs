@@ -1,6 +1,7 @@
 //! Running the operator: the Kubernetes client, metrics, health endpoints, leader
-//! election, and the fault hooks the tests use.
+//! election, retry backoff, and the fault hooks the tests use.
 
+pub mod backoff;
 pub mod client;
 pub mod faults;
 pub mod leader;

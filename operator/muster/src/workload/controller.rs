@@ -897,7 +897,7 @@ fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Ac
     let count = failures.entry(key).or_insert(0);
     *count = count.saturating_add(1);
     // 1 s, 2 s, 4 s ... capped at 5 minutes; sooner if a status write was put off.
-    let mut delay = Duration::from_secs(1u64 << (*count - 1).min(8)).min(Duration::from_secs(300));
+    let mut delay = crate::ops::backoff::exponential(*count, Duration::from_secs(300));
     if let Some(due) = ctx
         .pacer
         .put_off_due(&workload.uid().unwrap_or_default(), std::time::Instant::now())
