@@ -999,6 +999,10 @@ fn describe_shape(shape: &PodShape) -> String {
     if shape.requests.memory > 0 {
         parts.push(format!("{}Mi memory", shape.requests.memory >> 20));
     }
+    // Extended resources, such as GPUs a device plugin advertises.
+    for (name, amount) in shape.requests.other.iter().filter(|(_, amount)| **amount > 0) {
+        parts.push(format!("{amount} {name}"));
+    }
     if parts.is_empty() {
         "no resources".to_string()
     } else {

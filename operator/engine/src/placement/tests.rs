@@ -389,3 +389,68 @@ fn a_gang_reaches_only_the_nodes_it_could_use() {
         .is_empty()
     );
 }
+
+/// Nodes whose GPUs a device plugin advertises (`nvidia.com/gpu` allocatable, no slices)
+/// beside DRA nodes: gangs asking the device-plugin way land on the former, and one that
+/// does not fit is explained in the resource it asked for.
+#[test]
+fn device_plugin_gpus_are_node_resources_beside_dra_devices() {
+    let mut cluster = gpu_cluster(4, 8, 2, 2);
+    for (i, rack) in [(0, "rack-dp-0"), (1, "rack-dp-0"), (2, "rack-dp-1")] {
+        let mut dp = node(&format!("dp-{i}"), 64, 512, &[(RACK, rack)]);
+        dp.allocatable.other.insert("nvidia.com/gpu".into(), 8);
+        cluster.upsert_node(dp);
+    }
+    let plugin_pod = |gpus: i64| {
+        let mut shape = gpu_pod(0, 16, 64);
+        shape.claims.clear();
+        shape.requests.other.insert("nvidia.com/gpu".into(), gpus);
+        shape
+    };
+    let plugin_gang = |name: &str, pods: usize| GangRequest {
+        name: name.into(),
+        groups: vec![GroupRequest::uniform("workers", "ns", pods, pods, plugin_pod(8))],
+        topology: TopologyRequest {
+            required: Some(RACK.into()),
+            preferred: None,
+        },
+        ..GangRequest::default()
+    };
+    let outcome = plan(&cluster, &plugin_gang("plugin", 2), &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    assert_eq!(plan_.nodes(), ["dp-0", "dp-1"]);
+    assert!(
+        plan_.claims.is_empty(),
+        "no claims: the kubelet's device plugin assigns the GPUs"
+    );
+
+    // A mixed gang: DRA workers and device-plugin workers.
+    let mut mixed = gpu_gang("mixed", 2, 8, None, None);
+    mixed
+        .groups
+        .push(GroupRequest::uniform("plugin-workers", "ns", 1, 1, plugin_pod(8)));
+    let outcome = plan(&cluster, &mixed, &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    let plugin_nodes: Vec<&str> = plan_
+        .pods
+        .iter()
+        .filter(|p| p.group == "plugin-workers")
+        .map(|p| p.node.as_str())
+        .collect();
+    assert_eq!(plugin_nodes.len(), 1);
+    assert!(plugin_nodes[0].starts_with("dp-"), "{plugin_nodes:?}");
+    assert!(
+        plan_
+            .pods
+            .iter()
+            .filter(|p| p.group != "plugin-workers")
+            .all(|p| p.node.starts_with("node-"))
+    );
+
+    // Three device-plugin pods do not fit in any rack; the reason names the GPUs.
+    let why = reasons(&plan(&cluster, &plugin_gang("big", 3), &PlanOptions::default()));
+    assert!(
+        why.contains("group workers needs 3 pods (16 CPU, 65536Mi memory, 8 nvidia.com/gpu) in one example.com/rack"),
+        "{why}"
+    );
+}
