@@ -201,7 +201,7 @@ fn generated(rng: &mut Rng, depth: usize) -> String {
             _ => format!("\"{}\"", rng.pick(&["H100", "h100", "r1", "", "corpus.example.com"])),
         }
     };
-    match rng.below(16) {
+    match rng.below(18) {
         0 | 1 => {
             let op = rng.pick(&["==", "!=", "<", "<=", ">", ">="]);
             format!("{} {op} {}", int(rng), int(rng))
@@ -276,6 +276,32 @@ fn generated(rng: &mut Rng, depth: usize) -> String {
             rng.pick(&["min", "max", "sum"]),
             rng.pick(&["==", ">="]),
             rng.below(4)
+        ),
+        15 => format!(
+            "timestamp(\"{}\") {} duration(\"{}\") {} timestamp({})",
+            rng.pick(&[
+                "2024-02-29T23:59:59.5Z",
+                "1970-01-01T00:00:00+01:00",
+                "9999-12-31T23:59:59Z",
+                "2024-1-1T00:00:00Z"
+            ]),
+            rng.pick(&["+", "-"]),
+            rng.pick(&["1h30m", "-1.5s", "0", "2562047h", "1d"]),
+            rng.pick(&["<", ">=", "=="]),
+            rng.pick(&["0", "1709251199", "-1", "253402300799"])
+        ),
+        16 => format!(
+            "cidr(\"{}\").{}(\"{}\")",
+            rng.pick(&["10.0.0.0/8", "10.1.2.3/16", "::/0", "2001:db8::/32", "10.0.0.0/33"]),
+            rng.pick(&["containsIP", "containsCIDR"]),
+            rng.pick(&[
+                "10.1.2.3",
+                "10.0.0.0/8",
+                "2001:db8::1",
+                "2001:db8::/48",
+                "::ffff:1.2.3.4",
+                "x"
+            ])
         ),
         _ => rng
             .pick(&[

@@ -945,11 +945,29 @@ fn lower(node: TNode) -> Result<Node, ParseError> {
             operand,
             index,
             optional,
-        } => Node::Index {
-            operand: lower_box(*operand)?,
-            index: lower_box(*index)?,
-            optional,
-        },
+        } => {
+            let index = lower_box(*index)?;
+            // cel-go turns a constant index into a qualifier when it plans the program,
+            // and has none for timestamps and durations.
+            if is_constant(&index)
+                && let Some(t @ (TypeName::Timestamp | TypeName::Duration)) = constant_type(&index)
+            {
+                let go_type = if t == TypeName::Timestamp {
+                    "types.Timestamp"
+                } else {
+                    "types.Duration"
+                };
+                return err(
+                    pos,
+                    format!("program instantiation failed: invalid qualifier type: {go_type}"),
+                );
+            }
+            Node::Index {
+                operand: lower_box(*operand)?,
+                index,
+                optional,
+            }
+        }
         TKind::Call {
             function, member, args, ..
         } => {
@@ -1035,6 +1053,11 @@ fn lower_call(pos: usize, function: &str, member: bool, args: Vec<TNode>) -> Res
     };
     let mut nodes = Vec::with_capacity(args.len());
     let mut pattern = None;
+    // cel-go's duration and timestamp literal validators check `f(<literal>)`.
+    let literal_arg = match (func, args.first()) {
+        (Func::Timestamp | Func::Duration, Some(a)) if matches!(a.kind, TKind::Const(_)) => Some(a.pos),
+        _ => None,
+    };
     for (i, a) in args.into_iter().enumerate() {
         if i == 1
             && matches!(func, Func::Matches | Func::Find | Func::FindAll)
@@ -1064,6 +1087,9 @@ fn lower_call(pos: usize, function: &str, member: bool, args: Vec<TNode>) -> Res
     if is_constant(&node)
         && let Some(message) = constant_error(&node)
     {
+        if let Some(arg_pos) = literal_arg {
+            return err(arg_pos, format!("invalid {function} argument"));
+        }
         return err(pos, format!("program instantiation failed: {message}"));
     }
     Ok(node)
@@ -1074,7 +1100,16 @@ fn lower_call(pos: usize, function: &str, member: bool, args: Vec<TNode>) -> Res
 fn is_conversion(func: Func) -> bool {
     matches!(
         func,
-        Func::Int | Func::Uint | Func::Double | Func::String | Func::Bool | Func::Bytes | Func::Dyn | Func::Type
+        Func::Int
+            | Func::Uint
+            | Func::Double
+            | Func::String
+            | Func::Bool
+            | Func::Bytes
+            | Func::Dyn
+            | Func::Type
+            | Func::Timestamp
+            | Func::Duration
     )
 }
 
@@ -1092,8 +1127,17 @@ fn is_constant(node: &Node) -> bool {
     }
 }
 
+/// The type of a constant expression's value, if it has one.
+fn constant_type(node: &Node) -> Option<TypeName> {
+    with_constant(node, |v| v.ok().map(|v| v.type_name()))
+}
+
 /// The error a constant expression evaluates to, if any.
 fn constant_error(node: &Node) -> Option<String> {
+    with_constant(node, |v| v.err().map(|e| e.message))
+}
+
+fn with_constant<R>(node: &Node, f: impl FnOnce(crate::value::Result<crate::value::Value<'_>>) -> R) -> R {
     let attributes = crate::Attributes::new();
     let capacity = crate::name_map::NameMap::<crate::quantity::Quantity>::new();
     let device = crate::DeviceView {
@@ -1103,5 +1147,5 @@ fn constant_error(node: &Node) -> Option<String> {
         allow_multiple_allocations: false,
     };
     let mut evaluator = crate::eval::Evaluator::new(&device, 0, crate::COST_LIMIT);
-    evaluator.eval(node).err().map(|e| e.message)
+    f(evaluator.eval(node))
 }

@@ -304,6 +304,12 @@ impl<'a> Evaluator<'a> {
         let v = self.eval(operand)?;
         let key = self.eval(index)?;
         let k = &key;
+        // cel-go has no qualifier (index) for these values.
+        match k {
+            Value::Timestamp(_) => return Err(Error::new("invalid qualifier type: types.Timestamp")),
+            Value::Duration(_) => return Err(Error::new("invalid qualifier type: types.Duration")),
+            _ => {}
+        }
         let (target, optional) = match v {
             Value::Optional(None) => return Ok(Value::Optional(None)),
             Value::Optional(Some(inner)) => ((*inner).clone(), true),

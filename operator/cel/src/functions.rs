@@ -1,6 +1,6 @@
 //! Functions and operators: the CEL standard library, the cel-go extensions the
 //! Kubernetes base environment enables (strings, lists, sets, optionals) and the
-//! Kubernetes libraries (lists, regex, quantity, semver).
+//! Kubernetes libraries (lists, regex, quantity, semver, IP, CIDR).
 
 use std::cmp::Ordering;
 use std::rc::Rc;
@@ -9,8 +9,10 @@ use regex::Regex;
 
 use crate::quantity::{Format, Quantity};
 
+use crate::net::{Cidr, Ip};
 use crate::parser::BinOp;
 use crate::semver::Semver;
+use crate::time::{self, Timestamp};
 use crate::value::{Error, Result, Shared, Value, compare, format_double};
 
 /// Every function an expression may call.
@@ -82,6 +84,33 @@ pub(crate) enum Func {
     Major,
     Minor,
     Patch,
+    Timestamp,
+    Duration,
+    GetFullYear,
+    GetMonth,
+    GetDayOfYear,
+    GetDayOfMonth,
+    GetDate,
+    GetDayOfWeek,
+    GetHours,
+    GetMinutes,
+    GetSeconds,
+    GetMilliseconds,
+    Ip,
+    IsIp,
+    IpIsCanonical,
+    Family,
+    IsUnspecified,
+    IsLoopback,
+    IsLinkLocalMulticast,
+    IsLinkLocalUnicast,
+    IsGlobalUnicast,
+    Cidr,
+    IsCidr,
+    ContainsIp,
+    ContainsCidr,
+    PrefixLength,
+    Masked,
 }
 
 /// (name, function, argument counts as a global function, argument counts as a method
@@ -154,6 +183,33 @@ const TABLE: &[(&str, Func, &[usize], &[usize])] = &[
     ("major", Func::Major, &[], &[0]),
     ("minor", Func::Minor, &[], &[0]),
     ("patch", Func::Patch, &[], &[0]),
+    ("timestamp", Func::Timestamp, &[1], &[]),
+    ("duration", Func::Duration, &[1], &[]),
+    ("getFullYear", Func::GetFullYear, &[], &[0, 1]),
+    ("getMonth", Func::GetMonth, &[], &[0, 1]),
+    ("getDayOfYear", Func::GetDayOfYear, &[], &[0, 1]),
+    ("getDayOfMonth", Func::GetDayOfMonth, &[], &[0, 1]),
+    ("getDate", Func::GetDate, &[], &[0, 1]),
+    ("getDayOfWeek", Func::GetDayOfWeek, &[], &[0, 1]),
+    ("getHours", Func::GetHours, &[], &[0, 1]),
+    ("getMinutes", Func::GetMinutes, &[], &[0, 1]),
+    ("getSeconds", Func::GetSeconds, &[], &[0, 1]),
+    ("getMilliseconds", Func::GetMilliseconds, &[], &[0, 1]),
+    ("ip", Func::Ip, &[1], &[0]),
+    ("isIP", Func::IsIp, &[1], &[]),
+    ("ip.isCanonical", Func::IpIsCanonical, &[1], &[]),
+    ("family", Func::Family, &[], &[0]),
+    ("isUnspecified", Func::IsUnspecified, &[], &[0]),
+    ("isLoopback", Func::IsLoopback, &[], &[0]),
+    ("isLinkLocalMulticast", Func::IsLinkLocalMulticast, &[], &[0]),
+    ("isLinkLocalUnicast", Func::IsLinkLocalUnicast, &[], &[0]),
+    ("isGlobalUnicast", Func::IsGlobalUnicast, &[], &[0]),
+    ("cidr", Func::Cidr, &[1], &[]),
+    ("isCIDR", Func::IsCidr, &[1], &[]),
+    ("containsIP", Func::ContainsIp, &[], &[1]),
+    ("containsCIDR", Func::ContainsCidr, &[], &[1]),
+    ("prefixLength", Func::PrefixLength, &[], &[0]),
+    ("masked", Func::Masked, &[], &[0]),
 ];
 
 pub(crate) enum Resolution {
@@ -303,6 +359,13 @@ pub(crate) fn arithmetic<'a>(op: BinOp, a: Value<'a>, b: Value<'a>, budget: &mut
             }
             V::Uint(x % y)
         }
+        (BinOp::Add, V::Duration(x), V::Duration(y)) => V::Duration(x.checked_add(y).ok_or_else(overflow)?),
+        (BinOp::Sub, V::Duration(x), V::Duration(y)) => V::Duration(x.checked_sub(y).ok_or_else(overflow)?),
+        (BinOp::Add, V::Timestamp(t), V::Duration(d)) | (BinOp::Add, V::Duration(d), V::Timestamp(t)) => {
+            V::Timestamp(t.add(d).map_err(time_error)?)
+        }
+        (BinOp::Sub, V::Timestamp(t), V::Duration(d)) => V::Timestamp(t.sub_duration(d).map_err(time_error)?),
+        (BinOp::Sub, V::Timestamp(x), V::Timestamp(y)) => V::Duration(x.since(&y).map_err(time_error)?),
         (BinOp::Add, V::Double(x), V::Double(y)) => V::Double(x + y),
         (BinOp::Sub, V::Double(x), V::Double(y)) => V::Double(x - y),
         (BinOp::Mul, V::Double(x), V::Double(y)) => V::Double(x * y),
@@ -484,6 +547,14 @@ fn quantity_value<'a>(q: Quantity) -> Value<'a> {
 }
 
 fn quantity_error(e: crate::quantity::QuantityError) -> Error {
+    Error::new(e.to_string())
+}
+
+fn time_error(e: time::TimeError) -> Error {
+    Error::new(e.to_string())
+}
+
+fn net_error(e: crate::net::NetError) -> Error {
     Error::new(e.to_string())
 }
 
@@ -709,7 +780,14 @@ pub(crate) fn sort_by_keys<'a>(items: &[Value<'a>], keys: &[Value<'a>], budget: 
     let kind = first.type_name();
     if !matches!(
         first,
-        Value::Int(_) | Value::Uint(_) | Value::Double(_) | Value::Bool(_) | Value::String(_) | Value::Bytes(_)
+        Value::Int(_)
+            | Value::Uint(_)
+            | Value::Double(_)
+            | Value::Bool(_)
+            | Value::String(_)
+            | Value::Bytes(_)
+            | Value::Timestamp(_)
+            | Value::Duration(_)
     ) {
         return Err(Error::new("list elements must be comparable"));
     }
@@ -772,6 +850,8 @@ pub(crate) fn call<'a>(
             V::Int(i) => V::Int(*i),
             V::Uint(u) => V::Int(i64::try_from(*u).map_err(|_| Error::new("integer overflow"))?),
             V::Double(d) => V::Int(double_to_int(*d)?),
+            V::Duration(d) => V::Int(*d),
+            V::Timestamp(t) => V::Int(t.unix()),
             V::String(s) => V::Int(s.parse::<i64>().map_err(|_| conversion_error(&args[0], "int"))?),
             _ => return Err(no_overload()),
         },
@@ -803,6 +883,10 @@ pub(crate) fn call<'a>(
                 Err(_) => return Err(Error::new("invalid UTF-8 in bytes, cannot convert to string")),
             },
             V::Type(t) => V::str(t.name()),
+            V::Duration(d) => V::owned_str(time::format_duration(*d)),
+            V::Timestamp(t) => V::owned_str(t.format()),
+            V::Ip(ip) => V::owned_str(ip.to_string()),
+            V::Cidr(c) => V::owned_str(c.to_string()),
             _ => return Err(no_overload()),
         },
         Func::Bool => match a0? {
@@ -1009,7 +1093,7 @@ pub(crate) fn call<'a>(
             let Some(first) = iter.next() else {
                 return Ok(V::Int(0));
             };
-            if !matches!(first, V::Int(_) | V::Uint(_) | V::Double(_)) {
+            if !matches!(first, V::Int(_) | V::Uint(_) | V::Double(_) | V::Duration(_)) {
                 return Err(no_overload());
             }
             let mut acc = first.clone();
@@ -1237,6 +1321,106 @@ pub(crate) fn call<'a>(
                 (_, Err(e)) => return Err(Error::new(e)),
             }
         }
+        Func::Timestamp => match a0? {
+            V::Timestamp(t) => V::Timestamp(*t),
+            V::Int(i) => V::Timestamp(Timestamp::from_unix(*i).map_err(time_error)?),
+            V::String(s) => V::Timestamp(Timestamp::parse(s).map_err(time_error)?),
+            _ => return Err(no_overload()),
+        },
+        Func::Duration => match a0? {
+            V::Duration(d) => V::Duration(*d),
+            V::String(s) => V::Duration(time::parse_duration(s).map_err(time_error)?),
+            _ => return Err(no_overload()),
+        },
+        Func::GetFullYear
+        | Func::GetMonth
+        | Func::GetDayOfYear
+        | Func::GetDayOfMonth
+        | Func::GetDate
+        | Func::GetDayOfWeek
+        | Func::GetHours
+        | Func::GetMinutes
+        | Func::GetSeconds
+        | Func::GetMilliseconds => match (a0?, args.get(1)) {
+            (V::Duration(d), None) => V::Int(match func {
+                Func::GetHours => time::duration_hours(*d),
+                Func::GetMinutes => time::duration_minutes(*d),
+                Func::GetSeconds => time::duration_seconds(*d),
+                Func::GetMilliseconds => time::duration_milliseconds(*d),
+                _ => return Err(no_overload()),
+            }),
+            (V::Timestamp(t), zone) => {
+                // Without a zone argument the environment's default is UTC.
+                let offset = match zone {
+                    None => 0,
+                    Some(V::String(z)) => time::zone_offset(t, z).map_err(time_error)?,
+                    Some(_) => return Err(no_overload()),
+                };
+                let c = t.civil(offset);
+                V::Int(match func {
+                    Func::GetFullYear => c.year,
+                    Func::GetMonth => c.month - 1,
+                    Func::GetDayOfYear => c.year_day,
+                    Func::GetDayOfMonth => c.day - 1,
+                    Func::GetDate => c.day,
+                    Func::GetDayOfWeek => c.week_day,
+                    Func::GetHours => c.hour,
+                    Func::GetMinutes => c.minute,
+                    Func::GetSeconds => c.second,
+                    _ => c.nanos / 1_000_000,
+                })
+            }
+            _ => return Err(no_overload()),
+        },
+        Func::Ip => match a0? {
+            V::String(s) => V::Ip(Ip::parse(s).map_err(net_error)?),
+            V::Cidr(c) => V::Ip(c.ip),
+            _ => return Err(no_overload()),
+        },
+        Func::IsIp => V::Bool(Ip::parse(str_arg(a0?).map_err(|_| no_overload())?).is_ok()),
+        Func::IpIsCanonical => {
+            let s = str_arg(a0?).map_err(|_| no_overload())?;
+            V::Bool(Ip::parse(s).map_err(net_error)?.to_string() == s)
+        }
+        Func::Family
+        | Func::IsUnspecified
+        | Func::IsLoopback
+        | Func::IsLinkLocalMulticast
+        | Func::IsLinkLocalUnicast
+        | Func::IsGlobalUnicast => {
+            let V::Ip(ip) = a0? else {
+                return Err(no_overload());
+            };
+            match func {
+                Func::Family => V::Int(ip.family()),
+                Func::IsUnspecified => V::Bool(ip.is_unspecified()),
+                Func::IsLoopback => V::Bool(ip.is_loopback()),
+                Func::IsLinkLocalMulticast => V::Bool(ip.is_link_local_multicast()),
+                Func::IsLinkLocalUnicast => V::Bool(ip.is_link_local_unicast()),
+                _ => V::Bool(ip.is_global_unicast()),
+            }
+        }
+        Func::Cidr => V::Cidr(Cidr::parse(str_arg(a0?).map_err(|_| no_overload())?).map_err(net_error)?),
+        Func::IsCidr => V::Bool(Cidr::parse(str_arg(a0?).map_err(|_| no_overload())?).is_ok()),
+        Func::ContainsIp => match (a0?, arg(1)?) {
+            (V::Cidr(c), V::Ip(ip)) => V::Bool(c.contains(ip)),
+            // A string that is no address is "no such overload" upstream.
+            (V::Cidr(c), V::String(s)) => V::Bool(c.contains(&Ip::parse(s).map_err(|_| no_overload())?)),
+            _ => return Err(no_overload()),
+        },
+        Func::ContainsCidr => match (a0?, arg(1)?) {
+            (V::Cidr(c), V::Cidr(other)) => V::Bool(c.contains_cidr(other)),
+            (V::Cidr(c), V::String(s)) => V::Bool(c.contains_cidr(&Cidr::parse(s).map_err(net_error)?)),
+            _ => return Err(no_overload()),
+        },
+        Func::PrefixLength => match a0? {
+            V::Cidr(c) => V::Int(i64::from(c.bits)),
+            _ => return Err(no_overload()),
+        },
+        Func::Masked => match a0? {
+            V::Cidr(c) => V::Cidr(c.masked()),
+            _ => return Err(no_overload()),
+        },
         Func::Major | Func::Minor | Func::Patch => match a0? {
             // Components wrap like Go's int64(uint64) conversion.
             V::Semver(v) => V::Int(match func {

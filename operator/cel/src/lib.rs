@@ -18,8 +18,12 @@
 //! - standard library: operators, conversions, `size`, `type`, `dyn`, `contains`,
 //!   `startsWith`, `endsWith`, `matches`, macros `has`, `all`, `exists`, `exists_one`,
 //!   `map`, `filter` — implemented before, now type-checked;
-//!   `timestamp`/`duration`, their arithmetic and getters — undeclared before, now
-//!   declared and refused ("declared but not implemented"; the API server accepts them);
+//!   `timestamp`/`duration` (module `time`): conversions from strings (Go's RFC 3339
+//!   `time.Parse`, `time.ParseDuration`) and ints, to strings and ints, arithmetic and
+//!   comparisons with cel-go's overflow errors, the getters with the UTC default and an
+//!   optional zone (`±hh:mm` parsed as leniently as cel-go, or a zone name looked up in
+//!   the system zoneinfo, as Go's `time.LoadLocation` does), the literal validators and
+//!   the folding of constant conversions, no map/list index by these values — implemented;
 //! - homogeneous aggregate literals, regex literal validation, cross-type numeric
 //!   comparisons (cel-go's conversions), constant folding of conversions — implemented;
 //! - optionals (latest: `optional.of/ofNonZeroValue/none`, `value`, `hasValue`, `or`,
@@ -27,7 +31,8 @@
 //!   `optional.unwrap`, `unwrapOpt`) — implemented (`unwrap`, `unwrapOpt` added);
 //! - cel-go strings (2): `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`,
 //!   `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote` —
-//!   implemented; `format` — declared and refused; `reverse` on strings (version 3) —
+//!   implemented; `format` — declared and refused (version 2 formats numbers with
+//!   golang.org/x/text's en_US printer: not implemented yet); `reverse` on strings (version 3) —
 //!   now refused, as upstream;
 //! - cel-go sets, two-variable comprehensions, bindings (`cel.bind`), lists (3:
 //!   `slice`, `flatten`, `sort`, `sortBy`, `lists.range`, `reverse`, `distinct`) —
@@ -37,7 +42,10 @@
 //!   and refused, as the API server refuses it;
 //! - Kubernetes regex (`find`, `findAll`), quantity, semver (1) — implemented;
 //!   `sign` is global only and `mul` does not exist upstream: both now refused;
-//! - Kubernetes URLs, IP, CIDR, format — declared and refused (not implemented yet);
+//! - Kubernetes IP and CIDR (module `net`: Go's `netip` parsing and printing, the
+//!   libraries' refusal of zones and IPv4-mapped addresses) — implemented;
+//! - Kubernetes URLs (Go's `net/url`) and format (named formats, with
+//!   apimachinery's and strfmt's validators) — declared and refused (not implemented yet);
 //! - Kubernetes authz libraries — no authorizer variable in this environment: their
 //!   functions are refused;
 //! - not in the environment (math, encoders, protos, ...) — refused, as upstream.
@@ -63,9 +71,11 @@ mod eval;
 mod functions;
 mod lexer;
 pub mod name_map;
+mod net;
 mod parser;
 pub mod quantity;
 mod semver;
+mod time;
 mod types;
 mod value;
 

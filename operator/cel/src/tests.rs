@@ -923,9 +923,22 @@ fn compile_errors() {
         ("device.", "compile:Syntax error"),
         ("[1, 2", "compile:Syntax error"),
         (
-            "timestamp(\"2024-01-01T00:00:00Z\") > timestamp(0)",
-            "compile:function 'timestamp' is declared but not implemented",
+            "url(\"https://example.com\").getHost() == \"example.com\"",
+            "compile:function 'getHost' is declared but not implemented",
         ),
+        (
+            "timestamp(\"2024-13-01T00:00:00Z\") > timestamp(0)",
+            "compile:invalid timestamp argument",
+        ),
+        (
+            "duration(\"1d\") > duration(\"1h\")",
+            "compile:invalid duration argument",
+        ),
+        (
+            "timestamp(253402300800) > timestamp(0)",
+            "compile:invalid timestamp argument",
+        ),
+        ("timestamp(\"bad\" + \"\") > timestamp(0)", "err:type conversion error"),
         ("1 == 1 == true", "true"),
     ]);
     let err = compile("1 +\n  x").unwrap_err();
@@ -1128,4 +1141,110 @@ fn programs_are_shareable() {
     });
     assert_eq!(handle.join().unwrap(), Ok(true));
     assert_eq!(program.evaluate(&fixture.view()), Ok(true));
+}
+
+#[test]
+fn timestamps_and_durations() {
+    check_cases(&[
+        ("timestamp(\"2024-01-01T00:00:00Z\") > timestamp(0)", "true"),
+        ("timestamp(\"2024-01-01T00:00:00Z\").getFullYear() == 2024", "true"),
+        ("timestamp(\"2024-03-01T10:20:30Z\").getMonth() == 2", "true"),
+        ("timestamp(\"2024-03-01T10:20:30Z\").getHours(\"+02:00\") == 12", "true"),
+        ("timestamp(\"2024-03-01T10:20:30Z\").getHours(\"-02:30\") == 7", "true"),
+        ("timestamp(\"2024-03-01T10:20:30+02:00\").getHours() == 8", "true"),
+        ("timestamp(\"2024-12-31T23:00:00Z\").getDayOfYear() == 365", "true"),
+        ("timestamp(\"2024-03-01T00:00:00Z\").getDayOfMonth() == 0", "true"),
+        ("timestamp(\"2024-03-01T00:00:00Z\").getDate() == 1", "true"),
+        ("timestamp(\"2024-03-03T00:00:00Z\").getDayOfWeek() == 0", "true"),
+        (
+            "timestamp(\"2024-03-03T00:00:00.123Z\").getMilliseconds() == 123",
+            "true",
+        ),
+        (
+            "timestamp(\"2024-03-03T00:00:00Z\").getHours(\"x:00\") == 0",
+            "err:invalid syntax",
+        ),
+        (
+            "timestamp(\"2024-03-03T00:00:00Z\").getHours(\"Nowhere/City\") == 0",
+            "err:unknown time zone",
+        ),
+        ("duration(\"1h30m\") == duration(\"90m\")", "true"),
+        ("duration(\"1h\").getMinutes() == 60", "true"),
+        ("duration(\"-1.5h\").getHours() == -1", "true"),
+        ("duration(\"3723.5s\").getMilliseconds() == 3723500", "true"),
+        (
+            "timestamp(\"2024-01-01T00:00:00Z\") + duration(\"24h\") == timestamp(\"2024-01-02T00:00:00Z\")",
+            "true",
+        ),
+        (
+            "timestamp(\"2024-01-02T00:00:00Z\") - timestamp(\"2024-01-01T00:00:00Z\") == duration(\"24h\")",
+            "true",
+        ),
+        ("string(duration(\"1h30m\")) == \"5400s\"", "true"),
+        (
+            "string(timestamp(\"2024-01-01T10:00:00.50+02:00\")) == \"2024-01-01T10:00:00.5+02:00\"",
+            "true",
+        ),
+        ("int(timestamp(\"1970-01-01T00:00:01Z\")) == 1", "true"),
+        ("int(duration(\"1s\")) == 1000000000", "true"),
+        (
+            "timestamp(\"9999-12-31T23:59:59Z\") + duration(\"1s\") > timestamp(0)",
+            "err:timestamp overflow",
+        ),
+        (
+            "duration(\"2562047h\") + duration(\"2562047h\") > duration(\"0s\")",
+            "err:integer overflow",
+        ),
+        (
+            "[duration(\"2s\"), duration(\"1s\")].sort()[0] == duration(\"1s\")",
+            "true",
+        ),
+        ("[duration(\"2s\"), duration(\"1s\")].sum() == duration(\"3s\")", "true"),
+        ("type(timestamp(0)) == google.protobuf.Timestamp", "compile:too complex"),
+        ("[type(timestamp(0))] == [google.protobuf.Timestamp]", "true"),
+        ("optional.ofNonZeroValue(duration(\"0s\")).hasValue()", "false"),
+        ("dyn(duration(\"1h\")).getHours(\"UTC\") == 1", "err:no such overload"),
+        (
+            "duration(\"1h\").getHours(\"UTC\") == 1",
+            "compile:found no matching overload",
+        ),
+        ("timestamp(0) == duration(\"0s\")", "compile:found no matching overload"),
+    ]);
+}
+
+#[test]
+fn ips_and_cidrs() {
+    check_cases(&[
+        ("ip(\"10.0.0.1\").family() == 4", "true"),
+        ("ip(\"::1\").family() == 6 && ip(\"::1\").isLoopback()", "true"),
+        ("ip(\"10.0.0.1\").isGlobalUnicast()", "true"),
+        ("ip(\"0.0.0.0\").isUnspecified()", "true"),
+        ("ip(\"169.254.1.1\").isLinkLocalUnicast()", "true"),
+        ("ip(\"224.0.0.1\").isLinkLocalMulticast()", "true"),
+        ("isIP(\"10.0.0.256\")", "false"),
+        ("isIP(\"fe80::1%eth0\")", "false"),
+        ("ip(\"010.0.0.1\").family() == 4", "err:leading zero"),
+        ("ip(\"::ffff:1.2.3.4\").family() == 6", "err:IPv4-mapped"),
+        ("ip.isCanonical(\"2001:db8::1\")", "true"),
+        ("ip.isCanonical(\"2001:DB8::1\")", "false"),
+        ("ip.isCanonical(\"nope\")", "err:parse error"),
+        ("string(ip(\"2001:0db8:0:0:0:0:0:1\")) == \"2001:db8::1\"", "true"),
+        ("ip(\"10.0.0.1\") == ip(\"10.0.0.1\")", "true"),
+        ("cidr(\"10.0.0.0/8\").containsIP(ip(\"10.1.2.3\"))", "true"),
+        ("cidr(\"10.0.0.0/8\").containsIP(\"11.1.2.3\")", "false"),
+        ("cidr(\"10.0.0.0/8\").containsIP(\"nope\")", "err:no such overload"),
+        ("cidr(\"10.0.0.0/8\").containsCIDR(\"10.1.0.0/16\")", "true"),
+        ("cidr(\"10.0.0.0/8\").containsCIDR(cidr(\"0.0.0.0/0\"))", "false"),
+        ("cidr(\"10.1.2.3/8\").masked() == cidr(\"10.0.0.0/8\")", "true"),
+        ("cidr(\"10.1.2.3/8\") == cidr(\"10.0.0.0/8\")", "false"),
+        ("cidr(\"10.0.0.0/8\").prefixLength() == 8", "true"),
+        ("cidr(\"10.0.0.0/8\").ip() == ip(\"10.0.0.0\")", "true"),
+        ("string(cidr(\"2001:db8::/32\")) == \"2001:db8::/32\"", "true"),
+        ("isCIDR(\"10.0.0.0/33\")", "false"),
+        ("cidr(\"10.0.0.0/08\").prefixLength() == 8", "err:bad bits"),
+        (
+            "[type(ip(\"::\"))] == [net.IP] && [type(cidr(\"::/0\"))] == [net.CIDR]",
+            "true",
+        ),
+    ]);
 }

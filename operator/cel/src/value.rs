@@ -10,7 +10,9 @@ use crate::device::{AttributeValue, qualify};
 use crate::quantity::Quantity;
 
 use crate::DeviceView;
+use crate::net::{Cidr, Ip};
 use crate::semver::Semver;
+use crate::time::Timestamp;
 
 /// Borrowed from the program or the device, or owned by this evaluation.
 pub(crate) enum Shared<'a, T: ?Sized> {
@@ -152,6 +154,11 @@ pub(crate) enum Value<'a> {
     Type(TypeName),
     Quantity(Shared<'a, Quantity>),
     Semver(Rc<Semver>),
+    Timestamp(Timestamp),
+    /// Nanoseconds, as Go's `time.Duration`.
+    Duration(i64),
+    Ip(Ip),
+    Cidr(Cidr),
     /// The `device` variable.
     Device(&'a DeviceView<'a>),
     /// `device.attributes` or `device.capacity`: every domain maps to a (maybe empty) map.
@@ -192,6 +199,10 @@ impl<'a> Value<'a> {
             Value::Type(_) => TypeName::Type,
             Value::Quantity(_) => TypeName::Quantity,
             Value::Semver(_) => TypeName::Semver,
+            Value::Timestamp(_) => TypeName::Timestamp,
+            Value::Duration(_) => TypeName::Duration,
+            Value::Ip(_) => TypeName::Ip,
+            Value::Cidr(_) => TypeName::Cidr,
             Value::Device(_) => TypeName::Device,
         }
     }
@@ -221,6 +232,8 @@ impl<'a> Value<'a> {
             Value::List(l) => l.is_empty(),
             Value::Map(m) => m.is_empty(),
             Value::Domain(..) | Value::Domains(..) => self.map_len() == 0,
+            Value::Timestamp(t) => t.is_zero(),
+            Value::Duration(d) => *d == 0,
             _ => false,
         }
     }
@@ -311,7 +324,14 @@ impl<'a> Value<'a> {
 /// and null too); lists, maps and bytes are not hashable.
 pub(crate) fn check_key(key: &Value<'_>) -> Result<()> {
     match key {
-        Value::Int(_) | Value::Uint(_) | Value::Bool(_) | Value::String(_) | Value::Double(_) | Value::Null => Ok(()),
+        Value::Int(_)
+        | Value::Uint(_)
+        | Value::Bool(_)
+        | Value::String(_)
+        | Value::Double(_)
+        | Value::Null
+        | Value::Timestamp(_)
+        | Value::Duration(_) => Ok(()),
         other => Err(Error::new(format!("unsupported map key type: {}", other.type_name()))),
     }
 }
@@ -434,6 +454,10 @@ pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>) -> bool {
         (V::Type(x), V::Type(y)) => x == y,
         (V::Quantity(x), V::Quantity(y)) => **x == **y,
         (V::Semver(x), V::Semver(y)) => x.cmp(y) == Ordering::Equal,
+        (V::Timestamp(x), V::Timestamp(y)) => x == y,
+        (V::Duration(x), V::Duration(y)) => x == y,
+        (V::Ip(x), V::Ip(y)) => x == y,
+        (V::Cidr(x), V::Cidr(y)) => x == y,
         (V::Device(x), V::Device(y)) => std::ptr::eq(*x, *y),
         (x, y) if x.is_map() && y.is_map() => {
             if x.map_len() != y.map_len() {
@@ -533,6 +557,8 @@ pub(crate) fn compare(a: &Value<'_>, b: &Value<'_>) -> Result<Ordering> {
         (V::String(x), V::String(y)) => Ok(x.as_bytes().cmp(y.as_bytes())),
         (V::Bool(x), V::Bool(y)) => Ok(x.cmp(y)),
         (V::Bytes(x), V::Bytes(y)) => Ok(x.as_ref().cmp(y.as_ref())),
+        (V::Timestamp(x), V::Timestamp(y)) => Ok(x.cmp(y)),
+        (V::Duration(x), V::Duration(y)) => Ok(x.cmp(y)),
         _ => Err(Error::no_overload()),
     }
 }
