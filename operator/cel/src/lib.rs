@@ -50,6 +50,10 @@
 //!   functions are refused;
 //! - not in the environment (math, encoders, protos, ...) — refused, as upstream.
 //!
+//! [`compile`] is the API server's validation of a new selector; [`compile_stored`] is
+//! kube-scheduler's compilation of a stored one, which skips the cost estimate (its
+//! cache compiles with `DisableCostEstimation`). The placement engine uses the latter.
+//!
 //! The cost estimate follows cel-go's static model with the Kubernetes library's
 //! estimator and DRA's size estimator (module `cost`); the runtime meter is this crate's
 //! own, coarser than cel-go's tracker, and bounds every evaluation.
@@ -163,8 +167,20 @@ fn compile_error(source: &str, pos: usize, message: &str) -> CompileError {
     }
 }
 
-/// Compiles a selector expression.
+/// Compiles a new selector as the API server does when it validates one: also refused
+/// when its estimated worst-case cost exceeds [`COST_LIMIT`].
 pub fn compile(expression: &str) -> Result<Program, CompileError> {
+    compile_with(expression, check::CostCheck::Estimate)
+}
+
+/// Compiles a stored selector as kube-scheduler does before it evaluates one: without
+/// the cost estimate, which the API server applied when the selector was written (an
+/// older or ratcheted one may exceed today's); the runtime limit bounds evaluation.
+pub fn compile_stored(expression: &str) -> Result<Program, CompileError> {
+    compile_with(expression, check::CostCheck::Skip)
+}
+
+fn compile_with(expression: &str, cost_check: check::CostCheck) -> Result<Program, CompileError> {
     if expression.len() > MAX_EXPRESSION_LENGTH {
         return Err(CompileError {
             message: format!(
@@ -179,7 +195,7 @@ pub fn compile(expression: &str) -> Result<Program, CompileError> {
     let run = || -> Result<check::Checked, CompileError> {
         let tokens = lexer::tokenize(expression).map_err(|e| compile_error(expression, e.pos, &e.message))?;
         let parsed = parser::parse(&tokens).map_err(|e| compile_error(expression, e.pos, &e.message))?;
-        check::check(parsed).map_err(|e| compile_error(expression, e.pos, &e.message))
+        check::check(parsed, cost_check).map_err(|e| compile_error(expression, e.pos, &e.message))
     };
     let checked = std::thread::scope(|scope| {
         let handle = std::thread::Builder::new()

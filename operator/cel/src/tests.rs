@@ -1248,3 +1248,14 @@ fn ips_and_cidrs() {
         ),
     ]);
 }
+
+#[test]
+fn a_stored_selector_is_not_held_to_the_cost_estimate_a_new_one_is() {
+    // The estimator cannot bound `type(1)`'s size; the API server refuses it as new.
+    let expression = r#"type(1) == int && device.driver == "gpu.example.com""#;
+    let refused = compile(expression).unwrap_err();
+    assert!(refused.message.contains("exceeds cost limit"), "{}", refused.message);
+    let fixture = Fixture::new();
+    let stored = compile_stored(expression).expect("kube-scheduler compiles stored selectors without the estimate");
+    assert_eq!(stored.evaluate(&fixture.view()), Ok(true));
+}

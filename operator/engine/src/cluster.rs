@@ -604,7 +604,8 @@ impl ClusterState {
         if let Some(cached) = locked(&self.programs).get(expression) {
             return cached.clone();
         }
-        let compiled = crate::cel::compile(expression).map_err(|e| e.message);
+        // Stored selectors, as kube-scheduler compiles them: no cost estimate.
+        let compiled = crate::cel::compile_stored(expression).map_err(|e| e.message);
         locked(&self.programs).insert(expression.to_string(), compiled.clone());
         compiled
     }
