@@ -5,7 +5,7 @@
 use std::fs;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -30,21 +30,7 @@ pub fn kueue_binaries() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MUSTER_KUEUE_DIR") {
         return Ok(PathBuf::from(dir));
     }
-    let script = paths::crate_dir().join("controlplane").join("build-kueue.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !output.status.success() {
-        bail!("building Kueue failed ({}); see the output above", output.status);
-    }
-    let stdout = String::from_utf8(output.stdout)?;
-    let dir = stdout
-        .lines()
-        .last()
-        .context("the Kueue build script printed no directory")?;
-    Ok(PathBuf::from(dir.trim()))
+    paths::built_by("build-kueue.sh", "Kueue")
 }
 
 /// A running Kueue manager. It stops with its process group (when dropped, or when the

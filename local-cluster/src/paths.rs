@@ -29,20 +29,26 @@ pub fn control_plane_binaries() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MUSTER_CONTROLPLANE_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    let script = crate_dir().join("controlplane").join("build.sh");
+    built_by("build.sh", "the control plane")
+}
+
+/// Runs build script `script` of `controlplane/`, which builds `what` into the cache
+/// (or finds it there) and prints the directory last.
+pub fn built_by(script: &str, what: &str) -> Result<PathBuf> {
+    let script = crate_dir().join("controlplane").join(script);
     let output = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !output.status.success() {
-        bail!(
-            "building the control plane failed ({}); see the output above",
-            output.status
-        );
+        bail!("building {what} failed ({}); see the output above", output.status);
     }
     let stdout = String::from_utf8(output.stdout)?;
-    let dir = stdout.lines().last().context("the build script printed no directory")?;
+    let dir = stdout
+        .lines()
+        .last()
+        .with_context(|| format!("the build script of {what} printed no directory"))?;
     Ok(PathBuf::from(dir.trim()))
 }
 
