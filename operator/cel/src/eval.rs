@@ -341,7 +341,7 @@ impl<'a> Evaluator<'a> {
         let b = self.eval(r)?;
         Ok(match op {
             BinOp::Eq => Value::Bool(functions::equals(&a, &b, &mut self.budget)?),
-            BinOp::Ne => Value::Bool(!functions::equals(&a, &b, &mut self.budget)?),
+            BinOp::Ne => Value::Bool(functions::not_equals(&a, &b, &mut self.budget)?),
             BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => {
                 let ord = compare(&a, &b).map_err(|e| {
                     if e.message == "no such overload" {

@@ -44,8 +44,13 @@
 //!   `sign` is global only and `mul` does not exist upstream: both now refused;
 //! - Kubernetes IP and CIDR (module `net`: Go's `netip` parsing and printing, the
 //!   libraries' refusal of zones and IPv4-mapped addresses) — implemented;
-//! - Kubernetes URLs (Go's `net/url`) and format (named formats, with
-//!   apimachinery's and strfmt's validators) — declared and refused (not implemented yet);
+//! - Kubernetes URLs (module `url`: accepted by Go's `url.ParseRequestURI`, built by
+//!   `url.Parse`, with Go 1.26's strict colons in http(s) hosts; components, `getQuery`
+//!   unescaped, equality on Go's `String`; no identifier for the type, as upstream) and
+//!   format (module `format`: every named format, `format.named`, `validate` with
+//!   apimachinery's, `ParseRequestURI`'s and strfmt's checks and messages) —
+//!   implemented. A URL or format compared with another type fails `==` and satisfies
+//!   `!=`, as their `Equal` methods make cel-go do;
 //! - Kubernetes authz libraries — no authorizer variable in this environment: their
 //!   functions are refused;
 //! - not in the environment (math, encoders, protos, ...) — refused, as upstream.
@@ -72,6 +77,7 @@ mod cost;
 mod decls;
 pub mod device;
 mod eval;
+mod format;
 mod functions;
 mod lexer;
 pub mod name_map;
@@ -81,6 +87,7 @@ pub mod quantity;
 mod semver;
 mod time;
 mod types;
+mod url;
 mod value;
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ fn addr_error(input: &str, msg: &str) -> String {
 }
 
 /// `netip.ParseAddr`: (address, has a zone).
-fn parse_addr(s: &str) -> Result<(Ip, bool), String> {
+pub(crate) fn parse_addr(s: &str) -> Result<(Ip, bool), String> {
     for c in s.bytes() {
         match c {
             b'.' => return parse_v4(s, s).map(|a| (Ip::V4(a), false)),
