@@ -308,6 +308,8 @@ impl<'a> Evaluator<'a> {
         match k {
             Value::Timestamp(_) => return Err(Error::new("invalid qualifier type: types.Timestamp")),
             Value::Duration(_) => return Err(Error::new("invalid qualifier type: types.Duration")),
+            Value::Url(_) => return Err(Error::new("invalid qualifier type: cel.URL")),
+            Value::Format(_) => return Err(Error::new("invalid qualifier type: cel.Format")),
             _ => {}
         }
         let (target, optional) = match v {

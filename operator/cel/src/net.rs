@@ -28,6 +28,14 @@ fn addr_error(input: &str, msg: &str) -> String {
     format!("ParseAddr({input:?}): {msg}")
 }
 
+/// Go's message for an error found at `at`, the rest of the input.
+fn addr_error_at(input: &str, msg: &str, at: &str) -> String {
+    if at.is_empty() {
+        return addr_error(input, msg);
+    }
+    format!("ParseAddr({input:?}): {msg} (at {at:?})")
+}
+
 /// `netip.ParseAddr`: (address, has a zone).
 pub(crate) fn parse_addr(s: &str) -> Result<(Ip, bool), String> {
     for c in s.bytes() {
@@ -57,7 +65,7 @@ fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
             }
         } else if c == b'.' {
             if i == 0 || i == b.len() - 1 || b[i - 1] == b'.' {
-                return Err(addr_error(input, "IPv4 field must have at least one digit"));
+                return Err(addr_error_at(input, "IPv4 field must have at least one digit", &s[i..]));
             }
             if pos == 3 {
                 return Err(addr_error(input, "IPv4 address too long"));
@@ -67,7 +75,7 @@ fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
             val = 0;
             digits = 0;
         } else {
-            return Err(addr_error(input, "unexpected character"));
+            return Err(addr_error_at(input, "unexpected character", &s[i..]));
         }
     }
     if pos < 3 {
@@ -103,30 +111,33 @@ fn parse_v6(input: &str) -> Result<(Ip, bool), String> {
             };
             acc = (acc << 4) + d;
             if off > 3 {
-                return Err(addr_error(input, "each group must have 4 or less digits"));
+                return Err(addr_error_at(input, "each group must have 4 or less digits", s));
             }
             if acc > 0xffff {
-                return Err(addr_error(input, "IPv6 field has value >=2^16"));
+                return Err(addr_error_at(input, "IPv6 field has value >=2^16", s));
             }
             off += 1;
         }
         if off == 0 {
-            return Err(addr_error(
+            return Err(addr_error_at(
                 input,
                 "each colon-separated field must have at least one digit",
+                s,
             ));
         }
         if b.get(off) == Some(&b'.') {
             if ellipsis.is_none() && i != 12 {
-                return Err(addr_error(
+                return Err(addr_error_at(
                     input,
                     "embedded IPv4 address must replace the final 2 fields of the address",
+                    s,
                 ));
             }
             if i + 4 > 16 {
-                return Err(addr_error(
+                return Err(addr_error_at(
                     input,
                     "too many hex fields to fit an embedded IPv4 at the end of the address",
+                    s,
                 ));
             }
             ip[i..i + 4].copy_from_slice(&parse_v4(input, s)?);
@@ -142,14 +153,14 @@ fn parse_v6(input: &str) -> Result<(Ip, bool), String> {
             break;
         }
         if !s.starts_with(':') {
-            return Err(addr_error(input, "unexpected character, want colon"));
+            return Err(addr_error_at(input, "unexpected character, want colon", s));
         } else if s.len() == 1 {
-            return Err(addr_error(input, "colon must be followed by more characters"));
+            return Err(addr_error_at(input, "colon must be followed by more characters", s));
         }
         s = &s[1..];
         if s.starts_with(':') {
             if ellipsis.is_some() {
-                return Err(addr_error(input, "multiple :: in address"));
+                return Err(addr_error_at(input, "multiple :: in address", s));
             }
             ellipsis = Some(i);
             s = &s[1..];
@@ -159,7 +170,7 @@ fn parse_v6(input: &str) -> Result<(Ip, bool), String> {
         }
     }
     if !s.is_empty() {
-        return Err(addr_error(input, "trailing garbage after address"));
+        return Err(addr_error_at(input, "trailing garbage after address", s));
     }
     if i < 16 {
         let Some(e) = ellipsis else {

@@ -1336,6 +1336,13 @@ fn urls() {
         ),
         (r#"[type(url("/a"))] == [type(url("/b"))]"#, "true"),
         (r#"dyn(url("/a")) != 1"#, "true"),
+        // A URL map key is its pointer; no URL indexes anything.
+        (r#"cel.bind(u, url("/a"), u in {u: 1})"#, "true"),
+        (r#"url("/a") in {url("/a"): 1}"#, "false"),
+        (
+            r#"cel.bind(u, url("/a"), {u: 1}[u] == 1)"#,
+            "err:invalid qualifier type: cel.URL",
+        ),
         (r#"url(1) == url("/a")"#, "compile:found no matching overload for 'url'"),
         (
             r#"string(url("/a")) == "/a""#,

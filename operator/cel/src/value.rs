@@ -327,10 +327,12 @@ impl<'a> Value<'a> {
 }
 
 /// Map keys: cel-go keeps its maps as Go maps, which take any hashable value (doubles
-/// and null too); lists, maps and bytes are not hashable.
+/// and null too, and URLs, which hash as their pointer); lists, maps and bytes are not
+/// hashable.
 pub(crate) fn check_key(key: &Value<'_>) -> Result<()> {
     match key {
-        Value::Int(_)
+        Value::Url(_)
+        | Value::Int(_)
         | Value::Uint(_)
         | Value::Bool(_)
         | Value::String(_)
@@ -342,9 +344,13 @@ pub(crate) fn check_key(key: &Value<'_>) -> Result<()> {
     }
 }
 
-/// Key equality: like `==`, so `1`, `1u` and `1.0` find the same entry.
+/// Key equality: like `==`, so `1`, `1u` and `1.0` find the same entry; a URL key is
+/// its Go pointer, so only the same URL value finds it.
 pub(crate) fn key_eq(a: &Value<'_>, b: &Value<'_>) -> bool {
-    equals(a, b)
+    match (a, b) {
+        (Value::Url(x), Value::Url(y)) => Rc::ptr_eq(x, y),
+        _ => equals(a, b),
+    }
 }
 
 fn with_qualified<R>(domain: &str, id: &str, f: impl FnOnce(&str) -> R) -> R {
