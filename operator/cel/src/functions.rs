@@ -355,6 +355,12 @@ pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Resul
     go_equal(a, b, budget)?.ok_or_else(Error::no_overload)
 }
 
+/// Whether `a.Equal(b)` is true, as list searches (`in`, `indexOf`, `distinct`, the
+/// set functions) ask it: a failed comparison is just not a match.
+fn same(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Result<bool> {
+    Ok(go_equal(a, b, budget)? == Some(true))
+}
+
 /// `!=`: cel-go negates "equal is true", so where `==` fails `!=` is true.
 pub(crate) fn not_equals(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Result<bool> {
     Ok(go_equal(a, b, budget)? != Some(true))
@@ -410,7 +416,7 @@ pub(crate) fn contains<'a>(elem: &Value<'a>, container: &Value<'a>, budget: &mut
         // cel-go asks the element whether it equals each item: only `true` counts.
         Value::List(items) => {
             for item in items.iter() {
-                if go_equal(elem, item, budget)? == Some(true) {
+                if same(elem, item, budget)? {
                     return Ok(true);
                 }
             }
@@ -1091,7 +1097,7 @@ pub(crate) fn call<'a>(
                     Box::new((0..items.len()).rev())
                 };
                 for i in positions {
-                    if equals(&items[i], needle, budget)? {
+                    if same(&items[i], needle, budget)? {
                         found = i as i64;
                         break;
                     }
@@ -1271,7 +1277,7 @@ pub(crate) fn call<'a>(
             for item in items.iter() {
                 let mut seen = false;
                 for kept in &out {
-                    if equals(item, kept, budget)? {
+                    if same(item, kept, budget)? {
                         seen = true;
                         break;
                     }
@@ -1314,7 +1320,7 @@ pub(crate) fn call<'a>(
                 for x in sub {
                     let mut found = false;
                     for y in set {
-                        if equals(y, x, budget)? {
+                        if same(x, y, budget)? {
                             found = true;
                             break;
                         }
@@ -1332,7 +1338,7 @@ pub(crate) fn call<'a>(
                     let mut any = false;
                     'outer: for x in a.iter() {
                         for y in b.iter() {
-                            if equals(y, x, budget)? {
+                            if same(x, y, budget)? {
                                 any = true;
                                 break 'outer;
                             }

@@ -1336,6 +1336,9 @@ fn urls() {
         ),
         (r#"[type(url("/a"))] == [type(url("/b"))]"#, "true"),
         (r#"dyn(url("/a")) != 1"#, "true"),
+        // List searches never fail on a URL compared with another type.
+        (r#"[dyn(url("/a")), dyn(1)].indexOf(dyn(1)) == 1"#, "true"),
+        (r#"sets.contains([dyn(url("/a")), dyn(1)], [dyn(1)])"#, "true"),
         // A URL map key is its pointer; no URL indexes anything.
         (r#"cel.bind(u, url("/a"), u in {u: 1})"#, "true"),
         (r#"url("/a") in {url("/a"): 1}"#, "false"),
