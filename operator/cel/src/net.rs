@@ -24,8 +24,13 @@ pub(crate) struct Cidr {
     pub bits: u8,
 }
 
+/// Go's `%q` quoting, which these messages use.
+fn q(s: &str) -> String {
+    crate::url::go_quote(s.as_bytes())
+}
+
 fn addr_error(input: &str, msg: &str) -> String {
-    format!("ParseAddr({input:?}): {msg}")
+    format!("ParseAddr({}): {msg}", q(input))
 }
 
 /// Go's message for an error found at `at`, the rest of the input.
@@ -33,7 +38,7 @@ fn addr_error_at(input: &str, msg: &str, at: &str) -> String {
     if at.is_empty() {
         return addr_error(input, msg);
     }
-    format!("ParseAddr({input:?}): {msg} (at {at:?})")
+    format!("ParseAddr({}): {msg} (at {})", q(input), q(at))
 }
 
 /// `netip.ParseAddr`: (address, has a zone).
@@ -190,14 +195,15 @@ impl Ip {
     pub(crate) fn parse(s: &str) -> Result<Ip, NetError> {
         let (ip, zone) = parse_addr(s).map_err(|e| {
             NetError(format!(
-                "IP Address {s:?} parse error during conversion from string: {e}"
+                "IP Address {} parse error during conversion from string: {e}",
+                q(s)
             ))
         })?;
         if zone {
-            return Err(NetError(format!("IP address {s:?} with zone value is not allowed")));
+            return Err(NetError(format!("IP address {} with zone value is not allowed", q(s))));
         }
         if ip.is_4in6() {
-            return Err(NetError(format!("IPv4-mapped IPv6 address {s:?} is not allowed")));
+            return Err(NetError(format!("IPv4-mapped IPv6 address {} is not allowed", q(s))));
         }
         Ok(ip)
     }
@@ -322,7 +328,12 @@ const PREFIX_ERROR: &str = "network address parse error during conversion from s
 impl Cidr {
     /// The CIDR library's `parseCIDR` (`netip.ParsePrefix`, no IPv4-mapped addresses).
     pub(crate) fn parse(s: &str) -> Result<Cidr, NetError> {
-        let wrap = |msg: String| NetError(format!("{PREFIX_ERROR}{PREFIX_ERROR}netip.ParsePrefix({s:?}): {msg}"));
+        let wrap = |msg: String| {
+            NetError(format!(
+                "{PREFIX_ERROR}{PREFIX_ERROR}netip.ParsePrefix({}): {msg}",
+                q(s)
+            ))
+        };
         let Some(slash) = s.rfind('/') else {
             return Err(wrap("no '/'".into()));
         };
@@ -331,7 +342,7 @@ impl Cidr {
             return Err(wrap("IPv6 zones cannot be present in a prefix".into()));
         }
         let bits = &s[slash + 1..];
-        let bad_bits = || wrap(format!("bad bits after slash: {bits:?}"));
+        let bad_bits = || wrap(format!("bad bits after slash: {}", q(bits)));
         if bits.len() > 1 && !matches!(bits.as_bytes()[0], b'1'..=b'9') {
             return Err(bad_bits());
         }
@@ -346,7 +357,8 @@ impl Cidr {
         }
         if ip.is_4in6() {
             return Err(NetError(format!(
-                "{PREFIX_ERROR}IPv4-mapped IPv6 address {s:?} is not allowed"
+                "{PREFIX_ERROR}IPv4-mapped IPv6 address {} is not allowed",
+                q(s)
             )));
         }
         Ok(Cidr { ip, bits: bits as u8 })
