@@ -104,8 +104,6 @@ fn type_ident(name: &str) -> Option<(TypeName, Type)> {
         "google.protobuf.Duration" => (TypeName::Duration, Type::Duration),
         "kubernetes.Quantity" => (TypeName::Quantity, Type::Struct(types::QUANTITY)),
         "kubernetes.Semver" => (TypeName::Semver, Type::Struct(types::SEMVER)),
-        "kubernetes.URL" => (TypeName::Url, Type::Struct(types::URL)),
-        "kubernetes.NamedFormat" => (TypeName::Format, Type::Struct(types::FORMAT)),
         "net.IP" => (TypeName::Ip, Type::Opaque(types::IP, Vec::new())),
         "net.CIDR" => (TypeName::Cidr, Type::Opaque(types::CIDR, Vec::new())),
         _ => return None,

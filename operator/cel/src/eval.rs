@@ -308,6 +308,8 @@ impl<'a> Evaluator<'a> {
         match k {
             Value::Timestamp(_) => return Err(Error::new("invalid qualifier type: types.Timestamp")),
             Value::Duration(_) => return Err(Error::new("invalid qualifier type: types.Duration")),
+            Value::Url(_) => return Err(Error::new("invalid qualifier type: cel.URL")),
+            Value::Format(_) => return Err(Error::new("invalid qualifier type: cel.Format")),
             _ => {}
         }
         let (target, optional) = match v {
@@ -341,7 +343,7 @@ impl<'a> Evaluator<'a> {
         let b = self.eval(r)?;
         Ok(match op {
             BinOp::Eq => Value::Bool(functions::equals(&a, &b, &mut self.budget)?),
-            BinOp::Ne => Value::Bool(!functions::equals(&a, &b, &mut self.budget)?),
+            BinOp::Ne => Value::Bool(functions::not_equals(&a, &b, &mut self.budget)?),
             BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => {
                 let ord = compare(&a, &b).map_err(|e| {
                     if e.message == "no such overload" {

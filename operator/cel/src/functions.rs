@@ -1,6 +1,6 @@
 //! Functions and operators: the CEL standard library, the cel-go extensions the
 //! Kubernetes base environment enables (strings, lists, sets, optionals) and the
-//! Kubernetes libraries (lists, regex, quantity, semver, IP, CIDR).
+//! Kubernetes libraries (lists, regex, quantity, semver, IP, CIDR, URL, format).
 
 use std::cmp::Ordering;
 use std::rc::Rc;
@@ -9,10 +9,12 @@ use regex::Regex;
 
 use crate::quantity::{Format, Quantity};
 
+use crate::format::NamedFormat;
 use crate::net::{Cidr, Ip};
 use crate::parser::BinOp;
 use crate::semver::Semver;
 use crate::time::{self, Timestamp};
+use crate::url::{self, Url};
 use crate::value::{Error, Result, Shared, Value, compare, format_double};
 
 /// Every function an expression may call.
@@ -111,6 +113,18 @@ pub(crate) enum Func {
     ContainsCidr,
     PrefixLength,
     Masked,
+    Url,
+    IsUrl,
+    GetScheme,
+    GetHost,
+    GetHostname,
+    GetPort,
+    GetEscapedPath,
+    GetQuery,
+    FormatNamed,
+    /// `format.<name>()`.
+    FormatConstant(NamedFormat),
+    Validate,
 }
 
 /// (name, function, argument counts as a global function, argument counts as a method
@@ -210,6 +224,74 @@ const TABLE: &[(&str, Func, &[usize], &[usize])] = &[
     ("containsCIDR", Func::ContainsCidr, &[], &[1]),
     ("prefixLength", Func::PrefixLength, &[], &[0]),
     ("masked", Func::Masked, &[], &[0]),
+    ("url", Func::Url, &[1], &[]),
+    ("isURL", Func::IsUrl, &[1], &[]),
+    ("getScheme", Func::GetScheme, &[], &[0]),
+    ("getHost", Func::GetHost, &[], &[0]),
+    ("getHostname", Func::GetHostname, &[], &[0]),
+    ("getPort", Func::GetPort, &[], &[0]),
+    ("getEscapedPath", Func::GetEscapedPath, &[], &[0]),
+    ("getQuery", Func::GetQuery, &[], &[0]),
+    ("format.named", Func::FormatNamed, &[1], &[]),
+    ("validate", Func::Validate, &[], &[1]),
+    (
+        "format.dns1123Label",
+        Func::FormatConstant(NamedFormat::Dns1123Label),
+        &[0],
+        &[],
+    ),
+    (
+        "format.dns1123Subdomain",
+        Func::FormatConstant(NamedFormat::Dns1123Subdomain),
+        &[0],
+        &[],
+    ),
+    (
+        "format.dns1035Label",
+        Func::FormatConstant(NamedFormat::Dns1035Label),
+        &[0],
+        &[],
+    ),
+    (
+        "format.qualifiedName",
+        Func::FormatConstant(NamedFormat::QualifiedName),
+        &[0],
+        &[],
+    ),
+    (
+        "format.dns1123LabelPrefix",
+        Func::FormatConstant(NamedFormat::Dns1123LabelPrefix),
+        &[0],
+        &[],
+    ),
+    (
+        "format.dns1123SubdomainPrefix",
+        Func::FormatConstant(NamedFormat::Dns1123SubdomainPrefix),
+        &[0],
+        &[],
+    ),
+    (
+        "format.dns1035LabelPrefix",
+        Func::FormatConstant(NamedFormat::Dns1035LabelPrefix),
+        &[0],
+        &[],
+    ),
+    (
+        "format.labelValue",
+        Func::FormatConstant(NamedFormat::LabelValue),
+        &[0],
+        &[],
+    ),
+    ("format.uri", Func::FormatConstant(NamedFormat::Uri), &[0], &[]),
+    ("format.uuid", Func::FormatConstant(NamedFormat::Uuid), &[0], &[]),
+    ("format.byte", Func::FormatConstant(NamedFormat::Byte), &[0], &[]),
+    ("format.date", Func::FormatConstant(NamedFormat::Date), &[0], &[]),
+    (
+        "format.datetime",
+        Func::FormatConstant(NamedFormat::Datetime),
+        &[0],
+        &[],
+    ),
 ];
 
 pub(crate) enum Resolution {
@@ -270,47 +352,71 @@ impl Budget {
 /// Equality that charges one unit per compared element, so comparing huge or deeply
 /// shared structures stays within the budget.
 pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Result<bool> {
+    go_equal(a, b, budget)?.ok_or_else(Error::no_overload)
+}
+
+/// Whether `a.Equal(b)` is true, as list searches (`in`, `indexOf`, `distinct`, the
+/// set functions) ask it: a failed comparison is just not a match.
+fn same(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Result<bool> {
+    Ok(go_equal(a, b, budget)? == Some(true))
+}
+
+/// `!=`: cel-go negates "equal is true", so where `==` fails `!=` is true.
+pub(crate) fn not_equals(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Result<bool> {
+    Ok(go_equal(a, b, budget)? != Some(true))
+}
+
+/// cel-go's `Equal`: `None` where it gives an error value, which a URL or a format
+/// compared with a value of another type (not null) does. Lists and maps only stop at
+/// an unequal element, so such an element counts as equal inside them.
+fn go_equal(a: &Value<'_>, b: &Value<'_>, budget: &mut Budget) -> Result<Option<bool>> {
     budget.charge(1)?;
     match (a, b) {
+        (Value::Url(_) | Value::Format(_), other)
+            if !matches!(other, Value::Null) && other.type_name() != a.type_name() =>
+        {
+            Ok(None)
+        }
         (Value::List(x), Value::List(y)) => {
             if x.len() != y.len() {
-                return Ok(false);
+                return Ok(Some(false));
             }
             for (p, q) in x.iter().zip(y.iter()) {
-                if !equals(p, q, budget)? {
-                    return Ok(false);
+                if go_equal(p, q, budget)? == Some(false) {
+                    return Ok(Some(false));
                 }
             }
-            Ok(true)
+            Ok(Some(true))
         }
-        (Value::Optional(Some(x)), Value::Optional(Some(y))) => equals(x, y, budget),
+        (Value::Optional(Some(x)), Value::Optional(Some(y))) => go_equal(x, y, budget),
         (x, y) if x.is_map() && y.is_map() => {
             if x.map_len() != y.map_len() {
-                return Ok(false);
+                return Ok(Some(false));
             }
             for key in x.map_keys() {
                 budget.charge(1 + x.lookup_cost() + y.lookup_cost())?;
                 match (x.map_get(&key), y.map_get(&key)) {
                     (Ok(Some(p)), Ok(Some(q))) => {
-                        if !equals(&p, &q, budget)? {
-                            return Ok(false);
+                        if go_equal(&p, &q, budget)? == Some(false) {
+                            return Ok(Some(false));
                         }
                     }
-                    _ => return Ok(false),
+                    _ => return Ok(Some(false)),
                 }
             }
-            Ok(true)
+            Ok(Some(true))
         }
-        (x, y) => Ok(crate::value::equals(x, y)),
+        (x, y) => Ok(Some(crate::value::equals(x, y))),
     }
 }
 
 /// `elem in container`.
 pub(crate) fn contains<'a>(elem: &Value<'a>, container: &Value<'a>, budget: &mut Budget) -> Result<bool> {
     match container {
+        // cel-go asks the element whether it equals each item: only `true` counts.
         Value::List(items) => {
             for item in items.iter() {
-                if equals(item, elem, budget)? {
+                if same(elem, item, budget)? {
                     return Ok(true);
                 }
             }
@@ -556,6 +662,11 @@ fn time_error(e: time::TimeError) -> Error {
 
 fn net_error(e: crate::net::NetError) -> Error {
     Error::new(e.to_string())
+}
+
+/// A Go string as an expression sees it (invalid UTF-8 shown as U+FFFD).
+fn go_string<'a>(b: &[u8]) -> Value<'a> {
+    Value::owned_str(String::from_utf8_lossy(b))
 }
 
 fn conversion_error(from: &Value<'_>, to: &str) -> Error {
@@ -986,7 +1097,7 @@ pub(crate) fn call<'a>(
                     Box::new((0..items.len()).rev())
                 };
                 for i in positions {
-                    if equals(&items[i], needle, budget)? {
+                    if same(&items[i], needle, budget)? {
                         found = i as i64;
                         break;
                     }
@@ -1166,7 +1277,7 @@ pub(crate) fn call<'a>(
             for item in items.iter() {
                 let mut seen = false;
                 for kept in &out {
-                    if equals(item, kept, budget)? {
+                    if same(item, kept, budget)? {
                         seen = true;
                         break;
                     }
@@ -1209,7 +1320,7 @@ pub(crate) fn call<'a>(
                 for x in sub {
                     let mut found = false;
                     for y in set {
-                        if equals(y, x, budget)? {
+                        if same(x, y, budget)? {
                             found = true;
                             break;
                         }
@@ -1227,7 +1338,7 @@ pub(crate) fn call<'a>(
                     let mut any = false;
                     'outer: for x in a.iter() {
                         for y in b.iter() {
-                            if equals(y, x, budget)? {
+                            if same(x, y, budget)? {
                                 any = true;
                                 break 'outer;
                             }
@@ -1421,6 +1532,54 @@ pub(crate) fn call<'a>(
             V::Cidr(c) => V::Cidr(c.masked()),
             _ => return Err(no_overload()),
         },
+        Func::Url => {
+            let s = str_arg(a0?).map_err(|_| no_overload())?;
+            budget.charge_text(s.len())?;
+            V::Url(Rc::new(Url::from_string(s).map_err(|e| Error::new(e.to_string()))?))
+        }
+        Func::IsUrl => {
+            let s = str_arg(a0?).map_err(|_| no_overload())?;
+            budget.charge_text(s.len())?;
+            V::Bool(url::parse_request_uri(s).is_ok())
+        }
+        Func::GetScheme | Func::GetHost | Func::GetHostname | Func::GetPort | Func::GetEscapedPath | Func::GetQuery => {
+            let V::Url(u) = a0? else {
+                return Err(no_overload());
+            };
+            match func {
+                Func::GetScheme => V::owned_str(u.scheme()),
+                Func::GetHost => go_string(u.host()),
+                Func::GetHostname => go_string(u.hostname()),
+                Func::GetPort => go_string(u.port()),
+                Func::GetEscapedPath => V::owned_str(u.escaped_path()),
+                _ => {
+                    let query = u.query();
+                    budget.charge(query.values().map(|v| v.len() as u64 + 1).sum())?;
+                    let entries = query
+                        .into_iter()
+                        .map(|(k, vs)| (go_string(&k), V::list(vs.iter().map(|v| go_string(v)).collect())))
+                        .collect();
+                    V::Map(Rc::new(entries))
+                }
+            }
+        }
+        Func::FormatNamed => {
+            let s = str_arg(a0?).map_err(|_| no_overload())?;
+            V::Optional(NamedFormat::named(s).map(|f| Rc::new(V::Format(f))))
+        }
+        Func::FormatConstant(f) => V::Format(f),
+        Func::Validate => {
+            let (V::Format(f), V::String(s)) = (a0?, arg(1)?) else {
+                return Err(no_overload());
+            };
+            budget.charge_text(s.len())?;
+            let errors = f.validate(s);
+            if errors.is_empty() {
+                V::Optional(None)
+            } else {
+                V::some(V::list(errors.into_iter().map(V::owned_str).collect()))
+            }
+        }
         Func::Major | Func::Minor | Func::Patch => match a0? {
             // Components wrap like Go's int64(uint64) conversion.
             V::Semver(v) => V::Int(match func {

@@ -31,9 +31,10 @@
 //!   `optional.unwrap`, `unwrapOpt`) — implemented (`unwrap`, `unwrapOpt` added);
 //! - cel-go strings (2): `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`,
 //!   `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote` —
-//!   implemented; `format` — declared and refused (version 2 formats numbers with
-//!   golang.org/x/text's en_US printer: not implemented yet); `reverse` on strings (version 3) —
-//!   now refused, as upstream;
+//!   implemented; `format` — declared and refused (version 2 formats `%f` and `%e`
+//!   with golang.org/x/text's en_US printer, with grouping and its own scientific
+//!   notation and rounding, and checks literal calls when compiling: not implemented
+//!   yet); `reverse` on strings (version 3) — now refused, as upstream;
 //! - cel-go sets, two-variable comprehensions, bindings (`cel.bind`), lists (3:
 //!   `slice`, `flatten`, `sort`, `sortBy`, `lists.range`, `reverse`, `distinct`) —
 //!   implemented;
@@ -44,8 +45,14 @@
 //!   `sign` is global only and `mul` does not exist upstream: both now refused;
 //! - Kubernetes IP and CIDR (module `net`: Go's `netip` parsing and printing, the
 //!   libraries' refusal of zones and IPv4-mapped addresses) — implemented;
-//! - Kubernetes URLs (Go's `net/url`) and format (named formats, with
-//!   apimachinery's and strfmt's validators) — declared and refused (not implemented yet);
+//! - Kubernetes URLs (module `url`: accepted by Go's `url.ParseRequestURI`, built by
+//!   `url.Parse`, with Go 1.26's strict colons in http(s) hosts; components, `getQuery`
+//!   unescaped, equality on Go's `String`; no identifier for the type, as upstream) and
+//!   format (module `format`: every named format, `format.named`, `validate` with
+//!   apimachinery's, `ParseRequestURI`'s and strfmt's checks and messages) —
+//!   implemented. A URL or format compared with another type fails `==`, satisfies
+//!   `!=` and is no match in list searches, as their `Equal` methods make cel-go do; a
+//!   URL map key is its Go pointer, and neither type can index a map or list;
 //! - Kubernetes authz libraries — no authorizer variable in this environment: their
 //!   functions are refused;
 //! - not in the environment (math, encoders, protos, ...) — refused, as upstream.
@@ -72,6 +79,7 @@ mod cost;
 mod decls;
 pub mod device;
 mod eval;
+mod format;
 mod functions;
 mod lexer;
 pub mod name_map;
@@ -81,6 +89,7 @@ pub mod quantity;
 mod semver;
 mod time;
 mod types;
+mod url;
 mod value;
 
 #[cfg(test)]

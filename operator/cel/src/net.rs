@@ -24,12 +24,25 @@ pub(crate) struct Cidr {
     pub bits: u8,
 }
 
+/// Go's `%q` quoting, which these messages use.
+fn q(s: &str) -> String {
+    crate::url::go_quote(s.as_bytes())
+}
+
 fn addr_error(input: &str, msg: &str) -> String {
-    format!("ParseAddr({input:?}): {msg}")
+    format!("ParseAddr({}): {msg}", q(input))
+}
+
+/// Go's message for an error found at `at`, the rest of the input.
+fn addr_error_at(input: &str, msg: &str, at: &str) -> String {
+    if at.is_empty() {
+        return addr_error(input, msg);
+    }
+    format!("ParseAddr({}): {msg} (at {})", q(input), q(at))
 }
 
 /// `netip.ParseAddr`: (address, has a zone).
-fn parse_addr(s: &str) -> Result<(Ip, bool), String> {
+pub(crate) fn parse_addr(s: &str) -> Result<(Ip, bool), String> {
     for c in s.bytes() {
         match c {
             b'.' => return parse_v4(s, s).map(|a| (Ip::V4(a), false)),
@@ -57,7 +70,7 @@ fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
             }
         } else if c == b'.' {
             if i == 0 || i == b.len() - 1 || b[i - 1] == b'.' {
-                return Err(addr_error(input, "IPv4 field must have at least one digit"));
+                return Err(addr_error_at(input, "IPv4 field must have at least one digit", &s[i..]));
             }
             if pos == 3 {
                 return Err(addr_error(input, "IPv4 address too long"));
@@ -67,7 +80,7 @@ fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
             val = 0;
             digits = 0;
         } else {
-            return Err(addr_error(input, "unexpected character"));
+            return Err(addr_error_at(input, "unexpected character", &s[i..]));
         }
     }
     if pos < 3 {
@@ -103,30 +116,33 @@ fn parse_v6(input: &str) -> Result<(Ip, bool), String> {
             };
             acc = (acc << 4) + d;
             if off > 3 {
-                return Err(addr_error(input, "each group must have 4 or less digits"));
+                return Err(addr_error_at(input, "each group must have 4 or less digits", s));
             }
             if acc > 0xffff {
-                return Err(addr_error(input, "IPv6 field has value >=2^16"));
+                return Err(addr_error_at(input, "IPv6 field has value >=2^16", s));
             }
             off += 1;
         }
         if off == 0 {
-            return Err(addr_error(
+            return Err(addr_error_at(
                 input,
                 "each colon-separated field must have at least one digit",
+                s,
             ));
         }
         if b.get(off) == Some(&b'.') {
             if ellipsis.is_none() && i != 12 {
-                return Err(addr_error(
+                return Err(addr_error_at(
                     input,
                     "embedded IPv4 address must replace the final 2 fields of the address",
+                    s,
                 ));
             }
             if i + 4 > 16 {
-                return Err(addr_error(
+                return Err(addr_error_at(
                     input,
                     "too many hex fields to fit an embedded IPv4 at the end of the address",
+                    s,
                 ));
             }
             ip[i..i + 4].copy_from_slice(&parse_v4(input, s)?);
@@ -142,14 +158,14 @@ fn parse_v6(input: &str) -> Result<(Ip, bool), String> {
             break;
         }
         if !s.starts_with(':') {
-            return Err(addr_error(input, "unexpected character, want colon"));
+            return Err(addr_error_at(input, "unexpected character, want colon", s));
         } else if s.len() == 1 {
-            return Err(addr_error(input, "colon must be followed by more characters"));
+            return Err(addr_error_at(input, "colon must be followed by more characters", s));
         }
         s = &s[1..];
         if s.starts_with(':') {
             if ellipsis.is_some() {
-                return Err(addr_error(input, "multiple :: in address"));
+                return Err(addr_error_at(input, "multiple :: in address", s));
             }
             ellipsis = Some(i);
             s = &s[1..];
@@ -159,7 +175,7 @@ fn parse_v6(input: &str) -> Result<(Ip, bool), String> {
         }
     }
     if !s.is_empty() {
-        return Err(addr_error(input, "trailing garbage after address"));
+        return Err(addr_error_at(input, "trailing garbage after address", s));
     }
     if i < 16 {
         let Some(e) = ellipsis else {
@@ -179,14 +195,15 @@ impl Ip {
     pub(crate) fn parse(s: &str) -> Result<Ip, NetError> {
         let (ip, zone) = parse_addr(s).map_err(|e| {
             NetError(format!(
-                "IP Address {s:?} parse error during conversion from string: {e}"
+                "IP Address {} parse error during conversion from string: {e}",
+                q(s)
             ))
         })?;
         if zone {
-            return Err(NetError(format!("IP address {s:?} with zone value is not allowed")));
+            return Err(NetError(format!("IP address {} with zone value is not allowed", q(s))));
         }
         if ip.is_4in6() {
-            return Err(NetError(format!("IPv4-mapped IPv6 address {s:?} is not allowed")));
+            return Err(NetError(format!("IPv4-mapped IPv6 address {} is not allowed", q(s))));
         }
         Ok(ip)
     }
@@ -311,7 +328,12 @@ const PREFIX_ERROR: &str = "network address parse error during conversion from s
 impl Cidr {
     /// The CIDR library's `parseCIDR` (`netip.ParsePrefix`, no IPv4-mapped addresses).
     pub(crate) fn parse(s: &str) -> Result<Cidr, NetError> {
-        let wrap = |msg: String| NetError(format!("{PREFIX_ERROR}{PREFIX_ERROR}netip.ParsePrefix({s:?}): {msg}"));
+        let wrap = |msg: String| {
+            NetError(format!(
+                "{PREFIX_ERROR}{PREFIX_ERROR}netip.ParsePrefix({}): {msg}",
+                q(s)
+            ))
+        };
         let Some(slash) = s.rfind('/') else {
             return Err(wrap("no '/'".into()));
         };
@@ -320,7 +342,7 @@ impl Cidr {
             return Err(wrap("IPv6 zones cannot be present in a prefix".into()));
         }
         let bits = &s[slash + 1..];
-        let bad_bits = || wrap(format!("bad bits after slash: {bits:?}"));
+        let bad_bits = || wrap(format!("bad bits after slash: {}", q(bits)));
         if bits.len() > 1 && !matches!(bits.as_bytes()[0], b'1'..=b'9') {
             return Err(bad_bits());
         }
@@ -335,7 +357,8 @@ impl Cidr {
         }
         if ip.is_4in6() {
             return Err(NetError(format!(
-                "{PREFIX_ERROR}IPv4-mapped IPv6 address {s:?} is not allowed"
+                "{PREFIX_ERROR}IPv4-mapped IPv6 address {} is not allowed",
+                q(s)
             )));
         }
         Ok(Cidr { ip, bits: bits as u8 })

@@ -923,8 +923,8 @@ fn compile_errors() {
         ("device.", "compile:Syntax error"),
         ("[1, 2", "compile:Syntax error"),
         (
-            "url(\"https://example.com\").getHost() == \"example.com\"",
-            "compile:function 'getHost' is declared but not implemented",
+            "\"%d\".format([1]) == \"1\"",
+            "compile:function 'format' is declared but not implemented",
         ),
         (
             "timestamp(\"2024-13-01T00:00:00Z\") > timestamp(0)",
@@ -1258,4 +1258,190 @@ fn a_stored_selector_is_not_held_to_the_cost_estimate_a_new_one_is() {
     let fixture = Fixture::new();
     let stored = compile_stored(expression).expect("kube-scheduler compiles stored selectors without the estimate");
     assert_eq!(stored.evaluate(&fixture.view()), Ok(true));
+}
+
+#[test]
+fn urls() {
+    check_cases(&[
+        (
+            r#"url("https://user:pass@example.com:80/path?query=val#fragment").getHost() == "example.com:80""#,
+            "true",
+        ),
+        (r#"url("/absolute-path").getScheme() == """#, "true"),
+        (
+            r#"url("https://a:b:c/").getScheme() == "https""#,
+            "err:URL parse error during conversion from string: parse \"https://a:b:c/\": invalid port \":b:c\" after host",
+        ),
+        (
+            r#"url("../relative-path").getScheme() == """#,
+            "err:invalid URI for request",
+        ),
+        (
+            r#"isURL("https://user:pass@example.com:80/path?query=val#fragment")"#,
+            "true",
+        ),
+        (r#"isURL("/absolute-path")"#, "true"),
+        (r#"isURL("https://a:b:c/")"#, "false"),
+        (r#"isURL("../relative-path")"#, "false"),
+        (r#"url("https://example.com/").getScheme() == "https""#, "true"),
+        (r#"url("https://example.com/").getHost() == "example.com""#, "true"),
+        (r#"url("https://[::1]:80/").getHost() == "[::1]:80""#, "true"),
+        (r#"url("https://[::1]/").getHost() == "[::1]""#, "true"),
+        (r#"url("/path").getHost() == """#, "true"),
+        (
+            r#"url("https://example.com:80/").getHostname() == "example.com""#,
+            "true",
+        ),
+        (r#"url("https://127.0.0.1:80/").getHostname() == "127.0.0.1""#, "true"),
+        (r#"url("https://[::1]:80/").getHostname() == "::1""#, "true"),
+        (r#"url("https://example.com:80/").getPort() == "80""#, "true"),
+        (r#"url("https://example.com/").getPort() == """#, "true"),
+        (
+            r#"url("https://example.com/path with spaces/").getEscapedPath() == "/path%20with%20spaces/""#,
+            "true",
+        ),
+        (r#"url("https://example.com").getEscapedPath() == """#, "true"),
+        (
+            r#"url("https://example.com/path?k1=a&k2=b&k2=c").getQuery() == {"k1": ["a"], "k2": ["b", "c"]}"#,
+            "true",
+        ),
+        (
+            r#"url("https://example.com/path?key with spaces=value with spaces").getQuery() == {"key with spaces": ["value with spaces"]}"#,
+            "true",
+        ),
+        (r#"url("https://example.com/path?").getQuery() == {}"#, "true"),
+        (r#"url("https://example.com/path").getQuery().size() == 0"#, "true"),
+        (
+            r#"url("https://example.com/a") == url("https://example.com/a")"#,
+            "true",
+        ),
+        (
+            r#"url("https://example.com/a") != url("https://example.com/b")"#,
+            "true",
+        ),
+        (
+            r#"url("HTTPS://example.com/a") == url("https://example.com/a")"#,
+            "true",
+        ),
+        (r#"dyn(url("/a")) == 1"#, "err:no such overload"),
+        (r#"dyn(1) == dyn(url("/a"))"#, "false"),
+        (r#"dyn(url("/a")) == null"#, "false"),
+        (r#"[dyn(url("/a"))] == [dyn(1)]"#, "true"),
+        (r#"dyn(url("/a")) in [1, 2]"#, "false"),
+        (r#"url("/a") in [url("/b"), url("/a")]"#, "true"),
+        // The library registers the type but declares no identifier for it.
+        (
+            r#"[type(url("/a"))] == [kubernetes.URL]"#,
+            "compile:undeclared reference to 'kubernetes'",
+        ),
+        (r#"[type(url("/a"))] == [type(url("/b"))]"#, "true"),
+        (r#"dyn(url("/a")) != 1"#, "true"),
+        // List searches never fail on a URL compared with another type.
+        (r#"[dyn(url("/a")), dyn(1)].indexOf(dyn(1)) == 1"#, "true"),
+        (r#"sets.contains([dyn(url("/a")), dyn(1)], [dyn(1)])"#, "true"),
+        // A URL map key is its pointer; no URL indexes anything.
+        (r#"cel.bind(u, url("/a"), u in {u: 1})"#, "true"),
+        (r#"url("/a") in {url("/a"): 1}"#, "false"),
+        (
+            r#"cel.bind(u, url("/a"), {u: 1}[u] == 1)"#,
+            "err:invalid qualifier type: cel.URL",
+        ),
+        (r#"url(1) == url("/a")"#, "compile:found no matching overload for 'url'"),
+        (
+            r#"string(url("/a")) == "/a""#,
+            "compile:found no matching overload for 'string'",
+        ),
+        (
+            r#"url("/a").getScheme("x") == """#,
+            "compile:found no matching overload for 'getScheme'",
+        ),
+    ]);
+}
+
+#[test]
+fn named_formats() {
+    check_cases(&[
+        (r#"!format.dns1123Label().validate("my-label-name").hasValue()"#, "true"),
+        (
+            r#"format.dns1123Label().validate("My_Label").value().size() == 1"#,
+            "true",
+        ),
+        (
+            r#"format.dns1123Label().validate("a.b").value() == ["must not contain dots"]"#,
+            "true",
+        ),
+        (
+            r#"!format.dns1123Subdomain().validate("apiextensions.k8s.io").hasValue()"#,
+            "true",
+        ),
+        (r#"!format.dns1035Label().validate("my-label-name").hasValue()"#, "true"),
+        (
+            r#"!format.qualifiedName().validate("apiextensions.k8s.io/v1beta1").hasValue()"#,
+            "true",
+        ),
+        (
+            r#"!format.dns1123LabelPrefix().validate("my-label-prefix-").hasValue()"#,
+            "true",
+        ),
+        (
+            r#"!format.dns1123SubdomainPrefix().validate("mysubdomain.prefix.-").hasValue()"#,
+            "true",
+        ),
+        (
+            r#"!format.dns1035LabelPrefix().validate("my-label-prefix-").hasValue()"#,
+            "true",
+        ),
+        (r#"!format.uri().validate("http://example.com").hasValue()"#, "true"),
+        (
+            r#"format.uri().validate("x").value() == ["parse \"x\": invalid URI for request"]"#,
+            "true",
+        ),
+        (
+            r#"!format.uuid().validate("123e4567-e89b-12d3-a456-426614174000").hasValue()"#,
+            "true",
+        ),
+        (
+            r#"format.uuid().validate("x").value() == ["does not match the UUID format"]"#,
+            "true",
+        ),
+        (r#"!format.byte().validate("aGVsbG8=").hasValue()"#, "true"),
+        (
+            r#"format.byte().validate("aGVsbG8").value() == ["invalid base64"]"#,
+            "true",
+        ),
+        (r#"!format.date().validate("2021-01-01").hasValue()"#, "true"),
+        (
+            r#"format.date().validate("2021-02-30").value() == ["invalid date"]"#,
+            "true",
+        ),
+        (
+            r#"!format.datetime().validate("2021-01-01T00:00:00Z").hasValue()"#,
+            "true",
+        ),
+        (
+            r#"format.datetime().validate("2021-01-01").value() == ["invalid datetime"]"#,
+            "true",
+        ),
+        (r#"!format.labelValue().validate("").hasValue()"#, "true"),
+        (r#"format.named("uuid").hasValue()"#, "true"),
+        (r#"format.named("nope").hasValue()"#, "false"),
+        (r#"format.named("uuid").value() == format.uuid()"#, "true"),
+        (r#"format.uuid() == format.byte()"#, "false"),
+        // Without an estimate for `!=` on formats the API server's is unbounded.
+        (r#"format.uuid() != format.byte()"#, "compile:too complex"),
+        (r#"dyn(format.uuid()) == "uuid""#, "err:no such overload"),
+        (
+            r#"[type(format.uuid())] == [kubernetes.NamedFormat]"#,
+            "compile:undeclared reference to 'kubernetes'",
+        ),
+        (r#"format.named("uuid").value().validate("x").hasValue()"#, "true"),
+        (
+            r#"format.nope().validate("x").hasValue()"#,
+            "compile:undeclared reference to 'format'",
+        ),
+        (
+            r#"format.uuid().validate(1).hasValue()"#,
+            "compile:found no matching overload for 'validate'",
+        ),
+    ]);
 }

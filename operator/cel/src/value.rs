@@ -10,9 +10,11 @@ use crate::device::{AttributeValue, qualify};
 use crate::quantity::Quantity;
 
 use crate::DeviceView;
+use crate::format::NamedFormat;
 use crate::net::{Cidr, Ip};
 use crate::semver::Semver;
 use crate::time::Timestamp;
+use crate::url::Url;
 
 /// Borrowed from the program or the device, or owned by this evaluation.
 pub(crate) enum Shared<'a, T: ?Sized> {
@@ -159,6 +161,8 @@ pub(crate) enum Value<'a> {
     Duration(i64),
     Ip(Ip),
     Cidr(Cidr),
+    Url(Rc<Url>),
+    Format(NamedFormat),
     /// The `device` variable.
     Device(&'a DeviceView<'a>),
     /// `device.attributes` or `device.capacity`: every domain maps to a (maybe empty) map.
@@ -203,6 +207,8 @@ impl<'a> Value<'a> {
             Value::Duration(_) => TypeName::Duration,
             Value::Ip(_) => TypeName::Ip,
             Value::Cidr(_) => TypeName::Cidr,
+            Value::Url(_) => TypeName::Url,
+            Value::Format(_) => TypeName::Format,
             Value::Device(_) => TypeName::Device,
         }
     }
@@ -321,10 +327,12 @@ impl<'a> Value<'a> {
 }
 
 /// Map keys: cel-go keeps its maps as Go maps, which take any hashable value (doubles
-/// and null too); lists, maps and bytes are not hashable.
+/// and null too, and URLs, which hash as their pointer); lists, maps and bytes are not
+/// hashable.
 pub(crate) fn check_key(key: &Value<'_>) -> Result<()> {
     match key {
-        Value::Int(_)
+        Value::Url(_)
+        | Value::Int(_)
         | Value::Uint(_)
         | Value::Bool(_)
         | Value::String(_)
@@ -336,9 +344,13 @@ pub(crate) fn check_key(key: &Value<'_>) -> Result<()> {
     }
 }
 
-/// Key equality: like `==`, so `1`, `1u` and `1.0` find the same entry.
+/// Key equality: like `==`, so `1`, `1u` and `1.0` find the same entry; a URL key is
+/// its Go pointer, so only the same URL value finds it.
 pub(crate) fn key_eq(a: &Value<'_>, b: &Value<'_>) -> bool {
-    equals(a, b)
+    match (a, b) {
+        (Value::Url(x), Value::Url(y)) => Rc::ptr_eq(x, y),
+        _ => equals(a, b),
+    }
 }
 
 fn with_qualified<R>(domain: &str, id: &str, f: impl FnOnce(&str) -> R) -> R {
@@ -458,6 +470,9 @@ pub(crate) fn equals(a: &Value<'_>, b: &Value<'_>) -> bool {
         (V::Duration(x), V::Duration(y)) => x == y,
         (V::Ip(x), V::Ip(y)) => x == y,
         (V::Cidr(x), V::Cidr(y)) => x == y,
+        // The URL library compares URLs as Go prints them.
+        (V::Url(x), V::Url(y)) => x.to_go_string() == y.to_go_string(),
+        (V::Format(x), V::Format(y)) => x == y,
         (V::Device(x), V::Device(y)) => std::ptr::eq(*x, *y),
         (x, y) if x.is_map() && y.is_map() => {
             if x.map_len() != y.map_len() {
