@@ -53,7 +53,7 @@ impl Default for PlanOptions {
             max_domains: 32,
             trial_step_budget: 20_000,
             max_preferred_domains: 4,
-            backtrack_budget: 2_000,
+            backtrack_budget: 500,
             excluded_nodes: Default::default(),
         }
     }

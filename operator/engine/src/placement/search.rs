@@ -197,12 +197,14 @@ impl<'a> Planner<'a> {
         let node = &self.candidates[n].node;
         let group = &self.gang.groups[member.group];
         let pod = &group.pods[member.index];
-        let before = layout.loads.get(&n).cloned().unwrap_or_default();
         let mut free = self.cluster.free_resources(node);
-        free.sub(&before.used);
+        if let Some(load) = layout.loads.get(&n) {
+            free.sub(&load.used);
+        }
         if !group.shape.requests.fits_in(&free) || !fixed_allocations_allow(pod, node) {
             return Ok(Attempt::NoRoom);
         }
+        let before = layout.loads.get(&n).cloned().unwrap_or_default();
         let mut members = before.members.clone();
         members.push(member);
         let refs: Vec<ClaimRef<'_>> = members.iter().flat_map(|m| self.open_claims_of(*m)).collect();
