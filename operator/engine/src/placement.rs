@@ -7,7 +7,9 @@
 //! The search runs in two stages. A cheap upper bound of how many pods of each group
 //! every node can take (free resources, free matching devices) ranks the topology
 //! domains; then exact placement (real allocations, first fit over nodes ordered
-//! tightest first) runs on the best domains until one holds the gang. Everything is
+//! tightest first) runs on the best domains until one holds the gang. Where first fit
+//! fails, a bounded search revisits earlier pods' nodes and devices (`search.rs`), so
+//! a group whose selectors accept more than another's cannot starve it. Everything is
 //! ordered deterministically: the same input gives the same plan.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -58,11 +58,11 @@ enum SearchEnd {
 }
 
 impl<'a> Planner<'a> {
-    /// Whether the search may run: budget left, and no shared claim still to allocate
-    /// (first fit alone decides where those go).
+    /// Whether the search applies: a budget is set, and no shared claim is still to be
+    /// allocated (first fit alone decides where those go).
     pub(super) fn can_backtrack(&self) -> bool {
         let gang = self.gang;
-        self.backtrack_left.get() > 0
+        self.options.backtrack_budget > 0
             && !gang.groups.iter().any(|g| {
                 g.shape
                     .shared
@@ -87,7 +87,7 @@ impl<'a> Planner<'a> {
             .collect();
         let mut layout = Layout::default();
         let mut chosen = vec![0; members.len()];
-        let attempts = self.backtrack_left.get();
+        let attempts = self.options.backtrack_budget;
         match self.search(&mut layout, &members, orders, &mut chosen, 0, budget)? {
             SearchEnd::Found => {}
             SearchEnd::NotFound => {
@@ -96,8 +96,9 @@ impl<'a> Planner<'a> {
                 )));
             }
             SearchEnd::AttemptsSpent => {
+                // Earlier domains may have spent part of the call's attempts.
                 return Ok(Placement::SearchExhausted(format!(
-                    "search budget exhausted: {attempts} placement attempts revisiting earlier pods' nodes and devices found no plan, nor ruled one out (first fit: {first_fit_failure})"
+                    "search budget exhausted: the call's {attempts} placement attempts revisiting earlier pods' nodes and devices ran out before a plan was found or ruled out (first fit: {first_fit_failure})"
                 )));
             }
             SearchEnd::StepsSpent(pod) => return Ok(Placement::BudgetSpent { pod }),
