@@ -10,8 +10,9 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use muster_engine::claim::DeviceResult;
 use muster_engine::cluster::ClusterState;
-use muster_engine::fixtures::{GPU, gpu_cluster, gpu_gang};
+use muster_engine::fixtures::{GPU, gpu_cluster, gpu_gang, gpu_pod};
 use muster_engine::placement::{Outcome, PlanOptions, plan};
+use muster_engine::request::{GangRequest, GroupRequest};
 
 const NODES: usize = 5_000;
 const RACK: &str = "example.com/rack";
@@ -39,6 +40,18 @@ fn loaded_cluster() -> ClusterState {
         cluster.set_claim_allocation(&format!("load/{node}").into(), Some(devices));
     }
     cluster
+}
+
+/// Two groups of 16 pods with 4 GPUs, one of 40 cores a pod, one of 36, in one rack:
+/// every node has room for a pod of either group, so the bounds pass in every rack, but
+/// no node has the cores for two, so exact placement fails: first fit, then the
+/// backtracking search.
+fn past_the_bounds_gang() -> GangRequest {
+    let mut gang = gpu_gang("g32", 16, 4, Some(RACK), None);
+    gang.groups[0].shape = gpu_pod(4, 40, 64);
+    gang.groups
+        .push(GroupRequest::uniform("g32-others", "ns", 16, 16, gpu_pod(4, 36, 64)));
+    gang
 }
 
 fn bench(c: &mut Criterion) {
@@ -69,6 +82,11 @@ fn bench(c: &mut Criterion) {
         (
             "1024 pods, block+rack, infeasible (1300 pods)",
             gpu_gang("g1300", 1300, 8, Some(BLOCK), Some(RACK)),
+            false,
+        ),
+        (
+            "32 pods in 2 groups, rack, infeasible past the bounds",
+            past_the_bounds_gang(),
             false,
         ),
     ];

@@ -7,7 +7,9 @@
 //! The search runs in two stages. A cheap upper bound of how many pods of each group
 //! every node can take (free resources, free matching devices) ranks the topology
 //! domains; then exact placement (real allocations, first fit over nodes ordered
-//! tightest first) runs on the best domains until one holds the gang. Everything is
+//! tightest first) runs on the best domains until one holds the gang. Where first fit
+//! fails, a bounded search revisits earlier pods' nodes and devices (`search.rs`), so
+//! a group whose selectors accept more than another's cannot starve it. Everything is
 //! ordered deterministically: the same input gives the same plan.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,6 +38,12 @@ pub struct PlanOptions {
     /// tried one at a time (tightest first) in a required domain before the gang is
     /// spread over several: each try is an exact placement attempt.
     pub max_preferred_domains: usize,
+    /// Placement attempts (one pod tried on one node, that node's devices allocated anew
+    /// for all its pods) the backtracking search may make in one planning call. It runs
+    /// only where first-fit placement failed, so gangs that fit greedily never spend it;
+    /// when it runs out the gang is reported as not placed for want of search budget,
+    /// not as not fitting. 0 turns backtracking off.
+    pub backtrack_budget: u64,
     /// Nodes the plan must not use: held for a gang that has waited longest.
     pub excluded_nodes: std::sync::Arc<BTreeSet<String>>,
 }
@@ -47,6 +55,7 @@ impl Default for PlanOptions {
             max_domains: 32,
             trial_step_budget: 20_000,
             max_preferred_domains: 4,
+            backtrack_budget: 500,
             excluded_nodes: Default::default(),
         }
     }
@@ -191,6 +200,9 @@ enum Placement {
     BudgetSpent {
         pod: PodKey,
     },
+    /// First fit failed and backtracking ran out of attempts before it found a placement
+    /// or ruled one out: why, in words.
+    SearchExhausted(String),
 }
 
 fn budget_spent_on(pod: &PodKey) -> String {
@@ -238,6 +250,8 @@ struct Planner<'a> {
     errors: Option<String>,
     /// Devices per pod, per group (weights for tightness).
     weights: Vec<u64>,
+    /// What is left of [`PlanOptions::backtrack_budget`] for this call.
+    backtrack_left: std::cell::Cell<u64>,
 }
 
 impl<'a> Planner<'a> {
@@ -264,6 +278,7 @@ impl<'a> Planner<'a> {
             rejections: BTreeMap::new(),
             errors: None,
             weights,
+            backtrack_left: std::cell::Cell::new(options.backtrack_budget),
         };
         planner.find_candidates()?;
         if let Some(error) = planner.errors.take() {
@@ -551,6 +566,7 @@ impl<'a> Planner<'a> {
                 Placement::Placed(plan) => Outcome::Placed(plan),
                 Placement::NoFit(reason) => unschedulable(vec![reason]),
                 Placement::BudgetSpent { pod } => unschedulable(vec![budget_spent_on(&pod)]),
+                Placement::SearchExhausted(reason) => unschedulable(vec![reason]),
             });
         }
         let mut domains = self.domains();
@@ -576,6 +592,7 @@ impl<'a> Planner<'a> {
         });
         let mut budget = self.options.step_budget;
         let mut first_failure: Option<String> = None;
+        let mut search_exhausted = false;
         for index in order.into_iter().take(self.options.max_domains.max(1)) {
             let domain = std::mem::replace(
                 &mut domains[index],
@@ -591,6 +608,10 @@ impl<'a> Planner<'a> {
                 Placement::Placed(plan) => return Ok(Outcome::Placed(plan)),
                 Placement::NoFit(reason) => reason,
                 Placement::BudgetSpent { pod } => budget_spent_on(&pod),
+                Placement::SearchExhausted(reason) => {
+                    search_exhausted = true;
+                    reason
+                }
             };
             first_failure.get_or_insert(match &domain.value {
                 Some(value) => format!(
@@ -603,10 +624,17 @@ impl<'a> Planner<'a> {
                 break;
             }
         }
-        let mut reasons = vec![format!(
-            "gang {} does not fit: the bounds allowed it, but exact placement failed",
-            self.gang.name
-        )];
+        let mut reasons = vec![if search_exhausted {
+            format!(
+                "gang {} was not placed: the bounds allowed it, but the search budget ran out before exact placement found a plan or ruled one out",
+                self.gang.name
+            )
+        } else {
+            format!(
+                "gang {} does not fit: the bounds allowed it, but exact placement failed",
+                self.gang.name
+            )
+        }];
         reasons.extend(first_failure);
         if budget == 0 {
             reasons.push(format!("search budget of {} steps exhausted", self.options.step_budget));
@@ -703,24 +731,30 @@ impl<'a> Planner<'a> {
         self.place_on(domain, &buckets, budget)
     }
 
-    /// First-fit placement of every pod over `buckets` of nodes: buckets in the order
-    /// given (sub-domains to fill one after the other), nodes within a bucket tightest
-    /// first per group.
+    /// Placement of every pod over `buckets` of nodes: first fit, and where that fails,
+    /// a bounded search that revisits earlier pods' choices.
     fn place_on(
         &self,
         domain: &Domain<'a>,
         buckets: &[Vec<usize>],
         budget: &mut u64,
     ) -> Result<Placement, AllocationError> {
-        let gang = self.gang;
-        let mut usage = WorkingSet::default();
-        let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
-        let mut shared: Vec<Option<Allocation>> = gang.shared_claims.iter().map(|c| c.allocation.clone()).collect();
-        let mut new_claims: Vec<(usize, crate::placement::ClaimAllocation)> = Vec::new();
-        let mut placed: Vec<Vec<Option<String>>> = gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect();
+        let orders = self.node_orders(buckets);
+        let reason = match self.place_first_fit(domain, &orders, budget)? {
+            Placement::NoFit(reason) => reason,
+            other => return Ok(other),
+        };
+        if !self.can_backtrack() {
+            return Ok(Placement::NoFit(reason));
+        }
+        self.place_by_search(domain, &orders, budget, reason)
+    }
 
-        // Per group: nodes with room, tightest first (least room, fewest free devices).
-        let orders: Vec<Vec<usize>> = (0..gang.groups.len())
+    /// Per group: nodes with room over `buckets` in the order given (sub-domains to fill
+    /// one after the other), within a bucket tightest first (least room, fewest free
+    /// devices).
+    fn node_orders(&self, buckets: &[Vec<usize>]) -> Vec<Vec<usize>> {
+        (0..self.gang.groups.len())
             .map(|g| {
                 let mut order = Vec::new();
                 for bucket in buckets {
@@ -735,7 +769,24 @@ impl<'a> Planner<'a> {
                 }
                 order
             })
-            .collect();
+            .collect()
+    }
+
+    /// First-fit placement of every pod, groups with big pods first, each pod on the
+    /// first node of its group's order where it fits.
+    fn place_first_fit(
+        &self,
+        domain: &Domain<'a>,
+        orders: &[Vec<usize>],
+        budget: &mut u64,
+    ) -> Result<Placement, AllocationError> {
+        let gang = self.gang;
+        let mut usage = WorkingSet::default();
+        let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
+        let mut shared: Vec<Option<Allocation>> = gang.shared_claims.iter().map(|c| c.allocation.clone()).collect();
+        let mut new_claims: Vec<(usize, crate::placement::ClaimAllocation)> = Vec::new();
+        let mut placed: Vec<Vec<Option<String>>> = gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect();
+
         // Big pods first: they are the hardest to fit.
         let mut group_order: Vec<usize> = (0..gang.groups.len()).collect();
         group_order.sort_by_key(|g| {
@@ -868,6 +919,17 @@ impl<'a> Planner<'a> {
             }
         }
 
+        new_claims.sort_by_key(|(order, _)| *order);
+        Ok(Placement::Placed(self.assemble(
+            domain,
+            &placed,
+            new_claims.into_iter().map(|(_, c)| c).collect(),
+        )))
+    }
+
+    /// The plan for pods placed on the nodes named (`None`: not placed).
+    fn assemble(&self, domain: &Domain<'a>, placed: &[Vec<Option<String>>], claims: Vec<ClaimAllocation>) -> Plan {
+        let gang = self.gang;
         let mut pods = Vec::new();
         let mut unplaced = Vec::new();
         for (g, group) in gang.groups.iter().enumerate() {
@@ -882,7 +944,6 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        new_claims.sort_by_key(|(order, _)| *order);
         let preferred_values = match &gang.topology.preferred {
             Some(key) => pods
                 .iter()
@@ -892,14 +953,14 @@ impl<'a> Planner<'a> {
                 .collect(),
             None => vec![],
         };
-        Ok(Placement::Placed(Plan {
+        Plan {
             gang: gang.name.clone(),
             topology_value: domain.value.clone(),
             preferred_values,
             pods,
-            claims: new_claims.into_iter().map(|(_, c)| c).collect(),
+            claims,
             unplaced,
-        }))
+        }
     }
 
     fn explain_no_domain(&self, domains: &[Domain<'a>]) -> Vec<String> {
@@ -1159,6 +1220,8 @@ fn check_claim(cluster: &ClusterState, key: &str, claim: &ClaimSpec) -> Result<(
     }
     Ok(())
 }
+
+mod search;
 
 #[cfg(test)]
 mod tests;

@@ -2047,3 +2047,156 @@ fn a_gang_spread_over_preferred_values_uses_as_few_as_it_can() {
         plan.pods.iter().map(|p| &p.node).collect::<Vec<_>>()
     );
 }
+
+// ---- gangs whose groups compete for devices ----
+
+/// Nodes for [`overlapping_gang`]: unlabelled, untainted, 1 to 4 cores, up to 4 free
+/// devices of the first two models; at most 4 nodes, so at most 16 devices.
+fn competing_cluster() -> impl Strategy<Value = ClusterSpec> {
+    let device = (0usize..2).prop_map(|model| DeviceSpec {
+        model,
+        nvlink: Some(0),
+        taken: false,
+    });
+    let node = (1i64..=4, prop::collection::vec(device, 0..=4)).prop_map(|(cpu_cores, devices)| NodeSpec {
+        labels: Labels::Unlabelled,
+        cpu_cores,
+        memory_gib: 16,
+        pods: 110,
+        used_cpu_millis: 0,
+        used_memory_gib: 0,
+        used_pods: 0,
+        taint: None,
+        unschedulable: false,
+        devices,
+    });
+    prop::collection::vec(node, 1..=4).prop_map(|nodes| ClusterSpec {
+        nodes,
+        shared: None,
+        class_model: 0,
+    })
+}
+
+/// 2 or 3 groups of 1 or 2 pods, each pod with one claim for 1 to 3 devices of any
+/// model (a superset of the others' choices), of one model, or of any but one; 0.5 to 2
+/// cores each.
+fn overlapping_gang() -> impl Strategy<Value = GangSpec> {
+    let selectors = prop_oneof![
+        Just(vec![]),
+        (0usize..2).prop_map(|m| vec![Sel::ModelIs(m)]),
+        (0usize..2).prop_map(|m| vec![Sel::ModelIsNot(m)]),
+    ];
+    let group = (
+        1usize..=2,
+        1u32..=3,
+        selectors,
+        prop_oneof![Just(500i64), Just(1000), Just(2000)],
+    )
+        .prop_map(|(pods, count, selectors, cpu_millis)| GroupSpec {
+            replicas: pods,
+            min_count: pods,
+            cpu_millis,
+            memory_gib: 1,
+            tolerate: false,
+            claims: vec![ClaimGen {
+                requests: vec![ReqSpec::Exactly(SubSpec {
+                    h100_class: false,
+                    count,
+                    selectors,
+                })],
+                constraints: vec![],
+            }],
+        });
+    prop::collection::vec(group, 2..=3).prop_map(|groups| GangSpec {
+        groups,
+        shared: vec![],
+        required: None,
+        preferred: None,
+    })
+}
+
+/// Exhaustive search over every pod's node: a node takes its pods if their CPU,
+/// memory and pod slots fit and the claims of all of them can be satisfied together
+/// from its devices (every device choice tried, by [`Oracle`]).
+fn brute_force_gang_fits(cluster: &ClusterSpec, gang: &GangSpec) -> bool {
+    let pods: Vec<&GroupSpec> = gang
+        .groups
+        .iter()
+        .flat_map(|g| std::iter::repeat_n(g, g.min_count))
+        .collect();
+    let mut nodes_of = vec![0usize; pods.len()];
+    loop {
+        let node_takes = |i: usize| {
+            let node = &cluster.nodes[i];
+            let on_node: Vec<&GroupSpec> = pods
+                .iter()
+                .zip(&nodes_of)
+                .filter(|(_, n)| **n == i)
+                .map(|(p, _)| *p)
+                .collect();
+            let cpu: i64 = on_node.iter().map(|p| p.cpu_millis).sum();
+            let memory: i64 = on_node.iter().map(|p| p.memory_gib).sum();
+            if cpu > node.cpu_cores * 1000 - node.used_cpu_millis
+                || memory > node.memory_gib - node.used_memory_gib
+                || on_node.len() as i64 > node.pods - node.used_pods
+            {
+                return false;
+            }
+            let claims: Vec<ClaimGen> = on_node.iter().flat_map(|p| p.claims.iter().cloned()).collect();
+            let devices = oracle_devices(cluster, i);
+            let mut oracle = Oracle {
+                claims: &claims,
+                specs: claims.iter().map(claim_spec).collect(),
+                devices: &devices,
+                used: vec![false; devices.len()],
+                picks: vec![],
+            };
+            oracle.solve(0, 0)
+        };
+        if (0..cluster.nodes.len()).all(node_takes) {
+            return true;
+        }
+        // The next assignment, counting in base (number of nodes).
+        let mut digit = 0;
+        loop {
+            if digit == nodes_of.len() {
+                return false;
+            }
+            nodes_of[digit] += 1;
+            if nodes_of[digit] < cluster.nodes.len() {
+                break;
+            }
+            nodes_of[digit] = 0;
+            digit += 1;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// Property 10: on up to 4 nodes and 16 devices, a gang of 2 or 3 groups whose
+    /// selectors overlap (one may accept a superset of what another needs) is placed
+    /// whenever an exhaustive search over every pod's node and devices finds a
+    /// placement, and only then; every plan is valid.
+    #[test]
+    fn a_gang_is_placed_whenever_brute_force_places_it(
+        cluster_spec in competing_cluster(),
+        gang_spec in overlapping_gang(),
+    ) {
+        let cluster = build_cluster(&cluster_spec, false);
+        let gang = build_gang("g", &gang_spec);
+        let outcome = placement::plan(&cluster, &gang, &PlanOptions::default());
+        let fits = brute_force_gang_fits(&cluster_spec, &gang_spec);
+        match &outcome {
+            Outcome::Placed(plan) => {
+                prop_assert!(fits, "placed, yet the exhaustive search finds no placement: {plan:?}");
+                let world = World::new(&cluster, &cluster_spec);
+                check_plan(&world, &gang, plan).map_err(fail)?;
+            }
+            Outcome::Unschedulable(u) => {
+                prop_assert!(!fits, "the exhaustive search places the gang, the engine does not: {u}");
+            }
+        }
+    }
+}

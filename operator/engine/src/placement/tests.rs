@@ -454,3 +454,107 @@ fn device_plugin_gpus_are_node_resources_beside_dra_devices() {
         "{why}"
     );
 }
+
+/// A cluster of nodes with 8 GPUs each, the models given per node (in device order).
+fn cluster_of_models(nodes: &[&[&str]]) -> ClusterState {
+    let mut cluster = ClusterState::new();
+    cluster.upsert_class(gpu_class());
+    for (i, models) in nodes.iter().enumerate() {
+        let name = format!("node-{i:05}");
+        cluster.upsert_node(node(&name, 64, 512, &[]));
+        let devices = models.iter().enumerate().map(|(g, model)| gpu(g, model)).collect();
+        cluster.upsert_slice(node_slice(&name, devices));
+    }
+    cluster
+}
+
+/// A group of `pods` pods with `gpus` GPUs each, of `model` only if given.
+fn model_group(name: &str, pods: usize, gpus: u32, model: Option<&str>) -> GroupRequest {
+    let mut shape = gpu_pod(gpus, 1, 1);
+    if let (Some(model), DeviceRequest::Exactly(spec)) = (model, &mut shape.claims[0].requests[0]) {
+        spec.selectors
+            .push(format!("device.attributes['{GPU}'].model == '{model}'"));
+    }
+    GroupRequest::uniform(name, "ns", pods, pods, shape)
+}
+
+fn gang_of(groups: Vec<GroupRequest>) -> GangRequest {
+    GangRequest {
+        name: "ns/g".into(),
+        groups,
+        shared_claims: vec![],
+        topology: TopologyRequest::default(),
+    }
+}
+
+#[test]
+fn a_broad_group_does_not_starve_a_narrow_one_on_the_same_node() {
+    // Greedily, "any" (first in request order) takes the four A100s, and "a100" finds
+    // none left although the H100s would have served "any".
+    let cluster = cluster_of_models(&[&["A100", "A100", "A100", "A100", "H100", "H100", "H100", "H100"]]);
+    let gang = gang_of(vec![
+        model_group("any", 1, 4, None),
+        model_group("a100", 1, 4, Some("A100")),
+    ]);
+    let outcome = plan(&cluster, &gang, &PlanOptions::default());
+    let plan = placed(&outcome);
+    assert_eq!(plan.pods.len(), 2);
+    let devices = all_devices(plan);
+    assert_eq!(devices.iter().collect::<BTreeSet<_>>().len(), 8, "no device twice");
+    let a100 = plan.claims.iter().find(|c| c.claim.as_str().contains("a100")).unwrap();
+    let names: Vec<&str> = a100.allocation.devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(names, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], "the A100s");
+}
+
+#[test]
+fn a_broad_group_does_not_take_the_only_node_a_narrow_one_can_use() {
+    let cluster = cluster_of_models(&[&["A100"; 8], &["H100"; 8]]);
+    let gang = gang_of(vec![
+        model_group("any", 1, 8, None),
+        model_group("a100", 1, 8, Some("A100")),
+    ]);
+    let plan = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
+    let node_of = |group: &str| plan.pods.iter().find(|p| p.group == group).unwrap().node.clone();
+    assert_eq!(node_of("a100"), "node-00000");
+    assert_eq!(node_of("any"), "node-00001");
+}
+
+#[test]
+fn a_spent_backtracking_budget_is_reported_as_such_not_as_no_fit() {
+    let cluster = cluster_of_models(&[&["A100", "A100", "A100", "A100", "H100", "H100", "H100", "H100"]]);
+    let gang = gang_of(vec![
+        model_group("any", 1, 4, None),
+        model_group("a100", 1, 4, Some("A100")),
+    ]);
+    let options = PlanOptions {
+        backtrack_budget: 1,
+        ..PlanOptions::default()
+    };
+    let why = reasons(&plan(&cluster, &gang, &options));
+    assert!(why.contains("search budget exhausted"), "{why}");
+    assert!(!why.contains("does not fit"), "{why}");
+
+    let off = PlanOptions {
+        backtrack_budget: 0,
+        ..PlanOptions::default()
+    };
+    let why = reasons(&plan(&cluster, &gang, &off));
+    assert!(
+        why.contains("does not fit"),
+        "without backtracking, first fit decides: {why}"
+    );
+}
+
+#[test]
+fn a_gang_that_cannot_fit_any_way_is_still_reported_as_not_fitting() {
+    // Each group alone fits the node, so the bounds allow the gang; ten GPUs on eight
+    // do not.
+    let cluster = cluster_of_models(&[&["A100", "A100", "A100", "A100", "H100", "H100", "H100", "H100"]]);
+    let gang = gang_of(vec![
+        model_group("any", 1, 6, None),
+        model_group("a100", 1, 4, Some("A100")),
+    ]);
+    let why = reasons(&plan(&cluster, &gang, &PlanOptions::default()));
+    assert!(why.contains("does not fit"), "{why}");
+    assert!(why.contains("no other choice of nodes and devices"), "{why}");
+}
