@@ -26,6 +26,8 @@ pub const REASON_CREATING: &str = "Creating";
 pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
 /// A ResourceClaimTemplate the gang refers to does not exist (yet).
 pub const REASON_TEMPLATE_NOT_FOUND: &str = "ResourceClaimTemplateNotFound";
+/// An extended resource the gang asks for is mapped by more than one DeviceClass.
+pub const REASON_EXTENDED_RESOURCE_AMBIGUOUS: &str = "ExtendedResourceAmbiguous";
 /// An object muster would create exists and belongs to someone else.
 pub const REASON_NAME_CONFLICT: &str = "NameConflict";
 /// A template-less group has fewer than minCount pods from its controller, or their

@@ -27,3 +27,7 @@ pub const FENCE_TAINT: &str = "muster.dev/fenced";
 /// Finalizer on every Workload: muster releases its devices and deletes its objects
 /// before the Workload goes, even if the operator was down at the time of the delete.
 pub const WORKLOAD_FINALIZER: &str = "muster.dev/cleanup";
+/// Annotation on pods and claims: the extended resources (resource, count, DeviceClass,
+/// container, device request) muster turned into the pod's `extended-resources` claim,
+/// as JSON. It records the choice, so a later change of DeviceClasses does not alter it.
+pub const EXTENDED_RESOURCES: &str = "muster.dev/extended-resources";

@@ -99,6 +99,9 @@ pub struct DeviceClass {
     pub name: String,
     pub selectors: Vec<String>,
     pub config: Vec<OpaqueConfig>,
+    /// `spec.extendedResourceName`: the extended resource pods may ask for to get
+    /// devices of this class (besides the implicit `deviceclass.resource.kubernetes.io/<name>`).
+    pub extended_resource_name: Option<String>,
 }
 
 /// Devices one claim holds.
@@ -597,6 +600,11 @@ impl ClusterState {
 
     pub fn class(&self, name: &str) -> Option<&DeviceClass> {
         self.classes.get(name)
+    }
+
+    /// Every DeviceClass, by name.
+    pub fn classes(&self) -> impl Iterator<Item = &DeviceClass> {
+        self.classes.values()
     }
 
     /// The compiled selector for `expression` (compiled once, errors included).

@@ -66,6 +66,7 @@ pub fn gpu_class() -> DeviceClass {
         name: GPU.into(),
         selectors: vec![format!("device.driver == '{GPU}'")],
         config: vec![],
+        extended_resource_name: None,
     }
 }
 

@@ -321,6 +321,7 @@ fn model_class(model: usize) -> DeviceClass {
             format!("{ATTRS}.model == \"{}\"", MODELS[model]),
         ],
         config: vec![],
+        extended_resource_name: None,
     }
 }
 

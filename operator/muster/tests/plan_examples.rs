@@ -214,3 +214,32 @@ fn a_thousand_node_yaml_snapshot_is_planned_and_an_alias_bomb_is_refused() {
     assert!(!ok, "an alias bomb is refused");
     assert!(err.contains("bomb.yaml"), "the error names the file: {err}");
 }
+
+#[test]
+fn gpus_asked_as_an_extended_resource_a_device_class_maps_are_planned_as_claims() {
+    let (ok, out, err) = muster(&[
+        "plan",
+        "--cluster",
+        "cluster-snapshot.yaml",
+        "dra-extended-resources.yaml",
+        "-o",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let workload = &report["workloads"][0];
+    assert_eq!(workload["feasible"], true, "{out}");
+    let pods = workload["pods"].as_array().expect("pods");
+    assert_eq!(pods.len(), 2);
+    for pod in pods {
+        let devices = pod["devices"].as_array().expect("devices");
+        assert_eq!(devices.len(), 8, "{pod}");
+        let claim = format!("{}-extended-resources", pod["name"].as_str().unwrap());
+        assert!(
+            devices
+                .iter()
+                .all(|d| d["claim"] == claim.as_str() && d["pool"] == pod["node"]),
+            "{pod}"
+        );
+    }
+}

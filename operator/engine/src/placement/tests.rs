@@ -267,6 +267,7 @@ fn shared_claims_are_allocated_once_for_the_gang() {
         name: "imex.example.com".into(),
         selectors: vec!["device.driver == 'imex.example.com'".into()],
         config: vec![],
+        extended_resource_name: None,
     });
     let mut gang = gpu_gang("g", 3, 8, None, None);
     let mut spec = gpu_claim(1);

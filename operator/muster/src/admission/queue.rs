@@ -18,6 +18,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::admission::request::{ClaimSources, RequestError, gang_request};
 use crate::ops::metrics::{self, OutcomeLabel};
+use crate::workload::extended::ExtendedResources;
 use crate::workload::membership;
 use crate::workload::observe::{condition, finished};
 
@@ -301,12 +302,11 @@ impl Admission {
         // Claims muster made or joined carry a gang's label; one the Workload shares with
         // another carries the other's.
         let sources = ClaimSources::from_claims(gangs.namespace_claims(&namespace).iter().map(AsRef::as_ref));
-        let pods = if crate::workload::membership::has_external_groups(workload) {
-            self.gang_pods(workload)
-        } else {
-            Vec::new()
-        };
-        let mut request = gang_request(workload, &sources, &pods)?;
+        // The pods as made: their extended resources as they were turned into claims.
+        let pods = self.gang_pods(workload);
+        let mut extended = ExtendedResources::of_cluster(&self.index.snapshot());
+        extended.record_existing(pods.iter().map(AsRef::as_ref), claims.iter().map(AsRef::as_ref));
+        let mut request = gang_request(workload, &extended, &sources, &pods)?;
         // muster's pods or claims tolerate the fence that keeps others off the devices.
         self.settings.fencing.apply(&mut request);
         Ok(request)

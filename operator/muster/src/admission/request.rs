@@ -14,6 +14,7 @@ use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::request::{GangRequest, GroupRequest, PodClaim, PodInstance, SharedClaim, TopologyRequest};
 
 use crate::convert::{self, ConvertError};
+use crate::workload::extended::{self, ExtendedResources};
 use crate::workload::gang::{self, ClaimSource};
 use crate::workload::membership;
 
@@ -121,15 +122,34 @@ impl<'a> ClaimSources<'a> {
     }
 }
 
+impl ClaimSources<'_> {
+    /// Like [`ClaimSources::resolve`], for the claim muster makes for a pod's extended
+    /// resources: the claim's own spec once it exists, else the one it will be made with.
+    fn resolve_extended(
+        &self,
+        namespace: &str,
+        name: &str,
+        requests: &[extended::ExtendedRequest],
+    ) -> Result<(ClaimSpec, Option<Allocation>), RequestError> {
+        if self.claims_only || self.claims.contains_key(&ClaimKey::new(namespace, name)) {
+            return self.resolve(namespace, name, None);
+        }
+        let object = format!("ResourceClaim {namespace}/{name} (extended resources)");
+        Ok((convert::claim_spec(&object, &extended::claim_spec(requests))?, None))
+    }
+}
+
 /// The gang request for `workload`. The pods of a group without a template come from
 /// another controller: `external` holds the Workload's pods, from which those groups
-/// take their members ([`membership::external_members`]).
+/// take their members ([`membership::external_members`]). `extended` says which
+/// extended resources the pods get through their own claims.
 pub fn gang_request(
     workload: &Workload,
+    extended: &ExtendedResources,
     sources: &ClaimSources<'_>,
     external: &[Arc<Pod>],
 ) -> Result<GangRequest, RequestError> {
-    let gang = gang::build(workload)?;
+    let gang = gang::build(workload, extended)?;
     let namespace = workload.metadata.namespace.clone().unwrap_or_default();
     let name = workload.metadata.name.clone().unwrap_or_default();
 
@@ -146,7 +166,7 @@ pub fn gang_request(
         .filter(|c| c.pod.is_none())
         .filter_map(|c| match &c.source {
             ClaimSource::Template(t) => Some((c.object_name.as_str(), t.as_str())),
-            ClaimSource::Existing => None,
+            ClaimSource::Existing | ClaimSource::Extended(_) => None,
         })
         .collect();
 
@@ -191,10 +211,11 @@ pub fn gang_request(
             }
             let object_name = claim.resource_claim_name.as_deref().unwrap_or_default();
             if let Some(gang_claim) = per_pod.get(object_name) {
-                let ClaimSource::Template(template) = &gang_claim.source else {
-                    continue;
+                let (claim_spec, _) = match &gang_claim.source {
+                    ClaimSource::Template(template) => sources.resolve(&namespace, object_name, Some(template))?,
+                    ClaimSource::Extended(requests) => sources.resolve_extended(&namespace, object_name, requests)?,
+                    ClaimSource::Existing => continue,
                 };
-                let (claim_spec, _) = sources.resolve(&namespace, object_name, Some(template))?;
                 shape.claims.push(claim_spec);
                 own_names.push(claim.name.as_str());
             } else {
@@ -358,7 +379,7 @@ spec:
     fn workload_becomes_groups_with_own_and_shared_claims() {
         let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&objects.templates, &objects.claims);
-        let request = gang_request(&objects.workloads[0], &sources, &[]).unwrap();
+        let request = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap();
         assert_eq!(request.name, "team/llama");
         assert_eq!(request.topology.required.as_deref(), Some("example.com/rack"));
         let names: Vec<_> = request
@@ -383,10 +404,10 @@ spec:
     fn missing_templates_and_claims_are_named() {
         let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&[], &objects.claims);
-        let e = gang_request(&objects.workloads[0], &sources, &[]).unwrap_err();
+        let e = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaimTemplate team/eight-gpus does not exist");
         let sources = ClaimSources::new(&objects.templates, &[]);
-        let e = gang_request(&objects.workloads[0], &sources, &[]).unwrap_err();
+        let e = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaim team/scratch does not exist");
     }
 }

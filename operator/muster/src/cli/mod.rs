@@ -118,7 +118,8 @@ struct PlanArgs {
     /// prints (a v1 List, or several YAML documents).
     #[arg(long, value_name = "SNAPSHOT.yaml")]
     cluster: PathBuf,
-    /// Files with Workloads and their ResourceClaimTemplates, planned in order.
+    /// Files with Workloads and their ResourceClaimTemplates (and DeviceClasses, taken as
+    /// applied with them), planned in order.
     #[arg(value_name = "WORKLOAD.yaml", required = true)]
     workloads: Vec<PathBuf>,
     /// Namespace of objects that do not name one.

@@ -16,6 +16,7 @@ use crate::admission::fencing::Fencing;
 use crate::admission::request::{ClaimSources, gang_request};
 use crate::convert;
 use crate::snapshot::Objects;
+use crate::workload::extended::ExtendedResources;
 
 /// The report `muster plan -o json` prints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -67,6 +68,11 @@ pub fn plan(
     fencing: Fencing,
 ) -> Result<(Report, Details), anyhow::Error> {
     let mut cluster = snapshot.take_cluster_state()?;
+    // DeviceClasses that come with the Workloads (one mapping an extended resource, say)
+    // count as applied with them.
+    for class in &workloads.classes {
+        cluster.upsert_class(crate::convert::device_class(class));
+    }
     let mut templates = std::mem::take(&mut snapshot.templates);
     templates.extend(workloads.templates.iter().cloned());
     let mut claims = std::mem::take(&mut snapshot.claims);
@@ -106,7 +112,9 @@ pub fn plan(
             })
             .map(|p| Arc::new(p.clone()))
             .collect();
-        let mut request = match gang_request(&workload, &sources, &external) {
+        let mut extended = ExtendedResources::of_cluster(&cluster);
+        extended.record_existing(external.iter().map(AsRef::as_ref), []);
+        let mut request = match gang_request(&workload, &extended, &sources, &external) {
             Ok(request) => request,
             Err(e) => {
                 report.workloads.push(WorkloadReport {

@@ -82,6 +82,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
                 ..settings.controller.clone()
             },
             stores.clone(),
+            index.clone(),
             watches,
             wake.clone(),
         );

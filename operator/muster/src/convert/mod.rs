@@ -495,6 +495,7 @@ pub fn device_class(class: &resource::DeviceClass) -> model::DeviceClass {
                 parameters: raw_json(&o.parameters),
             })
             .collect(),
+        extended_resource_name: spec.extended_resource_name,
     }
 }
 

@@ -23,8 +23,10 @@ use muster_api::v1alpha1::{Workload, WorkloadPhase};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::cache::cluster::Index;
 use crate::cache::gang_objects::{GangStores, GangWatches};
 use crate::kube_ops;
+use crate::workload::extended::ExtendedResources;
 use crate::workload::gang::{self, ClaimSource, Gang};
 use crate::workload::membership;
 use crate::workload::pacing::{self, StatusPacer};
@@ -92,6 +94,8 @@ pub struct Context {
     client: Client,
     recorder: Recorder,
     stores: GangStores,
+    /// The cluster's DeviceClasses, for the extended resources they map.
+    index: Arc<Index>,
     settings: Settings,
     failures: Mutex<HashMap<ObjectRef<Workload>, u32>>,
     /// Told after every reconcile, so the admission loop looks at the gang.
@@ -118,6 +122,7 @@ impl WorkloadController {
         client: Client,
         settings: Settings,
         stores: GangStores,
+        index: Arc<Index>,
         watches: GangWatches,
         admission: Arc<tokio::sync::Notify>,
     ) -> Self {
@@ -136,6 +141,7 @@ impl WorkloadController {
             client: client.clone(),
             recorder: Recorder::new(client, reporter),
             stores,
+            index,
             settings,
             failures: Mutex::default(),
             admission,
@@ -153,7 +159,13 @@ impl WorkloadController {
     pub async fn run(self) {
         // Reconciles read the stores: let them fill before the first one.
         let stores = self.context.stores.clone();
-        let ready = async move { stores.wait_until_ready().await };
+        let index = self.context.index.clone();
+        // Pods are built knowing the DeviceClasses: one made before they are listed would
+        // ask a device plugin for what a DeviceClass serves.
+        let ready = async move {
+            stores.wait_until_ready().await;
+            index.wait_ready().await;
+        };
         self.controller
             .shutdown_on_signal()
             .reconcile_all_on(stream::once(ready))
@@ -219,8 +231,22 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let name = workload.name_any();
     let namespace = workload.namespace().unwrap_or_default();
 
-    let gang = match gang::build(workload) {
+    let mut extended = ExtendedResources::of_cluster(&ctx.index.snapshot());
+    extended.record_existing(
+        ctx.stores.pods_of(&namespace, &name).iter().map(AsRef::as_ref),
+        ctx.stores.claims_of(&namespace, &name).iter().map(AsRef::as_ref),
+    );
+    let gang = match gang::build(workload, &extended) {
         Ok(gang) => gang,
+        Err(e) if e.is_cluster_problem() => {
+            let progress = Progress::Waiting {
+                reason: conditions::REASON_EXTENDED_RESOURCE_AMBIGUOUS,
+                message: e.to_string(),
+            };
+            let put_off = write_status(workload, ctx, &progress).await?;
+            // Nothing here watches DeviceClasses: look again after a while.
+            return Ok(requeue(put_off, Some(Duration::from_secs(15))));
+        }
         Err(e) => {
             let progress = Progress::Invalid { message: e.to_string() };
             let put_off = write_status(workload, ctx, &progress).await?;
@@ -480,7 +506,7 @@ async fn join_claims(
     let created: BTreeSet<&str> = gang
         .claims
         .iter()
-        .filter(|c| matches!(c.source, ClaimSource::Template(_)))
+        .filter(|c| !matches!(c.source, ClaimSource::Existing))
         .map(|c| c.object_name.as_str())
         .collect();
     let mut named: BTreeSet<String> = gang
@@ -607,14 +633,25 @@ async fn create_missing(
     let mut templates: BTreeMap<String, Option<ResourceClaimTemplate>> = BTreeMap::new();
     let mut to_create = Vec::new();
     for claim in &gang.claims {
-        let ClaimSource::Template(template_name) = &claim.source else {
+        if matches!(claim.source, ClaimSource::Existing) {
             continue;
-        };
+        }
         let claim_ref = ObjectRef::new(&claim.object_name).within(namespace);
         if let Some(existing) = ctx.stores.claims.get(&claim_ref) {
             ensure_owned(existing.as_ref(), &uid, "ResourceClaim")?;
             continue;
         }
+        let template_name = match &claim.source {
+            ClaimSource::Extended(requests) => {
+                match gang::claim_for_extended(workload, claim, requests) {
+                    Ok(object) => to_create.push(object),
+                    Err(e) => outcome.failures.push(e.to_string()),
+                }
+                continue;
+            }
+            ClaimSource::Template(template_name) => template_name,
+            ClaimSource::Existing => continue,
+        };
         if !templates.contains_key(template_name) {
             templates.insert(template_name.clone(), templates_api.get_opt(template_name).await?);
         }

@@ -13,6 +13,7 @@ use kube::Resource;
 use muster_api::labels;
 use muster_api::v1alpha1::{PodGroup, Workload};
 
+use crate::workload::extended::{self, ExtendedError, ExtendedRequest, ExtendedResources};
 use crate::workload::membership;
 
 /// A Workload that cannot be turned into pods. Reported as a status condition; the
@@ -39,6 +40,26 @@ pub enum SpecError {
         first: String,
         second: String,
     },
+    #[error("pod {pod}: {source}")]
+    Extended {
+        pod: String,
+        #[source]
+        source: ExtendedError,
+    },
+}
+
+impl SpecError {
+    /// Whether the cluster, not the Workload, must change (DeviceClasses mapping one
+    /// extended resource).
+    pub fn is_cluster_problem(&self) -> bool {
+        matches!(
+            self,
+            SpecError::Extended {
+                source: ExtendedError::Ambiguous { .. },
+                ..
+            }
+        )
+    }
 }
 
 /// Where a claim of the gang comes from.
@@ -48,6 +69,8 @@ pub enum ClaimSource {
     Template(String),
     /// The claim exists already; muster only refers to it.
     Existing,
+    /// muster creates the claim for the pod's extended resources backed by DRA.
+    Extended(Vec<ExtendedRequest>),
 }
 
 /// A ResourceClaim the gang uses.
@@ -91,8 +114,9 @@ pub fn owner_reference(workload: &Workload) -> Result<OwnerReference, SpecError>
 }
 
 /// Builds the gang's objects. Claims from templates are described, not built: building
-/// them needs the template ([`claim_from_template`]).
-pub fn build(workload: &Workload) -> Result<Gang, SpecError> {
+/// them needs the template ([`claim_from_template`]). Extended resources `extended` maps
+/// to DeviceClasses become a claim of each pod ([`claim_for_extended`]).
+pub fn build(workload: &Workload, extended: &ExtendedResources) -> Result<Gang, SpecError> {
     let name = workload.metadata.name.as_deref().ok_or(SpecError::Incomplete)?;
     let namespace = workload.metadata.namespace.as_deref().ok_or(SpecError::Incomplete)?;
     let owner = owner_reference(workload)?;
@@ -155,7 +179,8 @@ pub fn build(workload: &Workload) -> Result<Gang, SpecError> {
             }
         }
         for index in 0..group.replicas {
-            let pod = build_pod(workload, name, namespace, &owner, group, spec, &group_shared, index);
+            let mut pod = build_pod(workload, name, namespace, &owner, group, spec, &group_shared, index);
+            let extended_claim = convert_extended(&mut pod, &group.name, extended)?;
             for claim in spec.resource_claims.iter().flatten() {
                 if let Some(template) = &claim.resource_claim_template_name {
                     let pod_name = pod.metadata.name.clone().unwrap_or_default();
@@ -168,6 +193,16 @@ pub fn build(workload: &Workload) -> Result<Gang, SpecError> {
                     });
                 }
             }
+            if let Some(requests) = extended_claim {
+                let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                claims.push(GangClaim {
+                    object_name: pod_claim_object_name(&pod_name, extended::CLAIM),
+                    pod_claim_name: extended::CLAIM.to_string(),
+                    source: ClaimSource::Extended(requests),
+                    pod: Some(pod_name),
+                    pod_group: Some(group.name.clone()),
+                });
+            }
             pods.push(pod);
         }
     }
@@ -177,7 +212,7 @@ pub fn build(workload: &Workload) -> Result<Gang, SpecError> {
     let mut made: BTreeMap<&str, &GangClaim> = BTreeMap::new();
     for claim in &claims {
         if let Some(other) = made.insert(&claim.object_name, claim)
-            && (matches!(claim.source, ClaimSource::Template(_)) || matches!(other.source, ClaimSource::Template(_)))
+            && (!matches!(claim.source, ClaimSource::Existing) || !matches!(other.source, ClaimSource::Existing))
         {
             return Err(SpecError::ObjectNameClash {
                 object: claim.object_name.clone(),
@@ -192,6 +227,31 @@ pub fn build(workload: &Workload) -> Result<Gang, SpecError> {
         claims,
         pods,
     })
+}
+
+/// Serves the pod's extended resources that DeviceClasses map through its own claim, and
+/// records on the pod what came from where; the claim's requests, if any.
+fn convert_extended(
+    pod: &mut Pod,
+    group: &str,
+    extended: &ExtendedResources,
+) -> Result<Option<Vec<ExtendedRequest>>, SpecError> {
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    let failed = |source| SpecError::Extended {
+        pod: pod_name.clone(),
+        source,
+    };
+    let requests = extended.requests(&pod_name, group, spec).map_err(failed)?;
+    if requests.is_empty() {
+        return Ok(None);
+    }
+    extended::convert(&pod_name, spec, &requests).map_err(failed)?;
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(labels::EXTENDED_RESOURCES.into(), extended::annotation(&requests));
+    Ok(Some(requests))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -302,8 +362,38 @@ pub fn claim_from_template(
     claim: &GangClaim,
     template: &ResourceClaimTemplateSpec,
 ) -> Result<ResourceClaim, SpecError> {
+    made_claim(
+        workload,
+        claim,
+        template.metadata.clone().unwrap_or_default(),
+        template.spec.clone(),
+    )
+}
+
+/// The ResourceClaim serving the extended resources `requests` of `claim`'s pod, marked
+/// with where they came from.
+pub fn claim_for_extended(
+    workload: &Workload,
+    claim: &GangClaim,
+    requests: &[ExtendedRequest],
+) -> Result<ResourceClaim, SpecError> {
+    let meta = ObjectMeta {
+        annotations: Some(BTreeMap::from([(
+            labels::EXTENDED_RESOURCES.to_string(),
+            extended::annotation(requests),
+        )])),
+        ..ObjectMeta::default()
+    };
+    made_claim(workload, claim, meta, Some(extended::claim_spec(requests)))
+}
+
+fn made_claim(
+    workload: &Workload,
+    claim: &GangClaim,
+    template_meta: ObjectMeta,
+    spec: Option<k8s_openapi::api::resource::v1::ResourceClaimSpec>,
+) -> Result<ResourceClaim, SpecError> {
     let name = workload.metadata.name.as_deref().ok_or(SpecError::Incomplete)?;
-    let template_meta = template.metadata.clone().unwrap_or_default();
     let mut claim_labels = template_meta.labels.unwrap_or_default();
     claim_labels.extend(gang_labels(name));
     claim_labels.insert(labels::CLAIM_NAME.into(), claim.pod_claim_name.clone());
@@ -320,7 +410,7 @@ pub fn claim_from_template(
             finalizers: Some(vec![labels::CLAIM_FINALIZER.to_string()]),
             ..ObjectMeta::default()
         },
-        spec: template.spec.clone(),
+        spec,
         status: None,
     })
 }
@@ -388,7 +478,7 @@ spec:
         resourceClaims: [{name: x, resourceClaimTemplateName: gpu}]
 "#,
         );
-        let error = build(&w).unwrap_err();
+        let error = build(&w, &ExtendedResources::default()).unwrap_err();
         assert_eq!(
             error.to_string(),
             "claim 0-x of pod w-a-0 and claim x of pod w-a-0-0 would both be made as ResourceClaim w-a-0-0-x: rename a pod group or a claim"
@@ -398,7 +488,7 @@ spec:
     #[test]
     fn pods_are_gated_named_labelled_and_owned() {
         let w = workload(TRAINING);
-        let gang = build(&w).unwrap();
+        let gang = build(&w, &ExtendedResources::default()).unwrap();
         let names: Vec<_> = gang.pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
         assert_eq!(names, ["llama-launcher-0", "llama-workers-0", "llama-workers-1"]);
         let pod = &gang.pods[2];
@@ -422,7 +512,7 @@ spec:
     #[test]
     fn template_claims_become_named_claims_and_shared_claims_join_listed_groups() {
         let w = workload(TRAINING);
-        let gang = build(&w).unwrap();
+        let gang = build(&w, &ExtendedResources::default()).unwrap();
         let worker_claims = gang.pods[1].spec.as_ref().unwrap().resource_claims.clone().unwrap();
         let refs: Vec<_> = worker_claims
             .iter()
@@ -472,7 +562,7 @@ spec:
     #[test]
     fn claims_from_templates_carry_labels_owner_and_spec() {
         let w = workload(TRAINING);
-        let gang = build(&w).unwrap();
+        let gang = build(&w, &ExtendedResources::default()).unwrap();
         let template: ResourceClaimTemplateSpec = serde_saphyr::from_str(
             "metadata: {labels: {tier: gpu}}\nspec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.example.com, count: 8}}]}}",
         )
@@ -502,8 +592,95 @@ spec:
     }
 
     #[test]
+    fn extended_resources_a_device_class_maps_become_a_claim_of_each_pod() {
+        let w = workload(
+            r#"
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: w}
+spec:
+  podGroups:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        containers:
+        - {name: main, image: busybox, resources: {limits: {example.com/gpu: "8", cpu: "1"}}}
+        resourceClaims: [{name: scratch, resourceClaimTemplateName: scratch}]
+"#,
+        );
+        let extended = ExtendedResources::new([("gpu.example.com", Some("example.com/gpu"))]);
+        let gang = build(&w, &extended).unwrap();
+        let pod = &gang.pods[1];
+        let container = &pod.spec.as_ref().unwrap().containers[0];
+        let resources = container.resources.as_ref().unwrap();
+        assert_eq!(
+            resources.limits.as_ref().unwrap().keys().collect::<Vec<_>>(),
+            ["cpu"],
+            "the extended resource goes from the pod"
+        );
+        assert_eq!(resources.claims.as_ref().unwrap()[0].name, extended::CLAIM);
+        let recorded = extended::recorded(&pod.metadata).unwrap();
+        assert_eq!(
+            (recorded[0].resource.as_str(), recorded[0].count),
+            ("example.com/gpu", 8)
+        );
+        let refs: Vec<_> = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .resource_claims
+            .iter()
+            .flatten()
+            .map(|c| c.resource_claim_name.clone().unwrap())
+            .collect();
+        assert_eq!(refs, ["w-workers-1-scratch", "w-workers-1-extended-resources"]);
+
+        let claim = gang
+            .claims
+            .iter()
+            .find(|c| c.object_name == "w-workers-1-extended-resources")
+            .unwrap();
+        let ClaimSource::Extended(requests) = &claim.source else {
+            panic!("an extended-resources claim: {claim:?}");
+        };
+        let object = claim_for_extended(&w, claim, requests).unwrap();
+        let l = object.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            (
+                l[labels::WORKLOAD].as_str(),
+                l[labels::CLAIM_NAME].as_str(),
+                l[labels::POD_GROUP].as_str()
+            ),
+            ("w", extended::CLAIM, "workers")
+        );
+        assert_eq!(extended::recorded(&object.metadata).unwrap(), recorded);
+        assert_eq!(object.metadata.finalizers.unwrap(), [labels::CLAIM_FINALIZER]);
+        assert_eq!(object.metadata.owner_references.unwrap()[0].kind, "Workload");
+        let exactly = object.spec.unwrap().devices.unwrap().requests.unwrap()[0]
+            .exactly
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (exactly.device_class_name.as_str(), exactly.count),
+            ("gpu.example.com", Some(8))
+        );
+
+        let unmapped = build(&w, &ExtendedResources::default()).unwrap();
+        assert!(unmapped.pods[0].metadata.annotations.is_none());
+        assert_eq!(unmapped.claims.len(), 2, "only the template claims");
+
+        let both = ExtendedResources::new([
+            ("gpu.example.com", Some("example.com/gpu")),
+            ("other.example.com", Some("example.com/gpu")),
+        ]);
+        let error = build(&w, &both).unwrap_err();
+        assert!(error.is_cluster_problem(), "{error}");
+    }
+
+    #[test]
     fn service_is_headless_and_selects_the_gang() {
-        let gang = build(&workload(TRAINING)).unwrap();
+        let gang = build(&workload(TRAINING), &ExtendedResources::default()).unwrap();
         let spec = gang.service.spec.unwrap();
         assert_eq!(gang.service.metadata.name.as_deref(), Some("llama"));
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
@@ -515,7 +692,7 @@ spec:
     fn groups_without_template_create_no_pods() {
         let mut w = workload(TRAINING);
         w.spec.pod_groups[1].template = None;
-        let gang = build(&w).unwrap();
+        let gang = build(&w, &ExtendedResources::default()).unwrap();
         assert_eq!(gang.pods.len(), 1);
         assert_eq!(gang.claims.len(), 1, "only the shared claim");
     }
@@ -530,7 +707,7 @@ spec:
             pod_groups: None,
         });
         assert_eq!(
-            build(&w).unwrap_err(),
+            build(&w, &ExtendedResources::default()).unwrap_err(),
             SpecError::ClaimNameClash {
                 group: "workers".into(),
                 claim: "gpus".into()
@@ -540,12 +717,14 @@ spec:
         let mut w = workload(TRAINING);
         let spec = w.spec.pod_groups[1].template.as_mut().unwrap().spec.as_mut().unwrap();
         spec.resource_claims.as_mut().unwrap()[0].resource_claim_name = Some("both".into());
-        assert!(matches!(build(&w).unwrap_err(), SpecError::AmbiguousPodClaim { claim, .. } if claim == "gpus"));
+        assert!(
+            matches!(build(&w, &ExtendedResources::default()).unwrap_err(), SpecError::AmbiguousPodClaim { claim, .. } if claim == "gpus")
+        );
 
         let mut w = workload(TRAINING);
         w.spec.pod_groups[0].template.as_mut().unwrap().spec = None;
         assert_eq!(
-            build(&w).unwrap_err(),
+            build(&w, &ExtendedResources::default()).unwrap_err(),
             SpecError::MissingPodSpec {
                 group: "launcher".into()
             }
@@ -558,6 +737,9 @@ spec:
                 ..Default::default()
             },
         );
-        assert_eq!(build(&w).unwrap_err(), SpecError::Incomplete);
+        assert_eq!(
+            build(&w, &ExtendedResources::default()).unwrap_err(),
+            SpecError::Incomplete
+        );
     }
 }

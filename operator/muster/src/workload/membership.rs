@@ -72,11 +72,6 @@ pub fn external_members<'p>(pods: &'p [Arc<Pod>], group: &PodGroup) -> Vec<&'p P
     members
 }
 
-/// Whether any group's pods come from another controller.
-pub fn has_external_groups(workload: &Workload) -> bool {
-    workload.spec.pod_groups.iter().any(|g| g.template.is_none())
-}
-
 /// The name of the claim kube-controller-manager generated for the pod's claim entry
 /// `claim` (from a ResourceClaimTemplate), once it has.
 pub fn generated_claim<'p>(pod: &'p Pod, claim: &str) -> Option<&'p str> {

@@ -3,6 +3,7 @@
 //! status it reports.
 
 pub mod controller;
+pub mod extended;
 pub mod gang;
 pub mod membership;
 pub mod names;
