@@ -1014,7 +1014,11 @@ pub(crate) fn call<'a>(
             _ => return Err(no_overload()),
         },
         Func::Dyn => a0?.clone(),
-        Func::Type => V::Type(a0?.type_name()),
+        Func::Type => match a0? {
+            // kube-scheduler binds `device` to a Go map: its runtime type is `map`.
+            V::Device(_) => V::Type(crate::value::TypeName::Map),
+            v => V::Type(v.type_name()),
+        },
         Func::Size => match a0? {
             V::String(s) => {
                 budget.charge_text(s.len())?;
