@@ -161,6 +161,7 @@ pub(crate) fn check(expr: Expr, cost_check: CostCheck) -> Result<Checked, ParseE
     let mut root = checker.node(expr)?;
     checker.finish(&mut root);
     validate_literals(&root)?;
+    validate_format_calls(&root)?;
     if !matches!(root.ty, Type::Bool | Type::Any) {
         return err(
             root.pos,
@@ -916,6 +917,65 @@ fn validate_literals(node: &TNode) -> Result<(), ParseError> {
         }
     }
     Ok(())
+}
+
+/// cel-go's `string.format` validator (strings library version 1 and later), on every
+/// call with a literal format string and a list literal argument. Upstream reports all
+/// of them sorted by position; the first is the one that shows.
+fn validate_format_calls(node: &TNode) -> Result<(), ParseError> {
+    let mut first: Option<(usize, String)> = None;
+    let mut stack = vec![node];
+    while let Some(n) = stack.pop() {
+        match &n.kind {
+            TKind::List(items) => stack.extend(items.iter().map(|(i, _)| i)),
+            TKind::Map(entries) => {
+                for (k, v, _) in entries {
+                    stack.push(k);
+                    stack.push(v);
+                }
+            }
+            TKind::Select { operand, .. } | TKind::Has { operand, .. } => stack.push(operand),
+            TKind::Index { operand, index, .. } => {
+                stack.push(operand);
+                stack.push(index);
+            }
+            TKind::Call {
+                function,
+                member,
+                overloads,
+                args,
+            } => {
+                if *member
+                    && function == "format"
+                    && (overloads.is_empty() || overloads.contains(&"string_format"))
+                    && let [target, list] = args.as_slice()
+                    && let TKind::Const(Const::String(format)) = &target.kind
+                    && let TKind::List(items) = &list.kind
+                    && let Err((pos, message)) = crate::string_format::validate(n.pos, format, items)
+                    && first.as_ref().is_none_or(|(p, _)| pos < *p)
+                {
+                    first = Some((pos, message));
+                }
+                stack.extend(args.iter());
+            }
+            TKind::Comprehension(c) => {
+                stack.push(&c.range);
+                if let Some(f) = &c.filter {
+                    stack.push(f);
+                }
+                stack.push(&c.body);
+            }
+            TKind::Bind { init, body, .. } => {
+                stack.push(init);
+                stack.push(body);
+            }
+            TKind::Const(_) | TKind::Local { .. } | TKind::Device | TKind::TypeIdent(_) => {}
+        }
+    }
+    match first {
+        Some((pos, message)) => err(pos, message),
+        None => Ok(()),
+    }
 }
 
 fn lower_box(node: TNode) -> Result<Box<Node>, ParseError> {

@@ -45,6 +45,8 @@ pub(crate) enum Func {
     Join,
     Reverse,
     Quote,
+    /// `<string>.format(<list>)`.
+    StringFormat,
     Find,
     FindAll,
     IsSorted,
@@ -155,6 +157,7 @@ const TABLE: &[(&str, Func, &[usize], &[usize])] = &[
     ("join", Func::Join, &[], &[0, 1]),
     ("reverse", Func::Reverse, &[], &[0]),
     ("strings.quote", Func::Quote, &[1], &[]),
+    ("format", Func::StringFormat, &[], &[1]),
     ("find", Func::Find, &[], &[1]),
     ("findAll", Func::FindAll, &[], &[1, 2]),
     ("isSorted", Func::IsSorted, &[], &[0]),
@@ -1011,7 +1014,11 @@ pub(crate) fn call<'a>(
             _ => return Err(no_overload()),
         },
         Func::Dyn => a0?.clone(),
-        Func::Type => V::Type(a0?.type_name()),
+        Func::Type => match a0? {
+            // kube-scheduler binds `device` to a Go map: its runtime type is `map`.
+            V::Device(_) => V::Type(crate::value::TypeName::Map),
+            v => V::Type(v.type_name()),
+        },
         Func::Size => match a0? {
             V::String(s) => {
                 budget.charge_text(s.len())?;
@@ -1183,6 +1190,13 @@ pub(crate) fn call<'a>(
             let s = str_arg(a0?)?;
             budget.charge_text(s.len())?;
             V::owned_str(quote(s))
+        }
+        Func::StringFormat => {
+            let s = str_arg(a0?)?;
+            let items = list_arg(arg(1)?)?;
+            // cel-go charges the format string's length only, not the output's.
+            budget.charge_text(s.len())?;
+            V::owned_str(crate::string_format::format(s, items)?)
         }
         Func::IsSorted => {
             let items = list_arg(a0?)?;

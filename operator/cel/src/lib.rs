@@ -31,10 +31,12 @@
 //!   `optional.unwrap`, `unwrapOpt`) — implemented (`unwrap`, `unwrapOpt` added);
 //! - cel-go strings (2): `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`,
 //!   `upperAscii`, `replace`, `split`, `substring`, `trim`, `join`, `strings.quote` —
-//!   implemented; `format` — declared and refused (version 2 formats `%f` and `%e`
-//!   with golang.org/x/text's en_US printer, with grouping and its own scientific
-//!   notation and rounding, and checks literal calls when compiling: not implemented
-//!   yet); `reverse` on strings (version 3) — now refused, as upstream;
+//!   implemented; `format` (module `string_format`: version 2's formatter, `%f` and
+//!   `%e` as golang.org/x/text's en_US printer renders them — grouping, `∞`, the
+//!   superscript exponent, `%e`'s precision taken as a width — `%s` of lists and maps
+//!   as CEL-like literals, and the validator that checks calls with a literal format
+//!   string and a list literal when compiling) — implemented; `reverse` on strings
+//!   (version 3) — now refused, as upstream;
 //! - cel-go sets, two-variable comprehensions, bindings (`cel.bind`), lists (3:
 //!   `slice`, `flatten`, `sort`, `sortBy`, `lists.range`, `reverse`, `distinct`) —
 //!   implemented;
@@ -87,6 +89,7 @@ mod net;
 mod parser;
 pub mod quantity;
 mod semver;
+mod string_format;
 mod time;
 mod types;
 mod url;

@@ -364,9 +364,10 @@ impl Parser<'_> {
                     };
                     self.bump();
                     if !optional && *self.peek() == Tok::LParen {
-                        self.bump();
+                        // cel-go places a call at its opening parenthesis.
+                        let open = self.bump().pos;
                         let args = self.args(Tok::RParen)?;
-                        expr = self.call(Some(expr), name, args, pos)?;
+                        expr = self.call(Some(expr), name, args, open)?;
                     } else {
                         let e = make(ExprKind::Null, pos, &[&expr])?;
                         expr = Expr {
@@ -460,9 +461,9 @@ impl Parser<'_> {
     fn ident_or_call(&mut self, name: String, pos: usize) -> PResult<Expr> {
         match self.peek() {
             Tok::LParen => {
-                self.bump();
+                let open = self.bump().pos;
                 let args = self.args(Tok::RParen)?;
-                self.call(None, name, args, pos)
+                self.call(None, name, args, open)
             }
             Tok::LBrace => Err(ParseError {
                 pos,

@@ -923,8 +923,13 @@ fn compile_errors() {
         ("device.", "compile:Syntax error"),
         ("[1, 2", "compile:Syntax error"),
         (
-            "\"%d\".format([1]) == \"1\"",
-            "compile:function 'format' is declared but not implemented",
+            "\"%d\".format([\"a\"]) == \"1\"",
+            "compile:decimal clause can only be used on integers, was given string",
+        ),
+        ("\"%d %d\".format([1]) == \"1\"", "compile:index 1 out of range"),
+        (
+            "\"%d\".format([1, 2]) == \"1\"",
+            "compile:too many arguments supplied to string.format (expected 1, got 2)",
         ),
         (
             "timestamp(\"2024-13-01T00:00:00Z\") > timestamp(0)",
@@ -1442,6 +1447,35 @@ fn named_formats() {
         (
             r#"format.uuid().validate(1).hasValue()"#,
             "compile:found no matching overload for 'validate'",
+        ),
+    ]);
+}
+
+#[test]
+fn string_format() {
+    check_cases(&[
+        (r#""%s-%d".format(["a", 1]) == "a-1""#, "true"),
+        (r#""%.2f".format([1234.5]) == "1,234.50""#, "true"),
+        (r#""%e".format([1052.033]) == "1.052033\u00d710\u2070\u00b3""#, "true"),
+        (
+            r#""%s".format([{"b": [1.5], "a": b"x"}]) == "{\"a\":b\"x\", \"b\":[1.500000]}""#,
+            "true",
+        ),
+        (
+            r#""%b %o %x %X".format([-5, 8u, "hi", 255]) == "-101 10 6869 FF""#,
+            "true",
+        ),
+        // Only literal calls are checked when compiling; the others fail at run time.
+        (r#"device.driver.format(["x"]) == "gpu.example.com""#, "true"),
+        (r#"("%" + "d").format(["x"]) == """#, "err:decimal clause"),
+        (r#""%d".format([1] + [2]) == "1""#, "true"),
+        (
+            r#""%s".format([device.attributes["gpu.example.com"].model]) == """#,
+            "compile:google.protobuf.Any",
+        ),
+        (
+            r#""%s".format([dyn(device.attributes["gpu.example.com"].model)]) == "H100""#,
+            "true",
         ),
     ]);
 }

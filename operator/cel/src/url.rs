@@ -76,9 +76,7 @@ fn unhex(c: u8) -> u8 {
     }
 }
 
-/// Go's `strconv.Quote`: printable characters as they are, the rest escaped. Go's
-/// notion of printable is approximated by excluding controls, non-ASCII spaces and
-/// the common format characters.
+/// Go's `strconv.Quote`: printable characters as they are, the rest escaped.
 pub(crate) fn go_quote(s: &[u8]) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -94,19 +92,10 @@ pub(crate) fn go_quote(s: &[u8]) -> String {
                 '\r' => out.push_str("\\r"),
                 '\t' => out.push_str("\\t"),
                 '\x0b' => out.push_str("\\v"),
-                ' ' => out.push(' '),
-                c if (c as u32) < 0x20 || c == '\x7f' => out.push_str(&format!("\\x{:02x}", c as u32)),
-                c if c.is_control()
-                    || c.is_whitespace()
-                    || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}') =>
-                {
-                    if (c as u32) < 0x10000 {
-                        out.push_str(&format!("\\u{:04x}", c as u32));
-                    } else {
-                        out.push_str(&format!("\\U{:08x}", c as u32));
-                    }
-                }
-                c => out.push(c),
+                c if go_printable(c) => out.push(c),
+                c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+                c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push_str(&format!("\\U{:08x}", c as u32)),
             }
         }
         for b in chunk.invalid() {
@@ -115,6 +104,18 @@ pub(crate) fn go_quote(s: &[u8]) -> String {
     }
     out.push('"');
     out
+}
+
+/// Go's `strconv.IsPrint`: letters, marks, numbers, punctuation, symbols and the ASCII
+/// space (Unicode tables may differ for the newest characters).
+fn go_printable(c: char) -> bool {
+    static PRINTABLE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    if c.is_ascii() {
+        return (' '..='~').contains(&c);
+    }
+    let re =
+        PRINTABLE.get_or_init(|| regex::Regex::new(r"^[\p{L}\p{M}\p{N}\p{P}\p{S}]$").expect("a valid character class"));
+    re.is_match(c.encode_utf8(&mut [0; 4]))
 }
 
 fn escape_error(s: &[u8]) -> String {

@@ -201,8 +201,73 @@ fn nested(choices: &[usize], short: bool, core: &str) -> String {
     format!("{open}{core}{close}")
 }
 
+/// Pieces of `string.format` format strings: clauses, broken clauses, text.
+const FORMAT_PIECES: &[&str] = &[
+    "%s",
+    "%d",
+    "%f",
+    "%e",
+    "%b",
+    "%o",
+    "%x",
+    "%X",
+    "%%",
+    "%",
+    ".",
+    "%.",
+    "%.2f",
+    "%.65535e",
+    "%.99999f",
+    "%.30000f",
+    "%.10000009e",
+    "%.99999999999999999999f",
+    "%\u{e9}",
+    "%.3",
+    "a",
+    " ",
+    "\u{e9}",
+    "9",
+];
+
+/// Arguments of every type, some no clause accepts.
+const FORMAT_ARGS: &[&str] = &[
+    "1",
+    "-1",
+    "1u",
+    "1.5",
+    "-0.0",
+    "1e308",
+    "double(\"NaN\")",
+    "\"NaN\"",
+    "\"Infinity\"",
+    "\"x\"",
+    "b\"\\xff\"",
+    "true",
+    "null",
+    "[1, \"a\"]",
+    "{\"k\": [1.5]}",
+    "int",
+    "timestamp(0)",
+    "duration(\"1s\")",
+    "optional.none()",
+    "dyn(optional.none())",
+    "9223372036854775807",
+];
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn string_format(
+        pieces in proptest::collection::vec(0..FORMAT_PIECES.len(), 0..40),
+        args in proptest::collection::vec(0..FORMAT_ARGS.len(), 0..6),
+    ) {
+        let format: String = pieces.iter().map(|&i| FORMAT_PIECES[i]).collect();
+        let list = args.iter().map(|&i| FORMAT_ARGS[i]).collect::<Vec<_>>().join(", ");
+        // A literal call is checked when compiling, a dynamic one only when it runs.
+        run(&format!("\"{format}\".format([{list}]) != \"\""))?;
+        run(&format!("dyn(\"{format}\").format(dyn([{list}])) != \"\""))?;
+    }
 
     #[test]
     fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..MAX_EXPRESSION_LENGTH + 64)) {
