@@ -18,6 +18,7 @@ pub mod key;
 mod ledger;
 pub mod placement;
 pub mod pools;
+pub mod preemption;
 pub mod request;
 pub mod resources;
 pub mod selector;
