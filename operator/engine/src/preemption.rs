@@ -27,6 +27,7 @@ use crate::cluster::{ClusterState, DeviceReach, Evicted, PlanId};
 use crate::key::{ClaimKey, ObjectKey, PodKey};
 use crate::placement::{self, Outcome, Plan, PlanOptions};
 use crate::request::GangRequest;
+use crate::selector::NodeSelector;
 
 /// Whether a gang may evict gangs of lower priority (`preemptionPolicy` of its
 /// PriorityClass).
@@ -250,8 +251,9 @@ impl Domains {
             .flat_map(|(d, (_, nodes))| nodes.iter().map(move |(_, node)| (node.name.as_str(), d)))
             .collect();
         let mut members = vec![Vec::new(); index.len()];
+        let mut selected = Vec::new();
         for &c in lower {
-            for d in touched_domains(cluster, &candidates[c], &domain_of, &index) {
+            for d in touched_domains(cluster, &candidates[c], &domain_of, &index, &mut selected) {
                 members[d].push(c);
             }
         }
@@ -274,11 +276,14 @@ impl Domains {
 }
 
 /// The domains whose nodes a candidate's pods run on, or can use a device it holds.
-fn touched_domains(
-    cluster: &ClusterState,
+/// `selected` keeps the domains of each node selector met so far: devices shared by
+/// several nodes come in slices of a few selectors.
+fn touched_domains<'c>(
+    cluster: &'c ClusterState,
     candidate: &PreemptionCandidate,
     domain_of: &FxHashMap<&str, usize>,
     index: &crate::cluster::NodeIndex,
+    selected: &mut Vec<(&'c NodeSelector, Vec<usize>)>,
 ) -> BTreeSet<usize> {
     let mut pods: Vec<&PodKey> = candidate.pods.iter().collect();
     let mut claims: Vec<&ClaimKey> = candidate.claims.iter().collect();
@@ -303,10 +308,14 @@ fn touched_domains(
             match cluster.device_reach(&device.driver, &device.pool, &device.device) {
                 Some(DeviceReach::Node(node)) => touched.extend(domain_of.get(node)),
                 Some(DeviceReach::Selector(selector)) => {
-                    for (d, (_, nodes)) in index.iter().enumerate() {
-                        if nodes.iter().any(|(_, n)| selector.matches(&n.name, &n.labels)) {
-                            touched.insert(d);
-                        }
+                    if !selected.iter().any(|(known, _)| *known == selector) {
+                        let domains = (0..index.len())
+                            .filter(|d| index[*d].1.iter().any(|(_, n)| selector.matches(&n.name, &n.labels)))
+                            .collect();
+                        selected.push((selector, domains));
+                    }
+                    if let Some((_, domains)) = selected.iter().find(|(known, _)| *known == selector) {
+                        touched.extend(domains);
                     }
                 }
                 Some(DeviceReach::All) => touched.extend(0..index.len()),

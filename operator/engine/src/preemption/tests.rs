@@ -333,3 +333,61 @@ fn the_budget_of_trial_placements_bounds_the_search() {
     assert_eq!(victims(&full), ["ns/both"]);
     assert!(eviction(&full).every_domain_weighed);
 }
+
+#[test]
+fn a_device_shared_by_nodes_ties_its_gang_to_every_domain_it_reaches() {
+    use crate::claim::DeviceResult;
+    use crate::cluster::{Slice, SliceNodes};
+    use crate::selector::{NodeSelector, Operator, Requirement, Term};
+
+    let mut cluster = gpu_cluster(4, 8, 2, 2);
+    let rack_one = NodeSelector {
+        terms: vec![Term {
+            match_expressions: vec![Requirement::new(RACK, Operator::In, &["rack-0001"])],
+            match_fields: vec![],
+        }],
+    };
+    for (pool, nodes) in [
+        ("fabric-rack", SliceNodes::Selector(rack_one)),
+        ("fabric-all", SliceNodes::All),
+    ] {
+        cluster.upsert_slice(Slice {
+            name: pool.into(),
+            driver: GPU.into(),
+            pool: pool.into(),
+            generation: 1,
+            resource_slice_count: 1,
+            nodes,
+            devices: vec![gpu(0, "H100")],
+            shared_counters: vec![],
+        });
+    }
+    let mut holding = |name: &str, pool: &str| {
+        let claim = ClaimKey::new("ns", name);
+        let device = DeviceResult {
+            request: "gpus".into(),
+            driver: GPU.into(),
+            pool: pool.into(),
+            device: "gpu-0".into(),
+            admin_access: None,
+            tolerations: vec![],
+            binding_conditions: vec![],
+            binding_failure_conditions: vec![],
+            share_id: None,
+            consumed_capacity: Default::default(),
+        };
+        cluster.set_claim_allocation(&claim, Some(vec![device]));
+        PreemptionCandidate {
+            workload: ObjectKey::new("ns", name),
+            priority: 0,
+            admitted_at_seconds: 0,
+            pods: vec![],
+            claims: vec![claim],
+            assumed_plans: vec![],
+        }
+    };
+    let candidates = [holding("rack-only", "fabric-rack"), holding("everywhere", "fabric-all")];
+    let gang = gpu_gang("p", 1, 8, Some(RACK), None);
+    let domains = Domains::new(&cluster, &gang, &candidates, &[0, 1]);
+    assert_eq!(domains.members, [vec![1], vec![0, 1]]);
+}
