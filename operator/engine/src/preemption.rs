@@ -359,7 +359,7 @@ impl Search<'_> {
             .filter(|d| !domains.members[*d].is_empty())
             .collect();
         let lowest = |d: usize| domains.members[d].iter().map(|c| self.candidates[*c].priority).min();
-        order.sort_by_key(|&d| (lowest(d), domains.members[d].len(), domains.values[d].clone()));
+        order.sort_by_cached_key(|&d| (lowest(d), domains.members[d].len(), domains.values[d].clone()));
         let empty_domains = domains.values.len() - order.len();
 
         let mut best: Option<(usize, DomainEviction)> = None;

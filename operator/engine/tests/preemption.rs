@@ -165,6 +165,31 @@ fn preemptor_gang(scenario: &Scenario) -> GangRequest {
     fixtures::gpu_gang("p", scenario.preemptor_pods, scenario.preemptor_gpus, required, None)
 }
 
+/// The racks a candidate holds pods or devices in (the test's devices are node-local,
+/// in a pool named after their node).
+fn racks_of(cluster: &ClusterState, candidate: &PreemptionCandidate) -> Vec<String> {
+    let mut pods = candidate.pods.clone();
+    let mut claims = candidate.claims.clone();
+    for plan in &candidate.assumed_plans {
+        if let Some((plan_pods, plan_claims)) = cluster.assumed_plan_members(plan) {
+            pods.extend_from_slice(plan_pods);
+            claims.extend_from_slice(plan_claims);
+        }
+    }
+    let nodes = pods
+        .iter()
+        .filter_map(|pod| cluster.pod_node(pod).map(str::to_string))
+        .chain(
+            claims
+                .iter()
+                .flat_map(|claim| cluster.claim_devices(claim).unwrap_or_default())
+                .map(|device| device.pool.clone()),
+        );
+    nodes
+        .filter_map(|node| cluster.node(&node).and_then(|n| n.labels.get(RACK).cloned()))
+        .collect()
+}
+
 /// The state with `victims` evicted.
 fn without(cluster: &ClusterState, candidates: &[PreemptionCandidate], victims: &[&ObjectKey]) -> ClusterState {
     let mut state = cluster.clone();
@@ -191,9 +216,10 @@ proptest! {
     #![proptest_config(config(384))]
 
     /// For a gang that does not fit as things are: an eviction evicts only gangs of
-    /// strictly lower priority, is proven by its plan on the state without the victims,
-    /// and spares every victim it can (none can be dropped alone); when the gang would
-    /// not fit, it does not fit with every gang of lower priority gone.
+    /// strictly lower priority that hold something in its one domain, is proven by its
+    /// plan on the state without the victims, and spares every victim it can (none can
+    /// be dropped alone); when the gang would not fit, it does not fit with every gang
+    /// of lower priority gone.
     #[test]
     fn evictions_are_proven_minimal_and_strictly_lower(scenario in scenario()) {
         let (cluster, candidates) = build(&scenario);
@@ -218,6 +244,11 @@ proptest! {
                 prop_assert!(!eviction.victims.is_empty());
                 for victim in &eviction.victims {
                     prop_assert!(lower.contains(&victim), "{victim} is not of lower priority");
+                    if let Some(domain) = &eviction.domain {
+                        let candidate = candidates.iter().find(|c| c.workload == *victim).expect("a candidate");
+                        let racks = racks_of(&cluster, candidate);
+                        prop_assert!(racks.contains(domain), "{victim} holds nothing in {domain}: {racks:?}");
+                    }
                 }
                 let in_domain = PlanOptions {
                     required_value: eviction.domain.clone(),
