@@ -4,14 +4,21 @@
 //!
 //! A 1,024-node gang cannot fit in one 16-node rack: its required level is the block,
 //! with the rack preferred.
+//!
+//! Preemption: a full 1,000-node cluster run by 100 gangs of 10 whole nodes each, of
+//! priorities 0 to 4; a gang of priority 3 that needs a rack, or 32 nodes anywhere.
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use muster_engine::claim::DeviceResult;
 use muster_engine::cluster::ClusterState;
-use muster_engine::fixtures::{GPU, gpu_cluster, gpu_gang, gpu_pod};
+use muster_engine::fixtures::{GPU, gpu_cluster, gpu_gang, gpu_pod, run_gang};
+use muster_engine::key::ObjectKey;
 use muster_engine::placement::{Outcome, PlanOptions, plan};
+use muster_engine::preemption::{
+    Preemption, PreemptionCandidate, PreemptionOptions, PreemptionPolicy, Preemptor, preempt,
+};
 use muster_engine::request::{GangRequest, GroupRequest};
 
 const NODES: usize = 5_000;
@@ -125,5 +132,61 @@ fn bench(c: &mut Criterion) {
     cold.finish();
 }
 
-criterion_group!(benches, bench);
+/// 1,000 nodes of 8 GPUs in racks of 16, every one taken by one of 100 gangs of 10
+/// nodes (gang `i` on nodes `10i..10i+10`, priority `i % 5`, admitted at `i`).
+fn full_cluster_and_running_gangs() -> (ClusterState, Vec<PreemptionCandidate>) {
+    let mut cluster = gpu_cluster(1_000, 8, 16, 8);
+    let candidates = (0..100i32)
+        .map(|i| {
+            let nodes: Vec<String> = (10 * i..10 * i + 10).map(|n| format!("node-{n:05}")).collect();
+            let placements: Vec<(&str, usize)> = nodes.iter().map(|n| (n.as_str(), 8)).collect();
+            let name = format!("running-{i:03}");
+            let (pods, claims) = run_gang(&mut cluster, "ns", &name, &placements);
+            PreemptionCandidate {
+                workload: ObjectKey::new("ns", &name),
+                priority: i % 5,
+                admitted_at_seconds: i64::from(i),
+                pods,
+                claims,
+                assumed_plans: vec![],
+            }
+        })
+        .collect();
+    (cluster, candidates)
+}
+
+fn bench_preemption(c: &mut Criterion) {
+    let (cluster, candidates) = full_cluster_and_running_gangs();
+    let preemptor = Preemptor {
+        priority: 3,
+        policy: PreemptionPolicy::PreemptLowerPriority,
+    };
+    let options = PreemptionOptions::default();
+    let cases = [
+        ("16 pods, rack", gpu_gang("p16", 16, 8, Some(RACK), None)),
+        ("32 pods, anywhere", gpu_gang("p32", 32, 8, None, None)),
+    ];
+    let mut group = c.benchmark_group("preempt 1000 nodes 100 gangs");
+    group.sample_size(10);
+    for (name, gang) in &cases {
+        // The decision once, outside the timing.
+        match preempt(&cluster, gang, &preemptor, &candidates, &options) {
+            Preemption::Evict(eviction) => println!(
+                "{name}: evicts {} gang(s) up to priority {} in {:?} after {} trial placements (every domain weighed: {})",
+                eviction.victims.len(),
+                eviction.cost.highest_priority,
+                eviction.domain,
+                eviction.plan_calls,
+                eviction.every_domain_weighed
+            ),
+            other => panic!("{name}: expected an eviction, got: {other}"),
+        }
+        group.bench_function(*name, |b| {
+            b.iter(|| black_box(preempt(&cluster, black_box(gang), &preemptor, &candidates, &options)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_preemption);
 criterion_main!(benches);

@@ -255,6 +255,31 @@ pub struct AssumedClaim {
     pub devices: Vec<DeviceResult>,
 }
 
+/// What [`ClusterState::evict`] took out of the state, for [`ClusterState::restore`].
+#[derive(Debug, Default, Clone)]
+pub struct Evicted {
+    /// Pods with their node and requests.
+    pods: Vec<(PodKey, String, Resources)>,
+    /// Claims with the devices they held.
+    claims: Vec<(ClaimKey, Vec<DeviceResult>)>,
+    plans: Vec<(PlanId, AssumedPlan)>,
+}
+
+impl Evicted {
+    /// Nothing was taken.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty() && self.claims.is_empty() && self.plans.is_empty()
+    }
+}
+
+/// Where a device can be used, as [`ClusterState::device_reach`] finds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DeviceReach<'a> {
+    Node(&'a str),
+    Selector(&'a NodeSelector),
+    All,
+}
+
 #[derive(Debug, Default, Clone)]
 struct AssumedPlan {
     pods: Vec<PodKey>,
@@ -788,6 +813,93 @@ impl ClusterState {
     pub fn assumed_plans(&self) -> impl Iterator<Item = &PlanId> {
         self.assumed.keys()
     }
+
+    /// The pods and claims an assumed plan entered.
+    pub fn assumed_plan_members(&self, plan: &PlanId) -> Option<(&[PodKey], &[ClaimKey])> {
+        self.assumed.get(plan).map(|p| (p.pods.as_slice(), p.claims.as_slice()))
+    }
+
+    // ---- eviction ----
+
+    /// Takes a gang out as if it were deleted: its pods' node resources, its claims'
+    /// devices (with consumed capacity and counters) and its assumed plans, with the
+    /// pods and claims those plans entered. Costs in proportion to what it takes, and
+    /// [`ClusterState::restore`] puts it back exactly, so a search can try eviction
+    /// sets on one copy of the state.
+    pub fn evict(&mut self, pods: &[PodKey], claims: &[ClaimKey], plans: &[PlanId]) -> Evicted {
+        let mut evicted = Evicted::default();
+        for plan in plans {
+            if let Some(assumed) = self.assumed.remove(plan) {
+                for pod in &assumed.pods {
+                    self.evict_pod(pod, &mut evicted);
+                }
+                for claim in &assumed.claims {
+                    self.evict_claim(claim, &mut evicted);
+                }
+                evicted.plans.push((plan.clone(), assumed));
+            }
+        }
+        for pod in pods {
+            self.evict_pod(pod, &mut evicted);
+        }
+        for claim in claims {
+            self.evict_claim(claim, &mut evicted);
+        }
+        evicted
+    }
+
+    fn evict_pod(&mut self, pod: &PodKey, evicted: &mut Evicted) {
+        if let Some((node, requests)) = self.pods.get(pod).cloned() {
+            self.remove_pod(pod);
+            evicted.pods.push((pod.clone(), node, requests));
+        }
+    }
+
+    fn evict_claim(&mut self, claim: &ClaimKey, evicted: &mut Evicted) {
+        if let Some(held) = self.claims.get(claim) {
+            let devices = held.devices.clone();
+            self.set_claim_allocation(claim, None);
+            evicted.claims.push((claim.clone(), devices));
+        }
+    }
+
+    /// Puts back what [`ClusterState::evict`] took.
+    pub fn restore(&mut self, evicted: Evicted) {
+        for (pod, node, requests) in evicted.pods {
+            self.upsert_pod(&pod, &node, requests);
+        }
+        for (claim, devices) in evicted.claims {
+            self.set_claim_allocation(&claim, Some(devices));
+        }
+        for (plan, assumed) in evicted.plans {
+            self.assumed.insert(plan, assumed);
+        }
+    }
+
+    /// The devices the engine knows an allocated claim holds.
+    pub fn claim_devices(&self, key: &ClaimKey) -> Option<&[DeviceResult]> {
+        self.claims.get(key).map(|held| held.devices.as_slice())
+    }
+
+    /// Which nodes a device of the newest generation of its pool is available on, as
+    /// its slice (or, with per-device node selection, the device itself) says; `None`
+    /// for a device no slice publishes.
+    pub fn device_reach(&self, driver: &str, pool: &str, device: &str) -> Option<DeviceReach<'_>> {
+        let newest = self.pool_slices(driver, pool).map(|s| s.generation).max()?;
+        let (slice, published) = self
+            .pool_slices(driver, pool)
+            .filter(|s| s.generation == newest)
+            .find_map(|s| s.devices.iter().find(|d| d.name == device).map(|d| (s, d)))?;
+        Some(match (&slice.nodes, &published.nodes) {
+            (SliceNodes::Node(node), _) | (SliceNodes::PerDevice, Some(DeviceNodes::Node(node))) => {
+                DeviceReach::Node(node)
+            }
+            (SliceNodes::Selector(selector), _) | (SliceNodes::PerDevice, Some(DeviceNodes::Selector(selector))) => {
+                DeviceReach::Selector(selector)
+            }
+            (SliceNodes::All, _) | (SliceNodes::PerDevice, Some(DeviceNodes::All) | None) => DeviceReach::All,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -913,6 +1025,59 @@ mod tests {
         c.forget(&plan_id());
         assert_eq!(c.free_resources(&node).cpu_millis, 6000);
         assert!(!c.device_allocated(&id("g0")));
+    }
+
+    #[test]
+    fn an_evicted_gang_gives_back_everything_and_restore_puts_it_back() {
+        let (mut c, node, req) = one_node_and_a_pod_request();
+        c.upsert_pod(&"ns/running".into(), "n", req.clone());
+        c.set_claim_allocation(
+            &"ns/running-claim".into(),
+            Some(vec![
+                result("g0", None, &[]),
+                result("g1", Some("s1"), &[("mem", "10Gi")]),
+            ]),
+        );
+        c.set_claim_allocation(
+            &"ns/other".into(),
+            Some(vec![result("g1", Some("s2"), &[("mem", "5Gi")])]),
+        );
+        c.assume(
+            &plan_id(),
+            &[assumed_pod("ns/q", &req)],
+            &[assumed_claim("ns/claim", "g2")],
+        );
+        assert_eq!(c.free_resources(&node).cpu_millis, 4000);
+
+        let evicted = c.evict(&["ns/running".into()], &["ns/running-claim".into()], &[plan_id()]);
+        assert_eq!(
+            c.free_resources(&node).cpu_millis,
+            8000,
+            "both pods' resources are free"
+        );
+        assert!(!c.device_allocated(&id("g0")) && !c.device_allocated(&id("g2")));
+        assert_eq!(
+            c.consumed_capacity(&id("g1")).unwrap()["mem"],
+            Quantity::parse("5Gi").unwrap(),
+            "only the other claim's share is left"
+        );
+        assert_eq!(c.assumed_plans().count(), 0, "the assumed plan is gone");
+
+        c.restore(evicted);
+        assert_eq!(c.free_resources(&node).cpu_millis, 4000);
+        assert!(c.device_allocated(&id("g0")) && c.device_allocated(&id("g2")));
+        assert_eq!(
+            c.consumed_capacity(&id("g1")).unwrap()["mem"],
+            Quantity::parse("15Gi").unwrap()
+        );
+        // The assumption is back, and still undone by forget.
+        c.forget(&plan_id());
+        assert_eq!(c.free_resources(&node).cpu_millis, 6000);
+        assert!(!c.device_allocated(&id("g2")));
+        assert!(
+            c.evict(&["ns/gone".into()], &["ns/gone".into()], &[plan_id()])
+                .is_empty()
+        );
     }
 
     #[test]

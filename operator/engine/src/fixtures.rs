@@ -3,9 +3,11 @@
 
 use crate::name_map::NameMap;
 
+use crate::claim::DeviceResult;
 use crate::claim::{AllocationMode, ClaimSpec, ConstraintKind, DeviceConstraint, DeviceRequest, DeviceRequestSpec};
 use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
 use crate::device::{AttributeValue, Capacity};
+use crate::key::{ClaimKey, PodKey};
 use crate::quantity::Quantity;
 use crate::request::{GangRequest, GroupRequest, PodShape, TopologyRequest};
 use crate::resources::Resources;
@@ -149,4 +151,52 @@ pub fn gpu_gang(name: &str, pods: usize, gpus: u32, required: Option<&str>, pref
             preferred: preferred.map(Into::into),
         },
     }
+}
+
+/// Enters a running gang as the watches show it: per `(node, gpus)`, a pod
+/// `<namespace>/<name>-<i>` with 8 cores and 64 GiB on the node, whose claim
+/// `<pod>-gpu` holds the first `gpus` free GPUs of the node's test slice.
+pub fn run_gang(
+    cluster: &mut ClusterState,
+    namespace: &str,
+    name: &str,
+    placements: &[(&str, usize)],
+) -> (Vec<PodKey>, Vec<ClaimKey>) {
+    let mut pods = Vec::new();
+    let mut claims = Vec::new();
+    for (i, (node, gpus)) in placements.iter().enumerate() {
+        let pod = PodKey::new(namespace, &format!("{name}-{i}"));
+        cluster.upsert_pod(&pod, node, gpu_pod(0, 8, 64).requests);
+        let free: Vec<String> = cluster
+            .slice(&format!("{node}-{GPU}"))
+            .map(|s| s.devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| !cluster.device_allocated_by_name(GPU, node, d))
+            .take(*gpus)
+            .collect();
+        assert_eq!(free.len(), *gpus, "{node} has {gpus} free GPUs");
+        if *gpus > 0 {
+            let claim = ClaimKey::new(namespace, &format!("{name}-{i}-gpu"));
+            let devices = free
+                .into_iter()
+                .map(|device| DeviceResult {
+                    request: "gpus".into(),
+                    driver: GPU.into(),
+                    pool: node.to_string(),
+                    device,
+                    admin_access: None,
+                    tolerations: vec![],
+                    binding_conditions: vec![],
+                    binding_failure_conditions: vec![],
+                    share_id: None,
+                    consumed_capacity: Default::default(),
+                })
+                .collect();
+            cluster.set_claim_allocation(&claim, Some(devices));
+            claims.push(claim);
+        }
+        pods.push(pod);
+    }
+    (pods, claims)
 }

@@ -1,5 +1,6 @@
 //! muster's placement engine: pure and synchronous. It holds its own model of the
-//! cluster, takes a gang request and returns a plan or the reasons it does not fit.
+//! cluster, takes a gang request and returns a plan or the reasons it does not fit,
+//! and, for a gang that does not fit, which gangs of lower priority to evict.
 //! It never talks to Kubernetes and never reads the clock.
 #![forbid(unsafe_code)]
 
@@ -18,6 +19,7 @@ pub mod key;
 mod ledger;
 pub mod placement;
 pub mod pools;
+pub mod preemption;
 pub mod request;
 pub mod resources;
 pub mod selector;

@@ -46,6 +46,10 @@ pub struct PlanOptions {
     pub backtrack_budget: u64,
     /// Nodes the plan must not use: held for a gang that has waited longest.
     pub excluded_nodes: std::sync::Arc<BTreeSet<String>>,
+    /// Only this value of the gang's required topology label: the plan stays in that
+    /// one domain (to prove a gang fits there once other gangs are evicted, say).
+    /// Ignored when the gang has no required label.
+    pub required_value: Option<String>,
 }
 
 impl Default for PlanOptions {
@@ -57,6 +61,7 @@ impl Default for PlanOptions {
             max_preferred_domains: 4,
             backtrack_budget: 500,
             excluded_nodes: Default::default(),
+            required_value: None,
         }
     }
 }
@@ -314,6 +319,11 @@ impl<'a> Planner<'a> {
             }
         }
         let index = self.index.clone();
+        let only = gang
+            .topology
+            .required
+            .as_ref()
+            .and(self.options.required_value.as_deref());
         let mut cache = crate::cluster::locked(&cluster.room_cache);
         if cache.len() > 64 {
             cache.clear();
@@ -322,9 +332,20 @@ impl<'a> Planner<'a> {
             signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect();
         let groups = gang.groups.len();
         let result = (|| {
+            if let (Some(key), Some(value)) = (&gang.topology.required, only) {
+                let outside: usize = index
+                    .iter()
+                    .filter(|(v, _)| v != value)
+                    .map(|(_, nodes)| nodes.len())
+                    .sum();
+                if outside > 0 {
+                    *self.rejections.entry(format!("outside {key}={value}")).or_default() += outside;
+                }
+            }
             for (domain, (id, node)) in index
                 .iter()
                 .enumerate()
+                .filter(|(_, (value, _))| only.is_none_or(|only| only == value))
                 .flat_map(|(d, (_, nodes))| nodes.iter().map(move |n| (d, n)))
             {
                 if self.options.excluded_nodes.contains(&node.name) {

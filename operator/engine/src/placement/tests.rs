@@ -369,6 +369,28 @@ fn excluded_nodes_are_not_used_and_the_reason_says_why() {
 }
 
 #[test]
+fn a_required_value_keeps_the_plan_in_that_domain() {
+    // 4 racks of 2 nodes; rack-0000 is the tightest, but only rack-0002 is allowed.
+    let mut cluster = gpu_cluster(8, 8, 2, 2);
+    occupy(&mut cluster, "node-00000", 4);
+    let gang = gpu_gang("g", 2, 4, Some(RACK), None);
+    let options = PlanOptions {
+        required_value: Some("rack-0002".into()),
+        ..PlanOptions::default()
+    };
+    let outcome = plan(&cluster, &gang, &options);
+    assert_eq!(placed(&outcome).topology_value.as_deref(), Some("rack-0002"));
+    let why = reasons(&plan(&cluster, &gpu_gang("g", 3, 8, Some(RACK), None), &options));
+    assert!(why.contains("6 outside example.com/rack=rack-0002"), "{why}");
+    // Without a required label there is one domain, and the value is ignored.
+    assert!(
+        plan(&cluster, &gpu_gang("g", 3, 8, None, None), &options)
+            .plan()
+            .is_some()
+    );
+}
+
+#[test]
 fn a_gang_reaches_only_the_nodes_it_could_use() {
     let mut cluster = gpu_cluster(4, 8, 2, 2);
     occupy(&mut cluster, "node-00003", 8);
