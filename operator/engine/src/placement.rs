@@ -827,7 +827,10 @@ impl<'a> Planner<'a> {
                     let rooms = self.room_by_label(nodes, g, &slice.key);
                     let total: usize = rooms.values().sum();
                     let whole: usize = rooms.values().map(|room| room / size * size).sum();
-                    let partial = rooms.values().max().map_or(0, |room| (*room).min(size - 1));
+                    let partial = match self.gang.groups[g].min_count % size {
+                        0 => 0,
+                        _ => rooms.values().max().map_or(0, |room| (*room).min(size - 1)),
+                    };
                     total.min(whole + partial)
                 }
             }
