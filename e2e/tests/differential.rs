@@ -780,6 +780,7 @@ fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[St
                     min_count: 1,
                     shape,
                     pods: vec![instance],
+                    topology: Default::default(),
                 }],
                 shared_claims: shared,
                 topology: Default::default(),

@@ -107,6 +107,10 @@ pub struct WorkloadSpec {
 /// Topology constraints for the whole gang, as node label keys.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.preferredLevels) || has(self.preferred)").message("topology.preferredLevels are finer levels within topology.preferred: set preferred too"),
+    validation = Rule::new("!has(self.preferredLevels) || self.preferredLevels.all(l, (!has(self.required) || l != self.required) && (!has(self.preferred) || l != self.preferred))").message("topology.preferredLevels may not repeat topology.required or topology.preferred"),
+)]
 pub struct Topology {
     /// Node label key, for example `example.com/rack`: every pod of the gang lands on nodes
     /// that share one value of this label. Nodes without the label are not used.
@@ -119,6 +123,52 @@ pub struct Topology {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 317))]
     pub preferred: Option<String>,
+
+    /// Still finer levels to prefer within `preferred`, coarse to fine, for example
+    /// `[example.com/nvlink-domain, kubernetes.io/hostname]`. The gang goes into one value
+    /// of the finest level that can hold it; otherwise it spans as few values of each
+    /// level as it must. `kubernetes.io/hostname` last packs it onto as few nodes as
+    /// possible.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    #[x_kube(
+        validation = Rule::new("self.all(l, size(l) >= 1 && size(l) <= 317)").message("each of topology.preferredLevels must be a label key of 1 to 317 characters"),
+        validation = Rule::new("self.all(l, self.exists_one(m, m == l))").message("topology.preferredLevels must not repeat a level"),
+    )]
+    pub preferred_levels: Vec<String>,
+}
+
+/// Where the pods of one group go relative to each other, as node label keys, within
+/// the gang's `topology.required` domain.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.required) || !has(self.slice) || self.slice.required != self.required").message("topology.slice.required must be a finer level than the group's topology.required"),
+)]
+pub struct GroupTopology {
+    /// Node label key, for example `example.com/rack`: every pod of the group lands on
+    /// nodes that share one value of it. Other groups are not bound by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 317))]
+    pub required: Option<String>,
+
+    /// Slices of the group: each run of `size` consecutive pods (by index) lands on nodes
+    /// that share one value of the slice's label, for example one tensor-parallel group
+    /// of 8 per NVLink domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slice: Option<TopologySlice>,
+}
+
+/// A slice of a pod group: `size` consecutive pods within one value of `required`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologySlice {
+    /// Node label key that every pod of a slice shares one value of.
+    #[schemars(length(min = 1, max = 317))]
+    pub required: String,
+    /// Pods per slice; must divide the group's replicas.
+    #[schemars(range(min = 1, max = 10_000))]
+    pub size: i32,
 }
 
 /// A group of identical pods within the gang.
@@ -126,6 +176,8 @@ pub struct Topology {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("!has(self.minCount) || self.minCount <= self.replicas").message("minCount must not exceed replicas"),
+    validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || self.replicas % self.topology.slice.size == 0").message("topology.slice.size must divide replicas"),
+    validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || !has(self.minCount) || self.minCount == self.replicas").message("a group with slices starts whole: minCount, if set, must equal replicas"),
 )]
 pub struct PodGroup {
     /// Name of the group, a DNS label. Pods are named `<workload>-<name>-<index>`.
@@ -148,6 +200,10 @@ pub struct PodGroup {
     /// `muster.dev/pod-group` labels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplateSpec>,
+
+    /// Where the group's pods go relative to each other, within the gang's topology.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<GroupTopology>,
 }
 
 impl PodGroup {

@@ -3,7 +3,8 @@
 //! through the CRD schema; the messages are the same.
 
 use crate::v1alpha1::{
-    MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, MAX_SHARED_CLAIMS, MAX_WORKLOAD_AND_GROUP_NAME, Workload,
+    GroupTopology, MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, MAX_SHARED_CLAIMS, MAX_WORKLOAD_AND_GROUP_NAME, Topology,
+    Workload,
 };
 
 fn is_dns_label(name: &str) -> bool {
@@ -56,6 +57,9 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
                 problems.push(format!("{at}: minCount must not exceed replicas"));
             }
         }
+        if let Some(topology) = &group.topology {
+            problems.extend(group_topology_problems(&at, group.replicas, group.min_count, topology));
+        }
         if name.len() + group.name.len() > MAX_WORKLOAD_AND_GROUP_NAME {
             problems.push(format!("metadata.name and each pod group name may have at most {MAX_WORKLOAD_AND_GROUP_NAME} characters together, so that pod names <workload>-<group>-<index> stay valid DNS labels (63 characters)"));
         }
@@ -64,6 +68,9 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
         problems.push(format!(
             "a Workload may have at most {MAX_PODS} pods in all groups together, so that its placement can be recorded in its status"
         ));
+    }
+    if let Some(topology) = &spec.topology {
+        problems.extend(topology_problems(topology));
     }
     if spec.resource_claims.len() > MAX_SHARED_CLAIMS {
         problems.push(format!(
@@ -119,6 +126,72 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
     if problems.is_empty() { Ok(()) } else { Err(problems) }
 }
 
+fn is_level(key: &str) -> bool {
+    (1..=317).contains(&key.len())
+}
+
+fn topology_problems(topology: &Topology) -> Vec<String> {
+    let mut problems = Vec::new();
+    let levels = &topology.preferred_levels;
+    if levels.is_empty() {
+        return problems;
+    }
+    if topology.preferred.is_none() {
+        problems.push("topology.preferredLevels are finer levels within topology.preferred: set preferred too".into());
+    }
+    if levels.len() > 4 {
+        problems.push("spec.topology.preferredLevels: at most 4 levels are allowed".into());
+    }
+    if !levels.iter().all(|l| is_level(l)) {
+        problems.push("each of topology.preferredLevels must be a label key of 1 to 317 characters".into());
+    }
+    if levels.iter().enumerate().any(|(i, l)| levels[..i].contains(l)) {
+        problems.push("topology.preferredLevels must not repeat a level".into());
+    }
+    if levels
+        .iter()
+        .any(|l| Some(l) == topology.required.as_ref() || Some(l) == topology.preferred.as_ref())
+    {
+        problems.push("topology.preferredLevels may not repeat topology.required or topology.preferred".into());
+    }
+    problems
+}
+
+fn group_topology_problems(at: &str, replicas: i32, min_count: Option<i32>, topology: &GroupTopology) -> Vec<String> {
+    let mut problems = Vec::new();
+    if topology.required.as_deref().is_some_and(|k| !is_level(k)) {
+        problems.push(format!(
+            "{at}.topology.required: must be a label key of 1 to 317 characters"
+        ));
+    }
+    let Some(slice) = &topology.slice else {
+        return problems;
+    };
+    if !is_level(&slice.required) {
+        problems.push(format!(
+            "{at}.topology.slice.required: must be a label key of 1 to 317 characters"
+        ));
+    }
+    if !(1..=MAX_REPLICAS).contains(&slice.size) {
+        problems.push(format!(
+            "{at}.topology.slice.size: must be between 1 and {MAX_REPLICAS}"
+        ));
+    } else if replicas % slice.size != 0 {
+        problems.push(format!("{at}: topology.slice.size must divide replicas"));
+    }
+    if min_count.is_some_and(|m| m != replicas) {
+        problems.push(format!(
+            "{at}: a group with slices starts whole: minCount, if set, must equal replicas"
+        ));
+    }
+    if topology.required.as_ref() == Some(&slice.required) {
+        problems.push(format!(
+            "{at}: topology.slice.required must be a finer level than the group's topology.required"
+        ));
+    }
+    problems
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,8 +211,12 @@ mod tests {
             "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2}\n  resourceClaims:\n  - {name: a-fabric, resourceClaimTemplateName: t}\n",
         );
         assert_eq!(validate(&fine), Ok(()));
+        let levelled = workload(
+            "kind: Workload\nmetadata: {name: w}\nspec:\n  topology: {required: block, preferred: rack, preferredLevels: [kubernetes.io/hostname]}\n  podGroups:\n  - {name: a, replicas: 1}\n  - {name: b, replicas: 16, topology: {required: rack, slice: {required: nvlink, size: 8}}}\n",
+        );
+        assert_eq!(validate(&levelled), Ok(()));
         let bad = workload(
-            "kind: Workload\nmetadata: {name: 9w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2, minCount: 3}\n  - {name: a, replicas: 0}\n  - {name: b, replicas: 5000}\n  resourceClaims:\n  - {name: c, podGroups: [nope]}\n  - {name: a-0-gpus, resourceClaimTemplateName: t}\n  successPolicy: {podGroups: [zzz]}\n",
+            "kind: Workload\nmetadata: {name: 9w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2, minCount: 3}\n  - {name: a, replicas: 0}\n  - {name: b, replicas: 5000}\n  - {name: s, replicas: 6, minCount: 3, topology: {required: rack, slice: {required: rack, size: 4}}}\n  resourceClaims:\n  - {name: c, podGroups: [nope]}\n  - {name: a-0-gpus, resourceClaimTemplateName: t}\n  topology: {required: rack, preferredLevels: [rack, h, h]}\n  successPolicy: {podGroups: [zzz]}\n",
         );
         let problems = validate(&bad).unwrap_err();
         for expected in [
@@ -152,6 +229,12 @@ mod tests {
             "successPolicy.podGroups may only name pod groups",
             "at most 4096 pods in all groups together",
             "may not be named <group>-<index>-<name>",
+            "spec.podGroups[3]: topology.slice.size must divide replicas",
+            "spec.podGroups[3]: a group with slices starts whole",
+            "spec.podGroups[3]: topology.slice.required must be a finer level",
+            "set preferred too",
+            "must not repeat a level",
+            "may not repeat topology.required or topology.preferred",
         ] {
             assert!(
                 problems.iter().any(|p| p.contains(expected)),

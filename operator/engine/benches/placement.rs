@@ -3,7 +3,7 @@
 //! taken. Goals (DESIGN.md): 4 pods ≤ 1 ms, 1,024 pods ≤ 200 ms.
 //!
 //! A 1,024-node gang cannot fit in one 16-node rack: its required level is the block,
-//! with the rack preferred.
+//! with the rack preferred. A sliced gang keeps each run of 8 pods within one rack.
 //!
 //! Preemption: a full 1,000-node cluster run by 100 gangs of 10 whole nodes each, of
 //! priorities 0 to 4; a gang of priority 3 that needs a rack, or 32 nodes anywhere.
@@ -19,7 +19,7 @@ use muster_engine::placement::{Outcome, PlanOptions, plan};
 use muster_engine::preemption::{
     Preemption, PreemptionCandidate, PreemptionOptions, PreemptionPolicy, Preemptor, preempt,
 };
-use muster_engine::request::{GangRequest, GroupRequest};
+use muster_engine::request::{GangRequest, GroupRequest, GroupTopology, SliceRequest};
 
 const NODES: usize = 5_000;
 const RACK: &str = "example.com/rack";
@@ -61,6 +61,20 @@ fn past_the_bounds_gang() -> GangRequest {
     gang
 }
 
+/// `pods` pods of 8 GPUs in one block, in slices of 8 pods each within one rack (about
+/// 12 whole nodes free per rack: one slice per rack).
+fn sliced_gang(pods: usize) -> GangRequest {
+    let mut gang = gpu_gang(&format!("s{pods}"), pods, 8, Some(BLOCK), None);
+    gang.groups[0].topology = GroupTopology {
+        required: None,
+        slice: Some(SliceRequest {
+            key: RACK.into(),
+            size: 8,
+        }),
+    };
+    gang
+}
+
 fn bench(c: &mut Criterion) {
     let cluster = loaded_cluster();
     let options = PlanOptions::default();
@@ -94,6 +108,16 @@ fn bench(c: &mut Criterion) {
         (
             "32 pods in 2 groups, rack, infeasible past the bounds",
             past_the_bounds_gang(),
+            false,
+        ),
+        (
+            "256 pods, block, slices of 8 per rack, feasible",
+            sliced_gang(256),
+            true,
+        ),
+        (
+            "1024 pods, block, slices of 8 per rack, infeasible (128 racks)",
+            sliced_gang(1024),
             false,
         ),
     ];

@@ -149,6 +149,7 @@ pub fn gpu_gang(name: &str, pods: usize, gpus: u32, required: Option<&str>, pref
         topology: TopologyRequest {
             required: required.map(Into::into),
             preferred: preferred.map(Into::into),
+            ..Default::default()
         },
     }
 }

@@ -66,6 +66,24 @@ impl Default for PlanOptions {
     }
 }
 
+/// The values of one topology level a plan uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LevelValues {
+    pub key: String,
+    /// Sorted.
+    pub values: Vec<String>,
+}
+
+/// Where a group with a topology of its own went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupPlacement {
+    pub group: String,
+    /// The group's required label and the value all its pods share.
+    pub required: Option<(String, String)>,
+    /// The slice label and, per slice in pod order, the value its pods share.
+    pub slices: Option<(String, Vec<String>)>,
+}
+
 /// A pod and its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPlacement {
@@ -89,6 +107,10 @@ pub struct Plan {
     pub topology_value: Option<String>,
     /// Values of the preferred label used, sorted.
     pub preferred_values: Vec<String>,
+    /// Values of each finer preferred level used, coarse to fine.
+    pub preferred_levels: Vec<LevelValues>,
+    /// Groups with a topology of their own: the values their pods and slices got.
+    pub group_topology: Vec<GroupPlacement>,
     /// Placed pods, groups in request order, pods in index order.
     pub pods: Vec<PodPlacement>,
     /// New allocations, shared claims first.
@@ -212,6 +234,45 @@ enum Placement {
 
 fn budget_spent_on(pod: &PodKey) -> String {
     format!("search budget exhausted while placing pod {pod}")
+}
+
+/// What first fit has done so far; cloned before a topology value is tried, to go back
+/// to if the value cannot hold its pods.
+#[derive(Clone)]
+struct FirstFit {
+    usage: WorkingSet,
+    /// Per candidate: what the plan's pods take of the node's resources.
+    used: BTreeMap<usize, Resources>,
+    shared: Vec<Option<Allocation>>,
+    new_claims: Vec<(usize, ClaimAllocation)>,
+    placed: Vec<Vec<Option<String>>>,
+    /// Per group: candidates where its pods no longer fit.
+    full: Vec<BTreeSet<usize>>,
+}
+
+/// How first fit of one pod ended.
+enum PodFit {
+    Placed,
+    Nowhere,
+    BudgetSpent,
+}
+
+/// How first fit of a group's required pods ended.
+enum Fitted {
+    All,
+    /// Why not, in words.
+    Short(String),
+    BudgetSpent(PodKey),
+}
+
+/// The node labels a group's topology names: its pods only go to nodes that have them.
+fn group_labels(group: &crate::request::GroupRequest) -> impl Iterator<Item = &str> {
+    let topology = &group.topology;
+    topology
+        .required
+        .iter()
+        .chain(topology.slice.as_ref().map(|s| &s.key))
+        .map(String::as_str)
 }
 
 /// What allocating one pod's claims on a node, for real, says about the node.
@@ -356,6 +417,12 @@ impl<'a> Planner<'a> {
                 let start = self.rooms.len();
                 let mut why_not = None;
                 for (g, group) in gang.groups.iter().enumerate() {
+                    if let Some(key) = group_labels(group).find(|key| !node.labels.contains_key(*key)) {
+                        why_not.get_or_insert_with(|| format!("no {key} label"));
+                        self.rooms.push(0);
+                        self.free_devices.push(0);
+                        continue;
+                    }
                     let slots = &mut by_shape[g];
                     if slots.len() <= *id {
                         slots.resize(*id + 1, None);
@@ -684,7 +751,7 @@ impl<'a> Planner<'a> {
             .into_iter()
             .map(|(value, nodes)| {
                 let capacity: Vec<usize> = (0..self.gang.groups.len())
-                    .map(|g| nodes.iter().map(|n| self.room(*n, g)).sum())
+                    .map(|g| self.group_capacity(&nodes, g))
                     .collect();
                 let leftover = capacity
                     .iter()
@@ -703,53 +770,133 @@ impl<'a> Planner<'a> {
             .collect()
     }
 
-    /// Exact placement within one domain.
+    /// Exact placement within one domain: in one value of the finest preferred level that
+    /// can hold the gang (tightest first), then of coarser ones, and otherwise spread
+    /// over as few values of each level as the gang needs.
     fn place_in_domain(&self, domain: &Domain<'a>, budget: &mut u64) -> Result<Placement, AllocationError> {
-        let Some(preferred) = &self.gang.topology.preferred else {
+        let levels = self.gang.topology.preferences();
+        if levels.is_empty() {
             return self.place_on(domain, std::slice::from_ref(&domain.nodes), budget);
-        };
-        // Sub-domains by the preferred label; nodes without it come last.
+        }
+        for level in levels.iter().rev() {
+            let by_value = self.by_label(&domain.nodes, level);
+            let mut whole: Vec<(u64, &String)> = by_value
+                .iter()
+                .filter_map(|(value, nodes)| {
+                    let value = value.as_ref()?;
+                    let capacity = self.capacity(nodes);
+                    self.holds_gang(&capacity).then(|| (self.leftover(&capacity), value))
+                })
+                .collect();
+            whole.sort();
+            for (_, value) in whole.into_iter().take(self.options.max_preferred_domains) {
+                let nodes = by_value[&Some(value.clone())].clone();
+                if let placed @ Placement::Placed(_) = self.place_on(domain, &[nodes], budget)? {
+                    return Ok(placed);
+                }
+            }
+        }
+        let mut buckets = Vec::new();
+        self.spread(domain.nodes.clone(), &levels, &mut buckets);
+        self.place_on(domain, &buckets, budget)
+    }
+
+    /// `nodes` by their value of `key`; nodes without it under `None`, which sorts first.
+    fn by_label(&self, nodes: &[usize], key: &str) -> BTreeMap<Option<String>, Vec<usize>> {
         let mut by_value: BTreeMap<Option<String>, Vec<usize>> = BTreeMap::new();
-        for n in &domain.nodes {
+        for n in nodes {
             by_value
-                .entry(self.candidates[*n].node.labels.get(preferred).cloned())
+                .entry(self.candidates[*n].node.labels.get(key).cloned())
                 .or_default()
                 .push(*n);
         }
-        let sub_capacity = |nodes: &[usize]| -> Vec<usize> {
-            (0..self.gang.groups.len())
-                .map(|g| nodes.iter().map(|n| self.room(*n, g)).sum())
-                .collect()
+        by_value
+    }
+
+    /// Room for each group on `nodes`, as the groups' topology allows.
+    fn capacity(&self, nodes: &[usize]) -> Vec<usize> {
+        (0..self.gang.groups.len())
+            .map(|g| self.group_capacity(nodes, g))
+            .collect()
+    }
+
+    fn holds_gang(&self, capacity: &[usize]) -> bool {
+        capacity.iter().zip(&self.gang.groups).all(|(c, g)| *c >= g.min_count)
+    }
+
+    /// Room left over (in devices) after the gang's required pods: less is tighter.
+    fn leftover(&self, capacity: &[usize]) -> u64 {
+        capacity
+            .iter()
+            .zip(&self.gang.groups)
+            .zip(&self.weights)
+            .map(|((c, g), w)| (c.saturating_sub(g.min_count) as u64) * w)
+            .sum()
+    }
+
+    /// Room for pods of group `g` on `nodes` (an upper bound): within one value of the
+    /// group's required label, and in whole slices, each within one value of its label.
+    fn group_capacity(&self, nodes: &[usize], g: usize) -> usize {
+        let topology = &self.gang.groups[g].topology;
+        let within = |nodes: &[usize]| -> usize {
+            match &topology.slice {
+                None => nodes.iter().map(|n| self.room(*n, g)).sum(),
+                Some(slice) => {
+                    // Whole slices, and one partial slice (of fewer than `size` pods) when
+                    // the group's count is not a multiple of it.
+                    let size = slice.size.max(1);
+                    let rooms = self.room_by_label(nodes, g, &slice.key);
+                    let total: usize = rooms.values().sum();
+                    let whole: usize = rooms.values().map(|room| room / size * size).sum();
+                    let partial = match self.gang.groups[g].min_count % size {
+                        0 => 0,
+                        _ => rooms.values().max().map_or(0, |room| (*room).min(size - 1)),
+                    };
+                    total.min(whole + partial)
+                }
+            }
         };
-        let fits = |capacity: &[usize]| capacity.iter().zip(&self.gang.groups).all(|(c, g)| *c >= g.min_count);
-        let mut whole: Vec<(u64, Option<String>)> = Vec::new();
-        for (value, nodes) in &by_value {
-            let capacity = sub_capacity(nodes);
-            if value.is_some() && fits(&capacity) {
-                let leftover = capacity
-                    .iter()
-                    .zip(&self.gang.groups)
-                    .zip(&self.weights)
-                    .map(|((c, g), w)| (c.saturating_sub(g.min_count) as u64) * w)
-                    .sum();
-                whole.push((leftover, value.clone()));
+        match &topology.required {
+            None => within(nodes),
+            Some(key) => self
+                .by_label(nodes, key)
+                .into_iter()
+                .filter(|(value, _)| value.is_some())
+                .map(|(_, nodes)| within(&nodes))
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// Room for pods of group `g` per value of `key` among `nodes`.
+    fn room_by_label(&self, nodes: &[usize], g: usize, key: &str) -> BTreeMap<&str, usize> {
+        let mut rooms: BTreeMap<&str, usize> = BTreeMap::new();
+        for n in nodes {
+            if let Some(value) = self.candidates[*n].node.labels.get(key) {
+                *rooms.entry(value.as_str()).or_default() += self.room(*n, g);
             }
         }
-        whole.sort();
-        for (_, value) in whole.iter().take(self.options.max_preferred_domains) {
-            if let placed @ Placement::Placed(_) = self.place_on(domain, &[by_value[value].clone()], budget)? {
-                return Ok(placed);
-            }
+        rooms
+    }
+
+    /// Buckets of `nodes` to fill one after the other: by value of the first level,
+    /// roomiest first (nodes without the label last), each split the same way by the
+    /// next level, so the gang spans as few values of every level as it must.
+    fn spread(&self, nodes: Vec<usize>, levels: &[&str], buckets: &mut Vec<Vec<usize>>) {
+        let Some((level, finer)) = levels.split_first() else {
+            buckets.push(nodes);
+            return;
+        };
+        let total = |nodes: &[usize]| -> u64 {
+            (0..self.gang.groups.len())
+                .map(|g| nodes.iter().map(|n| self.room(*n, g) as u64).sum::<u64>() * self.weights[g])
+                .sum()
+        };
+        let mut values: Vec<(Option<String>, Vec<usize>)> = self.by_label(&nodes, level).into_iter().collect();
+        values.sort_by_cached_key(|(value, nodes)| (value.is_none(), std::cmp::Reverse(total(nodes)), value.clone()));
+        for (_, nodes) in values {
+            self.spread(nodes, finer, buckets);
         }
-        // Spread over as few sub-domains as possible: the roomiest first.
-        let mut spread: Vec<(Option<String>, Vec<usize>)> = by_value.into_iter().collect();
-        spread.sort_by(|(va, a), (vb, b)| {
-            let (ca, cb) = (sub_capacity(a), sub_capacity(b));
-            let total = |c: &[usize]| c.iter().zip(&self.weights).map(|(c, w)| *c as u64 * w).sum::<u64>();
-            (va.is_none(), std::cmp::Reverse(total(&ca)), va).cmp(&(vb.is_none(), std::cmp::Reverse(total(&cb)), vb))
-        });
-        let buckets: Vec<Vec<usize>> = spread.into_iter().map(|(_, nodes)| nodes).collect();
-        self.place_on(domain, &buckets, budget)
     }
 
     /// Placement of every pod over `buckets` of nodes: first fit, and where that fails,
@@ -802,11 +949,14 @@ impl<'a> Planner<'a> {
         budget: &mut u64,
     ) -> Result<Placement, AllocationError> {
         let gang = self.gang;
-        let mut usage = WorkingSet::default();
-        let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
-        let mut shared: Vec<Option<Allocation>> = gang.shared_claims.iter().map(|c| c.allocation.clone()).collect();
-        let mut new_claims: Vec<(usize, crate::placement::ClaimAllocation)> = Vec::new();
-        let mut placed: Vec<Vec<Option<String>>> = gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect();
+        let mut state = FirstFit {
+            usage: WorkingSet::default(),
+            used: BTreeMap::new(),
+            shared: gang.shared_claims.iter().map(|c| c.allocation.clone()).collect(),
+            new_claims: Vec::new(),
+            placed: gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect(),
+            full: vec![BTreeSet::new(); gang.groups.len()],
+        };
 
         // Big pods first: they are the hardest to fit.
         let mut group_order: Vec<usize> = (0..gang.groups.len()).collect();
@@ -819,133 +969,294 @@ impl<'a> Planner<'a> {
             )
         });
 
-        let mut full: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); gang.groups.len()];
-        for phase in 0..2 {
-            for &g in &group_order {
-                let group = &gang.groups[g];
-                let range = if phase == 0 {
-                    0..group.min_count
-                } else {
-                    group.min_count..group.pods.len()
-                };
-                for index in range {
-                    let pod = &group.pods[index];
-                    let mut outcome = None;
-                    for &n in &orders[g] {
-                        if full[g].contains(&n) {
-                            continue;
-                        }
-                        let node: &Node = &self.candidates[n].node;
-                        let mut free = self.cluster.free_resources(node);
-                        if let Some(u) = used.get(node.name.as_str()) {
-                            free.sub(u);
-                        }
-                        if !group.shape.requests.fits_in(&free) {
-                            full[g].insert(n);
-                            continue;
-                        }
-                        if !fixed_allocations_allow(pod, node) {
-                            continue;
-                        }
-                        let shared_now: Vec<usize> = group
-                            .shape
-                            .shared
-                            .iter()
-                            .copied()
-                            .filter(|s| shared[*s].is_none())
-                            .collect();
-                        if group.shape.shared.iter().any(|s| {
-                            shared[*s]
-                                .as_ref()
-                                .and_then(|a| a.node_selector.as_ref())
-                                .is_some_and(|sel| !sel.matches(&node.name, &node.labels))
-                        }) {
-                            continue;
-                        }
-                        // This pod's claims that still need devices, then shared ones.
-                        let own: Vec<usize> = (0..group.shape.claims.len())
-                            .filter(|c| pod.claims[*c].allocation.is_none())
-                            .collect();
-                        let mut refs: Vec<ClaimRef<'_>> = own
-                            .iter()
-                            .map(|c| ClaimRef {
-                                key: pod.claims[*c].key.as_str(),
-                                spec: &group.shape.claims[*c],
-                            })
-                            .collect();
-                        refs.extend(shared_now.iter().map(|s| ClaimRef {
-                            key: gang.shared_claims[*s].key.as_str(),
-                            spec: &gang.shared_claims[*s].spec,
-                        }));
-                        let allocations = if refs.is_empty() {
-                            Vec::new()
-                        } else {
-                            match allocator::allocate(self.cluster, &usage, node, &refs, budget)? {
-                                NodeFit::Placed(allocations) => allocations,
-                                NodeFit::NoFit(NoFit::BudgetExhausted) => {
-                                    return Ok(Placement::BudgetSpent { pod: pod.key.clone() });
-                                }
-                                NodeFit::NoFit(NoFit::NoSolution) => {
-                                    full[g].insert(n);
-                                    continue;
-                                }
-                            }
-                        };
-                        for (i, allocation) in allocations.into_iter().enumerate() {
-                            usage.hold(&allocation.devices);
-                            if i < own.len() {
-                                new_claims.push((
-                                    1,
-                                    ClaimAllocation {
-                                        claim: pod.claims[own[i]].key.clone(),
-                                        allocation,
-                                    },
-                                ));
-                            } else {
-                                let s = shared_now[i - own.len()];
-                                new_claims.push((
-                                    0,
-                                    ClaimAllocation {
-                                        claim: gang.shared_claims[s].key.clone(),
-                                        allocation: allocation.clone(),
-                                    },
-                                ));
-                                shared[s] = Some(allocation);
-                            }
-                        }
-                        if !shared_now.is_empty() {
-                            // Nodes that failed with the shared claims may fit without them.
-                            full.iter_mut().for_each(BTreeSet::clear);
-                        }
-                        used.entry(node.name.as_str()).or_default().add(&group.shape.requests);
-                        outcome = Some(node.name.clone());
-                        break;
-                    }
-                    match outcome {
-                        Some(node) => placed[g][index] = Some(node),
-                        None if phase == 0 => {
-                            let done = placed[g].iter().filter(|p| p.is_some()).count();
-                            return Ok(Placement::NoFit(format!(
-                                "placed {done} of {} pods of group {} ({}); pod {} fits on none of the {} candidate nodes",
-                                group.min_count,
-                                group.name,
-                                describe_shape(&group.shape),
-                                pod.key,
-                                orders[g].len()
-                            )));
-                        }
-                        None => break,
+        for &g in &group_order {
+            match self.fit_group(&mut state, g, &orders[g], budget)? {
+                Fitted::All => {}
+                Fitted::Short(reason) => return Ok(Placement::NoFit(reason)),
+                Fitted::BudgetSpent(pod) => return Ok(Placement::BudgetSpent { pod }),
+            }
+        }
+        // Pods beyond minCount, where there is room: in the value of the group's required
+        // label its other pods have. A sliced group places whole slices only: its extras
+        // wait (the API gives sliced groups none).
+        for &g in &group_order {
+            let group = &gang.groups[g];
+            if group.topology.slice.is_some() {
+                continue;
+            }
+            let value = self.required_value(g, &state.placed[g]);
+            let allowed = |n: usize| self.in_value(n, group.topology.required.as_deref(), value.as_deref());
+            for index in group.min_count..group.pods.len() {
+                match self.fit_pod(&mut state, g, index, &orders[g], &allowed, budget)? {
+                    PodFit::Placed => {}
+                    PodFit::Nowhere => break,
+                    PodFit::BudgetSpent => {
+                        return Ok(Placement::BudgetSpent {
+                            pod: group.pods[index].key.clone(),
+                        });
                     }
                 }
             }
         }
 
-        new_claims.sort_by_key(|(order, _)| *order);
+        state.new_claims.sort_by_key(|(order, _)| *order);
         Ok(Placement::Placed(self.assemble(
             domain,
-            &placed,
-            new_claims.into_iter().map(|(_, c)| c).collect(),
+            &state.placed,
+            state.new_claims.into_iter().map(|(_, c)| c).collect(),
         )))
+    }
+
+    /// The group's required pods, by first fit, within one value of its required label
+    /// (tightest first) and in slices each within one value of the slice label.
+    fn fit_group(
+        &self,
+        state: &mut FirstFit,
+        g: usize,
+        order: &[usize],
+        budget: &mut u64,
+    ) -> Result<Fitted, AllocationError> {
+        let group = &self.gang.groups[g];
+        let Some(key) = group.topology.required.as_deref() else {
+            return self.fit_slices(state, g, order, &|_| true, budget);
+        };
+        let mut values: Vec<(usize, &str)> = self
+            .room_by_label_capacity(order, g, key)
+            .into_iter()
+            .filter(|(_, room)| *room >= group.min_count)
+            .map(|(value, room)| (room, value))
+            .collect();
+        values.sort();
+        let tried = values.len();
+        let mut first_failure = None;
+        for (_, value) in values {
+            let before = state.clone();
+            let allowed = |n: usize| self.in_value(n, Some(key), Some(value));
+            match self.fit_slices(state, g, order, &allowed, budget)? {
+                Fitted::Short(reason) => {
+                    *state = before;
+                    first_failure.get_or_insert(format!("{key}={value}: {reason}"));
+                }
+                done => return Ok(done),
+            }
+        }
+        Ok(Fitted::Short(match first_failure {
+            Some(failure) => format!(
+                "group {} ({} pods, {}) fits in none of the {tried} values of {key} with room for it; first, {failure}",
+                group.name,
+                group.min_count,
+                describe_shape(&group.shape)
+            ),
+            None => format!(
+                "group {} needs {} pods ({}) in one {key}, and no {key} of the domain has room for them",
+                group.name,
+                group.min_count,
+                describe_shape(&group.shape)
+            ),
+        }))
+    }
+
+    /// The group's required pods on nodes `allowed` lets it use: one after the other, or
+    /// slice by slice, each slice in the tightest value of its label that holds it.
+    fn fit_slices(
+        &self,
+        state: &mut FirstFit,
+        g: usize,
+        order: &[usize],
+        allowed: &dyn Fn(usize) -> bool,
+        budget: &mut u64,
+    ) -> Result<Fitted, AllocationError> {
+        let group = &self.gang.groups[g];
+        let Some(slice) = &group.topology.slice else {
+            for index in 0..group.min_count {
+                match self.fit_pod(state, g, index, order, allowed, budget)? {
+                    PodFit::Placed => {}
+                    PodFit::BudgetSpent => return Ok(Fitted::BudgetSpent(group.pods[index].key.clone())),
+                    PodFit::Nowhere => {
+                        let nodes = order.iter().filter(|n| allowed(**n)).count();
+                        return Ok(Fitted::Short(format!(
+                            "placed {index} of {} pods of group {} ({}); pod {} fits on none of the {nodes} candidate nodes",
+                            group.min_count,
+                            group.name,
+                            describe_shape(&group.shape),
+                            group.pods[index].key,
+                        )));
+                    }
+                }
+            }
+            return Ok(Fitted::All);
+        };
+        let size = slice.size.max(1);
+        let usable: Vec<usize> = order.iter().copied().filter(|n| allowed(*n)).collect();
+        let mut values: Vec<(usize, &str)> = self
+            .room_by_label_capacity(&usable, g, &slice.key)
+            .into_iter()
+            .map(|(value, room)| (room, value))
+            .collect();
+        values.sort();
+        let slices = group.min_count.div_ceil(size);
+        for s in 0..slices {
+            let pods = s * size..((s + 1) * size).min(group.min_count);
+            let mut fitted = false;
+            for (room, value) in &values {
+                if *room < pods.len() {
+                    continue;
+                }
+                let before = state.clone();
+                let mut outcome = PodFit::Placed;
+                for index in pods.clone() {
+                    let in_slice = |n: usize| allowed(n) && self.in_value(n, Some(&slice.key), Some(value));
+                    outcome = self.fit_pod(state, g, index, order, &in_slice, budget)?;
+                    if !matches!(outcome, PodFit::Placed) {
+                        break;
+                    }
+                }
+                match outcome {
+                    PodFit::Placed => {
+                        fitted = true;
+                        break;
+                    }
+                    PodFit::BudgetSpent => return Ok(Fitted::BudgetSpent(group.pods[pods.start].key.clone())),
+                    PodFit::Nowhere => *state = before,
+                }
+            }
+            if !fitted {
+                let roomy = values.iter().filter(|(room, _)| *room >= pods.len()).count();
+                return Ok(Fitted::Short(format!(
+                    "placed {s} of {slices} slices of group {} ({} pods each, {}, each in one {}); slice {s} fits in none of the {roomy} values of {} with room for it",
+                    group.name,
+                    size,
+                    describe_shape(&group.shape),
+                    slice.key,
+                    slice.key,
+                )));
+            }
+        }
+        Ok(Fitted::All)
+    }
+
+    /// Room for pods of group `g` per value of `key` among `nodes`, with the values.
+    fn room_by_label_capacity(&self, nodes: &[usize], g: usize, key: &str) -> Vec<(&str, usize)> {
+        self.room_by_label(nodes, g, key).into_iter().collect()
+    }
+
+    /// Whether candidate `n` has `value` for `key` (any node when either is unset).
+    fn in_value(&self, n: usize, key: Option<&str>, value: Option<&str>) -> bool {
+        match (key, value) {
+            (Some(key), Some(value)) => self.candidates[n].node.labels.get(key).map(String::as_str) == Some(value),
+            _ => true,
+        }
+    }
+
+    /// The value of group `g`'s required label on the nodes its placed pods have.
+    fn required_value(&self, g: usize, placed: &[Option<String>]) -> Option<String> {
+        let key = self.gang.groups[g].topology.required.as_deref()?;
+        let node = placed.iter().flatten().next()?;
+        self.cluster.node(node)?.labels.get(key).cloned()
+    }
+
+    /// First fit of one pod over `order`, on nodes `allowed` lets it use.
+    fn fit_pod(
+        &self,
+        state: &mut FirstFit,
+        g: usize,
+        index: usize,
+        order: &[usize],
+        allowed: &dyn Fn(usize) -> bool,
+        budget: &mut u64,
+    ) -> Result<PodFit, AllocationError> {
+        let gang = self.gang;
+        let group = &gang.groups[g];
+        let pod = &group.pods[index];
+        for &n in order {
+            if state.full[g].contains(&n) || !allowed(n) {
+                continue;
+            }
+            let node: &Node = &self.candidates[n].node;
+            let mut free = self.cluster.free_resources(node);
+            if let Some(u) = state.used.get(&n) {
+                free.sub(u);
+            }
+            if !group.shape.requests.fits_in(&free) {
+                state.full[g].insert(n);
+                continue;
+            }
+            if !fixed_allocations_allow(pod, node) {
+                continue;
+            }
+            let shared_now: Vec<usize> = group
+                .shape
+                .shared
+                .iter()
+                .copied()
+                .filter(|s| state.shared[*s].is_none())
+                .collect();
+            if group.shape.shared.iter().any(|s| {
+                state.shared[*s]
+                    .as_ref()
+                    .and_then(|a| a.node_selector.as_ref())
+                    .is_some_and(|sel| !sel.matches(&node.name, &node.labels))
+            }) {
+                continue;
+            }
+            // This pod's claims that still need devices, then shared ones.
+            let own: Vec<usize> = (0..group.shape.claims.len())
+                .filter(|c| pod.claims[*c].allocation.is_none())
+                .collect();
+            let mut refs: Vec<ClaimRef<'_>> = own
+                .iter()
+                .map(|c| ClaimRef {
+                    key: pod.claims[*c].key.as_str(),
+                    spec: &group.shape.claims[*c],
+                })
+                .collect();
+            refs.extend(shared_now.iter().map(|s| ClaimRef {
+                key: gang.shared_claims[*s].key.as_str(),
+                spec: &gang.shared_claims[*s].spec,
+            }));
+            let allocations = if refs.is_empty() {
+                Vec::new()
+            } else {
+                match allocator::allocate(self.cluster, &state.usage, node, &refs, budget)? {
+                    NodeFit::Placed(allocations) => allocations,
+                    NodeFit::NoFit(NoFit::BudgetExhausted) => return Ok(PodFit::BudgetSpent),
+                    NodeFit::NoFit(NoFit::NoSolution) => {
+                        state.full[g].insert(n);
+                        continue;
+                    }
+                }
+            };
+            for (i, allocation) in allocations.into_iter().enumerate() {
+                state.usage.hold(&allocation.devices);
+                if i < own.len() {
+                    state.new_claims.push((
+                        1,
+                        ClaimAllocation {
+                            claim: pod.claims[own[i]].key.clone(),
+                            allocation,
+                        },
+                    ));
+                } else {
+                    let s = shared_now[i - own.len()];
+                    state.new_claims.push((
+                        0,
+                        ClaimAllocation {
+                            claim: gang.shared_claims[s].key.clone(),
+                            allocation: allocation.clone(),
+                        },
+                    ));
+                    state.shared[s] = Some(allocation);
+                }
+            }
+            if !shared_now.is_empty() {
+                // Nodes that failed with the shared claims may fit without them.
+                state.full.iter_mut().for_each(BTreeSet::clear);
+            }
+            state.used.entry(n).or_default().add(&group.shape.requests);
+            state.placed[g][index] = Some(node.name.clone());
+            return Ok(PodFit::Placed);
+        }
+        Ok(PodFit::Nowhere)
     }
 
     /// The plan for pods placed on the nodes named (`None`: not placed).
@@ -974,10 +1285,58 @@ impl<'a> Planner<'a> {
                 .collect(),
             None => vec![],
         };
+        let label_of = |node: &str, key: &str| -> Option<String> { self.cluster.node(node)?.labels.get(key).cloned() };
+        let preferred_levels = gang
+            .topology
+            .preferred_levels
+            .iter()
+            .map(|key| LevelValues {
+                key: key.clone(),
+                values: pods
+                    .iter()
+                    .filter_map(|p| label_of(&p.node, key))
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+            })
+            .collect();
+        let group_topology = gang
+            .groups
+            .iter()
+            .zip(placed)
+            .filter(|(group, _)| !group.topology.is_empty())
+            .map(|(group, nodes)| {
+                let first_value = |key: &str, nodes: &[Option<String>]| {
+                    nodes
+                        .iter()
+                        .flatten()
+                        .find_map(|node| label_of(node, key))
+                        .unwrap_or_default()
+                };
+                GroupPlacement {
+                    group: group.name.clone(),
+                    required: group
+                        .topology
+                        .required
+                        .as_ref()
+                        .map(|key| (key.clone(), first_value(key, nodes))),
+                    slices: group.topology.slice.as_ref().map(|slice| {
+                        let placed_pods = nodes.iter().take_while(|n| n.is_some()).count();
+                        let values = nodes[..placed_pods]
+                            .chunks(slice.size.max(1))
+                            .map(|chunk| first_value(&slice.key, chunk))
+                            .collect();
+                        (slice.key.clone(), values)
+                    }),
+                }
+            })
+            .collect();
         Plan {
             gang: gang.name.clone(),
             topology_value: domain.value.clone(),
             preferred_values,
+            preferred_levels,
+            group_topology,
             pods,
             claims,
             unplaced,
@@ -1004,8 +1363,28 @@ impl<'a> Planner<'a> {
                 Some(value) => format!("the best, {value}, has room for {best_room}"),
                 None => format!("there is room for {best_room}"),
             };
+            // A group's own levels: which one failed, and what the level above offered.
+            let (group_scope, level_note) = match (&group.topology.required, &group.topology.slice) {
+                (None, None) => (String::new(), String::new()),
+                (required, slice) => {
+                    let mut scope = String::new();
+                    if let Some(key) = required {
+                        scope.push_str(&format!(", all in one {key}"));
+                    }
+                    if let Some(slice) = slice {
+                        scope.push_str(&format!(", in slices of {} each in one {}", slice.size, slice.key));
+                    }
+                    let raw: usize = best
+                        .map(|d| d.nodes.iter().map(|n| self.room(*n, g)).sum())
+                        .unwrap_or(0);
+                    (
+                        scope,
+                        format!(" so placed (room for {raw} on its nodes without the group's levels)"),
+                    )
+                }
+            };
             reasons.push(format!(
-                "group {} needs {} pods ({}) {scope}, but {where_}",
+                "group {} needs {} pods ({}) {scope}{group_scope}, but {where_}{level_note}",
                 group.name,
                 group.min_count,
                 describe_shape(&group.shape)

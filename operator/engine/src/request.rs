@@ -38,6 +38,45 @@ pub struct TopologyRequest {
     pub required: Option<String>,
     /// Prefer one value of this (finer) label.
     pub preferred: Option<String>,
+    /// Still finer levels to prefer within `preferred`, coarse to fine: the gang goes into
+    /// one value of the finest level that can hold it, and otherwise fills the values of
+    /// each level roomiest first, so that it spans as few as possible. The node name's
+    /// label as the last level packs the gang onto as few nodes as possible.
+    pub preferred_levels: Vec<String>,
+}
+
+impl TopologyRequest {
+    /// The preferred levels, coarse to fine: `preferred`, then `preferred_levels`.
+    pub fn preferences(&self) -> Vec<&str> {
+        self.preferred
+            .iter()
+            .chain(&self.preferred_levels)
+            .map(String::as_str)
+            .collect()
+    }
+}
+
+/// Topology of one group, within the gang's required domain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupTopology {
+    /// Every pod of the group on nodes sharing one value of this label.
+    pub required: Option<String>,
+    /// Each run of consecutive pods (by index) of this many pods on nodes sharing one
+    /// value of the slice's label: for example one tensor-parallel group per NVLink domain.
+    pub slice: Option<SliceRequest>,
+}
+
+impl GroupTopology {
+    pub fn is_empty(&self) -> bool {
+        self.required.is_none() && self.slice.is_none()
+    }
+}
+
+/// Slices of a group: `size` consecutive pods within one value of `key`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceRequest {
+    pub key: String,
+    pub size: usize,
 }
 
 /// A claim several pods use.
@@ -58,6 +97,8 @@ pub struct GroupRequest {
     pub shape: PodShape,
     /// The group's pods, in index order; the first `min_count` are the gang's core.
     pub pods: Vec<PodInstance>,
+    /// Where the group's pods go relative to each other.
+    pub topology: GroupTopology,
 }
 
 /// What every pod of a group needs from a node.
@@ -129,6 +170,7 @@ impl GroupRequest {
             min_count,
             shape,
             pods,
+            topology: GroupTopology::default(),
         }
     }
 }

@@ -19,7 +19,9 @@ use muster_engine::cluster::{ClusterState, Device, DeviceClass, Node, PlanId, Sl
 use muster_engine::device::{AttributeValue, lookup_attribute};
 use muster_engine::fixtures::{self, GPU};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
-use muster_engine::request::{GangRequest, GroupRequest, PodShape, SharedClaim, TopologyRequest};
+use muster_engine::request::{
+    GangRequest, GroupRequest, GroupTopology, PodShape, SharedClaim, SliceRequest, TopologyRequest,
+};
 use muster_engine::resources::Resources;
 use muster_engine::selector::{NodeSelector, NodeTaintEffect, Operator, Requirement, Taint, Term, Toleration};
 use proptest::prelude::*;
@@ -509,6 +511,7 @@ fn build_gang(name: &str, spec: &GangSpec) -> GangRequest {
         topology: TopologyRequest {
             required: spec.required.map(Into::into),
             preferred: spec.preferred.map(Into::into),
+            ..Default::default()
         },
     }
 }
@@ -2120,6 +2123,12 @@ fn overlapping_gang() -> impl Strategy<Value = GangSpec> {
 /// memory and pod slots fit and the claims of all of them can be satisfied together
 /// from its devices (every device choice tried, by [`Oracle`]).
 fn brute_force_gang_fits(cluster: &ClusterSpec, gang: &GangSpec) -> bool {
+    brute_force_gang_fits_where(cluster, gang, |_| true)
+}
+
+/// As [`brute_force_gang_fits`], counting only assignments (node per required pod,
+/// groups in order) that `allowed` accepts.
+fn brute_force_gang_fits_where(cluster: &ClusterSpec, gang: &GangSpec, allowed: impl Fn(&[usize]) -> bool) -> bool {
     let pods: Vec<&GroupSpec> = gang
         .groups
         .iter()
@@ -2154,7 +2163,7 @@ fn brute_force_gang_fits(cluster: &ClusterSpec, gang: &GangSpec) -> bool {
             };
             oracle.solve(0, 0)
         };
-        if (0..cluster.nodes.len()).all(node_takes) {
+        if allowed(&nodes_of) && (0..cluster.nodes.len()).all(node_takes) {
             return true;
         }
         // The next assignment, counting in base (number of nodes).
@@ -2194,6 +2203,113 @@ proptest! {
                 prop_assert!(fits, "placed, yet the exhaustive search finds no placement: {plan:?}");
                 let world = World::new(&cluster, &cluster_spec);
                 check_plan(&world, &gang, plan).map_err(fail)?;
+            }
+            Outcome::Unschedulable(u) => {
+                prop_assert!(!fits, "the exhaustive search places the gang, the engine does not: {u}");
+            }
+        }
+    }
+}
+
+// ---- groups with levels of their own ----
+
+/// A group's own levels in [`levelled_gang`]: all in one block, and slices of
+/// `slice` pods each in one rack.
+#[derive(Clone, Copy, Debug)]
+struct GroupLevels {
+    one_block: bool,
+    slice: Option<usize>,
+}
+
+/// [`competing_cluster`] with every node in a rack (0 to 3) and so a block (rack / 2).
+fn levelled_cluster() -> impl Strategy<Value = ClusterSpec> {
+    (competing_cluster(), prop::collection::vec(0u8..4, 4)).prop_map(|(mut cluster, racks)| {
+        for (node, rack) in cluster.nodes.iter_mut().zip(racks) {
+            node.labels = Labels::RackAndBlock(rack);
+        }
+        cluster
+    })
+}
+
+/// [`overlapping_gang`] with 1 to 3 groups, each with or without its own block, and
+/// with or without slices of 1 or 2 pods.
+fn levelled_gang() -> impl Strategy<Value = (GangSpec, Vec<GroupLevels>)> {
+    let levels =
+        (any::<bool>(), prop::option::of(1usize..=2)).prop_map(|(one_block, slice)| GroupLevels { one_block, slice });
+    (overlapping_gang(), prop::collection::vec(levels, 3)).prop_map(|(mut gang, levels)| {
+        gang.groups.truncate(levels.len());
+        (gang, levels)
+    })
+}
+
+fn with_levels(mut gang: GangRequest, levels: &[GroupLevels]) -> GangRequest {
+    for (group, levels) in gang.groups.iter_mut().zip(levels) {
+        group.topology = GroupTopology {
+            required: levels.one_block.then(|| BLOCK.to_string()),
+            slice: levels.slice.map(|size| SliceRequest {
+                key: RACK.to_string(),
+                size,
+            }),
+        };
+    }
+    gang
+}
+
+/// Whether pods `nodes` (node per pod, in pod order) keep `levels`.
+fn keeps_levels(cluster: &ClusterSpec, nodes: &[usize], levels: GroupLevels) -> bool {
+    let label = |n: usize, key: &str| -> Option<String> {
+        labels_of(cluster.nodes[n].labels)
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    };
+    let same = |nodes: &[usize], key: &str| {
+        nodes
+            .iter()
+            .all(|n| label(*n, key).is_some() && label(*n, key) == label(nodes[0], key))
+    };
+    (!levels.one_block || same(nodes, BLOCK))
+        && levels
+            .slice
+            .is_none_or(|size| nodes.chunks(size).all(|chunk| same(chunk, RACK)))
+}
+
+proptest! {
+    #![proptest_config(config(384))]
+
+    /// Property 11: a gang whose groups keep to one block or to slices each in one rack
+    /// is placed whenever an exhaustive search over every pod's node and devices finds a
+    /// placement that keeps those levels, and every plan keeps them.
+    #[test]
+    fn a_gang_with_group_levels_is_placed_whenever_brute_force_places_it(
+        cluster_spec in levelled_cluster(),
+        (gang_spec, levels) in levelled_gang(),
+    ) {
+        let cluster = build_cluster(&cluster_spec, false);
+        let gang = with_levels(build_gang("g", &gang_spec), &levels);
+        let outcome = placement::plan(&cluster, &gang, &PlanOptions::default());
+        let fits = brute_force_gang_fits_where(&cluster_spec, &gang_spec, |nodes_of| {
+            let mut start = 0;
+            gang_spec.groups.iter().zip(&levels).all(|(group, levels)| {
+                let nodes = &nodes_of[start..start + group.min_count];
+                start += group.min_count;
+                keeps_levels(&cluster_spec, nodes, *levels)
+            })
+        });
+        match &outcome {
+            Outcome::Placed(plan) => {
+                prop_assert!(fits, "placed, yet the exhaustive search finds no placement: {plan:?}");
+                let world = World::new(&cluster, &cluster_spec);
+                check_plan(&world, &gang, plan).map_err(fail)?;
+                for (group, levels) in gang.groups.iter().zip(&levels) {
+                    let nodes: Vec<usize> = group
+                        .pods
+                        .iter()
+                        .filter_map(|p| plan.pods.iter().find(|placed| placed.pod == p.key))
+                        .map(|placed| cluster_spec.nodes.iter().enumerate().position(|(i, _)| node_name(i) == placed.node).expect("a node of the cluster"))
+                        .collect();
+                    prop_assert!(keeps_levels(&cluster_spec, &nodes, *levels), "group {} does not keep {levels:?}: {plan:?}", group.name);
+                }
             }
             Outcome::Unschedulable(u) => {
                 prop_assert!(!fits, "the exhaustive search places the gang, the engine does not: {u}");

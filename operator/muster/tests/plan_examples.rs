@@ -243,3 +243,22 @@ fn gpus_asked_as_an_extended_resource_a_device_class_maps_are_planned_as_claims(
         );
     }
 }
+
+#[test]
+fn the_multi_level_gang_shows_every_level_and_slice() {
+    let (ok, out, err) = muster(&[
+        "plan",
+        "--cluster",
+        "cluster-snapshot.yaml",
+        "multi-level-topology.yaml",
+    ]);
+    assert!(ok, "{err}");
+    // rack-0000 has one whole NVLink pair free (node-00000 lends 4 GPUs to a notebook):
+    // the workers' two pairs go to rack-0001, the launcher with them.
+    assert!(
+        out.contains(
+            "levels: fits (example.com/block=block-000, example.com/rack: rack-0001, kubernetes.io/hostname: node-00004,node-00005,node-00006,node-00007; group workers: example.com/rack=rack-0001, 2 slices by example.com/nvlink-domain: nvl-2,nvl-3)"
+        ),
+        "{out}"
+    );
+}

@@ -109,7 +109,14 @@ impl<'a> Planner<'a> {
             for index in group.min_count..group.pods.len() {
                 let member = Member { group: g, index };
                 let mut fitted = false;
+                if group.topology.slice.is_some() {
+                    // Whole slices only: a sliced group's extras wait.
+                    break;
+                }
                 for &n in &orders[g] {
+                    if !self.topology_allows(&layout, member, n) {
+                        continue;
+                    }
                     match self.place_member(&mut layout, n, member, budget)? {
                         Attempt::Placed(_) => {
                             fitted = true;
@@ -156,8 +163,10 @@ impl<'a> Planner<'a> {
         };
         // Pods of a group without allocations of their own are alike: placing them in node
         // order skips the permutations of one placement.
+        // Not so for slices: which slice a pod is in depends on its index.
         let alike = depth > 0
             && members[depth - 1].group == member.group
+            && self.gang.groups[member.group].topology.slice.is_none()
             && self.gang.groups[member.group]
                 .pods
                 .iter()
@@ -169,6 +178,9 @@ impl<'a> Planner<'a> {
                 return Ok(SearchEnd::AttemptsSpent);
             }
             self.backtrack_left.set(left - 1);
+            if !self.topology_allows(layout, member, n) {
+                continue;
+            }
             match self.place_member(layout, n, member, budget)? {
                 Attempt::NoRoom => {}
                 Attempt::StepsSpent => {
@@ -185,6 +197,27 @@ impl<'a> Planner<'a> {
             }
         }
         Ok(SearchEnd::NotFound)
+    }
+
+    /// Whether `member` may join candidate `n` as its group's topology goes: in the value
+    /// of the group's required label its placed pods have, and in the value of the slice
+    /// label the placed pods of its slice have.
+    fn topology_allows(&self, layout: &Layout, member: Member, n: usize) -> bool {
+        let topology = &self.gang.groups[member.group].topology;
+        if topology.is_empty() {
+            return true;
+        }
+        let labels = &self.candidates[n].node.labels;
+        let slice_of = |index: usize| topology.slice.as_ref().map(|s| index / s.size.max(1));
+        layout.loads.iter().all(|(other, load)| {
+            let other_labels = &self.candidates[*other].node.labels;
+            load.members.iter().filter(|m| m.group == member.group).all(|m| {
+                let same = |key: &String| labels.get(key) == other_labels.get(key);
+                topology.required.as_ref().is_none_or(same)
+                    && (slice_of(m.index) != slice_of(member.index)
+                        || topology.slice.as_ref().is_none_or(|s| same(&s.key)))
+            })
+        })
     }
 
     /// Puts `member` on candidate `n`, allocating the devices of every pod there anew.

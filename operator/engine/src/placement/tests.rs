@@ -4,6 +4,7 @@ use crate::cluster::PlanId;
 use crate::fixtures::*;
 use crate::request::{GroupRequest, SharedClaim, TopologyRequest};
 use crate::selector::Toleration;
+use std::collections::BTreeSet;
 
 const RACK: &str = "example.com/rack";
 const BLOCK: &str = "example.com/block";
@@ -436,6 +437,7 @@ fn device_plugin_gpus_are_node_resources_beside_dra_devices() {
         topology: TopologyRequest {
             required: Some(RACK.into()),
             preferred: None,
+            ..Default::default()
         },
         ..GangRequest::default()
     };
@@ -580,4 +582,206 @@ fn a_gang_that_cannot_fit_any_way_is_still_reported_as_not_fitting() {
     let why = reasons(&plan(&cluster, &gang, &PlanOptions::default()));
     assert!(why.contains("does not fit"), "{why}");
     assert!(why.contains("no other choice of nodes and devices"), "{why}");
+}
+
+const NVLINK: &str = "example.com/nvlink-domain";
+const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// A node's name, its free GPUs of 8 (the others taken by a claim outside the gang), and
+/// its labels.
+type FreeNode<'a> = (&'a str, usize, &'a [(&'a str, &'a str)]);
+
+fn cluster_with_free(nodes: &[FreeNode<'_>]) -> ClusterState {
+    let mut cluster = ClusterState::new();
+    cluster.upsert_class(gpu_class());
+    for (name, free, labels) in nodes {
+        let mut labels = labels.to_vec();
+        labels.push((HOSTNAME, name));
+        cluster.upsert_node(node(name, 64, 512, &labels));
+        cluster.upsert_slice(node_slice(name, (0..8).map(|g| gpu(g, "H100")).collect()));
+        occupy(&mut cluster, name, 8 - free);
+    }
+    cluster
+}
+
+#[test]
+fn a_finer_preferred_level_packs_the_gang_onto_one_node() {
+    // Tightest first would take the two half-full nodes; the hostname level prefers the
+    // one node that holds the whole gang.
+    let cluster = cluster_with_free(&[
+        ("node-a", 4, &[(RACK, "r0")]),
+        ("node-b", 4, &[(RACK, "r0")]),
+        ("node-c", 8, &[(RACK, "r0")]),
+    ]);
+    let mut gang = gpu_gang("g", 2, 4, None, Some(RACK));
+    let spread = plan(&cluster, &gang, &PlanOptions::default());
+    assert_eq!(placed(&spread).nodes(), ["node-a", "node-b"]);
+
+    gang.topology.preferred_levels = vec![HOSTNAME.into()];
+    let packed = plan(&cluster, &gang, &PlanOptions::default());
+    let packed = placed(&packed);
+    assert_eq!(packed.nodes(), ["node-c"]);
+    assert_eq!(packed.preferred_values, ["r0"]);
+    assert_eq!(
+        packed.preferred_levels,
+        [LevelValues {
+            key: HOSTNAME.into(),
+            values: vec!["node-c".into()]
+        }]
+    );
+}
+
+#[test]
+fn the_finest_preferred_level_that_holds_the_gang_wins() {
+    // Rack r0 is the tighter rack, but only r1 has one NVLink domain for the whole gang.
+    let cluster = cluster_with_free(&[
+        ("a-0", 4, &[(RACK, "r0"), (NVLINK, "n0")]),
+        ("a-1", 4, &[(RACK, "r0"), (NVLINK, "n1")]),
+        ("b-0", 8, &[(RACK, "r1"), (NVLINK, "n2")]),
+        ("b-1", 8, &[(RACK, "r1"), (NVLINK, "n3")]),
+    ]);
+    let mut gang = gpu_gang("g", 2, 4, None, Some(RACK));
+    assert_eq!(
+        placed(&plan(&cluster, &gang, &PlanOptions::default())).nodes(),
+        ["a-0", "a-1"]
+    );
+    gang.topology.preferred_levels = vec![NVLINK.into()];
+    let outcome = plan(&cluster, &gang, &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    assert_eq!(
+        plan_
+            .pods
+            .iter()
+            .map(|p| p.node.as_str())
+            .collect::<BTreeSet<_>>()
+            .len(),
+        1
+    );
+    assert_eq!(plan_.preferred_levels[0].values.len(), 1, "{plan_:?}");
+}
+
+fn launcher_and_workers(workers: usize, required: Option<&str>, slice: Option<usize>) -> GangRequest {
+    let mut gang = gang_of(vec![
+        GroupRequest::uniform("launcher", "ns", 1, 1, gpu_pod(0, 1, 1)),
+        GroupRequest::uniform("workers", "ns", workers, workers, gpu_pod(4, 1, 1)),
+    ]);
+    gang.groups[1].topology = crate::request::GroupTopology {
+        required: required.map(Into::into),
+        slice: slice.map(|size| crate::request::SliceRequest {
+            key: NVLINK.into(),
+            size,
+        }),
+    };
+    gang
+}
+
+#[test]
+fn a_group_keeps_to_one_value_of_its_own_level_and_others_go_anywhere() {
+    let cluster = cluster_with_free(&[
+        ("a-0", 8, &[(RACK, "r0")]),
+        ("b-0", 4, &[(RACK, "r1")]),
+        ("b-1", 4, &[(RACK, "r1")]),
+        ("b-2", 8, &[(RACK, "r1")]),
+        ("c-0", 0, &[]),
+    ]);
+    let gang = launcher_and_workers(4, Some(RACK), None);
+    let outcome = plan(&cluster, &gang, &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    let workers: BTreeSet<&str> = plan_
+        .pods
+        .iter()
+        .filter(|p| p.group == "workers")
+        .map(|p| p.node.as_str())
+        .collect();
+    assert_eq!(workers, BTreeSet::from(["b-0", "b-1", "b-2"]), "{plan_:?}");
+    assert_eq!(
+        plan_.group_topology,
+        [GroupPlacement {
+            group: "workers".into(),
+            required: Some((RACK.into(), "r1".into())),
+            slices: None,
+        }]
+    );
+
+    // Five workers fit in the cluster (6 by GPUs) but in no single rack.
+    let outcome = plan(
+        &cluster,
+        &launcher_and_workers(5, Some(RACK), None),
+        &PlanOptions::default(),
+    );
+    let Outcome::Unschedulable(why) = outcome else {
+        panic!("placed across racks: {outcome:?}")
+    };
+    assert!(
+        why.reasons[0].contains("group workers needs 5 pods")
+            && why.reasons[0].contains(&format!("all in one {RACK}"))
+            && why.reasons[0].contains("room for 4")
+            && why.reasons[0].contains("room for 6 on its nodes without the group's levels"),
+        "{why}"
+    );
+}
+
+#[test]
+fn slices_each_keep_to_one_value_of_their_level() {
+    // Alternating domains in name order: first fit alone would split every slice.
+    let cluster = cluster_with_free(&[
+        ("n-0", 4, &[(NVLINK, "x")]),
+        ("n-1", 4, &[(NVLINK, "y")]),
+        ("n-2", 4, &[(NVLINK, "x")]),
+        ("n-3", 4, &[(NVLINK, "y")]),
+    ]);
+    let gang = launcher_and_workers(4, None, Some(2));
+    let outcome = plan(&cluster, &gang, &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    let node_of = |pod: &str| &plan_.pods.iter().find(|p| p.pod.name() == pod).expect("placed").node;
+    let domain = |node: &str| if ["n-0", "n-2"].contains(&node) { "x" } else { "y" };
+    assert_eq!(domain(node_of("workers-0")), domain(node_of("workers-1")), "{plan_:?}");
+    assert_eq!(domain(node_of("workers-2")), domain(node_of("workers-3")), "{plan_:?}");
+    let slices = &plan_.group_topology[0].slices.as_ref().expect("slices").1;
+    assert_eq!(slices.len(), 2);
+
+    // Slices of 3: no NVLink domain has room for one.
+    let outcome = plan(
+        &cluster,
+        &launcher_and_workers(3, None, Some(3)),
+        &PlanOptions::default(),
+    );
+    let Outcome::Unschedulable(why) = outcome else {
+        panic!("placed a slice across domains: {outcome:?}")
+    };
+    assert!(
+        why.reasons[0].contains(&format!("in slices of 3 each in one {NVLINK}"))
+            && why.reasons[0].contains("room for 2"),
+        "{why}"
+    );
+}
+
+#[test]
+fn slices_stay_inside_the_groups_own_level() {
+    // Two racks, each with two NVLink domains of one free pod each: two slices of one pod
+    // fit in either rack, but slices of the workers' own rack only there.
+    let cluster = cluster_with_free(&[
+        ("a-0", 4, &[(RACK, "r0"), (NVLINK, "n0")]),
+        ("a-1", 4, &[(RACK, "r0"), (NVLINK, "n1")]),
+        ("b-0", 8, &[(RACK, "r1"), (NVLINK, "n2")]),
+        ("b-1", 0, &[(RACK, "r1"), (NVLINK, "n3")]),
+    ]);
+    let outcome = plan(
+        &cluster,
+        &launcher_and_workers(2, Some(RACK), Some(1)),
+        &PlanOptions::default(),
+    );
+    let plan_ = placed(&outcome);
+    let group = &plan_.group_topology[0];
+    let rack = &group.required.as_ref().expect("a rack").1;
+    let workers: BTreeSet<&str> = plan_
+        .pods
+        .iter()
+        .filter(|p| p.group == "workers")
+        .map(|p| p.node.as_str())
+        .collect();
+    match rack.as_str() {
+        "r0" => assert_eq!(workers, BTreeSet::from(["a-0", "a-1"])),
+        _ => assert_eq!(workers, BTreeSet::from(["b-0"])),
+    }
 }

@@ -49,13 +49,27 @@ impl Admission {
             }
         };
         let mut extras = request.clone();
+        let nodes = self.index.snapshot();
         for group in &mut extras.groups {
+            // The value of the group's own level its planned pods have.
+            let group_value = group.topology.required.as_ref().and_then(|key| {
+                let planned = journal
+                    .pods
+                    .iter()
+                    .find(|planned| group.pods.iter().any(|p| p.key.name() == planned.name))?;
+                Some((key.clone(), nodes.node(&planned.node)?.labels.get(key)?.clone()))
+            });
             group.pods.retain(|p| waiting.contains(p.key.name()));
             group.min_count = 0;
             // The gang's placement domain.
             if let (Some(key), Some(value)) = (&extras.topology.required, &journal.topology_value) {
                 group.shape.node_selector.insert(key.clone(), value.clone());
             }
+            if let Some((key, value)) = group_value {
+                group.shape.node_selector.insert(key, value);
+            }
+            // Sliced groups have no extras (the API requires minCount = replicas).
+            group.topology = Default::default();
         }
         extras.groups.retain(|g| !g.pods.is_empty());
         extras.topology = Default::default();

@@ -11,7 +11,9 @@ use muster_api::Workload;
 use muster_api::labels;
 use muster_engine::claim::{Allocation, ClaimSpec};
 use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
-use muster_engine::request::{GangRequest, GroupRequest, PodClaim, PodInstance, SharedClaim, TopologyRequest};
+use muster_engine::request::{
+    GangRequest, GroupRequest, GroupTopology, PodClaim, PodInstance, SharedClaim, SliceRequest, TopologyRequest,
+};
 
 use crate::convert::{self, ConvertError};
 use crate::workload::extended::{self, ExtendedResources};
@@ -265,11 +267,19 @@ pub fn gang_request(
                 })
             })
             .collect::<Result<Vec<_>, RequestError>>()?;
+        let topology = group.topology.clone().unwrap_or_default();
         groups.push(GroupRequest {
             name: group.name.clone(),
             min_count: usize::try_from(group.min_count()).unwrap_or(0).min(instances.len()),
             shape,
             pods: instances,
+            topology: GroupTopology {
+                required: topology.required,
+                slice: topology.slice.map(|slice| SliceRequest {
+                    key: slice.required,
+                    size: usize::try_from(slice.size).unwrap_or(1).max(1),
+                }),
+            },
         });
     }
     let topology = workload.spec.topology.clone().unwrap_or_default();
@@ -280,6 +290,7 @@ pub fn gang_request(
         topology: TopologyRequest {
             required: topology.required,
             preferred: topology.preferred,
+            preferred_levels: topology.preferred_levels,
         },
     })
 }

@@ -179,6 +179,22 @@ pub fn plan(
                     }
                     let _ = write!(topology, "{key}: {values}");
                 }
+                for level in &plan.preferred_levels {
+                    let _ = write!(topology, ", {}: {}", level.key, level.values.join(","));
+                }
+                for group in &plan.group_topology {
+                    let mut parts = Vec::new();
+                    if let Some((key, value)) = &group.required {
+                        parts.push(format!("{key}={value}"));
+                    }
+                    if let Some((key, values)) = &group.slices {
+                        parts.push(format!("{} slices by {key}: {}", values.len(), values.join(",")));
+                    }
+                    if !topology.is_empty() {
+                        topology.push_str("; ");
+                    }
+                    let _ = write!(topology, "group {}: {}", group.group, parts.join(", "));
+                }
                 details.topology.insert(name.clone(), topology);
                 if !plan.unplaced.is_empty() {
                     details
