@@ -1377,10 +1377,7 @@ impl<'a> Planner<'a> {
                     let raw: usize = best
                         .map(|d| d.nodes.iter().map(|n| self.room(*n, g)).sum())
                         .unwrap_or(0);
-                    (
-                        scope,
-                        format!(" so placed (room for {raw} on its nodes without the group's levels)"),
-                    )
+                    (scope, format!(" when placed so ({raw} without the group's levels)"))
                 }
             };
             reasons.push(format!(

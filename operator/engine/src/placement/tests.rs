@@ -716,7 +716,7 @@ fn a_group_keeps_to_one_value_of_its_own_level_and_others_go_anywhere() {
         why.reasons[0].contains("group workers needs 5 pods")
             && why.reasons[0].contains(&format!("all in one {RACK}"))
             && why.reasons[0].contains("room for 4")
-            && why.reasons[0].contains("room for 6 on its nodes without the group's levels"),
+            && why.reasons[0].contains("when placed so (6 without the group's levels)"),
         "{why}"
     );
 }
@@ -751,7 +751,7 @@ fn slices_each_keep_to_one_value_of_their_level() {
     };
     assert!(
         why.reasons[0].contains(&format!("in slices of 3 each in one {NVLINK}"))
-            && why.reasons[0].contains("room for 2"),
+            && why.reasons[0].contains("room for 0 when placed so (4 without the group's levels)"),
         "{why}"
     );
 }
