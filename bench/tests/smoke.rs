@@ -35,9 +35,13 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
             );
         }
         if result.scenario == ScenarioId::S4 {
+            // Every contender's recovery is measured; muster's must happen. A baseline's
+            // replaced pod may sit in kube-scheduler's backoff past the window on a busy
+            // machine: that is a result to report, not a broken harness.
             let recovery = result.recovery.as_ref();
+            ensure!(recovery.is_some(), "{what}: recovery not measured");
             ensure!(
-                recovery.is_some_and(|r| r.seconds.is_some()),
+                result.contender != Contender::Muster || recovery.is_some_and(|r| r.seconds.is_some()),
                 "{what}: the gang did not recover: {recovery:?}"
             );
         }
