@@ -1088,18 +1088,22 @@ impl<'a> Planner<'a> {
         };
         let size = slice.size.max(1);
         let usable: Vec<usize> = order.iter().copied().filter(|n| allowed(*n)).collect();
-        let mut values: Vec<(usize, &str)> = self
+        // Per value: the room bound left, and the smallest slice it failed to hold. The
+        // state only fills up, so a value that failed once is not tried again for a slice
+        // as big: each value fails at most once per size.
+        let mut values: Vec<(usize, &str, usize)> = self
             .room_by_label_capacity(&usable, g, &slice.key)
             .into_iter()
-            .map(|(value, room)| (room, value))
+            .map(|(value, room)| (room, value, usize::MAX))
             .collect();
-        values.sort();
         let slices = group.min_count.div_ceil(size);
         for s in 0..slices {
             let pods = s * size..((s + 1) * size).min(group.min_count);
+            // Tightest first, by what is left.
+            values.sort();
             let mut fitted = false;
-            for (room, value) in &values {
-                if *room < pods.len() {
+            for (room, value, fails_from) in values.iter_mut() {
+                if *room < pods.len() || pods.len() >= *fails_from {
                     continue;
                 }
                 let before = state.clone();
@@ -1113,21 +1117,26 @@ impl<'a> Planner<'a> {
                 }
                 match outcome {
                     PodFit::Placed => {
+                        *room -= pods.len();
                         fitted = true;
                         break;
                     }
                     PodFit::BudgetSpent => return Ok(Fitted::BudgetSpent(group.pods[pods.start].key.clone())),
-                    PodFit::Nowhere => *state = before,
+                    PodFit::Nowhere => {
+                        *state = before;
+                        *fails_from = pods.len();
+                    }
                 }
             }
             if !fitted {
-                let roomy = values.iter().filter(|(room, _)| *room >= pods.len()).count();
+                let tried = values.iter().filter(|(_, _, fails)| *fails <= pods.len()).count();
                 return Ok(Fitted::Short(format!(
-                    "placed {s} of {slices} slices of group {} ({} pods each, {}, each in one {}); slice {s} fits in none of the {roomy} values of {} with room for it",
+                    "placed {s} of {slices} slices of group {} ({} pods each, {}, each in one {}); slice {s} fits in none of the {} values of {}: {tried} tried, the others without room left",
                     group.name,
                     size,
                     describe_shape(&group.shape),
                     slice.key,
+                    values.len(),
                     slice.key,
                 )));
             }
