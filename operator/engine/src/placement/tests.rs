@@ -33,18 +33,7 @@ fn all_devices(plan: &Plan) -> Vec<DeviceId> {
 /// Takes `count` GPUs of `node` with a claim, as another workload would.
 fn occupy(cluster: &mut ClusterState, node: &str, count: usize) {
     let devices = (0..count)
-        .map(|i| DeviceResult {
-            request: "x".into(),
-            driver: GPU.into(),
-            pool: node.into(),
-            device: format!("gpu-{i}"),
-            admin_access: None,
-            tolerations: vec![],
-            binding_conditions: vec![],
-            binding_failure_conditions: vec![],
-            share_id: None,
-            consumed_capacity: Default::default(),
-        })
+        .map(|i| device_result("x", node, &format!("gpu-{i}")))
         .collect();
     cluster.set_claim_allocation(&format!("other/{node}").into(), Some(devices));
 }
