@@ -31,13 +31,27 @@ pub(crate) fn go_quote(s: &[u8]) -> String {
 }
 
 /// Go's `strconv.IsPrint`: letters, marks, numbers, punctuation, symbols and the ASCII
-/// space (Unicode tables may differ for the newest characters).
+/// space, as of Unicode 15.0, the tables Go's `unicode` package has.
 fn go_printable(c: char) -> bool {
     static PRINTABLE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     if c.is_ascii() {
         return (' '..='~').contains(&c);
     }
-    let re =
-        PRINTABLE.get_or_init(|| regex::Regex::new(r"^[\p{L}\p{M}\p{N}\p{P}\p{S}]$").expect("a valid character class"));
+    let re = PRINTABLE.get_or_init(|| {
+        regex::Regex::new(r"^[[\p{L}\p{M}\p{N}\p{P}\p{S}]&&\p{Age=V15_0}]$").expect("a valid character class")
+    });
     re.is_match(c.encode_utf8(&mut [0; 4]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::go_quote;
+
+    #[test]
+    fn quotes_as_go_with_its_unicode_tables() {
+        assert_eq!(go_quote("é😀\n".as_bytes()), "\"é😀\\n\"");
+        // U+0897 came with Unicode 16.0, after Go's tables: Go escapes it.
+        assert_eq!(go_quote("\u{0897}".as_bytes()), "\"\\u0897\"");
+        assert_eq!(go_quote(b"\xff"), "\"\\xff\"");
+    }
 }
