@@ -816,7 +816,7 @@ fn replace(s: &str, old: &str, new: &str, n: i64, budget: &mut Budget) -> Result
 /// Go's `strings.SplitN`: `n == 0` gives no pieces, a negative `n` all of them; an
 /// empty separator splits between runes.
 fn split<'a>(s: &str, sep: &str, n: i64, budget: &mut Budget) -> Result<Value<'a>> {
-    budget.charge_text(char_count(&s))?;
+    budget.charge_text(char_count(s))?;
     if n == 0 {
         return Ok(Value::list(Vec::new()));
     }
@@ -1028,7 +1028,7 @@ pub(crate) fn call<'a>(
         },
         Func::Size => match a0? {
             V::String(s) => {
-                budget.charge_text(char_count(&s))?;
+                budget.charge_text(char_count(s))?;
                 V::Int(s.chars().count() as i64)
             }
             V::Bytes(b) => V::Int(b.len() as i64),
@@ -1040,7 +1040,7 @@ pub(crate) fn call<'a>(
             let (V::String(s), V::String(t)) = (a0?, arg(1)?) else {
                 return Err(no_overload());
             };
-            budget.charge_text(char_count(&s) + char_count(&t))?;
+            budget.charge_text(char_count(s) + char_count(t))?;
             V::Bool(match func {
                 Func::Contains => s.contains(&**t),
                 Func::StartsWith => s.starts_with(&**t),
@@ -1051,14 +1051,14 @@ pub(crate) fn call<'a>(
             let s = str_arg(a0?).map_err(|_| no_overload())?;
             let mut owned = None;
             let re = regex_arg(precompiled, arg(1)?, &mut owned)?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::Bool(re.is_match(s))
         }
         Func::Find => {
             let s = str_arg(a0?).map_err(|_| no_overload())?;
             let mut owned = None;
             let re = regex_arg(precompiled, arg(1)?, &mut owned)?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(re.find(s).map_or("", |m| m.as_str()))
         }
         Func::FindAll => {
@@ -1069,7 +1069,7 @@ pub(crate) fn call<'a>(
             };
             let mut owned = None;
             let re = regex_arg(precompiled, arg(1)?, &mut owned)?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             let take = if limit < 0 { usize::MAX } else { limit as usize };
             let found: Vec<V<'a>> = re.find_iter(s).take(take).map(|m| V::owned_str(m.as_str())).collect();
             budget.charge(found.len() as u64)?;
@@ -1078,7 +1078,7 @@ pub(crate) fn call<'a>(
         Func::CharAt => {
             let s = str_arg(a0?)?;
             let i = int_arg(arg(1)?)?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             let count = s.chars().count() as i64;
             if i < 0 || i > count {
                 return Err(out_of_range(i));
@@ -1091,7 +1091,7 @@ pub(crate) fn call<'a>(
         Func::IndexOf | Func::LastIndexOf => match a0? {
             V::String(s) => {
                 let sub = str_arg(arg(1)?)?;
-                budget.charge_text(char_count(&s) + char_count(&sub))?;
+                budget.charge_text(char_count(s) + char_count(sub))?;
                 let offset = match args.get(2) {
                     Some(o) => Some(int_arg(o)?),
                     None => None,
@@ -1122,7 +1122,7 @@ pub(crate) fn call<'a>(
         },
         Func::LowerAscii | Func::UpperAscii => {
             let s = str_arg(a0?)?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(if func == Func::LowerAscii {
                 s.to_ascii_lowercase()
             } else {
@@ -1155,12 +1155,12 @@ pub(crate) fn call<'a>(
                 Some(e) => Some(int_arg(e)?),
                 None => None,
             };
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(substring(s, start, end)?)
         }
         Func::Trim => {
             let s = str_arg(a0?)?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(s.trim())
         }
         Func::Join => {
@@ -1177,14 +1177,14 @@ pub(crate) fn call<'a>(
                 if i > 0 {
                     out.push_str(sep);
                 }
-                budget.charge_text(char_count(&s) + char_count(&sep))?;
+                budget.charge_text(char_count(s) + char_count(sep))?;
                 out.push_str(s);
             }
             V::owned_str(out)
         }
         Func::Reverse => match a0? {
             V::String(s) => {
-                budget.charge_text(char_count(&s))?;
+                budget.charge_text(char_count(s))?;
                 V::owned_str(s.chars().rev().collect::<String>())
             }
             V::List(items) => {
@@ -1195,14 +1195,14 @@ pub(crate) fn call<'a>(
         },
         Func::Quote => {
             let s = str_arg(a0?)?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(quote(s))
         }
         Func::StringFormat => {
             let s = str_arg(a0?)?;
             let items = list_arg(arg(1)?)?;
             // cel-go charges the format string's length only, not the output's.
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(crate::string_format::format(s, items)?)
         }
         Func::IsSorted => {
@@ -1555,7 +1555,7 @@ pub(crate) fn call<'a>(
         },
         Func::Url => {
             let s = str_arg(a0?).map_err(|_| no_overload())?;
-            budget.charge_text(char_count(&s))?;
+            budget.charge_text(char_count(s))?;
             V::Url(Rc::new(Url::from_string(s).map_err(|e| Error::new(e.to_string()))?))
         }
         Func::IsUrl => {
