@@ -108,7 +108,7 @@ pub struct WorkloadSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.preferredLevels) || has(self.preferred)").message("topology.preferredLevels are finer levels within topology.preferred: set preferred too"),
+    validation = Rule::new("!has(self.preferredLevels) || size(self.preferredLevels) == 0 || has(self.preferred)").message("topology.preferredLevels are finer levels within topology.preferred: set preferred too"),
     validation = Rule::new("!has(self.preferredLevels) || self.preferredLevels.all(l, (!has(self.required) || l != self.required) && (!has(self.preferred) || l != self.preferred))").message("topology.preferredLevels may not repeat topology.required or topology.preferred"),
 )]
 pub struct Topology {
@@ -130,9 +130,8 @@ pub struct Topology {
     /// level as it must. `kubernetes.io/hostname` last packs it onto as few nodes as
     /// possible.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 4))]
+    #[schemars(length(max = 4), inner(length(min = 1, max = 317)))]
     #[x_kube(
-        validation = Rule::new("self.all(l, size(l) >= 1 && size(l) <= 317)").message("each of topology.preferredLevels must be a label key of 1 to 317 characters"),
         validation = Rule::new("self.all(l, self.exists_one(m, m == l))").message("topology.preferredLevels must not repeat a level"),
     )]
     pub preferred_levels: Vec<String>,

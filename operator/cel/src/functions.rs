@@ -347,9 +347,16 @@ impl Budget {
     }
 
     /// Cost of handling `bytes` characters of string data (cel-go charges 0.1 a byte).
-    pub(crate) fn charge_text(&mut self, bytes: usize) -> Result<()> {
-        self.charge(1 + bytes as u64 / 10)
+    /// A call that traverses text of `size`: characters for strings, as cel-go's
+    /// `Size` counts them, bytes for bytes.
+    pub(crate) fn charge_text(&mut self, size: usize) -> Result<()> {
+        self.charge(1 + size as u64 / 10)
     }
+}
+
+/// The size cel-go gives a string: its characters.
+fn char_count(s: &str) -> usize {
+    s.chars().count()
 }
 
 /// Equality that charges one unit per compared element, so comparing huge or deeply
@@ -480,7 +487,7 @@ pub(crate) fn arithmetic<'a>(op: BinOp, a: Value<'a>, b: Value<'a>, budget: &mut
         (BinOp::Mul, V::Double(x), V::Double(y)) => V::Double(x * y),
         (BinOp::Div, V::Double(x), V::Double(y)) => V::Double(x / y),
         (BinOp::Add, V::String(x), V::String(y)) => {
-            budget.charge_text(x.len() + y.len())?;
+            budget.charge_text(char_count(&x) + char_count(&y))?;
             let mut s = String::with_capacity(x.len() + y.len());
             s.push_str(&x);
             s.push_str(&y);
@@ -809,7 +816,7 @@ fn replace(s: &str, old: &str, new: &str, n: i64, budget: &mut Budget) -> Result
 /// Go's `strings.SplitN`: `n == 0` gives no pieces, a negative `n` all of them; an
 /// empty separator splits between runes.
 fn split<'a>(s: &str, sep: &str, n: i64, budget: &mut Budget) -> Result<Value<'a>> {
-    budget.charge_text(s.len())?;
+    budget.charge_text(char_count(s))?;
     if n == 0 {
         return Ok(Value::list(Vec::new()));
     }
@@ -1021,7 +1028,7 @@ pub(crate) fn call<'a>(
         },
         Func::Size => match a0? {
             V::String(s) => {
-                budget.charge_text(s.len())?;
+                budget.charge_text(char_count(s))?;
                 V::Int(s.chars().count() as i64)
             }
             V::Bytes(b) => V::Int(b.len() as i64),
@@ -1033,7 +1040,7 @@ pub(crate) fn call<'a>(
             let (V::String(s), V::String(t)) = (a0?, arg(1)?) else {
                 return Err(no_overload());
             };
-            budget.charge_text(s.len() + t.len())?;
+            budget.charge_text(char_count(s) + char_count(t))?;
             V::Bool(match func {
                 Func::Contains => s.contains(&**t),
                 Func::StartsWith => s.starts_with(&**t),
@@ -1044,14 +1051,14 @@ pub(crate) fn call<'a>(
             let s = str_arg(a0?).map_err(|_| no_overload())?;
             let mut owned = None;
             let re = regex_arg(precompiled, arg(1)?, &mut owned)?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::Bool(re.is_match(s))
         }
         Func::Find => {
             let s = str_arg(a0?).map_err(|_| no_overload())?;
             let mut owned = None;
             let re = regex_arg(precompiled, arg(1)?, &mut owned)?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(re.find(s).map_or("", |m| m.as_str()))
         }
         Func::FindAll => {
@@ -1062,7 +1069,7 @@ pub(crate) fn call<'a>(
             };
             let mut owned = None;
             let re = regex_arg(precompiled, arg(1)?, &mut owned)?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             let take = if limit < 0 { usize::MAX } else { limit as usize };
             let found: Vec<V<'a>> = re.find_iter(s).take(take).map(|m| V::owned_str(m.as_str())).collect();
             budget.charge(found.len() as u64)?;
@@ -1071,7 +1078,7 @@ pub(crate) fn call<'a>(
         Func::CharAt => {
             let s = str_arg(a0?)?;
             let i = int_arg(arg(1)?)?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             let count = s.chars().count() as i64;
             if i < 0 || i > count {
                 return Err(out_of_range(i));
@@ -1084,7 +1091,7 @@ pub(crate) fn call<'a>(
         Func::IndexOf | Func::LastIndexOf => match a0? {
             V::String(s) => {
                 let sub = str_arg(arg(1)?)?;
-                budget.charge_text(s.len() + sub.len())?;
+                budget.charge_text(char_count(s) + char_count(sub))?;
                 let offset = match args.get(2) {
                     Some(o) => Some(int_arg(o)?),
                     None => None,
@@ -1115,7 +1122,7 @@ pub(crate) fn call<'a>(
         },
         Func::LowerAscii | Func::UpperAscii => {
             let s = str_arg(a0?)?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(if func == Func::LowerAscii {
                 s.to_ascii_lowercase()
             } else {
@@ -1148,12 +1155,12 @@ pub(crate) fn call<'a>(
                 Some(e) => Some(int_arg(e)?),
                 None => None,
             };
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(substring(s, start, end)?)
         }
         Func::Trim => {
             let s = str_arg(a0?)?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(s.trim())
         }
         Func::Join => {
@@ -1170,14 +1177,14 @@ pub(crate) fn call<'a>(
                 if i > 0 {
                     out.push_str(sep);
                 }
-                budget.charge_text(s.len() + sep.len())?;
+                budget.charge_text(char_count(s) + char_count(sep))?;
                 out.push_str(s);
             }
             V::owned_str(out)
         }
         Func::Reverse => match a0? {
             V::String(s) => {
-                budget.charge_text(s.len())?;
+                budget.charge_text(char_count(s))?;
                 V::owned_str(s.chars().rev().collect::<String>())
             }
             V::List(items) => {
@@ -1188,14 +1195,14 @@ pub(crate) fn call<'a>(
         },
         Func::Quote => {
             let s = str_arg(a0?)?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(quote(s))
         }
         Func::StringFormat => {
             let s = str_arg(a0?)?;
             let items = list_arg(arg(1)?)?;
             // cel-go charges the format string's length only, not the output's.
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::owned_str(crate::string_format::format(s, items)?)
         }
         Func::IsSorted => {
@@ -1548,7 +1555,7 @@ pub(crate) fn call<'a>(
         },
         Func::Url => {
             let s = str_arg(a0?).map_err(|_| no_overload())?;
-            budget.charge_text(s.len())?;
+            budget.charge_text(char_count(s))?;
             V::Url(Rc::new(Url::from_string(s).map_err(|e| Error::new(e.to_string()))?))
         }
         Func::IsUrl => {

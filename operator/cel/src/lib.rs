@@ -88,6 +88,7 @@ pub mod name_map;
 mod net;
 mod parser;
 pub mod quantity;
+mod quote;
 mod semver;
 mod string_format;
 mod time;

@@ -26,7 +26,7 @@ pub(crate) struct Cidr {
 
 /// Go's `%q` quoting, which these messages use.
 fn q(s: &str) -> String {
-    crate::url::go_quote(s.as_bytes())
+    crate::quote::go_quote(s.as_bytes())
 }
 
 fn addr_error(input: &str, msg: &str) -> String {

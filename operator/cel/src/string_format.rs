@@ -9,8 +9,8 @@
 //! expression at the same position.
 
 use crate::check::{TKind, TNode};
+use crate::quote::go_quote;
 use crate::types::Type;
-use crate::url::go_quote;
 use crate::value::{Error, Result, TypeName, Value, format_double};
 
 /// x/text's en exponent: `×10` then the superscript exponent.

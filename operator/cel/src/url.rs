@@ -76,50 +76,8 @@ fn unhex(c: u8) -> u8 {
     }
 }
 
-/// Go's `strconv.Quote`: printable characters as they are, the rest escaped.
-pub(crate) fn go_quote(s: &[u8]) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for chunk in s.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\x07' => out.push_str("\\a"),
-                '\x08' => out.push_str("\\b"),
-                '\x0c' => out.push_str("\\f"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                '\x0b' => out.push_str("\\v"),
-                c if go_printable(c) => out.push(c),
-                c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
-                c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
-                c => out.push_str(&format!("\\U{:08x}", c as u32)),
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Go's `strconv.IsPrint`: letters, marks, numbers, punctuation, symbols and the ASCII
-/// space (Unicode tables may differ for the newest characters).
-fn go_printable(c: char) -> bool {
-    static PRINTABLE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
-    if c.is_ascii() {
-        return (' '..='~').contains(&c);
-    }
-    let re =
-        PRINTABLE.get_or_init(|| regex::Regex::new(r"^[\p{L}\p{M}\p{N}\p{P}\p{S}]$").expect("a valid character class"));
-    re.is_match(c.encode_utf8(&mut [0; 4]))
-}
-
 fn escape_error(s: &[u8]) -> String {
-    format!("invalid URL escape {}", go_quote(s))
+    format!("invalid URL escape {}", crate::quote::go_quote(s))
 }
 
 /// Go's `unescape`.
@@ -145,7 +103,10 @@ fn unescape(s: &[u8], mode: Mode) -> Result<Vec<u8>, String> {
             }
             c => {
                 if matches!(mode, Mode::Host | Mode::Zone) && c < 0x80 && should_escape(c, mode) {
-                    return Err(format!("invalid character {} in host name", go_quote(&s[i..i + 1])));
+                    return Err(format!(
+                        "invalid character {} in host name",
+                        crate::quote::go_quote(&s[i..i + 1])
+                    ));
                 }
                 i += 1;
             }
@@ -296,7 +257,10 @@ fn parse_host(scheme: &str, host: &str) -> Result<Vec<u8>, String> {
             };
             let colon_port = &b[close + 1..];
             if !valid_optional_port(colon_port) {
-                return Err(format!("invalid port {} after host", go_quote(colon_port)));
+                return Err(format!(
+                    "invalid port {} after host",
+                    crate::quote::go_quote(colon_port)
+                ));
             }
             let colon_port = unescape(colon_port, Mode::Host)?;
             let hostname = &b[1..close];
@@ -330,7 +294,10 @@ fn parse_host(scheme: &str, host: &str) -> Result<Vec<u8>, String> {
         }
         let colon_port = &b[i..];
         if !valid_optional_port(colon_port) {
-            return Err(format!("invalid port {} after host", go_quote(colon_port)));
+            return Err(format!(
+                "invalid port {} after host",
+                crate::quote::go_quote(colon_port)
+            ));
         }
     }
     unescape(b, Mode::Host)
@@ -566,7 +533,7 @@ impl Url {
 }
 
 fn url_error(input: &[u8], e: String) -> String {
-    format!("parse {}: {e}", go_quote(input))
+    format!("parse {}: {e}", crate::quote::go_quote(input))
 }
 
 /// Go's `url.ParseRequestURI`, with its error text.

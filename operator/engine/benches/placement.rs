@@ -11,9 +11,8 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use muster_engine::claim::DeviceResult;
 use muster_engine::cluster::ClusterState;
-use muster_engine::fixtures::{GPU, gpu_cluster, gpu_gang, gpu_pod, run_gang};
+use muster_engine::fixtures::{device_result, gpu_cluster, gpu_gang, gpu_pod, run_gang};
 use muster_engine::key::ObjectKey;
 use muster_engine::placement::{Outcome, PlanOptions, plan};
 use muster_engine::preemption::{
@@ -30,20 +29,7 @@ fn loaded_cluster() -> ClusterState {
     // Every fifth node has half its GPUs taken, as other workloads would.
     for i in (0..NODES).step_by(5) {
         let node = format!("node-{i:05}");
-        let devices = (0..4)
-            .map(|g| DeviceResult {
-                request: "r".into(),
-                driver: GPU.into(),
-                pool: node.clone(),
-                device: format!("gpu-{g}"),
-                admin_access: None,
-                tolerations: vec![],
-                binding_conditions: vec![],
-                binding_failure_conditions: vec![],
-                share_id: None,
-                consumed_capacity: Default::default(),
-            })
-            .collect();
+        let devices = (0..4).map(|g| device_result("r", &node, &format!("gpu-{g}"))).collect();
         cluster.set_claim_allocation(&format!("load/{node}").into(), Some(devices));
     }
     cluster

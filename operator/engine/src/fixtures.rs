@@ -31,6 +31,22 @@ pub fn node(name: &str, cpu: i64, memory_gib: i64, labels: &[(&str, &str)]) -> N
     }
 }
 
+/// A device of the test driver on `pool`, as an allocation result for `request`.
+pub fn device_result(request: &str, pool: &str, device: &str) -> DeviceResult {
+    DeviceResult {
+        request: request.into(),
+        driver: GPU.into(),
+        pool: pool.into(),
+        device: device.into(),
+        admin_access: None,
+        tolerations: vec![],
+        binding_conditions: vec![],
+        binding_failure_conditions: vec![],
+        share_id: None,
+        consumed_capacity: Default::default(),
+    }
+}
+
 /// A GPU device with `index`, `model` and `nvlinkDomain` attributes and memory capacity.
 pub fn gpu(index: usize, model: &str) -> Device {
     Device {
@@ -181,18 +197,7 @@ pub fn run_gang(
             let claim = ClaimKey::new(namespace, &format!("{name}-{i}-gpu"));
             let devices = free
                 .into_iter()
-                .map(|device| DeviceResult {
-                    request: "gpus".into(),
-                    driver: GPU.into(),
-                    pool: node.to_string(),
-                    device,
-                    admin_access: None,
-                    tolerations: vec![],
-                    binding_conditions: vec![],
-                    binding_failure_conditions: vec![],
-                    share_id: None,
-                    consumed_capacity: Default::default(),
-                })
+                .map(|device| device_result("gpus", node, &device))
                 .collect();
             cluster.set_claim_allocation(&claim, Some(devices));
             claims.push(claim);

@@ -680,6 +680,7 @@ impl<'a> Planner<'a> {
         });
         let mut budget = self.options.step_budget;
         let mut first_failure: Option<String> = None;
+        // Whether a domain ended for want of search budget, not for want of room.
         let mut search_exhausted = false;
         for index in order.into_iter().take(self.options.max_domains.max(1)) {
             let domain = std::mem::replace(
@@ -695,7 +696,10 @@ impl<'a> Planner<'a> {
             let failure = match self.place_in_domain(&domain, &mut budget)? {
                 Placement::Placed(plan) => return Ok(Outcome::Placed(plan)),
                 Placement::NoFit(reason) => reason,
-                Placement::BudgetSpent { pod } => budget_spent_on(&pod),
+                Placement::BudgetSpent { pod } => {
+                    search_exhausted = true;
+                    budget_spent_on(&pod)
+                }
                 Placement::SearchExhausted(reason) => {
                     search_exhausted = true;
                     reason
@@ -984,9 +988,10 @@ impl<'a> Planner<'a> {
             if group.topology.slice.is_some() {
                 continue;
             }
-            let value = self.required_value(g, &state.placed[g]);
-            let allowed = |n: usize| self.in_value(n, group.topology.required.as_deref(), value.as_deref());
             for index in group.min_count..group.pods.len() {
+                // Without required pods, the first extra placed fixes the group's value.
+                let value = self.required_value(g, &state.placed[g]);
+                let allowed = |n: usize| self.in_value(n, group.topology.required.as_deref(), value.as_deref());
                 match self.fit_pod(&mut state, g, index, &orders[g], &allowed, budget)? {
                     PodFit::Placed => {}
                     PodFit::Nowhere => break,

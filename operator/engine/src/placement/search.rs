@@ -239,6 +239,12 @@ impl<'a> Planner<'a> {
             return Ok(Attempt::NoRoom);
         }
         let before = layout.loads.get(&n).cloned().unwrap_or_default();
+        // The node's room for the group bounds its pods there: past it the allocator
+        // would only prove, at a cost that grows fast with the pods, that they do not fit.
+        let of_group = before.members.iter().filter(|m| m.group == member.group).count();
+        if of_group >= self.room(n, member.group) {
+            return Ok(Attempt::NoRoom);
+        }
         let mut members = before.members.clone();
         members.push(member);
         let refs: Vec<ClaimRef<'_>> = members.iter().flat_map(|m| self.open_claims_of(*m)).collect();

@@ -33,18 +33,7 @@ fn all_devices(plan: &Plan) -> Vec<DeviceId> {
 /// Takes `count` GPUs of `node` with a claim, as another workload would.
 fn occupy(cluster: &mut ClusterState, node: &str, count: usize) {
     let devices = (0..count)
-        .map(|i| DeviceResult {
-            request: "x".into(),
-            driver: GPU.into(),
-            pool: node.into(),
-            device: format!("gpu-{i}"),
-            admin_access: None,
-            tolerations: vec![],
-            binding_conditions: vec![],
-            binding_failure_conditions: vec![],
-            share_id: None,
-            consumed_capacity: Default::default(),
-        })
+        .map(|i| device_result("x", node, &format!("gpu-{i}")))
         .collect();
     cluster.set_claim_allocation(&format!("other/{node}").into(), Some(devices));
 }
@@ -784,4 +773,51 @@ fn slices_stay_inside_the_groups_own_level() {
         "r0" => assert_eq!(workers, BTreeSet::from(["a-0", "a-1"])),
         _ => assert_eq!(workers, BTreeSet::from(["b-0"])),
     }
+}
+
+/// 40 one-GPU workers in one rack, and 40 pods pinned to rack r0 of two 40-GPU racks:
+/// first fit puts the workers in r0 (the tie goes by name), and the search must move
+/// them to r1.
+fn workers_and_pinned(pods: usize, nodes_per_rack: usize) -> (ClusterState, GangRequest) {
+    let mut cluster = ClusterState::new();
+    cluster.upsert_class(gpu_class());
+    for i in 0..2 * nodes_per_rack {
+        let name = format!("node-{i:03}");
+        let rack = if i < nodes_per_rack { "r0" } else { "r1" };
+        cluster.upsert_node(node(&name, 64, 512, &[(RACK, rack)]));
+        cluster.upsert_slice(node_slice(&name, (0..8).map(|g| gpu(g, "H100")).collect()));
+    }
+    let mut workers = GroupRequest::uniform("workers", "ns", pods, pods, gpu_pod(1, 1, 1));
+    workers.topology.required = Some(RACK.into());
+    let mut pinned_shape = gpu_pod(1, 1, 1);
+    pinned_shape.node_selector.insert(RACK.into(), "r0".into());
+    let pinned = GroupRequest::uniform("pinned", "ns", pods, pods, pinned_shape);
+    (cluster, gang_of(vec![workers, pinned]))
+}
+
+#[test]
+fn the_search_moves_a_group_to_another_value_of_its_level() {
+    let (cluster, gang) = workers_and_pinned(40, 5);
+    let outcome = plan(&cluster, &gang, &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    assert!(
+        plan_
+            .pods
+            .iter()
+            .filter(|p| p.group == "workers")
+            .all(|p| cluster.node(&p.node).expect("a node").labels[RACK] == "r1"),
+        "{plan_:?}"
+    );
+}
+
+#[test]
+fn extras_of_a_group_without_required_pods_keep_to_one_value() {
+    let cluster = cluster_with_free(&[("a", 8, &[(RACK, "r0")]), ("b", 8, &[(RACK, "r1")])]);
+    let mut gang = gpu_gang("g", 2, 8, None, None);
+    gang.groups[0].min_count = 0;
+    gang.groups[0].topology.required = Some(RACK.into());
+    let outcome = plan(&cluster, &gang, &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    assert_eq!(plan_.pods.len(), 1, "one extra fits in one rack: {plan_:?}");
+    assert_eq!(plan_.unplaced.len(), 1);
 }

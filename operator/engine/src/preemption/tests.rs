@@ -336,7 +336,6 @@ fn the_budget_of_trial_placements_bounds_the_search() {
 
 #[test]
 fn a_device_shared_by_nodes_ties_its_gang_to_every_domain_it_reaches() {
-    use crate::claim::DeviceResult;
     use crate::cluster::{Slice, SliceNodes};
     use crate::selector::{NodeSelector, Operator, Requirement, Term};
 
@@ -364,18 +363,7 @@ fn a_device_shared_by_nodes_ties_its_gang_to_every_domain_it_reaches() {
     }
     let mut holding = |name: &str, pool: &str| {
         let claim = ClaimKey::new("ns", name);
-        let device = DeviceResult {
-            request: "gpus".into(),
-            driver: GPU.into(),
-            pool: pool.into(),
-            device: "gpu-0".into(),
-            admin_access: None,
-            tolerations: vec![],
-            binding_conditions: vec![],
-            binding_failure_conditions: vec![],
-            share_id: None,
-            consumed_capacity: Default::default(),
-        };
+        let device = device_result("gpus", pool, "gpu-0");
         cluster.set_claim_allocation(&claim, Some(vec![device]));
         PreemptionCandidate {
             workload: ObjectKey::new("ns", name),

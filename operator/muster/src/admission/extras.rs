@@ -51,15 +51,22 @@ impl Admission {
         let mut extras = request.clone();
         let nodes = self.index.snapshot();
         for group in &mut extras.groups {
-            // The value of the group's own level its planned pods have.
-            let group_value = group.topology.required.as_ref().and_then(|key| {
-                let planned = journal
+            // The value of the group's own level its planned pods have: from any of them
+            // whose node is still there and labelled. Without one, the extras wait rather
+            // than escape the level.
+            let group_value = group.topology.required.as_ref().map(|key| {
+                let value = journal
                     .pods
                     .iter()
-                    .find(|planned| group.pods.iter().any(|p| p.key.name() == planned.name))?;
-                Some((key.clone(), nodes.node(&planned.node)?.labels.get(key)?.clone()))
+                    .filter(|planned| group.pods.iter().any(|p| p.key.name() == planned.name))
+                    .find_map(|planned| nodes.node(&planned.node)?.labels.get(key).cloned());
+                (key.clone(), value)
             });
             group.pods.retain(|p| waiting.contains(p.key.name()));
+            if let Some((_, None)) = group_value {
+                group.pods.clear();
+            }
+            let group_value = group_value.and_then(|(key, value)| Some((key, value?)));
             group.min_count = 0;
             // The gang's placement domain.
             if let (Some(key), Some(value)) = (&extras.topology.required, &journal.topology_value) {
