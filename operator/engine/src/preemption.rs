@@ -345,7 +345,7 @@ struct DomainEviction {
 }
 
 enum DomainResult {
-    Evict(DomainEviction),
+    Evict(Box<DomainEviction>),
     /// Not even with every candidate gone: the planner's reasons.
     WouldNotFit(Vec<String>),
     BudgetSpent,
@@ -397,7 +397,7 @@ impl Search<'_> {
                         (eviction.cost.rank(), &domains.values[d]) < (current.cost.rank(), &domains.values[*b])
                     });
                     if better {
-                        best = Some((d, eviction));
+                        best = Some((d, *eviction));
                     }
                 }
                 DomainResult::WouldNotFit(reasons) => {
@@ -562,11 +562,11 @@ impl Search<'_> {
             .filter(|v| evicted[*v].is_some())
             .map(|v| members[v])
             .collect();
-        DomainResult::Evict(DomainEviction {
+        DomainResult::Evict(Box::new(DomainEviction {
             cost: EvictionCost::of(victims.iter().map(|c| &self.candidates[*c])),
             victims,
             plan,
-        })
+        }))
     }
 
     /// Evicts candidates `members[..target]` and restores the others, from `prefix`.
