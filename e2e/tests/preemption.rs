@@ -213,3 +213,68 @@ async fn a_nomination_survives_a_crash_between_eviction_and_commit() -> Result<(
     })
     .await
 }
+
+#[tokio::test]
+async fn the_nomination_is_recorded_before_any_victim_and_a_suspended_preemptor_evicts_nothing() -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-preempt-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let _ = std::fs::remove_file(&go_on);
+    let resume = go_on.clone();
+    let outcome = with_test("preempt-suspended", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            test.create(ranked("low", 4, LOW)).await?;
+            assert_runs_as_planned(test, "low").await?;
+
+            // The same operator, now held once a nomination is recorded.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            test.start_operator(
+                &[],
+                &[
+                    ("MUSTER_PAUSE_POINT", "after-nominated"),
+                    ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+                ],
+            )?;
+            test.create(ranked("high", 4, HIGH)).await?;
+            let victims = wait::until("high's nomination", Duration::from_secs(60), || async {
+                nomination_of(test, "high").await
+            })
+            .await?;
+            ensure!(victims == vec![format!("{}/low", test.ns)], "victims {victims:?}");
+            let low = test.workloads().get("low").await?;
+            ensure!(
+                low.status.and_then(|s| s.placement).and_then(|p| p.state)
+                    == Some(muster_api::v1alpha1::AdmissionState::Released),
+                "no victim is touched before the nomination is recorded"
+            );
+
+            test.workloads()
+                .patch(
+                    "high",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&json!({"spec": {"suspend": true}})),
+                )
+                .await?;
+            std::fs::write(&resume, b"")?;
+            wait::until("high's nomination to be dropped", Duration::from_secs(30), || async {
+                Ok(nomination_of(test, "high").await?.is_none().then_some(()))
+            })
+            .await?;
+            let api = test.workloads();
+            wait::holds("low to keep running", Duration::from_secs(4), || {
+                let api = api.clone();
+                async move {
+                    let w = api.get("low").await?;
+                    Ok(w.status.and_then(|s| s.phase) == Some(WorkloadPhase::Running))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await;
+    let _ = std::fs::remove_file(&go_on);
+    outcome
+}

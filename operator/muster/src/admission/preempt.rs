@@ -410,6 +410,17 @@ impl Admission {
             format!("evicting {victims} (lower priority) to fit; their devices are held for this gang"),
         )
         .await;
-        self.evict_victims(&written, &nominated).await
+        // As recorded and as it is now: a gang suspended or deleted meanwhile evicts
+        // nothing (the next pass drops its nomination).
+        let Some(current) = self.current_workload(&gang) else {
+            return Ok(());
+        };
+        if current.spec.suspend == Some(true) || current.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        match nomination_of(&current) {
+            Some(recorded) => self.evict_victims(&current, recorded).await,
+            None => Ok(()),
+        }
     }
 }
