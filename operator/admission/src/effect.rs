@@ -27,6 +27,8 @@ pub enum Reason {
     MaxRestartsExceeded,
     SucceededPodGroups,
     Restarted,
+    /// Evicted whole so that a gang of higher priority fits.
+    Preempted,
 }
 
 impl Reason {
@@ -45,11 +47,12 @@ impl Reason {
             Reason::MaxRestartsExceeded => "MaxRestartsExceeded",
             Reason::SucceededPodGroups => "SucceededPodGroups",
             Reason::Restarted => "Restarted",
+            Reason::Preempted => "Preempted",
         }
     }
 
     pub fn parse(text: &str) -> Option<Reason> {
-        const ALL: [Reason; 13] = [
+        const ALL: [Reason; 14] = [
             Reason::Reserving,
             Reason::Admitted,
             Reason::RolledBack,
@@ -63,6 +66,7 @@ impl Reason {
             Reason::MaxRestartsExceeded,
             Reason::SucceededPodGroups,
             Reason::Restarted,
+            Reason::Preempted,
         ];
         ALL.into_iter().find(|r| r.as_str() == text)
     }

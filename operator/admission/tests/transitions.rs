@@ -394,3 +394,34 @@ fn a_released_gang_whose_device_another_claim_also_holds_gives_way() {
     assert_eq!(tearing.state, State::TearingDown);
     assert_eq!(tearing.cause.as_ref().map(|c| c.0), Some(Reason::Conflict));
 }
+
+#[test]
+fn a_preempted_gang_is_taken_apart_like_any_teardown_and_queued_saying_why() {
+    let mut j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    j.cause = Some((Reason::Preempted, "preempted by ns/high".into()));
+    let running = pod("g-w-0", "u0", Some(0), false, Phase::Running, true);
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let s = step(&spec(1, true), &j, 0, std::slice::from_ref(&running), &claims, 1000);
+    assert!(
+        matches!(&s.effects[..], [Effect::DeletePods { immediately: false, .. }]),
+        "its pods go first, with their grace period: {s:?}"
+    );
+
+    // The pod is gone, and no longer reserves the claim.
+    let s = step(&spec(1, true), &j, 0, &[], &[claim("g-w-0-gpu", true, &[])], 2000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+
+    let s = step(&spec(1, true), &j, 0, &[], &[claim("g-w-0-gpu", false, &[])], 3000);
+    assert_eq!(recorded_state(&s), Some(None), "queued again");
+    let admitted = &s.record().expect("a record").conditions[0];
+    assert_eq!(
+        (admitted.type_, admitted.status, admitted.reason),
+        (ConditionType::Admitted, false, Reason::Preempted)
+    );
+    assert_eq!(admitted.message, "preempted by ns/high");
+}

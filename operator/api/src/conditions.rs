@@ -103,3 +103,9 @@ pub const EVENT_FAILED: &str = "Failed";
 pub const EVENT_EXPIRED: &str = "Expired";
 /// The gang does not fit (reported when the reason changes).
 pub const EVENT_UNSCHEDULABLE: &str = "Unschedulable";
+/// Event: the gang was evicted whole for a gang of higher priority (the note names it);
+/// also the `Admitted` reason it reports while queued again.
+pub const EVENT_PREEMPTED: &str = "Preempted";
+pub const REASON_PREEMPTED: &str = "Preempted";
+/// Event: the gang evicts gangs of lower priority and holds their devices meanwhile.
+pub const EVENT_NOMINATED: &str = "Nominated";

@@ -319,6 +319,64 @@ pub struct WorkloadStatus {
     /// How many times the gang was restarted as a unit.
     #[serde(default)]
     pub restarts: i32,
+
+    /// While the gang evicts gangs of lower priority to fit: the victims, and the nodes
+    /// and devices held for it until it commits. Recorded before any victim is touched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nomination: Option<NominationStatus>,
+}
+
+/// A preemption under way: what the gang evicts, and where it goes once they are gone.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NominationStatus {
+    /// When the nomination was made; it lapses if the gang still does not fit long after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The evicted Workloads, as `namespace/name`.
+    #[serde(default)]
+    pub victims: Vec<String>,
+    /// The node nominated for each pod of the gang.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<NominatedPod>,
+    /// The devices nominated for each ResourceClaim of the gang.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<NominatedClaim>,
+}
+
+/// A pod of a nominated placement.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NominatedPod {
+    /// Name of the pod.
+    pub name: String,
+    /// Node nominated for it.
+    pub node: String,
+}
+
+/// A claim of a nominated placement and its devices.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NominatedClaim {
+    /// Name of the ResourceClaim.
+    pub name: String,
+    /// Devices nominated for it.
+    #[serde(default)]
+    pub devices: Vec<NominatedDevice>,
+}
+
+/// One device of a nominated claim.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NominatedDevice {
+    /// The claim's request the device serves.
+    pub request: String,
+    /// DRA driver of the device.
+    pub driver: String,
+    /// Pool of the device.
+    pub pool: String,
+    /// Name of the device in its pool.
+    pub device: String,
 }
 
 /// Counts for one pod group.

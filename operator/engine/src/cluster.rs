@@ -240,12 +240,14 @@ pub struct AssumedPod {
     pub requests: Resources,
 }
 
-/// Names a plan [`ClusterState::assume`] entered: a gang's, or the one for the pods
-/// beyond its minimum that it commits later, while its first plan stands.
+/// Names a plan [`ClusterState::assume`] entered: a gang's, the one for the pods
+/// beyond its minimum that it commits later, while its first plan stands, or the
+/// devices and nodes held for a preemptor while its victims go.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum PlanId {
     Gang(ObjectKey),
     Extras(ObjectKey),
+    Nomination(ObjectKey),
 }
 
 /// A planned claim allocation as [`ClusterState::assume`] takes it.

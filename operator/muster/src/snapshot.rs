@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use muster_api::Workload;
 use muster_engine::cluster::{self as model, ClusterState};
 use muster_engine::key::PodKey;
@@ -49,6 +50,8 @@ pub struct Objects {
     pub claims: Vec<ResourceClaim>,
     pub templates: Vec<ResourceClaimTemplate>,
     pub workloads: Vec<Workload>,
+    /// PriorityClasses: what a Workload's `priorityClassName` is worth.
+    pub priority_classes: Vec<PriorityClass>,
     /// Objects of other kinds, counted by kind.
     pub ignored: BTreeMap<String, usize>,
 }
@@ -218,6 +221,7 @@ impl Objects {
             "DeviceTaintRule" => self.taint_rules.push(source.typed()?),
             "ResourceClaim" => self.claims.push(source.typed()?),
             "ResourceClaimTemplate" => self.templates.push(source.typed()?),
+            "PriorityClass" => self.priority_classes.push(source.typed()?),
             "Workload" => {
                 let workload: Workload = source.typed()?;
                 muster_api::validation::validate(&workload).map_err(|problems| problems.join("; "))?;
@@ -263,6 +267,7 @@ impl Objects {
         self.claims.extend(other.claims);
         self.templates.extend(other.templates);
         self.workloads.extend(other.workloads);
+        self.priority_classes.extend(other.priority_classes);
         for (kind, n) in other.ignored {
             *self.ignored.entry(kind).or_default() += n;
         }

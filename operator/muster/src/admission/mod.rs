@@ -26,6 +26,7 @@ pub mod fencing;
 pub mod kueue;
 mod pass;
 mod perform;
+mod preempt;
 mod queue;
 pub mod release;
 pub mod request;

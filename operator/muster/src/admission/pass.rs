@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
-use super::queue::{Attempt, Planned, PlannedGang};
+use super::queue::{Admit, Attempt, Planned, PlannedGang};
 use super::{Admission, Held, key, placement_of, record_phases};
 
 impl Admission {
@@ -24,6 +24,7 @@ impl Admission {
         let workloads = self.current_workloads();
         *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));
         self.reconcile_assumptions(&workloads);
+        self.hold_nominations(&workloads).await;
         self.prune_conflicts(&workloads);
         self.collect_claims().await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
@@ -109,8 +110,11 @@ impl Admission {
                     // The gangs planned after this one must see its devices and pods as
                     // taken.
                     let (pods, claims) = plan.assumption(&request);
-                    self.index
-                        .update(|c| c.assume(&PlanId::Gang(name.clone()), &pods, &claims));
+                    // Its plan takes over from its nomination, if it has one.
+                    self.index.update(|c| {
+                        c.forget(&PlanId::Nomination(name.clone()));
+                        c.assume(&PlanId::Gang(name.clone()), &pods, &claims)
+                    });
                     planned.push(PlannedGang {
                         name,
                         priority,
@@ -133,7 +137,17 @@ impl Admission {
                     next = next.min(Duration::from_millis(100));
                     break;
                 }
-                Ok(Attempt::Done(admit)) => Ok(admit),
+                Ok(Attempt::Done(admit)) => {
+                    // A gang that would fit an emptied cluster may evict gangs of lower
+                    // priority, unless Kueue manages it (its own preemption decides).
+                    if matches!(&admit, Admit::DoesNotFit { reach: Some(_) })
+                        && self.kueue_object(&workload).is_not_queued()
+                        && let Err(e) = self.try_preempt(&workload, priority).await
+                    {
+                        warn!(workload = %name, error = %e, "preemption failed; retrying");
+                    }
+                    Ok(admit)
+                }
                 Err(e) => Err(e),
             };
             self.settle_attempt(&name, priority, outcome, changes, &mut held, &mut next);

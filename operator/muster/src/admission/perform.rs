@@ -127,6 +127,8 @@ impl Admission {
                     self.index.update(|c| c.forget(&plan));
                     continue;
                 }
+                // A nomination lasts as long as the preemptor's status records it.
+                PlanId::Nomination(_) => continue,
             };
             match states.get(gang) {
                 Some(Some(AdmissionState::Reserving | AdmissionState::Reserved)) => {}

@@ -22,6 +22,7 @@ use crate::workload::extended::ExtendedResources;
 use crate::workload::membership;
 use crate::workload::observe::{condition, finished};
 
+use super::preempt::nomination_of;
 use super::{Admission, CommitError, Held, Waiting, key, placement_of};
 
 /// How long Kueue waits before it gives quota again to a gang whose devices muster could
@@ -340,19 +341,18 @@ impl Admission {
         let started = Instant::now();
         // Inside Kueue's decision: the nodes of its flavors and topology domains.
         let mut excluded = held.against(priority);
-        let cluster = self.index.snapshot();
+        // Its own nomination is not in its way.
+        let cluster = self.planning_view(&key(workload));
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
             return Ok(Attempt::Stale);
         }
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
             excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
         }
-        drop(cluster);
         // Kueue's decision differs per gang; otherwise the shape, the priority and the
         // held nodes decide the outcome.
-        let shape = self
-            .kueue_object(workload)
-            .is_not_queued()
+        // A gang's own nomination makes its view differ from the others'.
+        let shape = (self.kueue_object(workload).is_not_queued() && nomination_of(workload).is_none())
             .then(|| format!("{priority}|{excluded:?}|{}", shape_signature(&request)));
         let planned = match shape.as_ref().and_then(|s| unfit.get(s)) {
             Some((planned_gang, known)) => {
@@ -366,7 +366,9 @@ impl Admission {
                 planned
             }
             None => {
-                let planned = self.plan_off_runtime(workload, request.clone(), excluded).await?;
+                let planned = self
+                    .plan_off_runtime(workload, cluster.clone(), request.clone(), excluded)
+                    .await?;
                 if let Some(shape) = shape
                     && matches!(planned.outcome, Outcome::Unschedulable(_))
                 {
@@ -467,10 +469,10 @@ impl Admission {
     pub(super) async fn plan_off_runtime(
         &self,
         workload: &Workload,
+        cluster: Arc<muster_engine::cluster::ClusterState>,
         request: GangRequest,
         held: BTreeSet<String>,
     ) -> Result<Planned, CommitError> {
-        let cluster = self.index.snapshot();
         let unlimited = self.settings.plan.clone();
         let options = PlanOptions {
             excluded_nodes: Arc::new(held),

@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use muster_admission::{ConditionType, EventKind, Reason, Record, State};
-use muster_api::v1alpha1::{PlacementStatus, Workload};
+use muster_api::v1alpha1::{NominationStatus, PlacementStatus, Workload};
 use muster_api::{conditions, labels};
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
@@ -47,6 +47,15 @@ pub(crate) struct StatusUpdate {
     pub(crate) conditions: Vec<ConditionUpdate>,
     pub(crate) placement: Option<PlacementStatus>,
     pub(crate) restarts: Option<i32>,
+    pub(crate) nomination: NominationUpdate,
+}
+
+/// What a status write does with `status.nomination` (a server-side apply that left it
+/// out would remove it).
+pub(crate) enum NominationUpdate {
+    Keep,
+    Set(NominationStatus),
+    Clear,
 }
 
 pub(super) fn condition_type(type_: ConditionType) -> &'static str {
@@ -87,6 +96,12 @@ impl Admission {
                 .collect(),
             placement: record.journal.as_ref().map(observe::placement),
             restarts: record.restarts,
+            // A commit's first record ends the nomination: the plan holds the devices now.
+            nomination: if record.journal.as_ref().is_some_and(|j| j.state == State::Reserving) {
+                NominationUpdate::Clear
+            } else {
+                NominationUpdate::Keep
+            },
         };
         let written = self.write_status(workload, update).await?;
         let gang = key(workload);
@@ -149,6 +164,7 @@ impl Admission {
             }],
             placement: placement.cloned(),
             restarts: None,
+            nomination: NominationUpdate::Keep,
         };
         self.write_status(workload, update).await.map(|_| ())
     }
@@ -193,6 +209,14 @@ impl Admission {
             let mut status = json!({"conditions": owned, "restarts": restarts});
             if let Some(placement) = placement {
                 status["placement"] = serde_json::to_value(placement).unwrap_or_default();
+            }
+            let nomination = match &update.nomination {
+                NominationUpdate::Keep => current.nomination.clone(),
+                NominationUpdate::Set(nomination) => Some(nomination.clone()),
+                NominationUpdate::Clear => None,
+            };
+            if let Some(nomination) = nomination {
+                status["nomination"] = serde_json::to_value(nomination).unwrap_or_default();
             }
             let patch = json!({
                 "apiVersion": "muster.dev/v1alpha1",

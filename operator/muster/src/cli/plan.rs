@@ -7,9 +7,16 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use muster_engine::cluster::PlanId;
-use muster_engine::key::ClaimKey;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use muster_engine::cluster::{ClusterState, PlanId};
+use muster_engine::key::{ClaimKey, ObjectKey};
 use muster_engine::placement::{self, Outcome, PlanOptions};
+use muster_engine::preemption::{
+    Preemption, PreemptionCandidate, PreemptionOptions, PreemptionPolicy, Preemptor, preempt,
+};
+use muster_engine::request::GangRequest;
 use serde::Serialize;
 
 use crate::admission::fencing::Fencing;
@@ -31,6 +38,18 @@ pub struct WorkloadReport {
     /// Why it does not fit; `null` when it does.
     pub reason: Option<String>,
     pub pods: Vec<PodReport>,
+    /// For a Workload that does not fit: the gangs of lower priority it would evict
+    /// to fit, if the engine proves it would fit then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PreemptionReport {
+    /// Evicted whole, as `namespace/name`.
+    pub victims: Vec<String>,
+    /// The value of the required topology label it would go to.
+    pub domain: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -85,6 +104,8 @@ pub fn plan(
         meta.namespace.get_or_insert_with(|| namespace.to_string());
     }
     let sources = ClaimSources::new(&templates, &claims);
+    let mut classes = std::mem::take(&mut snapshot.priority_classes);
+    classes.extend(workloads.priority_classes.iter().cloned());
 
     let mut report = Report { workloads: Vec::new() };
     let mut details = Details::default();
@@ -122,18 +143,23 @@ pub fn plan(
                     feasible: false,
                     reason: Some(e.to_string()),
                     pods: vec![],
+                    preemption: None,
                 });
                 continue;
             }
         };
         fencing.apply(&mut request);
         match placement::plan(&cluster, &request, &PlanOptions::default()) {
-            Outcome::Unschedulable(why) => report.workloads.push(WorkloadReport {
-                name,
-                feasible: false,
-                reason: Some(why.to_string()),
-                pods: vec![],
-            }),
+            Outcome::Unschedulable(why) => {
+                let preemption = would_preempt(&cluster, &snapshot, &claims, &classes, &workload, &request);
+                report.workloads.push(WorkloadReport {
+                    name,
+                    feasible: false,
+                    reason: Some(why.to_string()),
+                    pods: vec![],
+                    preemption,
+                })
+            }
             Outcome::Placed(plan) => {
                 // Devices per claim key, shared claims included.
                 let by_claim: BTreeMap<&ClaimKey, &muster_engine::claim::Allocation> =
@@ -213,11 +239,86 @@ pub fn plan(
                     feasible: true,
                     reason: None,
                     pods,
+                    preemption: None,
                 });
             }
         }
     }
     Ok((report, details))
+}
+
+/// What a PriorityClass named by `name` (or the global default) is worth, and whether
+/// it may preempt.
+fn class_of(classes: &[PriorityClass], name: Option<&str>) -> Preemptor {
+    let class = match name {
+        Some(name) => classes.iter().find(|c| c.metadata.name.as_deref() == Some(name)),
+        None => classes.iter().find(|c| c.global_default == Some(true)),
+    };
+    Preemptor {
+        priority: class.and_then(|c| c.value).unwrap_or(0),
+        policy: match class.and_then(|c| c.preemption_policy.as_deref()) {
+            Some("Never") => PreemptionPolicy::Never,
+            _ => PreemptionPolicy::PreemptLowerPriority,
+        },
+    }
+}
+
+/// The gangs of the snapshot a Workload that does not fit would evict: the running
+/// gangs are the bound pods labelled with a Workload (their priority as Kubernetes
+/// resolved it) and the allocated claims labelled with it.
+fn would_preempt(
+    cluster: &ClusterState,
+    snapshot: &Objects,
+    claims: &[ResourceClaim],
+    classes: &[PriorityClass],
+    workload: &muster_api::Workload,
+    request: &GangRequest,
+) -> Option<PreemptionReport> {
+    let preemptor = class_of(classes, workload.spec.priority_class_name.as_deref());
+    let gang_of = |meta: &ObjectMeta| -> Option<ObjectKey> {
+        let name = meta.labels.as_ref()?.get(muster_api::labels::WORKLOAD)?;
+        Some(ObjectKey::new(meta.namespace.as_deref().unwrap_or_default(), name))
+    };
+    let own = convert::object_key(workload);
+    let mut candidates: BTreeMap<ObjectKey, PreemptionCandidate> = BTreeMap::new();
+    for pod in snapshot.pods.iter().filter(|p| convert::pod_node(p).is_some()) {
+        let Some(gang) = gang_of(&pod.metadata).filter(|g| *g != own) else {
+            continue;
+        };
+        let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+        let started = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .map_or(0, |t| t.0.as_second());
+        let candidate = candidates.entry(gang.clone()).or_insert_with(|| PreemptionCandidate {
+            workload: gang,
+            priority,
+            admitted_at_seconds: started,
+            pods: Vec::new(),
+            claims: Vec::new(),
+            assumed_plans: Vec::new(),
+        });
+        candidate.priority = candidate.priority.max(priority);
+        candidate.admitted_at_seconds = candidate.admitted_at_seconds.min(started);
+        candidate.pods.push(convert::pod_key(pod));
+    }
+    for claim in claims {
+        let allocated = claim.status.as_ref().is_some_and(|s| s.allocation.is_some());
+        if let Some(candidate) = gang_of(&claim.metadata).and_then(|g| candidates.get_mut(&g))
+            && allocated
+        {
+            candidate.claims.push(convert::claim_key(claim));
+        }
+    }
+    let candidates: Vec<PreemptionCandidate> = candidates.into_values().collect();
+    match preempt(cluster, request, &preemptor, &candidates, &PreemptionOptions::default()) {
+        Preemption::Evict(eviction) => Some(PreemptionReport {
+            victims: eviction.victims.iter().map(|v| v.as_str().to_string()).collect(),
+            domain: eviction.domain.clone(),
+        }),
+        _ => None,
+    }
 }
 
 /// The report for people: per Workload, the placement or the reasons.
@@ -228,6 +329,18 @@ pub fn human(report: &Report, details: &Details) -> String {
             let _ = writeln!(out, "{}: does not fit", workload.name);
             for reason in workload.reason.iter().flat_map(|r| r.split("; ")) {
                 let _ = writeln!(out, "  - {reason}");
+            }
+            if let Some(preemption) = &workload.preemption {
+                let domain = preemption
+                    .domain
+                    .as_ref()
+                    .map(|d| format!(" (in {d})"))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "  would fit by preempting{domain}: {}",
+                    preemption.victims.join(", ")
+                );
             }
             continue;
         }
@@ -398,5 +511,72 @@ spec:
             by_device.workloads[0].pods[0].node, "n1",
             "muster's claims tolerate the fence"
         );
+    }
+
+    /// A running gang: one bound pod of `priority` on `node` with its claim holding both
+    /// of the node's GPUs.
+    fn running(name: &str, node: &str, priority: i32) -> String {
+        format!(
+            r#"
+- apiVersion: v1
+  kind: Pod
+  metadata: {{name: {name}-w-0, namespace: default, labels: {{muster.dev/workload: {name}}}}}
+  spec: {{nodeName: {node}, priority: {priority}, containers: [{{name: c}}]}}
+  status: {{phase: Running, startTime: "2026-01-01T00:00:00Z"}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaim
+  metadata: {{name: {name}-w-0-gpus, namespace: default, labels: {{muster.dev/workload: {name}}}}}
+  spec: {{devices: {{requests: [{{name: gpus, exactly: {{deviceClassName: gpu.example.com, count: 2}}}}]}}}}
+  status:
+    allocation:
+      devices:
+        results:
+        - {{request: gpus, driver: gpu.example.com, pool: {node}, device: gpu-0}}
+        - {{request: gpus, driver: gpu.example.com, pool: {node}, device: gpu-1}}
+"#
+        )
+    }
+
+    #[test]
+    fn a_workload_that_does_not_fit_shows_the_gangs_it_would_preempt() {
+        let snapshot = format!("{SNAPSHOT}{}{}", running("low", "n1", 10), running("busy", "n2", 5000));
+        let snapshot = Objects::parse("snap.yaml", &snapshot).unwrap();
+        let workloads = r#"
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: urgent}
+value: 1000
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two}
+spec: {spec: {devices: {requests: [{name: gpus, exactly: {deviceClassName: gpu.example.com, count: 2}}]}}}
+---
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: urgent}
+spec:
+  priorityClassName: urgent
+  topology: {required: rack}
+  podGroups:
+  - name: w
+    replicas: 1
+    template: {spec: {containers: [{name: c}], resourceClaims: [{name: gpus, resourceClaimTemplateName: two}]}}
+"#;
+        let workloads = Objects::parse("w.yaml", workloads).unwrap();
+        let (report, details) = plan(snapshot, &workloads, "default", Fencing::None).unwrap();
+        let urgent = &report.workloads[0];
+        assert!(!urgent.feasible, "every GPU is taken");
+        let preemption = urgent.preemption.as_ref().expect("a preemption");
+        assert_eq!(
+            preemption.victims,
+            vec!["default/low".to_string()],
+            "busy has a higher priority"
+        );
+        assert_eq!(preemption.domain.as_deref(), Some("r1"));
+        let text = human(&report, &details);
+        assert!(text.contains("would fit by preempting (in r1): default/low"), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["workloads"][0]["preemption"]["victims"][0], "default/low");
     }
 }

@@ -57,6 +57,10 @@ pub enum FaultPoint {
     AfterAllClaims,
     AfterReserved,
     AfterFirstRelease,
+    /// A preemptor's nomination is recorded; no victim is touched yet.
+    AfterNominated,
+    /// The first victim of a preemption is recorded as being torn down.
+    AfterFirstVictim,
     /// After the first write of this kind that the state machine makes in this state.
     After(State, Write),
 }
@@ -70,6 +74,8 @@ impl FaultPoint {
             FaultPoint::AfterAllClaims,
             FaultPoint::AfterReserved,
             FaultPoint::AfterFirstRelease,
+            FaultPoint::AfterNominated,
+            FaultPoint::AfterFirstVictim,
         ];
         for state in STATES {
             for write in Write::ALL {
@@ -86,6 +92,8 @@ impl FaultPoint {
             FaultPoint::AfterAllClaims => "after-all-claims".into(),
             FaultPoint::AfterReserved => "after-reserved".into(),
             FaultPoint::AfterFirstRelease => "after-first-release".into(),
+            FaultPoint::AfterNominated => "after-nominated".into(),
+            FaultPoint::AfterFirstVictim => "after-first-victim".into(),
             FaultPoint::After(state, write) => format!("after-{}-{}", state_name(state), write.name()),
         }
     }
@@ -109,7 +117,7 @@ mod tests {
     #[test]
     fn every_fault_point_parses_back_from_its_name() {
         let all = FaultPoint::all();
-        assert_eq!(all.len(), 5 + 8 * 4);
+        assert_eq!(all.len(), 7 + 8 * 4);
         for point in all {
             assert_eq!(FaultPoint::parse(&point.name()), Some(point));
         }

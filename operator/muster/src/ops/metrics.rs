@@ -59,6 +59,8 @@ pub struct Metrics {
     pub rollbacks: Family<ReasonLabel, Counter>,
     /// Devices found taken by someone else after reserving.
     pub conflicts: Counter,
+    /// Gangs evicted whole for a gang of higher priority.
+    pub preemptions: Counter,
     /// Gang restarts, by reason.
     pub restarts: Family<ReasonLabel, Counter>,
     /// Released gangs torn down because their pods were not scheduled in time.
@@ -90,6 +92,7 @@ impl Metrics {
             reserved_devices: Counter::default(),
             rollbacks: Family::default(),
             conflicts: Counter::default(),
+            preemptions: Counter::default(),
             restarts: Family::default(),
             schedule_timeouts: Counter::default(),
             extras_placed: Counter::default(),
@@ -149,6 +152,11 @@ impl Metrics {
             "muster_conflicts",
             "Commits undone because another claim held a planned device",
             metrics.conflicts.clone(),
+        );
+        registry.register(
+            "muster_preemptions",
+            "Gangs evicted whole so that a gang of higher priority fits",
+            metrics.preemptions.clone(),
         );
         registry.register("muster_restarts", "Gang restarts, by reason", metrics.restarts.clone());
         registry.register(

@@ -288,6 +288,7 @@ mod tests {
             (Reason::MaxRestartsExceeded, conditions::REASON_MAX_RESTARTS),
             (Reason::SucceededPodGroups, conditions::REASON_SUCCEEDED),
             (Reason::Restarted, conditions::REASON_RESTARTED),
+            (Reason::Preempted, conditions::REASON_PREEMPTED),
         ] {
             assert_eq!(reason.as_str(), constant);
             assert_eq!(Reason::parse(constant), Some(reason));

@@ -140,6 +140,7 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         pod_groups: groups,
         placement: None,
         restarts: previous.restarts,
+        nomination: None,
     }
 }
 
@@ -148,6 +149,7 @@ pub fn owned_part(status: &WorkloadStatus) -> WorkloadStatus {
     WorkloadStatus {
         conditions: status.conditions.iter().filter(|c| is_owned(c)).cloned().collect(),
         placement: None,
+        nomination: None,
         ..status.clone()
     }
 }

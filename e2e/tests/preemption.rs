@@ -1,0 +1,280 @@
+//! Gang-aware priority preemption without Kueue: a queued gang of higher priority that
+//! does not fit evicts whole gangs of lower priority, but only when it is proven to fit
+//! then, and keeps the freed devices for itself across an operator crash. Every gang is
+//! held to one rack by a node selector so that they contend.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::Api;
+use kube::api::PostParams;
+use muster_api::v1alpha1::WorkloadPhase;
+use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, gang, with_test};
+use muster_local_cluster::wait;
+use serde_json::{Value, json};
+
+const RACK: &str = "rack-0000";
+const LOW: &str = "preemption-e2e-low";
+const HIGH: &str = "preemption-e2e-high";
+const NEVER: &str = "preemption-e2e-never";
+
+/// The test's PriorityClasses (cluster-scoped, kept once made).
+async fn priority_classes(test: &Test) -> Result<()> {
+    let classes: Api<PriorityClass> = Api::all(test.client.clone());
+    for (name, value, policy) in [
+        (LOW, 100, "PreemptLowerPriority"),
+        (HIGH, 1000, "PreemptLowerPriority"),
+        (NEVER, 1000, "Never"),
+    ] {
+        let class: PriorityClass = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "value": value,
+            "preemptionPolicy": policy,
+        }))?;
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A gang of `workers` eight-GPU workers in [`RACK`], of priority class `class`.
+fn ranked(name: &str, workers: i32, class: &str) -> Value {
+    let mut workload = gang(name, workers, Some(RACK));
+    workload["spec"]["priorityClassName"] = json!(class);
+    workload
+}
+
+/// The devices the gang's claims hold now.
+async fn devices_of(test: &Test, name: &str) -> Result<BTreeSet<(String, String)>> {
+    let prefix = format!("{name}-");
+    Ok(allocations(&test.claims())
+        .await?
+        .into_iter()
+        .filter(|(claim, _)| claim.starts_with(&prefix))
+        .flat_map(|(_, devices)| devices)
+        .collect())
+}
+
+async fn nomination_of(test: &Test, name: &str) -> Result<Option<Vec<String>>> {
+    let workload = test.workloads().get(name).await?;
+    Ok(workload.status.and_then(|s| s.nomination).map(|n| n.victims))
+}
+
+/// `name` stays queued and `running` keeps running for a while.
+async fn keeps_waiting(test: &Test, name: &str, running: &[&str]) -> Result<()> {
+    let api = test.workloads();
+    wait::holds(
+        &format!("{name} to keep waiting and {running:?} to keep running"),
+        Duration::from_secs(6),
+        || {
+            let api = api.clone();
+            async move {
+                let waiting = api.get(name).await?;
+                let queued = waiting.status.as_ref().is_some_and(|s| s.placement.is_none());
+                let mut all_running = true;
+                for other in running {
+                    let w = api.get(other).await?;
+                    all_running &= w.status.as_ref().and_then(|s| s.phase) == Some(WorkloadPhase::Running);
+                }
+                Ok(queued && all_running)
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_gang_of_higher_priority_runs_on_the_devices_of_the_gang_it_preempts() -> Result<()> {
+    with_test("preempt-runs", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            test.create(ranked("low", 4, LOW)).await?;
+            assert_runs_as_planned(test, "low").await?;
+            let freed = devices_of(test, "low").await?;
+            ensure!(freed.len() == 32, "low holds {} devices", freed.len());
+
+            test.create(ranked("high", 4, HIGH)).await?;
+            let message = test
+                .wait_admitted_reason("low", "Preempted", Duration::from_secs(60))
+                .await?;
+            ensure!(
+                message.contains("high"),
+                "the victim's condition names the preemptor: {message}"
+            );
+            test.wait_event("low", "Preempted", "high").await?;
+            assert_runs_as_planned(test, "high").await?;
+            let taken = devices_of(test, "high").await?;
+            ensure!(taken == freed, "high runs on exactly low's devices");
+            ensure!(
+                nomination_of(test, "high").await?.is_none(),
+                "the commit ends the nomination"
+            );
+
+            // The victim waits in the queue again, holding nothing.
+            test.wait_phase("low", WorkloadPhase::Queued, Duration::from_secs(30))
+                .await?;
+            ensure!(devices_of(test, "low").await?.is_empty(), "the victim holds nothing");
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gang_whose_class_never_preempts_waits() -> Result<()> {
+    with_test("preempt-never", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            test.create(ranked("low", 4, LOW)).await?;
+            assert_runs_as_planned(test, "low").await?;
+            test.create(ranked("patient", 4, NEVER)).await?;
+            test.wait_admitted_reason("patient", "Unschedulable", Duration::from_secs(30))
+                .await?;
+            keeps_waiting(test, "patient", &["low"]).await?;
+            ensure!(nomination_of(test, "patient").await?.is_none(), "no nomination");
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_gang_that_would_not_fit_after_evicting_evicts_nothing() -> Result<()> {
+    with_test("preempt-would-not-fit", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            // Half the rack is of lower priority, half of the preemptor's own.
+            test.create(ranked("low", 2, LOW)).await?;
+            assert_runs_as_planned(test, "low").await?;
+            test.create(ranked("peer", 2, HIGH)).await?;
+            assert_runs_as_planned(test, "peer").await?;
+            // Three nodes' worth: evicting low frees only two.
+            test.create(ranked("high", 3, HIGH)).await?;
+            test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(30))
+                .await?;
+            keeps_waiting(test, "high", &["low", "peer"]).await?;
+            ensure!(nomination_of(test, "high").await?.is_none(), "no nomination");
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_nomination_survives_a_crash_between_eviction_and_commit() -> Result<()> {
+    let fault = "after-tearing-down-deallocate";
+    with_test("preempt-crash", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            test.create(ranked("low", 4, LOW)).await?;
+            assert_runs_as_planned(test, "low").await?;
+            let freed = devices_of(test, "low").await?;
+            // A small gang of low's priority that any freed node would take.
+            test.create(ranked("third", 1, LOW)).await?;
+            test.wait_admitted_reason("third", "Unschedulable", Duration::from_secs(30))
+                .await?;
+
+            // The same operator, now set to abort once the victim gave a claim back.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            test.start_operator(&[], &[("MUSTER_FAULT_POINT", fault)])?;
+            test.create(ranked("high", 4, HIGH)).await?;
+            let operator = test.operator.as_mut().context("operator")?;
+            operator.wait_aborted_at(fault, Duration::from_secs(90)).await?;
+            test.operator = None;
+            let victims = nomination_of(test, "high")
+                .await?
+                .context("high's nomination survives the crash")?;
+            ensure!(victims == vec![format!("{}/low", test.ns)], "victims {victims:?}");
+
+            test.start_operator(&[], &[])?;
+            assert_runs_as_planned(test, "high").await?;
+            ensure!(devices_of(test, "high").await? == freed, "high runs on low's devices");
+            ensure!(
+                devices_of(test, "third").await?.is_empty(),
+                "third took no freed device"
+            );
+            ensure!(
+                test.workloads()
+                    .get("third")
+                    .await?
+                    .status
+                    .is_some_and(|s| s.placement.is_none()),
+                "third is still queued"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_nomination_is_recorded_before_any_victim_and_a_suspended_preemptor_evicts_nothing() -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-preempt-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let _ = std::fs::remove_file(&go_on);
+    let resume = go_on.clone();
+    let outcome = with_test("preempt-suspended", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            test.create(ranked("low", 4, LOW)).await?;
+            assert_runs_as_planned(test, "low").await?;
+
+            // The same operator, now held once a nomination is recorded.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            test.start_operator(
+                &[],
+                &[
+                    ("MUSTER_PAUSE_POINT", "after-nominated"),
+                    ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+                ],
+            )?;
+            test.create(ranked("high", 4, HIGH)).await?;
+            let victims = wait::until("high's nomination", Duration::from_secs(60), || async {
+                nomination_of(test, "high").await
+            })
+            .await?;
+            ensure!(victims == vec![format!("{}/low", test.ns)], "victims {victims:?}");
+            let low = test.workloads().get("low").await?;
+            ensure!(
+                low.status.and_then(|s| s.placement).and_then(|p| p.state)
+                    == Some(muster_api::v1alpha1::AdmissionState::Released),
+                "no victim is touched before the nomination is recorded"
+            );
+
+            test.workloads()
+                .patch(
+                    "high",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&json!({"spec": {"suspend": true}})),
+                )
+                .await?;
+            std::fs::write(&resume, b"")?;
+            wait::until("high's nomination to be dropped", Duration::from_secs(30), || async {
+                Ok(nomination_of(test, "high").await?.is_none().then_some(()))
+            })
+            .await?;
+            let api = test.workloads();
+            wait::holds("low to keep running", Duration::from_secs(4), || {
+                let api = api.clone();
+                async move {
+                    let w = api.get("low").await?;
+                    Ok(w.status.and_then(|s| s.phase) == Some(WorkloadPhase::Running))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await;
+    let _ = std::fs::remove_file(&go_on);
+    outcome
+}
