@@ -53,11 +53,14 @@ pub(crate) fn nomination_of(workload: &Workload) -> Option<&NominationStatus> {
     workload.status.as_ref()?.nomination.as_ref()
 }
 
-/// A gang that holds a reservation another gang may take by preemption.
+/// A gang that holds a reservation another gang may take by preemption: a released
+/// one. A gang still `Reserved` is released a moment later, which would look like an
+/// admission after the nomination and spare it from the eviction its nomination counted
+/// on; it is left alone until then.
 fn evictable(workload: &Workload) -> bool {
     matches!(
         placement_of(workload).and_then(|p| p.state),
-        Some(AdmissionState::Reserved | AdmissionState::Released)
+        Some(AdmissionState::Released)
     )
 }
 
@@ -135,8 +138,23 @@ impl Admission {
             {
                 continue;
             }
-            if workload.spec.suspend == Some(true) {
-                let message = "suspended: its nomination is dropped";
+            // Whatever the gang's plan says now (it may no longer be valid, or fit no
+            // cluster at all), a nomination ends: its devices are never held for good.
+            let age = nominated
+                .since
+                .as_ref()
+                .map(|t| observe::now_millis() - observe::millis(t))
+                .unwrap_or(i64::MAX);
+            let ends = if workload.spec.suspend == Some(true) {
+                Some("suspended: its nomination is dropped")
+            } else if !self.kueue_object(workload).is_not_queued() {
+                Some("Kueue manages it now: Kueue's preemption decides")
+            } else if age > NOMINATION_LIFETIME.as_millis() as i64 {
+                Some("it has not fit within the nomination's lifetime")
+            } else {
+                None
+            };
+            if let Some(message) = ends {
                 if let Err(e) = self.drop_nomination(workload, message).await {
                     warn!(workload = %key(workload), error = %e, "dropping a nomination failed");
                 }
