@@ -208,6 +208,27 @@ async fn a_nomination_survives_a_crash_between_eviction_and_commit() -> Result<(
                     .is_some_and(|s| s.placement.is_none()),
                 "third is still queued"
             );
+            // Never admitted in between: had the hold failed, third would have taken a
+            // freed device and been preempted by high in turn, and ended the same way.
+            let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+                kube::Api::namespaced(test.client.clone(), &test.ns);
+            let preempted_events = |name: &str| {
+                let params =
+                    kube::api::ListParams::default().fields(&format!("involvedObject.name={name},reason=Preempted"));
+                let events = events.clone();
+                async move { events.list(&params).await }
+            };
+            // The query finds the victim's event, so an empty answer for third means something.
+            ensure!(
+                !preempted_events("low").await?.items.is_empty(),
+                "low's Preempted event"
+            );
+            let preempted = preempted_events("third").await?;
+            ensure!(
+                preempted.items.is_empty(),
+                "third was admitted and preempted: {:?}",
+                preempted.items.iter().map(|e| &e.message).collect::<Vec<_>>()
+            );
             Ok(())
         })
     })
