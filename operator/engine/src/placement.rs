@@ -662,13 +662,7 @@ impl<'a> Planner<'a> {
             return Ok(unschedulable(self.explain_no_domain(&[])));
         }
         let feasible: Vec<usize> = (0..domains.len())
-            .filter(|i| {
-                domains[*i]
-                    .capacity
-                    .iter()
-                    .zip(&self.gang.groups)
-                    .all(|(c, g)| *c >= g.min_count)
-            })
+            .filter(|i| self.holds_gang(&domains[*i].capacity))
             .collect();
         if feasible.is_empty() {
             return Ok(unschedulable(self.explain_no_domain(&domains)));
@@ -754,15 +748,8 @@ impl<'a> Planner<'a> {
         by_value
             .into_iter()
             .map(|(value, nodes)| {
-                let capacity: Vec<usize> = (0..self.gang.groups.len())
-                    .map(|g| self.group_capacity(&nodes, g))
-                    .collect();
-                let leftover = capacity
-                    .iter()
-                    .zip(&self.gang.groups)
-                    .zip(&self.weights)
-                    .map(|((c, g), w)| (c.saturating_sub(g.min_count) as u64) * w)
-                    .sum();
+                let capacity = self.capacity(&nodes);
+                let leftover = self.leftover(&capacity);
                 Domain {
                     value: value.map(str::to_string),
                     nodes,
@@ -1026,7 +1013,7 @@ impl<'a> Planner<'a> {
             return self.fit_slices(state, g, order, &|_| true, budget);
         };
         let mut values: Vec<(usize, &str)> = self
-            .room_by_label_capacity(order, g, key)
+            .room_by_label(order, g, key)
             .into_iter()
             .filter(|(_, room)| *room >= group.min_count)
             .map(|(value, room)| (room, value))
@@ -1097,7 +1084,7 @@ impl<'a> Planner<'a> {
         // state only fills up, so a value that failed once is not tried again for a slice
         // as big: each value fails at most once per size.
         let mut values: Vec<(usize, &str, usize)> = self
-            .room_by_label_capacity(&usable, g, &slice.key)
+            .room_by_label(&usable, g, &slice.key)
             .into_iter()
             .map(|(value, room)| (room, value, usize::MAX))
             .collect();
@@ -1147,11 +1134,6 @@ impl<'a> Planner<'a> {
             }
         }
         Ok(Fitted::All)
-    }
-
-    /// Room for pods of group `g` per value of `key` among `nodes`, with the values.
-    fn room_by_label_capacity(&self, nodes: &[usize], g: usize, key: &str) -> Vec<(&str, usize)> {
-        self.room_by_label(nodes, g, key).into_iter().collect()
     }
 
     /// Whether candidate `n` has `value` for `key` (any node when either is unset).

@@ -328,18 +328,7 @@ fn model_class(model: usize) -> DeviceClass {
 }
 
 fn held(pool: &str, device: &str) -> DeviceResult {
-    DeviceResult {
-        request: "other".into(),
-        driver: GPU.into(),
-        pool: pool.into(),
-        device: device.into(),
-        admin_access: None,
-        tolerations: vec![],
-        binding_conditions: vec![],
-        binding_failure_conditions: vec![],
-        share_id: None,
-        consumed_capacity: BTreeMap::new(),
-    }
+    fixtures::device_result("other", pool, device)
 }
 
 fn taken_in(pool: &str, prefix: &str, devices: &[DeviceSpec]) -> Vec<DeviceResult> {

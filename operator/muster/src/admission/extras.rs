@@ -49,7 +49,8 @@ impl Admission {
             }
         };
         let mut extras = request.clone();
-        let nodes = self.index.snapshot();
+        // One snapshot for the groups' values, the excluded nodes and the plan.
+        let snapshot = self.index.snapshot();
         for group in &mut extras.groups {
             // The value of the group's own level its planned pods have: from any of them
             // whose node is still there and labelled. Without one, the extras wait rather
@@ -59,7 +60,7 @@ impl Admission {
                     .pods
                     .iter()
                     .filter(|planned| group.pods.iter().any(|p| p.key.name() == planned.name))
-                    .find_map(|planned| nodes.node(&planned.node)?.labels.get(key).cloned());
+                    .find_map(|planned| snapshot.node(&planned.node)?.labels.get(key).cloned());
                 (key.clone(), value)
             });
             group.pods.retain(|p| waiting.contains(p.key.name()));
@@ -82,10 +83,9 @@ impl Admission {
         extras.topology = Default::default();
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
-            let cluster = self.index.snapshot();
+            let cluster = snapshot.clone();
             // Off nodes held for long-waiting gangs, and inside Kueue's decision.
             let mut excluded = self.held_against(workload);
-            let snapshot = self.index.snapshot();
             if let Some(allowed) = self.kueue_allowed_nodes(workload, &snapshot) {
                 excluded.extend(
                     snapshot

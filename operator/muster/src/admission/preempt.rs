@@ -53,6 +53,16 @@ pub(crate) fn nomination_of(workload: &Workload) -> Option<&NominationStatus> {
     workload.status.as_ref()?.nomination.as_ref()
 }
 
+/// Whether a nomination has outlived [`NOMINATION_LIFETIME`].
+fn expired(nominated: &NominationStatus) -> bool {
+    let age = nominated
+        .since
+        .as_ref()
+        .map(|t| observe::now_millis() - observe::millis(t))
+        .unwrap_or(i64::MAX);
+    age > NOMINATION_LIFETIME.as_millis() as i64
+}
+
 /// A gang that holds a reservation another gang may take by preemption: a released
 /// one. A gang still `Reserved` is released a moment later, which would look like an
 /// admission after the nomination and spare it from the eviction its nomination counted
@@ -140,16 +150,11 @@ impl Admission {
             }
             // Whatever the gang's plan says now (it may no longer be valid, or fit no
             // cluster at all), a nomination ends: its devices are never held for good.
-            let age = nominated
-                .since
-                .as_ref()
-                .map(|t| observe::now_millis() - observe::millis(t))
-                .unwrap_or(i64::MAX);
             let ends = if workload.spec.suspend == Some(true) {
                 Some("suspended: its nomination is dropped")
             } else if !self.kueue_object(workload).is_not_queued() {
                 Some("Kueue manages it now: Kueue's preemption decides")
-            } else if age > NOMINATION_LIFETIME.as_millis() as i64 {
+            } else if expired(nominated) {
                 Some("it has not fit within the nomination's lifetime")
             } else {
                 None
@@ -317,11 +322,6 @@ impl Admission {
                 self.current_workload(&ObjectKey::from(v.as_str()))
                     .is_some_and(|w| placement_of(&w).and_then(|p| p.state).is_some())
             });
-            let age = nominated
-                .since
-                .as_ref()
-                .map(|t| observe::now_millis() - observe::millis(t))
-                .unwrap_or(i64::MAX);
             // The caches may not show every freed device yet when the last victim is
             // queued: only a nomination whose devices look free is known not to help.
             let view = self.planning_view(&key(workload));
@@ -332,11 +332,9 @@ impl Admission {
                     device: d.device.clone(),
                 })
             });
+            // Its lifetime is kept every pass, by `hold_nominations`.
             if !victims_left && devices_free {
                 self.drop_nomination(workload, "its victims are gone and it still does not fit")
-                    .await?;
-            } else if age > NOMINATION_LIFETIME.as_millis() as i64 {
-                self.drop_nomination(workload, "it has not fit within the nomination's lifetime")
                     .await?;
             }
             return Ok(());
