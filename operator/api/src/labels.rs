@@ -61,3 +61,9 @@ pub const PODSET_SLICE_REQUIRED_TOPOLOGY: &str = "muster.dev/podset-slice-requir
 pub const PODSET_SLICE_SIZE: &str = "muster.dev/podset-slice-size";
 /// Annotation on a pod template: the group's minCount.
 pub const PODSET_MIN_COUNT: &str = "muster.dev/podset-min-count";
+/// Annotation on a Workload muster derived from a job object: why the job cannot be a
+/// gang, naming the field. While it is set the Workload holds nothing and says why.
+pub const INVALID: &str = "muster.dev/invalid";
+/// Annotation on a derived Workload: the last `Admitted` change told on its job object as
+/// an event (`status/reason`), so that a restarted operator does not tell it again.
+pub const REPORTED: &str = "muster.dev/reported";
