@@ -25,4 +25,5 @@ pub mod kube_ops;
 pub mod kueue;
 pub mod ops;
 pub mod snapshot;
+pub mod webhook;
 pub mod workload;

@@ -55,6 +55,20 @@ struct Context {
     lease: Option<crate::ops::leader::LeaseGuard>,
 }
 
+/// Whether the cluster serves `framework`'s kind (JobSet is a CRD).
+pub async fn served(client: &Client, framework: Framework) -> bool {
+    let resource = framework.resource();
+    match client.list_api_group_resources(&resource.api_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == resource.plural),
+        Err(e) => {
+            if !kube_ops::is_not_found(&e) {
+                warn!(error = %e, kind = %resource.kind, "cannot tell whether the cluster serves it; not adopting it");
+            }
+            false
+        }
+    }
+}
+
 /// Runs the adoption controller of `framework` until the process stops.
 pub async fn run(
     client: Client,
