@@ -110,9 +110,10 @@ struct RunArgs {
     /// Seconds a Lease holds without renewal; a follower takes over after that long.
     #[arg(long, default_value_t = 15)]
     leader_election_lease_duration: u64,
-    /// Run labelled JobSets (and so TrainJobs) and Jobs as gangs: keep each one's
-    /// Workload. Their pods are gated by the webhook (`--webhook-bind-address`).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// Run JobSets (and so TrainJobs) and Jobs labelled muster.dev/gang as gangs: keep
+    /// each one's Workload. Their pods are gated by the webhook (`--webhook-bind-address`,
+    /// on some replica).
+    #[arg(long)]
     adopt_jobs: bool,
     /// Address of the admission webhook (HTTPS, path /mutate); "0" turns it off.
     #[arg(long, default_value = "0")]
