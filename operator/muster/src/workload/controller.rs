@@ -432,7 +432,19 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
             Err(e) => return Err(e.into()),
         }
     }
-    let Some(desired) = crate::kueue::desired(workload, queue, priority, topology) else {
+    // Template-less groups are charged by their members' pods: one of each is needed.
+    let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
+    let members: BTreeMap<String, serde_json::Value> = workload
+        .spec
+        .pod_groups
+        .iter()
+        .filter(|g| g.template.is_none())
+        .filter_map(|g| {
+            let first = membership::external_members(&pods, g).into_iter().next()?;
+            Some((g.name.clone(), crate::kueue::member_template(first)))
+        })
+        .collect();
+    let Some(desired) = crate::kueue::desired(workload, queue, priority, topology, &members) else {
         return Ok(());
     };
     let object: kube::api::DynamicObject =
