@@ -33,8 +33,12 @@ async fn webhook_port() -> Result<u16> {
                 .first()
                 .map(|c| (*c).clone())
                 .context("the chart's webhook configuration")?;
-            apply_cluster_object(&client, &loopback_webhook(configuration, port), "mutatingwebhookconfigurations")
-                .await?;
+            apply_cluster_object(
+                &client,
+                &loopback_webhook(configuration, port),
+                "mutatingwebhookconfigurations",
+            )
+            .await?;
             anyhow::Ok((frameworks, port))
         })
         .await?;
@@ -100,8 +104,12 @@ async fn create(api: &Api<DynamicObject>, object: Value) -> Result<()> {
 
 async fn delete_jobs(test: &Test) -> Result<()> {
     let background = DeleteParams::background();
-    trainjobs(test).delete_collection(&background, &ListParams::default()).await?;
-    jobsets(test).delete_collection(&background, &ListParams::default()).await?;
+    trainjobs(test)
+        .delete_collection(&background, &ListParams::default())
+        .await?;
+    jobsets(test)
+        .delete_collection(&background, &ListParams::default())
+        .await?;
     let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
     jobs.delete_collection(&background, &ListParams::default()).await?;
     Ok(())
@@ -207,22 +215,26 @@ async fn runs_as_one_gang(test: &Test, name: &str, pods: usize) -> Result<BTreeM
     test.wait_phase(name, WorkloadPhase::Running, Duration::from_secs(120))
         .await?;
     let pods_api = test.pods();
-    let running: Vec<Pod> = wait::until(&format!("{pods} pods of {name} to run"), Duration::from_secs(60), || {
-        let pods_api = pods_api.clone();
-        let name = name.to_string();
-        async move {
-            let list = pods_api
-                .list(&ListParams::default().labels(&format!("muster.dev/workload={name}")))
-                .await?
-                .items;
-            let running: Vec<Pod> = list
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .collect();
-            Ok((running.len() == pods).then_some(running))
-        }
-    })
+    let running: Vec<Pod> = wait::until(
+        &format!("{pods} pods of {name} to run"),
+        Duration::from_secs(60),
+        || {
+            let pods_api = pods_api.clone();
+            let name = name.to_string();
+            async move {
+                let list = pods_api
+                    .list(&ListParams::default().labels(&format!("muster.dev/workload={name}")))
+                    .await?
+                    .items;
+                let running: Vec<Pod> = list
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .collect();
+                Ok((running.len() == pods).then_some(running))
+            }
+        },
+    )
     .await?;
     let racks: BTreeMap<String, String> = test
         .cluster
@@ -239,7 +251,11 @@ async fn runs_as_one_gang(test: &Test, name: &str, pods: usize) -> Result<BTreeM
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).context("bound")?;
         used_racks.insert(racks[&node].clone());
-        let start = pod.status.as_ref().and_then(|s| s.start_time.clone()).context("started")?;
+        let start = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.clone())
+            .context("started")?;
         first_start = first_start.min(Some(start.0)).or(Some(start.0));
         for status in pod
             .status
@@ -338,7 +354,10 @@ async fn a_labelled_jobset_runs_as_one_gang_in_one_rack() -> Result<()> {
             ensure!(devices.len() == 4, "four workers with claims: {devices:?}");
             let workload = test.workloads().get("jobset-train").await?;
             let owner = &workload.metadata.owner_references.clone().unwrap_or_default()[0];
-            ensure!(owner.kind == "JobSet" && owner.name == "train", "owned by the JobSet: {owner:?}");
+            ensure!(
+                owner.kind == "JobSet" && owner.name == "train",
+                "owned by the JobSet: {owner:?}"
+            );
             wait_job_event(test, "train", "GangAdmitted", "reserved").await?;
             Ok(())
         })
@@ -362,7 +381,8 @@ async fn a_labelled_indexed_job_runs_as_one_gang() -> Result<()> {
 
 async fn create_job(test: &Test, job: Value) -> Result<()> {
     let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
-    jobs.create(&PostParams::default(), &serde_json::from_value(job)?).await?;
+    jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+        .await?;
     Ok(())
 }
 
@@ -393,7 +413,12 @@ async fn torch_runtime(test: &Test) -> Result<String> {
     });
     let api: Api<DynamicObject> = Api::all_with(
         test.client.clone(),
-        &resource("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes"),
+        &resource(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "ClusterTrainingRuntime",
+            "clustertrainingruntimes",
+        ),
     );
     create(&api, runtime).await?;
     Ok(name)
@@ -435,7 +460,12 @@ async fn a_labelled_trainjob_runs_as_one_gang_and_gives_every_device_back_when_d
             all_given_back(test, "jobset-llama").await?;
             let api: Api<DynamicObject> = Api::all_with(
                 test.client.clone(),
-                &resource("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes"),
+                &resource(
+                    "trainer.kubeflow.org",
+                    "v1alpha1",
+                    "ClusterTrainingRuntime",
+                    "clustertrainingruntimes",
+                ),
             );
             api.delete(&runtime, &DeleteParams::default()).await?;
             Ok(())
@@ -479,7 +509,8 @@ async fn a_jobset_restart_runs_its_new_pods_as_the_gang_again() -> Result<()> {
                 .iter()
                 .filter_map(|p| p.metadata.uid.clone())
                 .collect();
-            test.exit_pod(worker.metadata.name.as_deref().unwrap_or_default(), 1).await?;
+            test.exit_pod(worker.metadata.name.as_deref().unwrap_or_default(), 1)
+                .await?;
             // JobSet recreates its Jobs; muster admits the new pods as the gang again.
             let pods = test.pods();
             wait::until("JobSet to make new pods", Duration::from_secs(120), || {
@@ -530,7 +561,10 @@ async fn a_labelled_jobset_created_while_muster_is_down_never_runs_ungated() -> 
                 Ok(()) => anyhow::bail!("the JobSet was admitted while muster was down"),
                 Err(e) => format!("{e:#}"),
             };
-            ensure!(message.contains("muster-webhook") || message.contains("gang.muster.dev"), "{message}");
+            ensure!(
+                message.contains("muster-webhook") || message.contains("gang.muster.dev"),
+                "{message}"
+            );
             let pods = test.pods().list(&ListParams::default()).await?.items;
             ensure!(pods.is_empty(), "no pod exists: {}", pods.len());
             // muster starts; applied again (as kubectl and GitOps tools retry), it runs.
@@ -583,7 +617,11 @@ async fn unlabelled_jobsets_and_jobs_are_never_touched() -> Result<()> {
             })
             .await?;
             for pod in &running {
-                let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default();
+                let gates = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.scheduling_gates.clone())
+                    .unwrap_or_default();
                 ensure!(gates.is_empty(), "no gate: {gates:?}");
                 let labels = pod.metadata.labels.clone().unwrap_or_default();
                 ensure!(
@@ -609,10 +647,12 @@ async fn reviews(test: &Test) -> Result<f64> {
 /// The derived Workload's `Created` message, once it is False/InvalidSpec.
 async fn invalid_message(test: &Test, name: &str) -> Result<String> {
     let api = test.workloads();
-    wait::until(&format!("{name} to be InvalidSpec"), Duration::from_secs(60), || {
+    let found = wait::until(&format!("{name} to be InvalidSpec"), Duration::from_secs(60), || {
         let api = api.clone();
         async move {
-            let Some(w) = api.get_opt(name).await? else { return Ok(None) };
+            let Some(w) = api.get_opt(name).await? else {
+                return Ok(None);
+            };
             Ok(w.status
                 .unwrap_or_default()
                 .conditions
@@ -621,7 +661,20 @@ async fn invalid_message(test: &Test, name: &str) -> Result<String> {
                 .map(|c| c.message))
         }
     })
-    .await
+    .await;
+    match found {
+        Ok(message) => Ok(message),
+        Err(e) => {
+            let seen = api.get_opt(name).await?;
+            let log = test.operator.as_ref().map(|o| o.log()).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            Err(e.context(format!(
+                "the Workload: {}; the operator's log ends:\n{}",
+                serde_json::to_string(&seen)?,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )))
+        }
+    }
 }
 
 #[tokio::test]
@@ -692,7 +745,11 @@ async fn the_label_cannot_be_added_or_removed_later() -> Result<()> {
             create_job(test, plain).await?;
             let add = json!({"metadata": {"labels": {"muster.dev/gang": "true"}}});
             let refused = jobs
-                .patch("later", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&add))
+                .patch(
+                    "later",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&add),
+                )
                 .await;
             let message = format!("{:#}", refused.err().context("refused")?);
             ensure!(message.contains("can only be set when the Job is created"), "{message}");

@@ -744,7 +744,11 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
             let (objects, kubeconfig) = muster_e2e::rbac::chart_account(
                 test,
                 &release_ns,
-                &[("crds.install", "false"), ("rbac.kueue", "true"), ("webhook.enabled", "false")],
+                &[
+                    ("crds.install", "false"),
+                    ("rbac.kueue", "true"),
+                    ("webhook.enabled", "false"),
+                ],
             )
             .await?;
             if let Some(admin) = test.operator.take() {

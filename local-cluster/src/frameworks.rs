@@ -165,9 +165,7 @@ health:
         logs.push(log);
         let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
         let url = |path: &str| format!("https://127.0.0.1:{jobset_webhook}{path}");
-        let rules = |operations: Value| {
-            json!([{"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "operations": operations, "resources": ["jobsets"]}])
-        };
+        let rules = |operations: Value| json!([{"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "operations": operations, "resources": ["jobsets"]}]);
         let mutating = json!({
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": "jobset-mutating-webhook-configuration"},
@@ -237,7 +235,10 @@ health:
                     break;
                 }
                 if std::time::Instant::now() > deadline {
-                    bail!("{name} was not ready within 2 minutes; its log:\n{}", frameworks.log_tails());
+                    bail!(
+                        "{name} was not ready within 2 minutes; its log:\n{}",
+                        frameworks.log_tails()
+                    );
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }

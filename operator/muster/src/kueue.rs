@@ -773,8 +773,14 @@ mod tests {
         let object = desired(&workload, "q", None, false, &members).unwrap();
         let pod_set = &object["spec"]["podSets"][0];
         assert_eq!(pod_set["count"], 4, "replicas, not minCount");
-        assert_eq!(pod_set["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"], "four-gpus");
-        assert_eq!(pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"], "4");
+        assert_eq!(
+            pod_set["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            "four-gpus"
+        );
+        assert_eq!(
+            pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+            "4"
+        );
         assert!(pod_set["template"]["spec"].get("schedulingGates").is_none());
     }
 

@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the operator against a cluster (kubeconfig or in-cluster service account).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Start a local control plane with fake GPU nodes, run the operator and an example
     /// training gang, and show it progress.
     #[cfg(feature = "demo")]
@@ -198,7 +198,7 @@ pub fn main() -> Result<()> {
         Command::Run(args) => {
             init_logging(args.log_format, args.log_level);
             let runtime = tokio::runtime::Runtime::new()?;
-            runtime.block_on(run(args))
+            runtime.block_on(run(*args))
         }
     }
 }
@@ -325,7 +325,9 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<crate::webhook::Settings>> 
         Some(dir) => crate::webhook::Certificates::Files(dir.clone()),
         None => {
             if args.webhook_dns_name.is_empty() {
-                anyhow::bail!("--webhook-dns-name: the names of the webhook's certificate are needed (or --webhook-cert-dir)");
+                anyhow::bail!(
+                    "--webhook-dns-name: the names of the webhook's certificate are needed (or --webhook-cert-dir)"
+                );
             }
             crate::webhook::Certificates::Managed {
                 namespace: args

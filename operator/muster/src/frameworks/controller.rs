@@ -92,18 +92,22 @@ pub async fn run(
     // Node labels decide whether a topology key is known: wait for them.
     index.wait_ready().await;
     let labelled = watcher::Config::default().labels(labels::ADOPT);
-    Controller::new_with(Api::<DynamicObject>::all_with(client.clone(), &resource), labelled, resource)
-        .owns(Api::<Workload>::all(client), watcher::Config::default())
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(e) = result
-                && !matches!(e, kube::runtime::controller::Error::ObjectNotFound(_))
-            {
-                warn!(error = %e, "adopting a job failed");
-            }
-        })
-        .await;
+    Controller::new_with(
+        Api::<DynamicObject>::all_with(client.clone(), &resource),
+        labelled,
+        resource,
+    )
+    .owns(Api::<Workload>::all(client), watcher::Config::default())
+    .shutdown_on_signal()
+    .run(reconcile, error_policy, context)
+    .for_each(|result| async move {
+        if let Err(e) = result
+            && !matches!(e, kube::runtime::controller::Error::ObjectNotFound(_))
+        {
+            warn!(error = %e, "adopting a job failed");
+        }
+    })
+    .await;
 }
 
 fn error_policy(_: Arc<DynamicObject>, error: &Error, _: Arc<Context>) -> Action {
@@ -176,7 +180,10 @@ async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action,
     {
         // A Workload of that name belongs to someone else (or to a deleted job of the same
         // name, still going): nothing is touched; the job waits.
-        let note = format!("Workload {name} exists and does not belong to this {}", ctx.framework.kind());
+        let note = format!(
+            "Workload {name} exists and does not belong to this {}",
+            ctx.framework.kind()
+        );
         publish(&ctx, &job, EventType::Warning, EVENT_INVALID, note).await;
         return Ok(Action::requeue(Duration::from_secs(30)));
     }

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use muster_api::labels;
 use muster_api::v1alpha1::{
-    FailurePolicy, GroupTopology, MAX_PODS, MAX_REPLICAS, MAX_WORKLOAD_AND_GROUP_NAME, Members, PodGroup, Topology, TopologySlice,
-    Workload, WorkloadSpec,
+    FailurePolicy, GroupTopology, MAX_PODS, MAX_REPLICAS, MAX_WORKLOAD_AND_GROUP_NAME, Members, PodGroup, Topology,
+    TopologySlice, Workload, WorkloadSpec,
 };
 use serde_json::{Value, json};
 
@@ -27,14 +27,16 @@ pub const MAX_RESTARTS: i32 = 1000;
 /// whole name where `<workload>-<group>` would pass 57 characters.
 pub fn workload_name(framework: Framework, name: &str, longest_group: usize) -> String {
     let full = format!("{}-{name}", framework.prefix());
-    let room = MAX_WORKLOAD_AND_GROUP_NAME.saturating_sub(longest_group).max(framework.prefix().len() + 7);
+    let room = MAX_WORKLOAD_AND_GROUP_NAME
+        .saturating_sub(longest_group)
+        .max(framework.prefix().len() + 7);
     if full.len() <= room {
         return full;
     }
     // FNV-1a: stable across releases, unlike the standard library's hasher.
-    let hash = full
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = full.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     let suffix = format!("{:05x}", hash & 0xf_ffff);
     let cut = full[..room - suffix.len() - 1].trim_end_matches('-');
     format!("{cut}-{suffix}")
@@ -120,7 +122,10 @@ pub fn derive(framework: Framework, object: &Value, known_level: &dyn Fn(&str) -
                 set.parallelism
             ));
         }
-        let per_job = set.completions.map_or(set.parallelism, |c| c.min(set.parallelism)).max(1);
+        let per_job = set
+            .completions
+            .map_or(set.parallelism, |c| c.min(set.parallelism))
+            .max(1);
         let pods = set.jobs.max(1).saturating_mul(per_job);
         total = total.saturating_add(pods);
         let replicas = i32::try_from(pods.min(i64::from(MAX_REPLICAS))).unwrap_or(MAX_REPLICAS);
@@ -142,10 +147,24 @@ pub fn derive(framework: Framework, object: &Value, known_level: &dyn Fn(&str) -
                 }
                 fits
             });
-        let required = pod_set_annotation(object, set, labels::PODSET_REQUIRED_TOPOLOGY)
-            .and_then(|v| level(v, &template_at, labels::PODSET_REQUIRED_TOPOLOGY, known_level, &mut problems));
-        let slice_level = pod_set_annotation(object, set, labels::PODSET_SLICE_REQUIRED_TOPOLOGY)
-            .and_then(|v| level(v, &template_at, labels::PODSET_SLICE_REQUIRED_TOPOLOGY, known_level, &mut problems));
+        let required = pod_set_annotation(object, set, labels::PODSET_REQUIRED_TOPOLOGY).and_then(|v| {
+            level(
+                v,
+                &template_at,
+                labels::PODSET_REQUIRED_TOPOLOGY,
+                known_level,
+                &mut problems,
+            )
+        });
+        let slice_level = pod_set_annotation(object, set, labels::PODSET_SLICE_REQUIRED_TOPOLOGY).and_then(|v| {
+            level(
+                v,
+                &template_at,
+                labels::PODSET_SLICE_REQUIRED_TOPOLOGY,
+                known_level,
+                &mut problems,
+            )
+        });
         let slice_size = pod_set_annotation(object, set, labels::PODSET_SLICE_SIZE)
             .and_then(|v| count(v, &template_at, labels::PODSET_SLICE_SIZE, &mut problems));
         let slice = match (slice_level, slice_size) {
@@ -209,9 +228,7 @@ pub fn derive(framework: Framework, object: &Value, known_level: &dyn Fn(&str) -
         });
     }
     if total > i64::from(MAX_PODS) {
-        problems.push(format!(
-            "the job has {total} pods; a gang has at most {MAX_PODS}"
-        ));
+        problems.push(format!("the job has {total} pods; a gang has at most {MAX_PODS}"));
     }
 
     let topology = gang_topology(object, known_level, &mut problems);
@@ -287,10 +304,9 @@ fn gang_topology(object: &Value, known: &dyn Fn(&str) -> bool, problems: &mut Ve
             ));
             preferred_levels.clear();
         }
-        let repeats = preferred_levels
-            .iter()
-            .enumerate()
-            .any(|(i, l)| preferred_levels[..i].contains(l) || Some(l) == required.as_ref() || Some(l) == preferred.as_ref());
+        let repeats = preferred_levels.iter().enumerate().any(|(i, l)| {
+            preferred_levels[..i].contains(l) || Some(l) == required.as_ref() || Some(l) == preferred.as_ref()
+        });
         if repeats || preferred_levels.len() > 4 {
             problems.push(format!(
                 "{at} annotation {}: at most 4 levels, none repeated, none the required or preferred one",
@@ -338,7 +354,10 @@ mod tests {
         assert_eq!(w.metadata.annotations, None, "valid");
         assert_eq!(w.spec.suspend, Some(false));
         assert_eq!(w.spec.priority_class_name.as_deref(), Some("high"));
-        assert_eq!(w.spec.topology.as_ref().unwrap().required.as_deref(), Some("example.com/rack"));
+        assert_eq!(
+            w.spec.topology.as_ref().unwrap().required.as_deref(),
+            Some("example.com/rack")
+        );
         let groups: Vec<(&str, i32, Option<i32>)> = w
             .spec
             .pod_groups
@@ -351,7 +370,10 @@ mod tests {
         assert_eq!(members.match_labels[JOBSET_UID], "js-uid");
         assert_eq!(w.metadata.labels.as_ref().unwrap()[QUEUE_LABEL], "q");
         let owner = &w.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("JobSet", "js-uid", Some(true)));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("JobSet", "js-uid", Some(true))
+        );
         assert_eq!(
             muster_api::validation::validate(&w),
             Ok(()),

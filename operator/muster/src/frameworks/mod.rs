@@ -65,12 +65,11 @@ impl Framework {
 
     pub fn resource(self) -> ApiResource {
         match self {
-            Framework::JobSet => {
-                ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"), "jobsets")
-            }
-            Framework::Job => {
-                ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("batch", "v1", "Job"), "jobs")
-            }
+            Framework::JobSet => ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"),
+                "jobsets",
+            ),
+            Framework::Job => ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("batch", "v1", "Job"), "jobs"),
         }
     }
 
@@ -202,7 +201,12 @@ mod tests {
         assert_eq!(sets.len(), 2);
         assert_eq!((sets[0].jobs, sets[0].parallelism), (1, 1));
         assert_eq!(
-            (sets[1].group.as_str(), sets[1].jobs, sets[1].parallelism, sets[1].completions),
+            (
+                sets[1].group.as_str(),
+                sets[1].jobs,
+                sets[1].parallelism,
+                sets[1].completions
+            ),
             ("workers", 2, 4, Some(4))
         );
         assert_eq!(sets[1].template, "/spec/replicatedJobs/1/template/spec/template");
@@ -210,7 +214,8 @@ mod tests {
 
     #[test]
     fn the_end_comes_from_the_jobs_own_conditions() {
-        let done = json!({"status": {"conditions": [{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]}});
+        let done =
+            json!({"status": {"conditions": [{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]}});
         assert_eq!(Framework::Job.finished(&done).map(|f| f.0), Some(true));
         let failed = json!({"status": {"conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]}});
         assert_eq!(

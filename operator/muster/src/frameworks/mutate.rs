@@ -140,13 +140,19 @@ mod tests {
             panic!("admitted")
         };
         let template = &changed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
-        assert_eq!(template["spec"]["schedulingGates"], json!([{"name": "other"}, {"name": "muster.dev/gang"}]));
+        assert_eq!(
+            template["spec"]["schedulingGates"],
+            json!([{"name": "other"}, {"name": "muster.dev/gang"}])
+        );
         assert_eq!(template["metadata"]["labels"]["muster.dev/workload"], "jobset-train");
         assert_eq!(template["metadata"]["labels"]["muster.dev/pod-group"], "workers");
         let launcher = &changed["spec"]["replicatedJobs"][1]["template"]["spec"]["template"];
         assert_eq!(launcher["metadata"]["labels"]["app"], "x");
         assert_eq!(launcher["metadata"]["labels"]["muster.dev/pod-group"], "launcher");
-        assert!(changed["metadata"]["labels"].get(QUEUE_LABEL).is_none(), "Kueue's label moved");
+        assert!(
+            changed["metadata"]["labels"].get(QUEUE_LABEL).is_none(),
+            "Kueue's label moved"
+        );
         assert_eq!(changed["metadata"]["annotations"][labels::QUEUE_NAME], "team");
         // Again: nothing more changes.
         assert_eq!(

@@ -53,8 +53,12 @@ pub fn facts(pem: &str) -> Result<Facts, CertError> {
                 x509_parser::extensions::GeneralName::DNSName(dns) => names.push(dns.to_string()),
                 x509_parser::extensions::GeneralName::IPAddress(bytes) => {
                     let ip = match bytes.len() {
-                        4 => <[u8; 4]>::try_from(*bytes).ok().map(|b| std::net::IpAddr::from(b).to_string()),
-                        16 => <[u8; 16]>::try_from(*bytes).ok().map(|b| std::net::IpAddr::from(b).to_string()),
+                        4 => <[u8; 4]>::try_from(*bytes)
+                            .ok()
+                            .map(|b| std::net::IpAddr::from(b).to_string()),
+                        16 => <[u8; 16]>::try_from(*bytes)
+                            .ok()
+                            .map(|b| std::net::IpAddr::from(b).to_string()),
                         _ => None,
                     };
                     names.extend(ip);
@@ -198,7 +202,9 @@ mod tests {
         assert!(renew(Some(&bundle), &other, start, year).unwrap().is_some());
         // Seven years on the CA is due: a new one, the old one kept in the bundle while valid.
         let much_later = start + time::Duration::days(7 * 365);
-        let rotated = renew(Some(&bundle), &names(), much_later, year).unwrap().expect("rotated");
+        let rotated = renew(Some(&bundle), &names(), much_later, year)
+            .unwrap()
+            .expect("rotated");
         assert!(rotated.ca_bundle.ends_with(&bundle.ca_bundle), "old CA still trusted");
         assert_ne!(first_pem(&rotated.ca_bundle), first_pem(&bundle.ca_bundle));
     }
@@ -209,6 +215,9 @@ mod tests {
             ca_bundle: "not a certificate".into(),
             ..Bundle::default()
         };
-        assert_eq!(renewal(Some(&broken), &names(), OffsetDateTime::now_utc()), (true, true));
+        assert_eq!(
+            renewal(Some(&broken), &names(), OffsetDateTime::now_utc()),
+            (true, true)
+        );
     }
 }

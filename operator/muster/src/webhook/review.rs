@@ -11,7 +11,9 @@ use crate::frameworks::mutate::{self, Operation, Verdict};
 pub fn respond(body: &[u8]) -> Result<Value, String> {
     let review: Value = serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
     let request = &review["request"];
-    let uid = request["uid"].as_str().ok_or("an AdmissionReview without request.uid")?;
+    let uid = request["uid"]
+        .as_str()
+        .ok_or("an AdmissionReview without request.uid")?;
     let kind = &request["kind"];
     let api_version = match kind["group"].as_str().unwrap_or_default() {
         "" => kind["version"].as_str().unwrap_or_default().to_string(),
@@ -83,8 +85,14 @@ mod tests {
         let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
         let mut object = review(json!({"muster.dev/gang": "true"}))["request"]["object"].clone();
         json_patch::patch(&mut object, &patch).unwrap();
-        assert_eq!(object["spec"]["template"]["spec"]["schedulingGates"][0]["name"], "muster.dev/gang");
-        assert_eq!(object["spec"]["template"]["metadata"]["labels"]["muster.dev/workload"], "job-j");
+        assert_eq!(
+            object["spec"]["template"]["spec"]["schedulingGates"][0]["name"],
+            "muster.dev/gang"
+        );
+        assert_eq!(
+            object["spec"]["template"]["metadata"]["labels"]["muster.dev/workload"],
+            "job-j"
+        );
 
         let plain = respond(&serde_json::to_vec(&review(json!({}))).unwrap()).unwrap();
         assert!(plain["response"].get("patch").is_none());
