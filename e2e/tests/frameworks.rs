@@ -11,51 +11,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use muster_api::v1alpha1::{Workload, WorkloadPhase};
-use muster_e2e::scenario::{Test, allocations, cluster, with_test};
+use muster_e2e::frameworks::{operator_args, webhook_port};
+use muster_e2e::scenario::{Test, allocations, with_test};
 use muster_local_cluster::fleet::RACK_LABEL;
-use muster_local_cluster::frameworks::{Frameworks, apply_cluster_object, loopback_webhook};
 use muster_local_cluster::wait;
 use serde_json::{Value, json};
-use tokio::sync::OnceCell;
-
-/// The port of muster's webhook, the same for every operator of this test binary (its
-/// configuration names it).
-async fn webhook_port() -> Result<u16> {
-    static SETUP: OnceCell<(Frameworks, u16)> = OnceCell::const_new();
-    let (_, port) = SETUP
-        .get_or_try_init(|| async {
-            let cluster = cluster().await?;
-            let frameworks = Frameworks::start(&cluster.control_plane).await?;
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-            let client = cluster.control_plane.client().await?;
-            let rendered = muster_e2e::chart::render(&[])?;
-            let configuration = muster_e2e::chart::of_kind(&rendered, "MutatingWebhookConfiguration")
-                .first()
-                .map(|c| (*c).clone())
-                .context("the chart's webhook configuration")?;
-            apply_cluster_object(
-                &client,
-                &loopback_webhook(configuration, port),
-                "mutatingwebhookconfigurations",
-            )
-            .await?;
-            anyhow::Ok((frameworks, port))
-        })
-        .await?;
-    Ok(*port)
-}
-
-/// The operator's arguments: adopt jobs, serve the webhook with a certificate it makes.
-fn operator_args(port: u16) -> Vec<String> {
-    vec![
-        "--adopt-jobs".into(),
-        format!("--webhook-bind-address=127.0.0.1:{port}"),
-        "--webhook-dns-name=127.0.0.1".into(),
-        "--webhook-namespace=default".into(),
-        "--webhook-configuration=muster-webhook".into(),
-        "--webhook-cert-check=1".into(),
-    ]
-}
 
 async fn with_frameworks<F>(name: &str, body: F) -> Result<()>
 where
