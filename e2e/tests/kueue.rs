@@ -744,7 +744,11 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
             let (objects, kubeconfig) = muster_e2e::rbac::chart_account(
                 test,
                 &release_ns,
-                &[("crds.install", "false"), ("rbac.kueue", "true")],
+                &[
+                    ("crds.install", "false"),
+                    ("rbac.kueue", "true"),
+                    ("webhook.enabled", "false"),
+                ],
             )
             .await?;
             if let Some(admin) = test.operator.take() {
@@ -888,6 +892,71 @@ async fn an_existing_claim_the_gang_names_is_charged_once_in_kueues_quota() -> R
             waits_on_four_runs_on_five(test, "named").await?;
             // The user's claim goes with the test; muster lets go of it once the gang ends.
             test.claims().delete("existing-gpu", &Default::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A JobSet labelled for muster and for a Kueue LocalQueue waits for Kueue's quota (its
+/// pods gated, nothing reserved), then runs with every claim reserved by muster; Kueue's
+/// own JobSet integration never takes it, and the JobSet is told which admits it.
+#[tokio::test]
+async fn a_jobset_routed_through_muster_waits_for_kueues_quota_then_runs_reserved() -> Result<()> {
+    with_kueue().await?;
+    let port = muster_e2e::frameworks::webhook_port().await?;
+    let args = muster_e2e::frameworks::operator_args(port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    with_test("kueue-jobset", &args, &[], |test| {
+        Box::pin(async move {
+            let check = muster_check(test).await?;
+            cluster_queue(test, "team", 8, None, None).await?;
+            require_check(test, &check).await?;
+            let jobsets: Api<DynamicObject> = Api::namespaced_with(
+                test.client.clone(),
+                &test.ns,
+                &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"), "jobsets"),
+            );
+            let worker = json!({"spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "trainer",
+                    "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]}}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+            }}}});
+            let jobset: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "metadata": {"name": "queued", "labels": {"muster.dev/gang": "true", "kueue.x-k8s.io/queue-name": "team"},
+                             "annotations": {"muster.dev/required-topology": muster_local_cluster::fleet::RACK_LABEL}},
+                "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": worker}]},
+            }))?;
+            jobsets.create(&PostParams::default(), &jobset).await?;
+            // 16 GPUs asked, 8 of quota: Kueue holds it, muster reserves nothing.
+            test.wait_admitted_reason("jobset-queued", "WaitingForKueue", Duration::from_secs(90))
+                .await?;
+            let kueue = kueue_workload(test, "jobset-queued").await?;
+            let charged: i64 = kueue.data["spec"]["podSets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["count"].as_i64().unwrap_or(0))
+                .sum();
+            ensure!(charged == 2, "both workers charged: {}", kueue.data["spec"]["podSets"]);
+            ensure!(allocations(&test.claims()).await?.is_empty(), "nothing reserved before Kueue admits it");
+            let stored = jobsets.get("queued").await?;
+            ensure!(
+                stored.labels().get("kueue.x-k8s.io/queue-name").is_none()
+                    && stored.annotations().get("muster.dev/queue-name").map(String::as_str) == Some("team"),
+                "the queue label moved off the JobSet, so Kueue's own JobSet integration leaves it alone"
+            );
+            ensure!(stored.data["spec"]["suspend"].as_bool() != Some(true), "Kueue did not suspend the JobSet");
+            test.wait_event("queued", "GangQueuedInKueue", "muster admits it").await?;
+            // Quota for both: Kueue admits, muster reserves and releases.
+            set_gpu_quota(test, 16).await?;
+            wait_kueue_condition(test, "jobset-queued", "Admitted", "True").await?;
+            test.wait_phase("jobset-queued", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            ensure!(allocations(&test.claims()).await?.len() == 2, "both workers' claims are reserved");
+            jobsets.delete("queued", &Default::default()).await?;
             Ok(())
         })
     })

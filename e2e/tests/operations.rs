@@ -300,7 +300,12 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
         Box::pin(async move {
             // The chart's ServiceAccount and roles, released into a namespace of its own.
             let release_ns = muster_local_cluster::namespaces::namespace(&test.client, "muster-system").await?;
-            let (objects, kubeconfig) = rbac::chart_account(test, &release_ns, &[("crds.install", "false")]).await?;
+            let (objects, kubeconfig) = rbac::chart_account(
+                test,
+                &release_ns,
+                &[("crds.install", "false"), ("webhook.enabled", "false")],
+            )
+            .await?;
 
             // The operator with only those permissions, as the chart runs it.
             if let Some(admin) = test.operator.take() {

@@ -54,6 +54,26 @@ Workload owns, where the OwnerReferencesPermissionEnforcement admission plugin i
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.webhook.enabled }}
+{{- /* Labelled JobSets (TrainJobs make JobSets) and Jobs become gangs: muster reads them
+and creates the Workload each one owns. */}}
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["list", "watch"]
+- apiGroups: ["muster.dev"]
+  resources: ["workloads"]
+  verbs: ["get", "create"]
+{{- if not .Values.webhook.certManager.enabled }}
+{{- /* muster writes its CA into the caBundle of its own webhook configuration. */}}
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["mutatingwebhookconfigurations"]
+  resourceNames: [{{ include "muster.webhookName" . | quote }}]
+  verbs: ["get", "update"]
+{{- end }}
+{{- end }}
 {{- if .Values.rbac.kueue }}
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
@@ -87,6 +107,20 @@ a name; reading and renewing can.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   resourceNames: [{{ .Values.leaderElection.id | quote }}]
+  verbs: ["get", "update"]
+{{- end }}
+
+{{/*
+Rules in the release namespace for the webhook's certificate, which muster keeps in a
+Secret when cert-manager does not. Create cannot be limited to a name.
+*/}}
+{{- define "muster.webhookRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ printf "%s-tls" (include "muster.webhookName" .) | quote }}]
   verbs: ["get", "update"]
 {{- end }}
 

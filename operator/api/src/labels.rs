@@ -31,3 +31,39 @@ pub const WORKLOAD_FINALIZER: &str = "muster.dev/cleanup";
 /// container, device request) muster turned into the pod's `extended-resources` claim,
 /// as JSON. It records the choice, so a later change of DeviceClasses does not alter it.
 pub const EXTENDED_RESOURCES: &str = "muster.dev/extended-resources";
+
+/// Label on a JobSet, TrainJob (`spec.labels`) or Job: muster runs it as a gang. The only
+/// value is `"true"`.
+pub const ADOPT: &str = "muster.dev/gang";
+/// The value of [`ADOPT`].
+pub const ADOPT_VALUE: &str = "true";
+
+// Gang settings on an adopted job object, named after Kueue's per-pod-set annotations.
+/// Annotation on the job object: node label key every pod of the gang shares one value of
+/// (a Workload's `spec.topology.required`).
+pub const REQUIRED_TOPOLOGY: &str = "muster.dev/required-topology";
+/// Annotation on the job object: `spec.topology.preferred`.
+pub const PREFERRED_TOPOLOGY: &str = "muster.dev/preferred-topology";
+/// Annotation on the job object: `spec.topology.preferredLevels`, comma-separated.
+pub const PREFERRED_LEVELS: &str = "muster.dev/preferred-levels";
+/// Annotation on the job object: the gang's PriorityClass (default: its pods').
+pub const PRIORITY_CLASS: &str = "muster.dev/priority-class";
+/// Annotation on the job object: the Kueue LocalQueue the gang queues in. muster's
+/// webhook moves Kueue's queue label here, so that Kueue's own job integrations leave
+/// the job to muster; the derived Workload carries the queue label instead.
+pub const QUEUE_NAME: &str = "muster.dev/queue-name";
+/// Annotation on a pod template (a Job's, or a JobSet replicated job's): node label key
+/// every pod of that group shares one value of (a group's `topology.required`).
+pub const PODSET_REQUIRED_TOPOLOGY: &str = "muster.dev/podset-required-topology";
+/// Annotation on a pod template: node label key of the group's slices.
+pub const PODSET_SLICE_REQUIRED_TOPOLOGY: &str = "muster.dev/podset-slice-required-topology";
+/// Annotation on a pod template: pods per slice.
+pub const PODSET_SLICE_SIZE: &str = "muster.dev/podset-slice-size";
+/// Annotation on a pod template: the group's minCount.
+pub const PODSET_MIN_COUNT: &str = "muster.dev/podset-min-count";
+/// Annotation on a Workload muster derived from a job object: why the job cannot be a
+/// gang, naming the field. While it is set the Workload holds nothing and says why.
+pub const INVALID: &str = "muster.dev/invalid";
+/// Annotation on a derived Workload: the last `Admitted` change told on its job object as
+/// an event (`status/reason`), so that a restarted operator does not tell it again.
+pub const REPORTED: &str = "muster.dev/reported";

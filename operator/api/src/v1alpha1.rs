@@ -177,6 +177,7 @@ pub struct TopologySlice {
     validation = Rule::new("!has(self.minCount) || self.minCount <= self.replicas").message("minCount must not exceed replicas"),
     validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || self.replicas % self.topology.slice.size == 0").message("topology.slice.size must divide replicas"),
     validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || !has(self.minCount) || self.minCount == self.replicas").message("a group with slices starts whole: minCount, if set, must equal replicas"),
+    validation = Rule::new("!has(self.members) || !has(self.template)").message("members is for groups without a template: muster makes a template's pods itself"),
 )]
 pub struct PodGroup {
     /// Name of the group, a DNS label. Pods are named `<workload>-<name>-<index>`.
@@ -203,6 +204,32 @@ pub struct PodGroup {
     /// Where the group's pods go relative to each other, within the gang's topology.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<GroupTopology>,
+
+    /// For a group without a template: which pods may join it, beyond the two labels.
+    /// Without it, a member only has to be controlled by some object (a bare pod never
+    /// joins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Members>,
+}
+
+/// Which pods make up a template-less group.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Members {
+    /// uid of the object that must be each member's controller (the owner reference with
+    /// `controller: true`), for example the Job whose pods make the group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub controller_uid: Option<String>,
+    /// Labels each member must carry, for example a JobSet's uid and replicated job.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub match_labels: std::collections::BTreeMap<String, String>,
+    /// Pods per Job, for a group made of the Jobs of one JobSet replicated job: a
+    /// member's index is its Job's index (label `jobset.sigs.k8s.io/job-index`) times
+    /// this, plus its completion index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub pods_per_job: Option<i32>,
 }
 
 impl PodGroup {

@@ -60,6 +60,11 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
         if let Some(topology) = &group.topology {
             problems.extend(group_topology_problems(&at, group.replicas, group.min_count, topology));
         }
+        if group.members.is_some() && group.template.is_some() {
+            problems.push(format!(
+                "{at}: members is for groups without a template: muster makes a template's pods itself"
+            ));
+        }
         if name.len() + group.name.len() > MAX_WORKLOAD_AND_GROUP_NAME {
             problems.push(format!("metadata.name and each pod group name may have at most {MAX_WORKLOAD_AND_GROUP_NAME} characters together, so that pod names <workload>-<group>-<index> stay valid DNS labels (63 characters)"));
         }

@@ -131,7 +131,29 @@ pub fn accounting_template_name(workload: &Workload, index: usize) -> String {
     format!("{}-quota-{index}", object_name(workload))
 }
 
-pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, topology: bool) -> Option<Value> {
+/// A member's pod as the template Kueue charges a template-less group by: its spec as
+/// its controller made it (claims from templates included), without muster's gate or a
+/// node of its own.
+pub fn member_template(pod: &Pod) -> Value {
+    let mut spec = serde_json::to_value(pod.spec.clone().unwrap_or_default()).unwrap_or(Value::Null);
+    if let Some(spec) = spec.as_object_mut() {
+        for field in ["schedulingGates", "nodeName", "nodeSelector", "affinity"] {
+            spec.remove(field);
+        }
+    }
+    json!({"spec": spec})
+}
+
+/// `members`: for each template-less group, the template of one of its member pods
+/// ([`member_template`]); Kueue charges the group by it, for all `replicas` pods muster
+/// may place. Without one, `None`: the Kueue Workload waits for the group's pods.
+pub fn desired(
+    workload: &Workload,
+    queue: &str,
+    priority: Option<(&str, i32)>,
+    topology: bool,
+    members: &BTreeMap<String, Value>,
+) -> Option<Value> {
     let owner = workload.controller_owner_ref(&())?;
     let uid = workload.uid()?;
     // Kueue's TAS groups podSets only as a leader (one pod) and its workers.
@@ -139,11 +161,11 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
     let leader_and_workers = groups.len() == 2 && groups.iter().any(|g| g.replicas == 1);
     let pod_sets: Vec<Value> = groups
         .iter()
-        .map(|group| {
+        .map(|group| -> Option<Value> {
             let mut template = match &group.template {
                 Some(template) => serde_json::to_value(template).unwrap_or(Value::Null),
-                // Another controller's pods: Kueue counts them, with no requests of their own.
-                None => json!({"spec": {"containers": [{"name": "member", "image": "member"}]}}),
+                // Another controller's pods: charged as they are.
+                None => members.get(&group.name)?.clone(),
             };
             if let Some(tolerations) = template["spec"]
                 .as_object_mut()
@@ -157,11 +179,8 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
             if let Some(claims) = template["spec"]["resourceClaims"].as_array_mut() {
                 claims.retain(|c| c["resourceClaimTemplateName"].is_string());
             }
-            let count = if group.template.is_some() {
-                group.replicas
-            } else {
-                group.min_count()
-            };
+            // As many pods as muster may place: minCount and the extras beyond it.
+            let count = group.replicas;
             let mut pod_set = json!({"name": group.name, "count": count, "template": template});
             if topology && let Some(level) = workload.spec.topology.as_ref().and_then(|t| t.required.as_ref()) {
                 pod_set["topologyRequest"] = json!({"required": level});
@@ -170,9 +189,9 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
                     pod_set["topologyRequest"]["podSetGroupName"] = json!("gang");
                 }
             }
-            pod_set
+            Some(pod_set)
         })
-        .collect();
+        .collect::<Option<_>>()?;
     // The gang's shared claims made from templates, charged once: a podSet of one pod
     // that asks for nothing but them.
     let mut shared: Vec<Value> = workload
@@ -729,6 +748,40 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn a_template_less_group_is_charged_by_its_members_for_every_pod_muster_places() {
+        let workload: Workload = serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "job-sweep", "namespace": "team", "uid": "w-uid"},
+            "spec": {"podGroups": [{"name": "main", "replicas": 4, "minCount": 2}]},
+        }))
+        .unwrap();
+        assert_eq!(
+            desired(&workload, "q", None, false, &BTreeMap::new()),
+            None,
+            "waits for a member"
+        );
+        let pod: Pod = serde_json::from_value(json!({"spec": {
+            "schedulingGates": [{"name": "muster.dev/gang"}],
+            "containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "4"}, "claims": [{"name": "gpus"}]}}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "four-gpus"}],
+        }}))
+        .unwrap();
+        let members = BTreeMap::from([("main".to_string(), member_template(&pod))]);
+        let object = desired(&workload, "q", None, false, &members).unwrap();
+        let pod_set = &object["spec"]["podSets"][0];
+        assert_eq!(pod_set["count"], 4, "replicas, not minCount");
+        assert_eq!(
+            pod_set["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            "four-gpus"
+        );
+        assert_eq!(
+            pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+            "4"
+        );
+        assert!(pod_set["template"]["spec"].get("schedulingGates").is_none());
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!   membership, rendezvous and status;
 //! - [`admission`]: the admission loop — plans gangs with the engine, reserves their
 //!   claims, releases their pods, gives devices back; and what it tells Kueue;
+//! - [`frameworks`]: JobSets, TrainJobs and Jobs that become gangs with one label;
+//! - [`webhook`]: the admission webhook that gates their pods, and its certificate;
 //! - [`kueue`]: Kueue's external-framework protocol;
 //! - [`convert`] and [`snapshot`]: Kubernetes objects in the engine's terms, from the
 //!   API server or from files;
@@ -18,8 +20,10 @@ pub mod admission;
 pub mod cache;
 pub mod cli;
 pub mod convert;
+pub mod frameworks;
 pub mod kube_ops;
 pub mod kueue;
 pub mod ops;
 pub mod snapshot;
+pub mod webhook;
 pub mod workload;

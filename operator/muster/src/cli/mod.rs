@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the operator against a cluster (kubeconfig or in-cluster service account).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Start a local control plane with fake GPU nodes, run the operator and an example
     /// training gang, and show it progress.
     #[cfg(feature = "demo")]
@@ -110,6 +110,38 @@ struct RunArgs {
     /// Seconds a Lease holds without renewal; a follower takes over after that long.
     #[arg(long, default_value_t = 15)]
     leader_election_lease_duration: u64,
+    /// Run JobSets (and so TrainJobs) and Jobs labelled muster.dev/gang as gangs: keep
+    /// each one's Workload. Their pods are gated by the webhook (`--webhook-bind-address`,
+    /// on some replica).
+    #[arg(long)]
+    adopt_jobs: bool,
+    /// Address of the admission webhook (HTTPS, path /mutate); "0" turns it off.
+    #[arg(long, default_value = "0")]
+    webhook_bind_address: String,
+    /// Read the webhook's serving certificate from tls.crt and tls.key in this directory
+    /// (for example a Secret cert-manager keeps); otherwise muster makes and renews one.
+    #[arg(long)]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Secret in which muster keeps the webhook's CA and serving certificate.
+    #[arg(long, default_value = "muster-webhook-tls")]
+    webhook_secret: String,
+    /// Namespace of that Secret; default: $POD_NAMESPACE, else "default".
+    #[arg(long)]
+    webhook_namespace: Option<String>,
+    /// Names the serving certificate is for (the webhook Service's DNS names, or an IP
+    /// address); repeat the flag for several.
+    #[arg(long)]
+    webhook_dns_name: Vec<String>,
+    /// MutatingWebhookConfiguration whose caBundle muster keeps current.
+    #[arg(long, default_value = "muster-webhook")]
+    webhook_configuration: String,
+    /// Lifetime of the serving certificate muster makes, in seconds (renewed at two
+    /// thirds of it; its CA lives ten times as long).
+    #[arg(long, default_value_t = 365 * 24 * 3600)]
+    webhook_cert_lifetime: u64,
+    /// How often the webhook's certificate is checked, in seconds.
+    #[arg(long, default_value_t = 60, hide = true)]
+    webhook_cert_check: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -166,7 +198,7 @@ pub fn main() -> Result<()> {
         Command::Run(args) => {
             init_logging(args.log_format, args.log_level);
             let runtime = tokio::runtime::Runtime::new()?;
-            runtime.block_on(run(args))
+            runtime.block_on(run(*args))
         }
     }
 }
@@ -227,6 +259,7 @@ async fn run(args: RunArgs) -> Result<()> {
             pause,
             ..crate::admission::Settings::default()
         },
+        adopt_jobs: args.adopt_jobs,
         leader_election: args.leader_elect.then(|| {
             let namespace = args
                 .leader_election_namespace
@@ -263,11 +296,57 @@ async fn run(args: RunArgs) -> Result<()> {
     if let Some(listener) = probes {
         tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone()));
     }
+    // Every replica serves the webhook, so that a change of leader never blocks jobs.
+    if let Some(settings) = webhook_settings(&args)? {
+        let client = client.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::webhook::run(client, settings).await {
+                tracing::error!(error = %e, "the admission webhook cannot serve");
+                std::process::exit(1);
+            }
+        });
+    }
 
     match crate::cli::run::run(client, settings, health).await {
         crate::cli::run::Ended::Stopped => Ok(()),
         crate::cli::run::Ended::LostLease => anyhow::bail!("lost the leader Lease"),
     }
+}
+
+fn webhook_settings(args: &RunArgs) -> Result<Option<crate::webhook::Settings>> {
+    if args.webhook_bind_address == "0" || args.webhook_bind_address.is_empty() {
+        return Ok(None);
+    }
+    let address = args
+        .webhook_bind_address
+        .parse()
+        .with_context(|| format!("--webhook-bind-address {}", args.webhook_bind_address))?;
+    let certificates = match &args.webhook_cert_dir {
+        Some(dir) => crate::webhook::Certificates::Files(dir.clone()),
+        None => {
+            if args.webhook_dns_name.is_empty() {
+                anyhow::bail!(
+                    "--webhook-dns-name: the names of the webhook's certificate are needed (or --webhook-cert-dir)"
+                );
+            }
+            crate::webhook::Certificates::Managed {
+                namespace: args
+                    .webhook_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| "default".to_string()),
+                secret: args.webhook_secret.clone(),
+                names: args.webhook_dns_name.clone(),
+                configuration: args.webhook_configuration.clone(),
+                lifetime: std::time::Duration::from_secs(args.webhook_cert_lifetime.max(60)),
+            }
+        }
+    };
+    Ok(Some(crate::webhook::Settings {
+        address,
+        certificates,
+        check_every: std::time::Duration::from_secs(args.webhook_cert_check.max(1)),
+    }))
 }
 
 async fn check_crd_installed(client: &kube::Client) -> Result<()> {

@@ -24,6 +24,8 @@ pub struct Settings {
     pub admission: admission::Settings,
     /// `None`: run as the only replica, without a Lease.
     pub leader_election: Option<leader::Settings>,
+    /// Keep the Workloads of labelled JobSets and Jobs.
+    pub adopt_jobs: bool,
 }
 
 /// Why [`run`] returned.
@@ -64,6 +66,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             elector.acquire().await;
         }
         let guard = elector.as_ref().map(Elector::guard);
+        let adopt_guard = guard.clone();
         crate::ops::metrics::get().leader.set(1);
         let wake = Arc::new(Notify::new());
         let kueue = crate::cache::gang_objects::kueue_served(&client).await;
@@ -131,6 +134,21 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
                 None => std::future::pending().await,
             }
         };
+        // Labelled JobSets (where the cluster serves them) and Jobs become gangs.
+        let adopt = async {
+            if !settings.adopt_jobs {
+                return std::future::pending().await;
+            }
+            let mut frameworks = vec![crate::frameworks::Framework::Job];
+            if crate::frameworks::controller::served(&client, crate::frameworks::Framework::JobSet).await {
+                frameworks.push(crate::frameworks::Framework::JobSet);
+            }
+            info!(?frameworks, "running labelled jobs as gangs");
+            futures::future::join_all(frameworks.into_iter().map(|framework| {
+                crate::frameworks::controller::run(client.clone(), framework, index.clone(), adopt_guard.clone())
+            }))
+            .await;
+        };
         // Kueue's Workloads are cached here; changes wake the admission loop.
         let follow_kueue = async {
             match kueue_watch {
@@ -143,6 +161,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             _ = controller.run() => Ended::Stopped,
             _ = admission.run() => Ended::Stopped,
             _ = follow_kueue => Ended::Stopped,
+            _ = adopt => Ended::Stopped,
             _ = keep => Ended::LostLease,
         };
         crate::ops::metrics::get().leader.set(0);

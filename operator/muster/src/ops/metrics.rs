@@ -71,6 +71,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Requests to the API server, by RBAC verb and resource.
     pub api_requests: Family<ApiLabels, Counter>,
+    /// AdmissionReviews the webhook answered.
+    pub webhook_reviews: Counter,
 }
 
 /// Buckets from 1 ms to about 9 minutes, doubling.
@@ -98,6 +100,7 @@ impl Metrics {
             extras_placed: Counter::default(),
             leader: Gauge::default(),
             api_requests: Family::default(),
+            webhook_reviews: Counter::default(),
             registry: Registry::default(),
         };
         let build = Family::<VersionLabel, Gauge>::default();
@@ -178,6 +181,11 @@ impl Metrics {
             "muster_api_requests",
             "Requests to the API server, by RBAC verb and resource",
             metrics.api_requests.clone(),
+        );
+        registry.register(
+            "muster_webhook_reviews",
+            "AdmissionReviews the webhook answered",
+            metrics.webhook_reviews.clone(),
         );
         Metrics { registry, ..metrics }
     }

@@ -231,6 +231,14 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let name = workload.name_any();
     let namespace = workload.namespace().unwrap_or_default();
 
+    // A job muster cannot gang: its Workload holds nothing and says why.
+    if let Some(message) = workload.annotations().get(labels::INVALID) {
+        let progress = Progress::Invalid {
+            message: message.clone(),
+        };
+        let put_off = write_status(workload, ctx, &progress).await?;
+        return Ok(requeue(put_off, None));
+    }
     let mut extended = ExtendedResources::of_cluster(&ctx.index.snapshot());
     extended.record_existing(
         ctx.stores.pods_of(&namespace, &name).iter().map(AsRef::as_ref),
@@ -424,7 +432,19 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
             Err(e) => return Err(e.into()),
         }
     }
-    let Some(desired) = crate::kueue::desired(workload, queue, priority, topology) else {
+    // Template-less groups are charged by their members' pods: one of each is needed.
+    let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
+    let members: BTreeMap<String, serde_json::Value> = workload
+        .spec
+        .pod_groups
+        .iter()
+        .filter(|g| g.template.is_none())
+        .filter_map(|g| {
+            let first = membership::external_members(&pods, g).into_iter().next()?;
+            Some((g.name.clone(), crate::kueue::member_template(first)))
+        })
+        .collect();
+    let Some(desired) = crate::kueue::desired(workload, queue, priority, topology, &members) else {
         return Ok(());
     };
     let object: kube::api::DynamicObject =
@@ -617,8 +637,12 @@ async fn create_missing(
     let uid = workload.uid().unwrap_or_default();
 
     let service_ref = ObjectRef::new(&workload.name_any()).within(namespace);
+    // The Service gives muster's own pods their hostnames; a gang of other controllers'
+    // pods has theirs (a JobSet's Service has the JobSet's name).
+    let own_pods = workload.spec.pod_groups.iter().any(|g| g.template.is_some());
     match ctx.stores.services.get(&service_ref) {
         Some(existing) => ensure_owned(existing.as_ref(), &uid, "Service")?,
+        None if !own_pods => {}
         None => {
             let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
             if create(&api, &gang.service, &uid, "Service").await? {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use muster_api::labels;
 use muster_api::v1alpha1::{PodGroup, Workload};
 
@@ -53,23 +54,121 @@ pub fn is_core(workload: &Workload, pod: &Pod) -> bool {
     let Some(group) = group_of(workload, pod) else {
         return true;
     };
-    pod_index(pod).is_none_or(|i| i < group.min_count())
+    let index = if group.template.is_some() {
+        pod_index(pod)
+    } else {
+        member_index(pod, group)
+    };
+    index.is_none_or(|i| i < group.min_count())
+}
+
+/// JobSet's label on its Jobs and their pods: the Job's index within its replicated job.
+pub const JOBSET_JOB_INDEX: &str = "jobset.sigs.k8s.io/job-index";
+
+/// A member's index within template-less group `group`: its completion index, offset by
+/// its Job's index where the group is made of several Jobs (`members.podsPerJob`).
+pub fn member_index(pod: &Pod, group: &PodGroup) -> Option<i32> {
+    let index = pod_index(pod)?;
+    match group.members.as_ref().and_then(|m| m.pods_per_job) {
+        Some(per_job) => {
+            let job: i32 = label(pod, JOBSET_JOB_INDEX)?.parse().ok()?;
+            job.checked_mul(per_job)?.checked_add(index)
+        }
+        None => Some(index),
+    }
+}
+
+/// Why a pod labelled for template-less group `group` may not join it, if it may not:
+/// a member is controlled by some object (a bare pod never joins), by the one the group
+/// names if it names one, and carries the group's labels.
+pub fn refusal(pod: &Pod, group: &PodGroup) -> Option<String> {
+    let controller = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    let Some(controller) = controller else {
+        return Some("it has no controller (a bare pod never joins a gang)".into());
+    };
+    let members = group.members.as_ref()?;
+    if let Some(uid) = &members.controller_uid
+        && &controller.uid != uid
+    {
+        return Some(format!(
+            "its controller {} {} is not the group's",
+            controller.kind, controller.name
+        ));
+    }
+    if let Some((key, value)) = members
+        .match_labels
+        .iter()
+        .find(|(k, v)| label(pod, k) != Some(v.as_str()))
+    {
+        return Some(format!("it lacks the label {key}={value}"));
+    }
+    if members.pods_per_job.is_some() && member_index(pod, group).is_none() {
+        return Some(format!(
+            "it lacks the labels {JOBSET_JOB_INDEX} and {JOB_COMPLETION_INDEX}"
+        ));
+    }
+    None
+}
+
+/// The pods labelled for template-less group `group` that may not join it, each with
+/// why: not the group's (see [`refusal`]), or a second pod of an index a member has.
+pub fn refused<'p>(pods: &'p [Arc<Pod>], group: &PodGroup) -> Vec<(&'p Pod, String)> {
+    let (_, refused) = sort_members(pods, group);
+    refused
 }
 
 /// The pods another controller made for template-less group `group`, in gang order
-/// (by index, then by name), at most `replicas` of them; pods being deleted or failed
-/// (their controller replaces them) are not members.
+/// (by index, then by age and name), at most `replicas` of them; pods being deleted or
+/// failed (their controller replaces them) are not members, nor are pods [`refused`].
 pub fn external_members<'p>(pods: &'p [Arc<Pod>], group: &PodGroup) -> Vec<&'p Pod> {
-    let mut members: Vec<&Pod> = pods
+    let (mut members, _) = sort_members(pods, group);
+    members.truncate(usize::try_from(group.replicas).unwrap_or(0));
+    members
+}
+
+#[allow(clippy::type_complexity)]
+fn sort_members<'p>(pods: &'p [Arc<Pod>], group: &PodGroup) -> (Vec<&'p Pod>, Vec<(&'p Pod, String)>) {
+    let mut refused = Vec::new();
+    let mut members: Vec<&Pod> = Vec::new();
+    for pod in pods
         .iter()
         .map(AsRef::as_ref)
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed"))
         .filter(|p| label(*p, labels::POD_GROUP) == Some(group.name.as_str()))
-        .collect();
-    members.sort_by_key(|p| (pod_index(p).is_none(), pod_index(p), p.metadata.name.clone()));
-    members.truncate(usize::try_from(group.replicas).unwrap_or(0));
-    members
+    {
+        match refusal(pod, group) {
+            Some(why) => refused.push((pod, why)),
+            None => members.push(pod),
+        }
+    }
+    // The oldest pod of an index is the member: a later one (a stray pod, or a second
+    // controller's) cannot displace it.
+    members.sort_by_key(|p| {
+        let index = member_index(p, group);
+        (
+            index.is_none(),
+            index,
+            p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            p.metadata.name.clone(),
+        )
+    });
+    let mut kept: Vec<&Pod> = Vec::with_capacity(members.len());
+    for pod in members {
+        let index = member_index(pod, group);
+        match kept.last() {
+            Some(last) if index.is_some() && member_index(last, group) == index => {
+                refused.push((pod, format!("pod {} has its index already", last.name_any())));
+            }
+            _ => kept.push(pod),
+        }
+    }
+    (kept, refused)
 }
 
 /// The name of the claim kube-controller-manager generated for the pod's claim entry
@@ -91,11 +190,25 @@ mod tests {
     use serde_json::json;
 
     fn pod(name: &str, index: Option<&str>) -> Arc<Pod> {
+        owned_pod(name, index, "job-uid", 0)
+    }
+
+    /// A pod controlled by the object `controller`, created `age` seconds after the epoch.
+    fn owned_pod(name: &str, index: Option<&str>, controller: &str, age: i64) -> Arc<Pod> {
         let mut labels = json!({"muster.dev/workload": "w", "muster.dev/pod-group": "workers"});
         if let Some(i) = index {
             labels[JOB_COMPLETION_INDEX] = json!(i);
         }
-        Arc::new(serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap())
+        let created = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + age).unwrap();
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {
+                "name": name,
+                "labels": labels,
+                "creationTimestamp": created.to_string(),
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "job", "uid": controller, "controller": true}],
+            }}))
+            .unwrap(),
+        )
     }
 
     fn workload() -> Workload {
@@ -120,6 +233,57 @@ mod tests {
             .map(|p| p.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(members, ["job-c", "job-b", "job-a"]);
+    }
+
+    #[test]
+    fn a_stray_pod_never_displaces_a_member() {
+        let mut w = workload();
+        let real = owned_pod("job-0-abc", Some("0"), "job-uid", 10);
+        let mut bare = (*pod("stray", Some("0"))).clone();
+        bare.metadata.owner_references = None;
+        let bare = Arc::new(bare);
+        // Another controller's pod of the same index, created earlier.
+        let other = owned_pod("other-0", Some("0"), "other-uid", 1);
+        let later = owned_pod("job-0-late", Some("0"), "job-uid", 20);
+        let pods = [bare.clone(), later.clone(), real.clone()];
+        let names = |members: Vec<&Pod>| -> Vec<String> { members.iter().map(|p| p.name_any()).collect() };
+        // Without a named controller: any controlled pod, the oldest of an index wins.
+        assert_eq!(names(external_members(&pods, &w.spec.pod_groups[0])), ["job-0-abc"]);
+        let refused: Vec<String> = refused(&pods, &w.spec.pod_groups[0])
+            .iter()
+            .map(|(p, why)| format!("{}: {why}", p.name_any()))
+            .collect();
+        assert_eq!(
+            refused,
+            [
+                "stray: it has no controller (a bare pod never joins a gang)",
+                "job-0-late: pod job-0-abc has its index already"
+            ]
+        );
+        // With the group's controller named, an older pod of another controller is refused.
+        w.spec.pod_groups[0].members = Some(muster_api::v1alpha1::Members {
+            controller_uid: Some("job-uid".into()),
+            ..Default::default()
+        });
+        let pods = [other, real];
+        assert_eq!(names(external_members(&pods, &w.spec.pod_groups[0])), ["job-0-abc"]);
+    }
+
+    #[test]
+    fn a_jobset_members_index_counts_its_jobs() {
+        let mut w = workload();
+        w.spec.pod_groups[0].members = Some(muster_api::v1alpha1::Members {
+            pods_per_job: Some(2),
+            ..Default::default()
+        });
+        let mut pod = (*owned_pod("js-workers-1-1", Some("1"), "job-1", 0)).clone();
+        pod.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(JOBSET_JOB_INDEX.into(), "1".into());
+        assert_eq!(member_index(&pod, &w.spec.pod_groups[0]), Some(3));
+        let unindexed = owned_pod("js-x", Some("1"), "job-1", 0);
+        assert!(refusal(&unindexed, &w.spec.pod_groups[0]).is_some());
     }
 
     #[test]
