@@ -33,6 +33,15 @@ pub struct ApiLabels {
     pub resource: String,
 }
 
+/// A request the API server refused or that did not reach it: `code` is the HTTP
+/// status, or `transport`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiErrorLabels {
+    pub verb: &'static str,
+    pub resource: String,
+    pub code: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
@@ -71,6 +80,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Requests to the API server, by RBAC verb and resource.
     pub api_requests: Family<ApiLabels, Counter>,
+    /// Requests the API server refused (by status code) or that failed on the way.
+    pub api_errors: Family<ApiErrorLabels, Counter>,
 }
 
 /// Buckets from 1 ms to about 9 minutes, doubling.
@@ -98,6 +109,7 @@ impl Metrics {
             extras_placed: Counter::default(),
             leader: Gauge::default(),
             api_requests: Family::default(),
+            api_errors: Family::default(),
             registry: Registry::default(),
         };
         let build = Family::<VersionLabel, Gauge>::default();
@@ -178,6 +190,11 @@ impl Metrics {
             "muster_api_requests",
             "Requests to the API server, by RBAC verb and resource",
             metrics.api_requests.clone(),
+        );
+        registry.register(
+            "muster_api_errors",
+            "Requests to the API server that it refused (by HTTP status code) or that failed on the way (code transport)",
+            metrics.api_errors.clone(),
         );
         Metrics { registry, ..metrics }
     }
