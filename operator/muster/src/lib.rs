@@ -11,6 +11,7 @@
 //!   API server or from files;
 //! - [`kube_ops`]: the Kubernetes operations several of the above share;
 //! - [`ops`]: the client, metrics, health endpoints, leader election and fault hooks;
+//! - [`report`]: what muster tells operators about its gangs (status lines, live gauges);
 //! - [`cli`]: `muster run`, `plan`, `crd` and `demo`.
 #![forbid(unsafe_code)]
 
@@ -21,5 +22,6 @@ pub mod convert;
 pub mod kube_ops;
 pub mod kueue;
 pub mod ops;
+pub mod report;
 pub mod snapshot;
 pub mod workload;
