@@ -241,6 +241,7 @@ impl Metrics {
             metrics.reconcile_errors.clone(),
         );
         registry.register_collector(Box::new(metrics.live.clone()));
+        metrics.start_at_zero();
         Metrics { registry, ..metrics }
     }
 
@@ -265,6 +266,33 @@ pub fn seconds(duration: Duration) -> f64 {
 }
 
 impl Metrics {
+    /// Counters of the causes that are known up front start at zero, so that a rate
+    /// over them is 0 rather than absent before the first event, and dashboards and
+    /// alerts see the series from the first scrape on.
+    fn start_at_zero(&self) {
+        use muster_api::conditions;
+        let _ = self.preemptions.get_or_create(&CauseLabel {
+            cause: "Priority".into(),
+        });
+        for reason in [
+            conditions::REASON_POD_FAILED,
+            conditions::REASON_POD_LOST,
+            conditions::REASON_NODE_LOST,
+        ] {
+            let _ = self.restarts.get_or_create(&ReasonLabel { reason: reason.into() });
+        }
+        for reason in [
+            conditions::REASON_ROLLED_BACK,
+            conditions::REASON_CONFLICT,
+            conditions::REASON_SCHEDULE_TIMEOUT,
+            conditions::REASON_RELEASE_TIMEOUT,
+        ] {
+            let _ = self.rollbacks.get_or_create(&ReasonLabel { reason: reason.into() });
+        }
+        // The client's failures, the common kind; others appear when they happen.
+        let _ = self.reconcile_errors.get_or_create(&KindLabel { kind: "kube" });
+    }
+
     /// Observes a gang's wait from creation to admission.
     pub fn observe_submit_to_admitted(&self, priority_class: Option<&str>, waited: Duration) {
         self.submit_to_admitted
