@@ -51,8 +51,9 @@ async fn metrics_and_probes_describe_the_running_operator() -> Result<()> {
                 ("muster_reserved_devices_total", 8.0),
                 ("muster_plan_duration_seconds_count{outcome=\"placed\"}", 1.0),
                 ("muster_commit_duration_seconds_count{outcome=\"committed\"}", 1.0),
-                ("muster_submit_to_admitted_seconds_count", 1.0),
-                ("muster_submit_to_running_seconds_count", 1.0),
+                // The gang names no PriorityClass.
+                ("muster_submit_to_admitted_seconds_count{priority_class=\"\"}", 1.0),
+                ("muster_submit_to_running_seconds_count{priority_class=\"\"}", 1.0),
                 ("muster_leader", 1.0),
                 ("muster_api_requests_total{verb=\"create\",resource=\"pods\"}", 2.0),
             ] {

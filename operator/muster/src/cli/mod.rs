@@ -1,7 +1,9 @@
-//! Command-line interface: `muster run`, `muster plan`, `muster crd` and `muster demo`.
+//! Command-line interface: `muster run`, `muster plan`, `muster crd`, `muster demo`, and
+//! the kubectl plugin's `why` and `status`.
 
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod kubectl;
 pub mod plan;
 pub mod run;
 
@@ -34,6 +36,14 @@ enum Command {
     /// Plan Workloads against a cluster snapshot without a cluster: where would they go,
     /// or why would they not fit.
     Plan(PlanArgs),
+    /// Why a gang is not running: plans it against the live cluster, read now, and says
+    /// why it does not fit (per group and level, with numbers) and what preemption would
+    /// do. As a kubectl plugin: `kubectl muster why WORKLOAD`.
+    Why(crate::cli::kubectl::WhyArgs),
+    /// Gangs with their phase, admission state, devices held and waiting time. As a
+    /// kubectl plugin: `kubectl muster status`.
+    #[command(visible_alias = "top")]
+    Status(crate::cli::kubectl::StatusArgs),
     /// Print the CustomResourceDefinitions muster serves, or write them to a directory.
     Crd {
         /// Write one file per CRD into this directory instead of printing.
@@ -161,6 +171,8 @@ pub fn main() -> Result<()> {
     match cli.command {
         Command::Crd { dir } => print_crds(dir),
         Command::Plan(args) => plan(args),
+        Command::Why(args) => crate::cli::kubectl::why(args),
+        Command::Status(args) => crate::cli::kubectl::status(args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::cli::demo::run(args)),
         Command::Run(args) => {
