@@ -18,7 +18,8 @@ const MANAGER: &str = "helm";
 
 /// The variant: one replica without leader election, no CRD, no PodDisruptionBudget, no
 /// aggregated user roles, a ServiceMonitor, the Grafana dashboard, the PrometheusRule,
-/// and resourceclaims/binding forced on.
+/// /metrics behind TokenReview and SubjectAccessReview, a NetworkPolicy, and
+/// resourceclaims/binding forced on.
 const VARIANT: &[(&str, &str)] = &[
     ("replicaCount", "1"),
     ("leaderElection.enabled", "false"),
@@ -28,6 +29,8 @@ const VARIANT: &[(&str, &str)] = &[
     ("metrics.serviceMonitor.enabled", "true"),
     ("metrics.dashboard.enabled", "true"),
     ("metrics.prometheusRule.enabled", "true"),
+    ("metrics.auth.enabled", "true"),
+    ("networkPolicy.enabled", "true"),
     ("rbac.resourceClaimBinding", "true"),
 ];
 const MONITORING: &[&str] = &["monitoring.coreos.com/v1"];
@@ -224,13 +227,17 @@ async fn variant_values_are_accepted_by_the_api_server() -> Result<()> {
     for absent in ["CustomResourceDefinition", "Role", "RoleBinding", "PodDisruptionBudget"] {
         assert!(!kinds.contains(&absent), "{absent} rendered: {kinds:?}");
     }
-    for present in ["ServiceMonitor", "PrometheusRule", "ConfigMap"] {
+    for present in ["ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy"] {
         assert!(kinds.contains(&present), "no {present}: {kinds:?}");
     }
+    let roles: Vec<&str> = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .filter_map(|r| r["metadata"]["name"].as_str())
+        .collect();
     assert_eq!(
-        of_kind(&objects, "ClusterRole").len(),
-        1,
-        "only the operator's ClusterRole"
+        roles,
+        ["muster", "muster-metrics-reader"],
+        "the operator's role and the scrapers'"
     );
     let dashboard = of_kind(&objects, "ConfigMap")[0];
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
@@ -292,6 +299,17 @@ fn rbac_has_no_wildcards() -> Result<()> {
         assert!(!roles.is_empty(), "no roles rendered");
         for role in roles {
             let rules = role["rules"].as_array().context("role without rules")?;
+            // The role scrapers are bound to reads exactly /metrics.
+            if role["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-metrics-reader"))
+            {
+                assert_eq!(
+                    role["rules"],
+                    serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+                );
+                continue;
+            }
             assert!(!rules.is_empty(), "{} has no rules", describe(role));
             for rule in rules {
                 assert!(rule.get("nonResourceURLs").is_none(), "{}: {rule}", describe(role));

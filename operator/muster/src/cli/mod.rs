@@ -103,6 +103,11 @@ struct RunArgs {
     /// Address for `/metrics`; "0" turns it off.
     #[arg(long, default_value = "127.0.0.1:8080")]
     metrics_bind_address: String,
+    /// Serve `/metrics` only to callers whose bearer token a TokenReview accepts and
+    /// whose user a SubjectAccessReview allows `get` on the non-resource URL `/metrics`
+    /// (as kube-rbac-proxy does). The probes stay open.
+    #[arg(long)]
+    metrics_auth: bool,
     /// Address for `/healthz` and `/readyz`; "0" turns it off. May equal the metrics
     /// address.
     #[arg(long, default_value = "127.0.0.1:8081")]
@@ -268,12 +273,15 @@ async fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("binding --health-probe-bind-address {}", args.health_probe_bind_address))?
     };
     let shared = args.health_probe_bind_address == args.metrics_bind_address;
+    let auth = args
+        .metrics_auth
+        .then(|| Arc::new(serve::auth::MetricsAuth::new(client.clone())));
     if let Some(listener) = metrics {
         let endpoints = if shared { Endpoints::All } else { Endpoints::Metrics };
-        tokio::spawn(serve::serve(listener, endpoints, health.clone()));
+        tokio::spawn(serve::serve(listener, endpoints, health.clone(), auth));
     }
     if let Some(listener) = probes {
-        tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone()));
+        tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone(), None));
     }
 
     match crate::cli::run::run(client, settings, health).await {
