@@ -16,14 +16,21 @@ use tokio::sync::OnceCell;
 
 const MANAGER: &str = "helm";
 
-/// The variant: one replica without leader election, no CRD, no PodDisruptionBudget, a
-/// ServiceMonitor, and resourceclaims/binding forced on.
+/// The variant: one replica without leader election, no CRD, no PodDisruptionBudget, no
+/// aggregated user roles, a ServiceMonitor, the Grafana dashboard, the PrometheusRule,
+/// /metrics behind TokenReview and SubjectAccessReview, a NetworkPolicy, and
+/// resourceclaims/binding forced on.
 const VARIANT: &[(&str, &str)] = &[
     ("replicaCount", "1"),
     ("leaderElection.enabled", "false"),
     ("crds.install", "false"),
     ("podDisruptionBudget.enabled", "false"),
+    ("rbac.aggregateToDefaultRoles", "false"),
     ("metrics.serviceMonitor.enabled", "true"),
+    ("metrics.dashboard.enabled", "true"),
+    ("metrics.prometheusRule.enabled", "true"),
+    ("metrics.auth.enabled", "true"),
+    ("networkPolicy.enabled", "true"),
     ("rbac.resourceClaimBinding", "true"),
     ("webhook.enabled", "false"),
 ];
@@ -160,7 +167,14 @@ async fn default_values_are_accepted_by_the_api_server() -> Result<()> {
     ] {
         assert!(kinds.contains(&kind), "no {kind} rendered: {kinds:?}");
     }
-    assert!(!kinds.contains(&"ServiceMonitor"), "ServiceMonitor is off by default");
+    for off in ["ServiceMonitor", "PrometheusRule", "ConfigMap"] {
+        assert!(!kinds.contains(&off), "{off} is off by default: {kinds:?}");
+    }
+    let aggregated = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .filter(|r| r["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true")
+        .count();
+    assert_eq!(aggregated, 1, "the view role aggregates by default");
 
     // The CRD is installed for real, serves Workloads, and survives an uninstall.
     let crds = of_kind(&objects, "CustomResourceDefinition");
@@ -214,30 +228,51 @@ async fn variant_values_are_accepted_by_the_api_server() -> Result<()> {
     for absent in ["CustomResourceDefinition", "Role", "RoleBinding", "PodDisruptionBudget"] {
         assert!(!kinds.contains(&absent), "{absent} rendered: {kinds:?}");
     }
-    assert!(kinds.contains(&"ServiceMonitor"), "{kinds:?}");
+    for present in ["ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy"] {
+        assert!(kinds.contains(&present), "no {present}: {kinds:?}");
+    }
+    let roles: Vec<&str> = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .filter_map(|r| r["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        roles,
+        ["muster", "muster-metrics-reader"],
+        "the operator's role and the scrapers'"
+    );
+    let dashboard = of_kind(&objects, "ConfigMap")[0];
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json = dashboard["data"]["muster.json"].as_str().expect("the dashboard JSON");
+    let parsed: Value = serde_json::from_str(json).expect("the ConfigMap holds valid JSON");
+    assert_eq!(parsed["uid"], "muster-overview");
 
-    // The control plane has no prometheus-operator: a stand-in CRD that accepts any
-    // ServiceMonitor lets the API server take the object.
-    install_crd(
-        &client,
-        &json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-            "spec": {
-                "group": "monitoring.coreos.com",
-                "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
-                "scope": "Namespaced",
-                "versions": [{
-                    "name": "v1",
-                    "served": true,
-                    "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                }],
-            },
-        }),
-    )
-    .await?;
+    // The control plane has no prometheus-operator: stand-in CRDs that accept any
+    // ServiceMonitor and PrometheusRule let the API server take the objects.
+    for (kind, plural) in [
+        ("ServiceMonitor", "servicemonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ] {
+        install_crd(
+            &client,
+            &json!({
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+                "spec": {
+                    "group": "monitoring.coreos.com",
+                    "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+                    "scope": "Namespaced",
+                    "versions": [{
+                        "name": "v1",
+                        "served": true,
+                        "storage": true,
+                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                    }],
+                },
+            }),
+        )
+        .await?;
+    }
 
     dry_run_all(&client, &objects.iter().collect::<Vec<_>>()).await?;
 
@@ -265,6 +300,17 @@ fn rbac_has_no_wildcards() -> Result<()> {
         assert!(!roles.is_empty(), "no roles rendered");
         for role in roles {
             let rules = role["rules"].as_array().context("role without rules")?;
+            // The role scrapers are bound to reads exactly /metrics.
+            if role["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-metrics-reader"))
+            {
+                assert_eq!(
+                    role["rules"],
+                    serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+                );
+                continue;
+            }
             assert!(!rules.is_empty(), "{} has no rules", describe(role));
             for rule in rules {
                 assert!(rule.get("nonResourceURLs").is_none(), "{}: {rule}", describe(role));
@@ -294,11 +340,8 @@ fn grants_binding(kube_version: &str, set: &[(&str, &str)]) -> Result<bool> {
         set,
         ..RenderOptions::default()
     })?;
-    let role = of_kind(&objects, "ClusterRole")[0];
-    Ok(role["rules"]
-        .as_array()
+    Ok(muster_e2e::rbac::operator_rules(&objects)
         .into_iter()
-        .flatten()
         .flat_map(|rule| rule["resources"].as_array().into_iter().flatten())
         .any(|r| r == "resourceclaims/binding"))
 }

@@ -778,10 +778,7 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
             ensure!(!log.contains("forbidden"), "no request was forbidden:\n{log}");
             ensure!(log.contains("the cluster serves Kueue"), "the operator used Kueue");
             let used = muster_e2e::rbac::used(operator).await?;
-            let rules: Vec<&Value> = muster_e2e::chart::of_kind(&objects, "ClusterRole")
-                .into_iter()
-                .flat_map(|role| role["rules"].as_array().into_iter().flatten())
-                .collect();
+            let rules = muster_e2e::rbac::operator_rules(&objects);
             // Not in this life: deleting the Kueue Workload of a gang that stops queueing,
             // and reading a Topology (the flavor here has none).
             let elsewhere = [

@@ -10,12 +10,11 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use muster_api::conditions;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
-use muster_e2e::chart;
 use muster_e2e::rbac::{self, metrics};
 use muster_e2e::scenario::{Test, assert_runs_as_planned, gang, with_test};
 use muster_local_cluster::operator::Operator;
 use muster_local_cluster::wait;
-use serde_json::{Value, json};
+use serde_json::json;
 
 async fn is_leader(operator: &Operator) -> bool {
     metrics(operator)
@@ -52,8 +51,9 @@ async fn metrics_and_probes_describe_the_running_operator() -> Result<()> {
                 ("muster_reserved_devices_total", 8.0),
                 ("muster_plan_duration_seconds_count{outcome=\"placed\"}", 1.0),
                 ("muster_commit_duration_seconds_count{outcome=\"committed\"}", 1.0),
-                ("muster_submit_to_admitted_seconds_count", 1.0),
-                ("muster_submit_to_running_seconds_count", 1.0),
+                // The gang names no PriorityClass.
+                ("muster_submit_to_admitted_seconds_count{priority_class=\"\"}", 1.0),
+                ("muster_submit_to_running_seconds_count{priority_class=\"\"}", 1.0),
                 ("muster_leader", 1.0),
                 ("muster_api_requests_total{verb=\"create\",resource=\"pods\"}", 2.0),
             ] {
@@ -355,11 +355,7 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
 
             // Every granted permission was used, or is only ever checked.
             let used = rbac::used(operator).await?;
-            let rules: Vec<&Value> = chart::of_kind(&objects, "ClusterRole")
-                .into_iter()
-                .chain(chart::of_kind(&objects, "Role"))
-                .flat_map(|role| role["rules"].as_array().into_iter().flatten())
-                .collect();
+            let rules = rbac::operator_rules(&objects);
             let unused: Vec<String> = rbac::granted(&rules)
                 .into_iter()
                 .filter(|p| !used.contains(p))

@@ -94,6 +94,15 @@ and creates the Workload each one owns. */}}
   resources: ["priorityclasses"]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.metrics.auth.enabled }}
+{{- /* Checking who scrapes /metrics, as kube-rbac-proxy does. */}}
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+- apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
+{{- end }}
 {{- end }}
 
 {{/*

@@ -13,6 +13,7 @@
 //!   API server or from files;
 //! - [`kube_ops`]: the Kubernetes operations several of the above share;
 //! - [`ops`]: the client, metrics, health endpoints, leader election and fault hooks;
+//! - [`report`]: what muster tells operators about its gangs (status lines, live gauges);
 //! - [`cli`]: `muster run`, `plan`, `crd` and `demo`.
 #![forbid(unsafe_code)]
 
@@ -24,6 +25,7 @@ pub mod frameworks;
 pub mod kube_ops;
 pub mod kueue;
 pub mod ops;
+pub mod report;
 pub mod snapshot;
 pub mod webhook;
 pub mod workload;

@@ -273,6 +273,7 @@ impl Admission {
                 api.patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
                     .await?;
                 info!(workload = %key(workload), %reason, "gave the gang's admission back to Kueue");
+                crate::ops::metrics::get().count_preemption(reason);
                 self.event(
                     workload,
                     kube::runtime::events::EventType::Normal,

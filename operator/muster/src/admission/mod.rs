@@ -345,6 +345,9 @@ impl Admission {
         loop {
             let started = Instant::now();
             let next = self.pass().await;
+            crate::ops::metrics::get()
+                .pass_duration
+                .observe(started.elapsed().as_secs_f64());
             // At most ten passes a second, however busy the cluster is.
             let pause = Duration::from_millis(100).saturating_sub(started.elapsed());
             tokio::time::sleep(pause).await;

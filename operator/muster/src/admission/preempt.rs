@@ -278,7 +278,7 @@ impl Admission {
             )
             .await?;
             info!(workload = %key(&workload), preemptor = %key(preemptor), "gang preempted");
-            crate::ops::metrics::get().preemptions.inc();
+            crate::ops::metrics::get().count_preemption("Priority");
             self.event(
                 &workload,
                 EventType::Warning,

@@ -128,7 +128,7 @@ impl Admission {
                         && let Some(created) = &workload.metadata.creation_timestamp
                     {
                         let waited = Timestamp::now().duration_since(created.0).unsigned_abs();
-                        metrics::get().submit_to_admitted.observe(waited.as_secs_f64());
+                        metrics::get().observe_submit_to_admitted(workload.spec.priority_class_name.as_deref(), waited);
                     }
                 }
                 (ConditionType::Admitted, false) if record.journal.is_none() => {

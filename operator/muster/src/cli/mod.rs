@@ -1,7 +1,9 @@
-//! Command-line interface: `muster run`, `muster plan`, `muster crd` and `muster demo`.
+//! Command-line interface: `muster run`, `muster plan`, `muster crd`, `muster demo`, and
+//! the kubectl plugin's `why` and `status`.
 
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod kubectl;
 pub mod plan;
 pub mod run;
 
@@ -34,6 +36,14 @@ enum Command {
     /// Plan Workloads against a cluster snapshot without a cluster: where would they go,
     /// or why would they not fit.
     Plan(PlanArgs),
+    /// Why a gang is not running: plans it against the live cluster, read now, and says
+    /// why it does not fit (per group and level, with numbers) and what preemption would
+    /// do. As a kubectl plugin: `kubectl muster why WORKLOAD`.
+    Why(crate::cli::kubectl::WhyArgs),
+    /// Gangs with their phase, admission state, devices held and waiting time. As a
+    /// kubectl plugin: `kubectl muster status`.
+    #[command(visible_alias = "top")]
+    Status(crate::cli::kubectl::StatusArgs),
     /// Print the CustomResourceDefinitions muster serves, or write them to a directory.
     Crd {
         /// Write one file per CRD into this directory instead of printing.
@@ -93,6 +103,11 @@ struct RunArgs {
     /// Address for `/metrics`; "0" turns it off.
     #[arg(long, default_value = "127.0.0.1:8080")]
     metrics_bind_address: String,
+    /// Serve `/metrics` only to callers whose bearer token a TokenReview accepts and
+    /// whose user a SubjectAccessReview allows `get` on the non-resource URL `/metrics`
+    /// (as kube-rbac-proxy does). The probes stay open.
+    #[arg(long)]
+    metrics_auth: bool,
     /// Address for `/healthz` and `/readyz`; "0" turns it off. May equal the metrics
     /// address.
     #[arg(long, default_value = "127.0.0.1:8081")]
@@ -193,6 +208,8 @@ pub fn main() -> Result<()> {
     match cli.command {
         Command::Crd { dir } => print_crds(dir),
         Command::Plan(args) => plan(args),
+        Command::Why(args) => crate::cli::kubectl::why(args),
+        Command::Status(args) => crate::cli::kubectl::status(args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::cli::demo::run(args)),
         Command::Run(args) => {
@@ -289,12 +306,15 @@ async fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("binding --health-probe-bind-address {}", args.health_probe_bind_address))?
     };
     let shared = args.health_probe_bind_address == args.metrics_bind_address;
+    let auth = args
+        .metrics_auth
+        .then(|| Arc::new(serve::auth::MetricsAuth::new(client.clone())));
     if let Some(listener) = metrics {
         let endpoints = if shared { Endpoints::All } else { Endpoints::Metrics };
-        tokio::spawn(serve::serve(listener, endpoints, health.clone()));
+        tokio::spawn(serve::serve(listener, endpoints, health.clone(), auth));
     }
     if let Some(listener) = probes {
-        tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone()));
+        tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone(), None));
     }
     // Every replica serves the webhook, so that a change of leader never blocks jobs.
     if let Some(settings) = webhook_settings(&args)? {

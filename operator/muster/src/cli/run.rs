@@ -89,6 +89,13 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             watches,
             wake.clone(),
         );
+        crate::ops::metrics::get()
+            .live
+            .set_source(Some(Arc::new(crate::report::readings::CacheSource {
+                workloads: controller.store(),
+                claims: stores.claims.clone(),
+                cluster: index.clone(),
+            })));
         let admission = Admission::new(
             client.clone(),
             index.clone(),
@@ -165,6 +172,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             _ = keep => Ended::LostLease,
         };
         crate::ops::metrics::get().leader.set(0);
+        crate::ops::metrics::get().live.set_source(None);
         let _ = stop.send(());
         if let Some(keeper) = keeper {
             // The keeper stops renewing before the Lease is given up, so it cannot take

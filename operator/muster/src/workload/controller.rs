@@ -861,7 +861,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         && let Some(created) = &workload.metadata.creation_timestamp
     {
         let took = Timestamp::now().duration_since(created.0).unsigned_abs();
-        crate::ops::metrics::get().submit_to_running.observe(took.as_secs_f64());
+        crate::ops::metrics::get().observe_submit_to_running(workload.spec.priority_class_name.as_deref(), took);
     }
     let reason = created_reason(Some(&desired));
     if let Progress::Invalid { message } | Progress::Waiting { message, .. } = progress
@@ -965,6 +965,12 @@ fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Ac
     {
         delay = delay.min(due.max(Duration::from_millis(100)));
     }
+    crate::ops::metrics::get()
+        .reconcile_errors
+        .get_or_create(&crate::ops::metrics::KindLabel {
+            kind: error.metric_label(),
+        })
+        .inc();
     warn!(workload = %workload.name_any(), namespace = ?workload.namespace(), error = %error, kind = error.metric_label(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
