@@ -20,6 +20,7 @@
 pub mod commit;
 mod decide;
 mod effect;
+pub mod failure;
 mod journal;
 mod observe;
 

@@ -271,6 +271,8 @@ pub fn derive(framework: Framework, object: &Value, known_level: &dyn Fn(&str) -
             // The framework decides restarts; muster never fails the gang on its own.
             failure_policy: Some(FailurePolicy {
                 max_restarts: MAX_RESTARTS,
+                rules: Vec::new(),
+                restart_backoff: None,
             }),
             ..WorkloadSpec::default()
         },

@@ -140,6 +140,7 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         pod_groups: groups,
         placement: None,
         restarts: previous.restarts,
+        restarts_count_towards_max: previous.restarts_count_towards_max,
         nomination: None,
     }
 }
