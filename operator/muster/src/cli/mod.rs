@@ -147,6 +147,10 @@ struct RunArgs {
     /// address); repeat the flag for several.
     #[arg(long)]
     webhook_dns_name: Vec<String>,
+    /// The webhook configuration's namespaceSelector, as JSON (a LabelSelector): labelled
+    /// jobs in namespaces it leaves out never pass the webhook and are not adopted.
+    #[arg(long)]
+    webhook_namespace_selector: Option<String>,
     /// MutatingWebhookConfiguration whose caBundle muster keeps current.
     #[arg(long, default_value = "muster-webhook")]
     webhook_configuration: String,
@@ -277,6 +281,13 @@ async fn run(args: RunArgs) -> Result<()> {
             ..crate::admission::Settings::default()
         },
         adopt_jobs: args.adopt_jobs,
+        adopt_namespace_selector: args
+            .webhook_namespace_selector
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .map(serde_json::from_str)
+            .transpose()
+            .context("--webhook-namespace-selector: not a LabelSelector in JSON")?,
         leader_election: args.leader_elect.then(|| {
             let namespace = args
                 .leader_election_namespace
