@@ -215,6 +215,31 @@ pub fn external_members<'p>(pods: &'p [Arc<Pod>], group: &PodGroup) -> Vec<&'p P
     members
 }
 
+/// How long a refusal that may be the cache's lag waits before it is told.
+const UNSETTLED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The pods labelled for the Workload's template-less groups that are not members and
+/// should be told so, each with why: settled refusals, and unsettled ones of pods older
+/// than a minute (a Job the cache still does not show by then is not coming).
+pub fn reported_refusals<'p>(workload: &Workload, pods: &'p [Arc<Pod>]) -> Vec<(&'p Pod, String)> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let old_enough = |pod: &Pod| {
+        pod.metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| now.duration_since(t.0).unsigned_abs() > UNSETTLED_FOR)
+    };
+    workload
+        .spec
+        .pod_groups
+        .iter()
+        .filter(|g| g.template.is_none())
+        .flat_map(|g| refused(pods, g))
+        .filter(|(pod, refusal)| refusal.settled || old_enough(pod))
+        .map(|(pod, refusal)| (pod, refusal.why))
+        .collect()
+}
+
 #[allow(clippy::type_complexity)]
 fn sort_members<'p>(
     pods: &'p [Arc<Pod>],
