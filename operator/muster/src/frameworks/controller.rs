@@ -62,7 +62,7 @@ pub const EVENT_CHANGE_IGNORED: &str = "GangChangeIgnored";
 /// How often the cluster is asked again whether it serves JobSets.
 const SERVED_RECHECK: Duration = Duration::from_secs(60);
 /// How long a namespace's labels are trusted before they are read again.
-const NAMESPACE_LABELS_FOR: Duration = Duration::from_secs(30);
+const NAMESPACE_LABELS_FOR: Duration = Duration::from_secs(5);
 /// Reasons told once per object, remembered at most this many at a time.
 const MAX_TOLD: usize = 10_000;
 
