@@ -76,6 +76,20 @@ pub fn operator_args(port: u16) -> Vec<String> {
     ]
 }
 
+/// The operator's arguments as the chart runs it in `release_ns` (its webhook Secret
+/// there; no namespaceSelector), serving the webhook on `port`.
+pub fn chart_operator_args(port: u16, release_ns: &str) -> Vec<String> {
+    vec![
+        "--adopt-jobs".into(),
+        format!("--webhook-bind-address=127.0.0.1:{port}"),
+        "--webhook-dns-name=127.0.0.1".into(),
+        format!("--webhook-namespace={release_ns}"),
+        "--webhook-secret=muster-webhook-tls".into(),
+        "--webhook-configuration=muster-webhook".into(),
+        "--webhook-cert-check=1".into(),
+    ]
+}
+
 /// An indexed Job of one pod labelled for muster, to probe the webhook with.
 fn probe() -> Result<Job> {
     Ok(serde_json::from_value(json!({

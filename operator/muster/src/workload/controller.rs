@@ -282,14 +282,18 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     if crate::workload::observe::finished(workload) {
         // A finished gang is not run again, nor queued again in Kueue (its Kueue Workload,
         // once told, may go with Kueue's retention); its pods stay for their logs.
+        release_unqueued_kueue_workload(workload, ctx).await?;
         let put_off = write_status(workload, ctx, &Progress::AllCreated).await?;
         return Ok(requeue(put_off, None));
     }
     tell_refused_pods(workload, ctx).await;
-    if let Some(waiting) = ensure_kueue_workload(workload, ctx).await? {
-        let put_off = write_status(workload, ctx, &waiting).await?;
-        return Ok(requeue(put_off, Some(Duration::from_secs(15))));
-    }
+    let kueue_again = match ensure_kueue_workload(workload, ctx).await? {
+        Kueue::Waiting(waiting) => {
+            let put_off = write_status(workload, ctx, &waiting).await?;
+            return Ok(requeue(put_off, Some(Duration::from_secs(15))));
+        }
+        Kueue::Kept { again } => again,
+    };
     if workload.spec.suspend == Some(true) {
         // Hold nothing: gated pods muster made go now. Released pods are the admission
         // loop's: it records the suspension first, deletes them, then gives their devices
@@ -308,7 +312,7 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
             kube_ops::done_if_gone(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
         }
         let put_off = write_status(workload, ctx, &Progress::Suspended).await?;
-        return Ok(requeue(put_off, None));
+        return Ok(requeue(put_off, kueue_again));
     }
 
     let outcome = match create_missing(workload, &namespace, &gang, ctx).await {
@@ -371,6 +375,10 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         _ if !outcome.failures.is_empty() => Some(Duration::from_secs(10)),
         _ => None,
     };
+    let again = match (again, kueue_again) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     Ok(requeue(put_off, again))
 }
 
@@ -413,16 +421,57 @@ async fn tell_refused_pods(workload: &Workload, ctx: &Context) {
     }
 }
 
+/// A finished gang that no longer carries a queue label (removed once it ended, when
+/// the admission policy allows it) gives its Kueue Workload back: nothing would tell
+/// Kueue it finished, and its quota would stay charged.
+async fn release_unqueued_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(), Error> {
+    if crate::kueue::queue_of(workload).is_some() {
+        return Ok(());
+    }
+    let Some(existing) = ctx.stores.kueue_workload(workload) else {
+        return Ok(());
+    };
+    if existing.metadata.deletion_timestamp.is_some() || crate::kueue::Verdict::of(&existing).finished {
+        return Ok(());
+    }
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &existing.namespace().unwrap_or_default(),
+        &crate::kueue::api_resource(),
+    );
+    kube_ops::remove_finalizer(&api, &existing, crate::kueue::RESOURCE_IN_USE).await?;
+    kube_ops::done_if_gone(api.delete(&existing.name_any(), &DeleteParams::default()).await)?;
+    info!(workload = %workload.name_any(), "the finished gang left its LocalQueue: its Kueue Workload is given back");
+    Ok(())
+}
+
+/// Where a gang stands with its Kueue Workload.
+enum Kueue {
+    /// What the gang waits for before it can be charged (reported as its `Created`
+    /// condition).
+    Waiting(Progress),
+    /// Kept in step (or none needed); `again`: look again then, for what Kueue does
+    /// next does not wake the Workload.
+    Kept { again: Option<Duration> },
+}
+
 /// A Workload that queues in Kueue has a Kueue Workload asking for its quota. It is
 /// active unless the Workload is suspended, and then only once the gang holds nothing:
-/// the quota stays charged while its devices are still being given back. `Some`: what
-/// the gang waits for before it can be charged (reported as its `Created` condition).
-async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Option<Progress>, Error> {
+/// the quota stays charged while its devices are still being given back.
+async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Kueue, Error> {
+    Ok(match charge_in_kueue(workload, ctx).await? {
+        Ok(again) => Kueue::Kept { again },
+        Err(waiting) => Kueue::Waiting(waiting),
+    })
+}
+
+/// [`ensure_kueue_workload`]'s work: `Err` is a wait, with why.
+async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Option<Duration>, Progress>, Error> {
     let Some(queue) = crate::kueue::queue_of(workload) else {
-        return Ok(None);
+        return Ok(Ok(None));
     };
     if ctx.stores.kueue.is_none() {
-        return Ok(Some(Progress::Waiting {
+        return Ok(Err(Progress::Waiting {
             reason: conditions::REASON_KUEUE_UNAVAILABLE,
             message: format!(
                 "the gang asks for Kueue's LocalQueue {queue} (label {}), but this muster does not work with Kueue (the cluster does not serve kueue.x-k8s.io/v1beta2, or muster may not read it: the chart's rbac.kueue); it is held rather than run uncharged",
@@ -434,13 +483,13 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Opt
     let resource = crate::kueue::api_resource();
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
     if let Some(existing) = ctx.stores.kueue_workload(workload) {
-        keep_kueue_workload(workload, ctx, &api, &existing, queue).await?;
-        return Ok(None);
+        return Ok(Ok(keep_kueue_workload(workload, ctx, &api, &existing, queue).await?));
     }
     // Template-less groups are charged by their job's templates, or their members.
     let charges = match charges(workload, ctx).await? {
         Ok(charges) => charges,
-        Err(waiting) => return Ok(waiting),
+        Err(Some(waiting)) => return Ok(Err(waiting)),
+        Err(None) => return Ok(Ok(None)),
     };
     // No Kueue webhook runs for muster's Workloads: the priority is filled in here.
     let priority = match &workload.spec.priority_class_name {
@@ -465,7 +514,7 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Opt
     })?;
     for (index, name) in crate::kueue::named_claims(workload, &charges).iter().enumerate() {
         let Some(claim) = claims.get_opt(name).await? else {
-            return Ok(Some(Progress::Waiting {
+            return Ok(Err(Progress::Waiting {
                 reason: conditions::REASON_CLAIM_NOT_FOUND,
                 message: format!(
                     "ResourceClaim {namespace}/{name} does not exist: Kueue cannot charge the gang for it, so the gang does not queue in LocalQueue {queue} until it does"
@@ -489,7 +538,7 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Opt
                         .any(|o| Some(&o.uid) == workload.metadata.uid.as_ref())
                 });
                 if !owned {
-                    return Ok(Some(Progress::Waiting {
+                    return Ok(Err(Progress::Waiting {
                         reason: conditions::REASON_NAME_CONFLICT,
                         message: format!(
                             "ResourceClaimTemplate {namespace}/{template_name}, through which Kueue charges the claim {name}, exists and does not belong to this Workload"
@@ -501,14 +550,14 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Opt
         }
     }
     let Some(desired) = crate::kueue::desired(workload, queue, priority, topology, &charges) else {
-        return Ok(None);
+        return Ok(Ok(None));
     };
     let object: kube::api::DynamicObject =
         serde_json::from_value(desired).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
     match api.create(&PostParams::default(), &object).await {
         Ok(_) => {
             info!(workload = %workload.name_any(), %namespace, queue, "queued in Kueue");
-            Ok(None)
+            Ok(Ok(None))
         }
         // Made already (the cache shows it soon), or one of a deleted Workload of the same
         // name is still going: muster lets go of it, and this is tried again.
@@ -518,7 +567,7 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Opt
         }),
         // Kueue's API refuses it (a limit of its own): no retry can help until the
         // Workload changes, so the gang says why rather than the log.
-        Err(kube::Error::Api(status)) if status.code == 422 || status.code == 400 => Ok(Some(Progress::Waiting {
+        Err(kube::Error::Api(status)) if status.code == 422 || status.code == 400 => Ok(Err(Progress::Waiting {
             reason: conditions::REASON_KUEUE_REFUSED,
             message: format!(
                 "Kueue refused the Workload that asks for the gang's quota in LocalQueue {queue}: {}",
@@ -584,7 +633,7 @@ async fn keep_kueue_workload(
     api: &Api<kube::api::DynamicObject>,
     existing: &kube::api::DynamicObject,
     queue: &str,
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let verdict = crate::kueue::Verdict::of(existing);
     let reserved = verdict.quota_reserved || verdict.holds_quota;
     let name = existing.name_any();
@@ -634,6 +683,9 @@ async fn keep_kueue_workload(
                 )
                 .await;
             }
+            // Kueue evicts it and the gang gives its admission back; nothing of that
+            // wakes the Workload.
+            return Ok(Some(Duration::from_secs(2)));
         } else {
             kube_ops::remove_finalizer(api, existing, crate::kueue::RESOURCE_IN_USE).await?;
             let params = DeleteParams {
@@ -654,7 +706,7 @@ async fn keep_kueue_workload(
                 note,
             )
             .await;
-            return Ok(());
+            return Ok(Some(Duration::from_secs(1)));
         }
     }
 
@@ -675,7 +727,7 @@ async fn keep_kueue_workload(
         });
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Whether a group charged by its members has a member larger than (or unlike) what its
