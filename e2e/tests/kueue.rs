@@ -386,6 +386,7 @@ async fn quota_for_one_gang_runs_them_one_after_the_other() -> Result<()> {
             test.create(queued_gang("first", 4, None)).await?;
             wait_kueue_condition(test, "first", "Admitted", "True").await?;
             assert_runs_as_planned(test, "first").await?;
+            usage_matches_devices(test, "team", &["first", "second"], 32).await?;
             // The cluster has room for both; the quota has not.
             test.create(queued_gang("second", 4, None)).await?;
             test.wait_admitted_reason("second", "WaitingForKueue", Duration::from_secs(60))
@@ -399,6 +400,7 @@ async fn quota_for_one_gang_runs_them_one_after_the_other() -> Result<()> {
                 .await?;
             wait_kueue_condition(test, "second", "Admitted", "True").await?;
             assert_runs_as_planned(test, "second").await?;
+            usage_matches_devices(test, "team", &["first", "second"], 32).await?;
             Ok(())
         })
     })
@@ -420,6 +422,7 @@ async fn a_preempted_gang_is_taken_apart_as_a_unit_and_runs_again_later() -> Res
             wait_kueue_condition(test, "high", "Admitted", "True").await?;
             assert_runs_as_planned(test, "high").await?;
             ensure!(!holds_devices(test, "low").await?, "the evicted gang holds nothing");
+            usage_matches_devices(test, "team", &["high", "low"], 32).await?;
             wait::until(
                 "the evicted gang's pods to wait at the gate again",
                 Duration::from_secs(60),
@@ -498,6 +501,8 @@ async fn a_gang_borrowing_from_its_cohort_gives_way_when_the_lender_reclaims() -
                 }
             }
             ensure!(evicted.len() == 1, "exactly one of team's gangs gave way: {evicted:?}");
+            usage_matches_devices(test, "team", &["own", "borrower"], 32).await?;
+            usage_matches_devices(test, "other", &["lender"], 32).await?;
             Ok(())
         })
     })
@@ -601,6 +606,7 @@ async fn a_workload_deleted_while_queued_or_running_takes_its_kueue_workload_wit
             test.create(queued_gang("waiting", 4, None)).await?;
             test.wait_admitted_reason("waiting", "WaitingForKueue", Duration::from_secs(60))
                 .await?;
+            usage_matches_devices(test, "team", &["running", "waiting"], 32).await?;
             let kueue_workloads = kueue_api(&test.client, "Workload", "workloads", Some(&test.ns));
             let workloads = test.workloads();
             for name in ["waiting", "running"] {
@@ -620,6 +626,7 @@ async fn a_workload_deleted_while_queued_or_running_takes_its_kueue_workload_wit
                 .await?;
                 ensure!(!holds_devices(test, name).await?, "{name} holds nothing");
             }
+            usage_matches_devices(test, "team", &[], 0).await?;
             Ok(())
         })
     })
@@ -701,6 +708,7 @@ async fn the_admission_check_retries_until_the_devices_can_be_reserved() -> Resu
                 placement.topology_value.as_deref() == Some("rack-0000"),
                 "{placement:?}"
             );
+            usage_matches_devices(test, "team", &["waiting"], 32).await?;
             Ok(())
         })
     })
@@ -790,6 +798,7 @@ async fn under_topology_aware_scheduling_muster_places_inside_kueues_rack_or_ret
                 test.workloads().delete("outsider", &Default::default()).await?;
             }
             let workload = assert_runs_as_planned(test, "tas").await?;
+            usage_matches_devices(test, "team", &["tas"], 32).await?;
             let placement = workload.status.and_then(|s| s.placement).context("placement")?;
             let admitted = kueue_workload(test, "tas").await?;
             let assigned = admitted.data["status"]["admission"]["podSetAssignments"][1]["topologyAssignment"].clone();
@@ -840,6 +849,7 @@ async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
             .await?;
             // 5 GPUs asked, 4 in the quota: Kueue does not admit it, then it does.
             waits_on_four_runs_on_five(test, "shared").await?;
+            usage_matches_devices(test, "team", &["shared"], 5).await?;
             let held = allocations(&test.claims()).await?;
             ensure!(
                 held.get("shared-fabric").map(Vec::len) == Some(1),
@@ -984,6 +994,7 @@ async fn a_workload_deleted_while_being_evicted_goes_and_the_preemptor_runs() ->
             ensure!(!holds_devices(test, "low").await?, "the deleted gang holds nothing");
             wait_kueue_condition(test, "high", "Admitted", "True").await?;
             assert_runs_as_planned(test, "high").await?;
+            usage_matches_devices(test, "team", &["high", "low"], 32).await?;
             Ok(())
         })
     })
@@ -1034,6 +1045,7 @@ async fn an_existing_claim_the_gang_names_is_charged_once_in_kueues_quota() -> R
             .await?;
             // 5 GPUs asked, 4 in the quota: Kueue does not admit it, then it does.
             waits_on_four_runs_on_five(test, "named").await?;
+            usage_matches_devices(test, "team", &["named"], 5).await?;
             // The user's claim goes with the test; muster lets go of it once the gang ends.
             test.claims().delete("existing-gpu", &Default::default()).await?;
             Ok(())
