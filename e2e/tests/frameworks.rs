@@ -1319,3 +1319,94 @@ async fn the_webhook_is_ready_only_with_a_certificate_and_rotates_without_refusi
     })
     .await
 }
+
+/// A Workload its Job left behind without an owner (as `--cascade=orphan` leaves it) is
+/// not taken by a new Job of the same name, which says what to do; once it is deleted,
+/// the new Job gets its own.
+#[tokio::test]
+async fn an_orphaned_workload_is_not_taken_by_a_new_job_of_its_name_which_says_what_to_do() -> Result<()> {
+    with_frameworks("orphaned", |test| {
+        Box::pin(async move {
+            let suspended = json!({"spec": {"suspend": true}});
+            create_job(test, indexed_job("orphaned", 1, suspended.clone())).await?;
+            let workloads = test.workloads();
+            wait::until("the Job's gang", Duration::from_secs(30), || {
+                let workloads = workloads.clone();
+                async move { Ok(workloads.get_opt("job-orphaned").await?.map(|_| ())) }
+            })
+            .await?;
+            // What `--cascade=orphan` leaves: the Workload without its owner, the Job gone
+            // (made here without waiting for the garbage collector to find the CRD).
+            let ownerless = json!({"metadata": {"ownerReferences": null}});
+            workloads
+                .patch(
+                    "job-orphaned",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&ownerless),
+                )
+                .await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.delete("orphaned", &DeleteParams::background()).await?;
+            wait::until("the Job to go", Duration::from_secs(60), || {
+                let jobs = jobs.clone();
+                async move { Ok(jobs.get_opt("orphaned").await?.is_none().then_some(())) }
+            })
+            .await?;
+            create_job(test, indexed_job("orphaned", 1, suspended)).await?;
+            wait_job_event(test, "orphaned", "InvalidGang", "has no owner").await?;
+            workloads.delete("job-orphaned", &DeleteParams::default()).await?;
+            let uid = jobs.get("orphaned").await?.metadata.uid;
+            wait::until("the new Job's own gang", Duration::from_secs(60), || {
+                let (workloads, uid) = (workloads.clone(), uid.clone());
+                async move {
+                    let owned = workloads.get_opt("job-orphaned").await?.is_some_and(|w| {
+                        w.metadata
+                            .owner_references
+                            .unwrap_or_default()
+                            .iter()
+                            .any(|o| Some(&o.uid) == uid.as_ref())
+                    });
+                    Ok(owned.then_some(()))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A Job labelled for muster inside a JobSet that is not (its replicated job's template
+/// carries the label) is not a gang of its own, and says so.
+#[tokio::test]
+async fn a_labelled_job_of_an_unlabelled_jobset_is_told_it_runs_outside_any_gang() -> Result<()> {
+    with_frameworks("half-labelled", |test| {
+        Box::pin(async move {
+            let mut jobset = labelled_jobset("half", 1, json!({"spec": {"suspend": true}}));
+            jobset["metadata"]["labels"] = json!({});
+            jobset["spec"]["replicatedJobs"][1]["template"]["metadata"] =
+                json!({"labels": {"muster.dev/gang": "true"}});
+            create(&jobsets(test), jobset).await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let job = wait::until("JobSet to make its workers' Job", Duration::from_secs(60), || {
+                let jobs = jobs.clone();
+                async move {
+                    Ok(jobs
+                        .list(&ListParams::default().labels("muster.dev/gang=true"))
+                        .await?
+                        .items
+                        .into_iter()
+                        .find_map(|j| j.metadata.name))
+                }
+            })
+            .await?;
+            wait_job_event(test, &job, "InvalidGang", "which made it, is not").await?;
+            ensure!(
+                test.workloads().list(&ListParams::default()).await?.items.is_empty(),
+                "no gang for it"
+            );
+            Ok(())
+        })
+    })
+    .await
+}

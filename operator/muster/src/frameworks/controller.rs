@@ -138,11 +138,22 @@ pub async fn run_all(client: Client, index: Arc<Index>, settings: Settings) {
                 if served(&client, Framework::JobSet).await {
                     jobsets = true;
                     info!("the cluster serves JobSets: labelled JobSets (and TrainJobs) run as gangs");
-                    // Members of JobSet groups are verified against the JobSets' Jobs.
-                    if let Some(keep) = crate::frameworks::jobs::follow(client.clone()).await {
-                        running.push(Box::pin(keep));
-                    }
-                    running.push(Box::pin(run(client.clone(), Framework::JobSet, index.clone(), settings.clone())));
+                    // Members of JobSet groups are verified against the JobSets' Jobs: the
+                    // JobSet controller starts once they are listed (without holding up
+                    // the Job controller meanwhile).
+                    let (client, index, settings) = (client.clone(), index.clone(), settings.clone());
+                    running.push(Box::pin(async move {
+                        let adopt = run(client.clone(), Framework::JobSet, index, settings);
+                        match crate::frameworks::jobs::follow(client).await {
+                            Some(keep) => {
+                                tokio::select! {
+                                    () = keep => {}
+                                    () = adopt => {}
+                                }
+                            }
+                            None => adopt.await,
+                        }
+                    }));
                 }
             }
             Some(()) = running.next() => return,

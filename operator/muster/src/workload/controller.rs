@@ -646,8 +646,15 @@ async fn keep_kueue_workload(
         if !reserved {
             let patch =
                 json!({"metadata": {"resourceVersion": existing.resource_version()}, "spec": {"queueName": queue}});
-            kube_ops::done_if_gone_or_changed(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await)?;
-            info!(workload = %workload.name_any(), from = charged_in, to = queue, "the gang moved to another LocalQueue");
+            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    info!(workload = %workload.name_any(), from = charged_in, to = queue, "the gang moved to another LocalQueue")
+                }
+                // Kueue changed it meanwhile (nothing of that wakes the Workload).
+                Err(e) if kube_ops::is_conflict(&e) => return Ok(Some(Duration::from_secs(1))),
+                Err(e) if kube_ops::is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
         } else if ctx.first_time(format!("{}/queue/{queue}", workload.uid().unwrap_or_default())) {
             let note = format!(
                 "the label {} changed to {queue} while Kueue holds quota for the gang in LocalQueue {charged_in}: the gang stays charged there until it is suspended or ends",
