@@ -88,6 +88,9 @@ pub struct Settings {
     pub lease: Option<crate::ops::leader::LeaseGuard>,
 }
 
+/// A namespace's labels and when they were read.
+type NamespaceLabels = (Instant, BTreeMap<String, String>);
+
 struct Context {
     client: Client,
     recorder: Recorder,
@@ -95,7 +98,7 @@ struct Context {
     framework: Framework,
     resource: ApiResource,
     settings: Settings,
-    namespaces: Mutex<HashMap<String, (Instant, BTreeMap<String, String>)>>,
+    namespaces: Mutex<HashMap<String, NamespaceLabels>>,
     /// `uid/reason` of what was told once already.
     told: Mutex<HashSet<String>>,
 }
