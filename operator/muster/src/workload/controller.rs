@@ -287,14 +287,17 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         return Ok(requeue(put_off, None));
     }
     tell_refused_pods(workload, ctx).await;
+    let suspended = workload.spec.suspend == Some(true);
     let kueue_again = match ensure_kueue_workload(workload, ctx).await? {
-        Kueue::Waiting(waiting) => {
+        Kueue::Waiting(waiting) if !suspended => {
             let put_off = write_status(workload, ctx, &waiting).await?;
             return Ok(requeue(put_off, Some(Duration::from_secs(15))));
         }
+        // Suspended, it holds nothing either way; what it waits for is told once resumed.
+        Kueue::Waiting(_) => Some(Duration::from_secs(15)),
         Kueue::Kept { again } => again,
     };
-    if workload.spec.suspend == Some(true) {
+    if suspended {
         // Hold nothing: gated pods muster made go now. Released pods are the admission
         // loop's: it records the suspension first, deletes them, then gives their devices
         // back. Pods another controller made are its own to take away (the adoption
