@@ -1148,15 +1148,22 @@ async fn a_jobset_routed_through_muster_waits_for_kueues_quota_then_runs_reserve
 }
 
 /// A hand-written Workload whose group's pods another controller makes is charged by its
-/// largest member; when the pods change (small ones, which Kueue admits on a quota of no
-/// GPU, replaced by pods with eight GPUs each), its Kueue Workload is taken back from
-/// Kueue and made again for them, and the gang runs only once Kueue has quota for them.
+/// largest member; when the pods change (small ones replaced by pods with eight GPUs
+/// each) while Kueue has not reserved quota, its Kueue Workload is made again for them,
+/// and the gang runs only once Kueue has quota for them.
 #[tokio::test]
 async fn a_template_less_gang_is_charged_by_its_largest_member_and_again_when_its_pods_change() -> Result<()> {
     with_kueue().await?;
     with_test("kueue-members", &[], &[], |test| {
         Box::pin(async move {
             queues(test, 0, false).await?;
+            // No quota at all: the small pods, which ask for no GPU, are not admitted
+            // either.
+            let mut patch = json!({"spec": {"resourceGroups": quota("default", 0)}});
+            patch["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = json!("0");
+            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+                .patch(&format!("cq-{}-team", test.ns), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
             let mut workload = muster_e2e::scenario::workload_of_joining_pods("joined", "main", 2);
             workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
             test.create(workload).await?;
