@@ -1267,48 +1267,50 @@ async fn the_webhook_is_ready_only_with_a_certificate_and_rotates_without_refusi
                 dry_run: true,
                 ..PostParams::default()
             };
-            let mut failures = Vec::new();
-            let mut probes = 0;
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            loop {
-                probes += 1;
-                if let Err(e) = jobs.create(&dry, &probe).await {
-                    failures.push(format!("{e:#}"));
+            // Calls go on while the CA and then the serving certificate rotate: none refused.
+            let calls = std::sync::Mutex::new((0usize, Vec::<String>::new()));
+            let call = || async {
+                let answer = jobs.create(&dry, &probe).await;
+                let mut calls = calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                calls.0 += 1;
+                if let Err(e) = answer {
+                    calls.1.push(format!("{e:#}"));
                 }
-                let secret = secrets.get("muster-webhook-tls").await?;
-                let rotated_ca = ca_of(&secret) != first_ca;
-                let data = secret.data.clone().unwrap_or_default();
-                let serving_moved = data.get("tls.crt") != first_cert.as_ref();
-                let serving_pem = data
-                    .get("tls.crt")
-                    .map(|b| String::from_utf8_lossy(&b.0).to_string())
-                    .unwrap_or_default();
-                let from_new_ca = rotated_ca && {
-                    let (_, pem) = x509_parser::pem::parse_x509_pem(serving_pem.as_bytes())?;
-                    let cert = pem.parse_x509()?;
-                    let (_, ca_pem) = x509_parser::pem::parse_x509_pem(
-                        format!("{}-----END CERTIFICATE-----\n", ca_of(&secret)).as_bytes(),
-                    )?;
-                    let ca = ca_pem.parse_x509()?;
-                    cert.issuer().to_string() == ca.subject().to_string()
-                };
-                if serving_moved && from_new_ca {
-                    break;
-                }
-                ensure!(
-                    std::time::Instant::now() < deadline,
-                    "the CA and the serving certificate did not rotate"
-                );
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            // A few more calls served from the new CA.
-            for _ in 0..5 {
-                probes += 1;
-                if let Err(e) = jobs.create(&dry, &probe).await {
-                    failures.push(format!("{e:#}"));
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
+            };
+            wait::until(
+                "the CA and the serving certificate to rotate",
+                Duration::from_secs(60),
+                || async {
+                    call().await;
+                    let secret = secrets.get("muster-webhook-tls").await?;
+                    let data = secret.data.clone().unwrap_or_default();
+                    if ca_of(&secret) == first_ca || data.get("tls.crt") == first_cert.as_ref() {
+                        return Ok(None);
+                    }
+                    let serving = data
+                        .get("tls.crt")
+                        .map(|b| String::from_utf8_lossy(&b.0).to_string())
+                        .unwrap_or_default();
+                    let (_, pem) = x509_parser::pem::parse_x509_pem(serving.as_bytes())?;
+                    let issuer = pem.parse_x509()?.issuer().to_string();
+                    let ca = format!("{}-----END CERTIFICATE-----\n", ca_of(&secret));
+                    let (_, ca) = x509_parser::pem::parse_x509_pem(ca.as_bytes())?;
+                    let from_new_ca = ca.parse_x509()?.subject().to_string() == issuer;
+                    Ok(from_new_ca.then_some(()))
+                },
+            )
+            .await?;
+            // More calls served from the new CA.
+            wait::holds(
+                "calls to be answered from the new CA",
+                Duration::from_secs(2),
+                || async {
+                    call().await;
+                    Ok(true)
+                },
+            )
+            .await?;
+            let (probes, failures) = calls.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
             ensure!(
                 failures.is_empty(),
                 "{} of {probes} calls were refused during the rotation: {failures:?}",
