@@ -12,12 +12,16 @@ use muster_bench::spec::{ScenarioId, Size};
 #[derive(Parser)]
 #[command(about = "muster against upstream gang scheduling and plain kube-scheduler")]
 struct Args {
-    /// Scenarios to run, comma-separated (S1..S5).
-    #[arg(long, default_value = "S1,S2,S3,S4,S5", value_delimiter = ',')]
+    /// Scenarios to run, comma-separated (S1..S6).
+    #[arg(long, default_value = "S1,S2,S3,S4,S5,S6", value_delimiter = ',')]
     scenarios: Vec<String>,
-    /// Repeats per scenario; odd repeats run the contenders in reverse order.
-    #[arg(long, default_value_t = 3)]
+    /// Repeats per scenario; each repeat rotates the contenders' order by one (ABC, BCA,
+    /// CAB), so six repeats put every contender in every position twice.
+    #[arg(long, default_value_t = 6)]
     repeats: usize,
+    /// Skip the unmeasured warm-up phase of each contender.
+    #[arg(long)]
+    no_warm_up: bool,
     /// A few nodes and gangs per scenario, to check the harness.
     #[arg(long)]
     smoke: bool,
@@ -38,7 +42,7 @@ async fn main() -> Result<()> {
     let scenarios = args
         .scenarios
         .iter()
-        .map(|s| ScenarioId::parse(s).with_context(|| format!("unknown scenario {s}: expected S1..S5")))
+        .map(|s| ScenarioId::parse(s).with_context(|| format!("unknown scenario {s}: expected S1..S6")))
         .collect::<Result<Vec<_>>>()?;
     let muster_binary = match args.muster_bin {
         Some(path) => path,
@@ -51,6 +55,7 @@ async fn main() -> Result<()> {
         repeats: args.repeats.max(1),
         muster_binary,
         keep_logs: args.keep_logs,
+        warm_up: !args.no_warm_up,
     };
     let run = muster_bench::run(&config, |line| eprintln!("{line}")).await?;
     let plot_name = args
