@@ -230,19 +230,23 @@ fn stat(svg: &mut String, panel: &Panel, rect: &Rect, lines: &[Line]) {
     }
 }
 
-/// Ticks `step` apart covering `lo..=hi`, and that step: about `count` of them, at
-/// 1, 2, 2.5 or 5 times a power of ten.
-fn value_ticks(lo: f64, hi: f64, count: f64) -> (Vec<f64>, f64) {
+/// The step between value ticks for about `count` ticks over `lo..hi`: 1, 2, 2.5 or
+/// 5 times a power of ten, or for seconds from half a minute on, whole minutes and
+/// hours as Grafana's time axes step.
+fn value_step(lo: f64, hi: f64, count: f64, unit: Option<&str>) -> f64 {
     let raw = (hi - lo) / count.max(1.0);
+    if unit == Some("s") && raw >= 30.0 {
+        const CLOCK: [f64; 10] = [30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0];
+        if let Some(step) = CLOCK.into_iter().find(|s| *s >= raw) {
+            return step;
+        }
+    }
     let magnitude = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+    [1.0, 2.0, 2.5, 5.0, 10.0]
         .iter()
         .map(|m| m * magnitude)
         .find(|s| *s >= raw)
-        .unwrap_or(10.0 * magnitude);
-    let first = (lo / step).ceil() as i64;
-    let last = (hi / step + 1e-9).floor() as i64;
-    ((first..=last).map(|i| i as f64 * step).collect(), step)
+        .unwrap_or(10.0 * magnitude)
 }
 
 /// `HH:MM:SS` (or `HH:MM`) of a time in milliseconds, in UTC.
@@ -302,10 +306,13 @@ fn time_series(svg: &mut String, panel: &Panel, rect: &Rect, lines: &[Line], pic
     if hi <= lo {
         hi = lo + 1.0;
     }
-    let (ticks, step) = value_ticks(lo, hi, ((plot_bottom - plot_top) / 36.0).floor());
-    let lo = lo.min(ticks.first().copied().unwrap_or(lo));
-    let hi = (hi / step).ceil() * step;
     let unit = panel.unit.as_deref();
+    let step = value_step(lo, hi, ((plot_bottom - plot_top) / 36.0).floor(), unit);
+    // The axis spans whole steps, each labelled.
+    let (lo, hi) = ((lo / step).floor() * step, (hi / step).ceil() * step);
+    let ticks: Vec<f64> = (0..=((hi - lo) / step).round() as i64)
+        .map(|i| lo + i as f64 * step)
+        .collect();
     let labels: Vec<String> = ticks.iter().map(|t| units::axis_label(*t, unit)).collect();
     let label_width = labels.iter().map(|l| text_width(l, 12.0)).fold(0.0, f64::max);
     let plot_left = rect.x + 10.0 + label_width + 8.0;
@@ -411,14 +418,41 @@ mod tests {
     }
 
     #[test]
-    fn ticks_are_round_and_cover_the_range() {
-        let (ticks, step) = value_ticks(0.0, 7.0, 4.0);
-        assert_eq!(step, 2.0);
-        assert_eq!(ticks, vec![0.0, 2.0, 4.0, 6.0]);
-        let (_, step) = value_ticks(0.0, 0.9, 4.0);
-        assert_eq!(step, 0.25);
+    fn ticks_are_round_and_clock_like_for_seconds() {
+        assert_eq!(value_step(0.0, 7.0, 4.0, None), 2.0);
+        assert_eq!(value_step(0.0, 0.9, 4.0, None), 0.25);
+        assert_eq!(value_step(0.0, 0.9, 4.0, Some("s")), 0.25);
+        // 450 s in four ticks: two minutes, not 125 s.
+        assert_eq!(value_step(0.0, 450.0, 4.0, Some("s")), 120.0);
+        assert_eq!(value_step(0.0, 450.0, 4.0, None), 200.0);
         assert_eq!(clock(3_723_000, true), "01:02:03");
         assert_eq!(clock(3_723_000, false), "01:02");
+    }
+
+    #[test]
+    fn the_value_axis_ends_on_a_labelled_tick_above_the_data() {
+        let json = include_str!("../../../charts/muster/dashboards/muster.json");
+        let dashboard = Dashboard::parse(json).unwrap();
+        let index = dashboard
+            .panels
+            .iter()
+            .position(|p| p.kind == Kind::TimeSeries)
+            .unwrap();
+        let mut lines: Vec<Vec<Line>> = dashboard.panels.iter().map(|_| Vec::new()).collect();
+        lines[index] = vec![Line {
+            name: "x".into(),
+            points: vec![(0, 0.0), (5_000, 7.7)],
+        }];
+        let svg = render(&Picture {
+            dashboard: &dashboard,
+            lines: &lines,
+            start: 0,
+            end: 5_000,
+            step: 5_000,
+            note: "",
+        });
+        assert!(svg.contains(">8</text>"), "{svg}");
+        assert!(!svg.contains(">10</text>"));
     }
 
     #[test]

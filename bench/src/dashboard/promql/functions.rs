@@ -223,6 +223,16 @@ mod tests {
     }
 
     #[test]
+    fn a_series_that_ends_inside_the_window_is_extrapolated_by_half_an_interval() {
+        // 10, 20, 30 at 10, 20, 30 s in the window (0, 60]: 10 s to the start (under
+        // 11 s; the zero point is as far), 30 s to the end, past 11 s, so 5 s there:
+        // 20 x (20 + 10 + 5) / 20.
+        let points = [(10_000, 10.0), (20_000, 20.0), (30_000, 30.0)];
+        let increase = extrapolated_rate(&points, 60_000, 60_000, false).unwrap();
+        assert!(close(increase, 35.0), "{increase}");
+    }
+
+    #[test]
     fn rate_needs_two_samples() {
         assert_eq!(extrapolated_rate(&[(1_000, 5.0)], 60_000, 60_000, true), None);
         assert_eq!(extrapolated_rate(&[], 60_000, 60_000, true), None);
