@@ -41,6 +41,9 @@ struct Args {
     /// The muster binary; by default the workspace's release build, built first.
     #[arg(long, env = "MUSTER_BIN")]
     muster_bin: Option<PathBuf>,
+    /// Also write every query's result, and the samples it was evaluated over, as JSON.
+    #[arg(long)]
+    values: Option<PathBuf>,
     /// Keep the control plane's logs (and muster's) after the run.
     #[arg(long)]
     keep_logs: bool,
@@ -82,7 +85,12 @@ async fn main() -> Result<()> {
         args.dashboard.display(),
         recording.scrape_interval_ms / 1000,
     );
-    let picture = dashboard::draw(&dashboard, &recording, &note)?;
+    let evaluation = dashboard::evaluate(&dashboard, &recording)?;
+    if let Some(path) = &args.values {
+        std::fs::write(path, serde_json::to_vec(&evaluation.to_json())?)?;
+        eprintln!("values written to {}", path.display());
+    }
+    let picture = dashboard::draw(&dashboard, &evaluation, &note);
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }

@@ -3,6 +3,11 @@
 //! ([`mix`]), every panel's PromQL evaluated over that recording as Prometheus would
 //! ([`promql`]), the panels laid out and drawn as an SVG ([`svg`]).
 //! `cargo run --release -p muster-bench --bin dashboard` writes `docs/dashboard.svg`.
+//!
+//! The evaluator is held to Prometheus's own engine on demand: `--values FILE` writes
+//! the samples, the queries and their results, and `bench/promql-check` (a Go program
+//! on Prometheus's `promql` and `tsdb` packages) evaluates the same queries over the same
+//! samples and compares every point.
 
 pub mod exposition;
 pub mod mix;
@@ -35,34 +40,122 @@ pub fn time_range(first: i64, last: i64, scrape_interval_ms: i64) -> (i64, i64, 
     (start, end.max(start), step)
 }
 
-/// Evaluates every panel's queries over `recording` and draws the dashboard.
-pub fn draw(dashboard: &Dashboard, recording: &Recording, note: &str) -> Result<String> {
+/// One query of a panel as sent, its legend, and its result.
+pub struct Query {
+    pub expr: String,
+    pub legend: String,
+    pub series: Vec<promql::Series>,
+}
+
+/// Every panel's queries evaluated over a recording.
+pub struct Evaluation {
+    pub store: promql::store::Store,
+    pub start: i64,
+    pub end: i64,
+    pub step: i64,
+    /// Per panel, in the dashboard's order.
+    pub panels: Vec<Vec<Query>>,
+}
+
+/// Evaluates every panel's queries over `recording`, as Grafana would ask Prometheus.
+pub fn evaluate(dashboard: &Dashboard, recording: &Recording) -> Result<Evaluation> {
     let store = recording.store()?;
     let (first, last) = store.span().context("the recording holds no sample")?;
     let (start, end, step) = time_range(first, last, recording.scrape_interval_ms);
     let scrape_seconds = (recording.scrape_interval_ms.max(1000) / 1000) as u64;
-    let mut lines = Vec::new();
+    let mut panels = Vec::new();
     for panel in &dashboard.panels {
-        let mut panel_lines = Vec::new();
+        let mut queries = Vec::new();
         for target in &panel.targets {
             let expr = dashboard.interpolate(&target.expr, (step / 1000) as u64, scrape_seconds);
-            let result = promql::query_range(&store, &expr, start, end, step)
+            let series = promql::query_range(&store, &expr, start, end, step)
                 .with_context(|| format!("panel {:?}", panel.title))?;
-            panel_lines.extend(result.into_iter().map(|series| Line {
-                name: legend_name(&target.legend, &series.labels, &expr),
-                points: series.points,
-            }));
+            queries.push(Query {
+                expr,
+                legend: target.legend.clone(),
+                series,
+            });
         }
-        lines.push(panel_lines);
+        panels.push(queries);
     }
-    Ok(svg::render(&Picture {
-        dashboard,
-        lines: &lines,
+    Ok(Evaluation {
+        store,
         start,
         end,
         step,
+        panels,
+    })
+}
+
+/// Draws the dashboard with the evaluated lines.
+pub fn draw(dashboard: &Dashboard, evaluation: &Evaluation, note: &str) -> String {
+    let lines: Vec<Vec<Line>> = evaluation
+        .panels
+        .iter()
+        .map(|queries| {
+            queries
+                .iter()
+                .flat_map(|q| {
+                    q.series.iter().map(|series| Line {
+                        name: legend_name(&q.legend, &series.labels, &q.expr),
+                        points: series.points.clone(),
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    svg::render(&Picture {
+        dashboard,
+        lines: &lines,
+        start: evaluation.start,
+        end: evaluation.end,
+        step: evaluation.step,
         note,
-    }))
+    })
+}
+
+impl Evaluation {
+    /// The samples (a staleness marker as `null`), every query with its range, and
+    /// every result (NaN and infinities as strings), to check the picture's numbers
+    /// against another PromQL engine.
+    pub fn to_json(&self) -> serde_json::Value {
+        let number = |v: f64| {
+            if v.is_finite() {
+                serde_json::json!(v)
+            } else {
+                serde_json::json!(v.to_string())
+            }
+        };
+        let series: Vec<_> = self
+            .store
+            .series()
+            .map(|(labels, points)| {
+                let points: Vec<_> = points
+                    .iter()
+                    .map(|p| serde_json::json!({"t": p.t, "v": p.value}))
+                    .collect();
+                serde_json::json!({"labels": labels, "points": points})
+            })
+            .collect();
+        let queries: Vec<_> = self.panels.iter().flatten().collect();
+        serde_json::json!({
+            "series": series,
+            "queries": queries
+                .iter()
+                .map(|q| serde_json::json!({"expr": q.expr, "start": self.start, "end": self.end, "step": self.step}))
+                .collect::<Vec<_>>(),
+            "results": queries
+                .iter()
+                .map(|q| serde_json::json!({
+                    "expr": q.expr,
+                    "series": q.series.iter().map(|s| serde_json::json!({
+                        "labels": s.labels,
+                        "points": s.points.iter().map(|(t, v)| serde_json::json!([t, number(*v)])).collect::<Vec<_>>(),
+                    })).collect::<Vec<_>>(),
+                }))
+                .collect::<Vec<_>>(),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -112,7 +205,9 @@ mod tests {
                 })
                 .collect(),
         };
-        let svg = draw(&dashboard(), &recording, "a note").unwrap();
+        let dashboard = dashboard();
+        let evaluation = evaluate(&dashboard, &recording).unwrap();
+        let svg = draw(&dashboard, &evaluation, "a note");
         // "Gangs waiting" ends at 7, "Leader" at 1; the queue depth line is named by
         // its namespace; panels without data say so.
         assert!(svg.contains(">7</text>"), "{svg}");
