@@ -1,7 +1,7 @@
 //! The Prometheus text exposition format (and OpenMetrics, which muster serves): the
 //! samples of one scrape, each a label set with its metric name under `__name__`.
 
-use crate::dashboard::promql::{Labels, NAME};
+use crate::dashboard::promql::{Labels, NAME, parse_float};
 
 /// A line that is not a sample, a comment or blank.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +34,7 @@ pub fn parse(page: &str) -> Result<Vec<(Labels, f64)>, ParseError> {
             rest = label_set(&rest[1..], &mut labels).map_err(error)?;
         }
         let value = rest.split_whitespace().next().ok_or_else(|| error("no value"))?;
-        samples.push((labels, float(value).ok_or_else(|| error("bad value"))?));
+        samples.push((labels, parse_float(value).ok_or_else(|| error("bad value"))?));
     }
     Ok(samples)
 }
@@ -64,16 +64,6 @@ fn label_set<'a>(mut rest: &'a str, labels: &mut Labels) -> Result<&'a str, &'st
         };
         labels.insert(name.trim().to_string(), value);
         rest = &after[end + 1..];
-    }
-}
-
-/// A sample value as Prometheus writes them, `+Inf`, `-Inf` and `NaN` included.
-pub fn float(text: &str) -> Option<f64> {
-    match text {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        "NaN" => Some(f64::NAN),
-        _ => text.parse().ok(),
     }
 }
 

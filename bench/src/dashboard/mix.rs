@@ -79,29 +79,11 @@ pub enum Action {
     },
 }
 
-/// A few numbers from a seed (splitmix64).
-struct Seeded(u64);
-
-impl Seeded {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `lo..=hi`.
-    fn between(&mut self, lo: u32, hi: u32) -> u32 {
-        lo + (self.next() % u64::from(hi - lo + 1)) as u32
-    }
-}
-
 /// What happens when, in seconds from the start, for a mix of `seconds` (at least two
 /// minutes). The fleet has 128 GPUs in four racks of 32.
 pub fn schedule(seconds: u32, seed: u64) -> Vec<(u32, Action)> {
     let seconds = seconds.max(120);
-    let mut rng = Seeded(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let gang = |namespace, name: &str, workers, gpus, class, run_for| Gang {
         namespace,
         name: name.to_string(),
@@ -158,35 +140,28 @@ pub fn schedule(seconds: u32, seed: u64) -> Vec<(u32, Action)> {
                 name: "flaky".into(),
             },
         ));
-        at += rng.between(50, 80);
+        at += rng.u32(50..=80);
     }
     // A steady arrival of smaller gangs from both teams; some are cancelled.
     let mut at = 20;
     let mut index = 0;
     while at < seconds.saturating_sub(40) {
         index += 1;
-        let production = rng.between(0, 9) < 4;
+        let production = rng.u32(0..=9) < 4;
         let (namespace, class, prefix) = if production {
             (TRAINING, PRODUCTION, "train")
         } else {
             (RESEARCH, BATCH, "sweep")
         };
         let name = format!("{prefix}-{index}");
-        let gpus = CLAIM_SIZES[rng.between(0, 2) as usize];
-        let arrival = gang(
-            namespace,
-            &name,
-            rng.between(1, 4),
-            gpus,
-            class,
-            Some(rng.between(60, 180)),
-        );
+        let gpus = CLAIM_SIZES[rng.u32(0..=2) as usize];
+        let arrival = gang(namespace, &name, rng.u32(1..=4), gpus, class, Some(rng.u32(60..=180)));
         actions.push((at, Action::Submit(arrival)));
-        let cancelled_at = at + rng.between(20, 60);
+        let cancelled_at = at + rng.u32(20..=60);
         if !production && index % 4 == 0 && cancelled_at < seconds {
             actions.push((cancelled_at, Action::Delete { namespace, name }));
         }
-        at += rng.between(12, 28);
+        at += rng.u32(12..=28);
     }
     actions.sort_by_key(|(at, _)| *at);
     actions

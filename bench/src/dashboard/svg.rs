@@ -407,6 +407,18 @@ mod tests {
     use super::*;
     use crate::dashboard::model::Dashboard;
 
+    /// The dashboard with `lines` over five seconds.
+    fn five_seconds(dashboard: &Dashboard, lines: &[Vec<Line>], note: &str) -> String {
+        render(&Picture {
+            dashboard,
+            lines,
+            start: 0,
+            end: 5_000,
+            step: 5_000,
+            note,
+        })
+    }
+
     #[test]
     fn gaps_split_lines_and_nan_is_a_gap() {
         let points = [(0, 1.0), (10, 2.0), (30, 3.0), (40, f64::NAN), (50, 4.0), (60, 5.0)];
@@ -443,14 +455,7 @@ mod tests {
             name: "x".into(),
             points: vec![(0, 0.0), (5_000, 7.7)],
         }];
-        let svg = render(&Picture {
-            dashboard: &dashboard,
-            lines: &lines,
-            start: 0,
-            end: 5_000,
-            step: 5_000,
-            note: "",
-        });
+        let svg = five_seconds(&dashboard, &lines, "");
         assert!(svg.contains(">8</text>"), "{svg}");
         assert!(!svg.contains(">10</text>"));
     }
@@ -469,14 +474,7 @@ mod tests {
                 }]
             })
             .collect();
-        let svg = render(&Picture {
-            dashboard: &dashboard,
-            lines: &lines,
-            start: 0,
-            end: 5_000,
-            step: 5_000,
-            note: "note",
-        });
+        let svg = five_seconds(&dashboard, &lines, "note");
         for panel in &dashboard.panels {
             assert!(svg.contains(&escape(&panel.title)), "{}", panel.title);
         }

@@ -227,7 +227,7 @@ fn call_function(store: &Store, call: &Call, t: i64) -> Result<Vector, EvalError
             let mut histograms: BTreeMap<Labels, Vec<(f64, f64)>> = BTreeMap::new();
             for (mut labels, count) in eval_vector(store, buckets, t)? {
                 // A series without a parsable bound is skipped, as Prometheus does.
-                let Some(bound) = labels.remove(BUCKET).and_then(|le| super::exposition::float(&le)) else {
+                let Some(bound) = labels.remove(BUCKET).and_then(|le| parse_float(&le)) else {
                     continue;
                 };
                 histograms.entry(labels).or_default().push((bound, count));
@@ -338,6 +338,17 @@ fn binary_op(store: &Store, binary: &BinaryExpr, t: i64) -> Result<Value, EvalEr
         }
     }
     Ok(Value::Vector(out))
+}
+
+/// A number as Prometheus reads sample values and bucket bounds: `+Inf`, `-Inf` and
+/// `NaN` included.
+pub fn parse_float(text: &str) -> Option<f64> {
+    match text {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        _ => text.parse().ok(),
+    }
 }
 
 fn without_name(mut labels: Labels) -> Labels {
