@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod contender;
 pub mod cost;
+pub mod dashboard;
 pub mod fleet;
 pub mod phase;
 pub mod plot;
@@ -12,9 +13,9 @@ pub mod spec;
 pub mod stats;
 pub mod timeline;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use muster_local_cluster::{ControlPlane, Options, install_crds};
 
 use crate::contender::Contender;
@@ -205,6 +206,23 @@ fn today() -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|d| d.trim().to_string())
         .unwrap_or_default()
+}
+
+/// Builds the release `muster` binary of this workspace and returns its path.
+pub fn build_release_muster() -> Result<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "-p", "muster"])
+        .current_dir(&workspace)
+        .status()
+        .context("running cargo build --release -p muster")?;
+    if !status.success() {
+        bail!("cargo build --release -p muster failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    Ok(target.join("release").join("muster"))
 }
 
 #[cfg(test)]

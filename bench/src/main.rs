@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Parser;
 use muster_bench::contender::Contender;
 use muster_bench::report;
@@ -46,7 +46,7 @@ async fn main() -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let muster_binary = match args.muster_bin {
         Some(path) => path,
-        None => build_release_muster()?,
+        None => muster_bench::build_release_muster()?,
     };
     let config = muster_bench::Config {
         size: if args.smoke { Size::Smoke } else { Size::Full },
@@ -73,21 +73,4 @@ async fn main() -> Result<()> {
     std::fs::write(&args.out, report::markdown(&run, &plot_name))?;
     eprintln!("report written to {}", args.out.display());
     Ok(())
-}
-
-/// Builds the release `muster` binary of this workspace and returns its path.
-fn build_release_muster() -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "-p", "muster"])
-        .current_dir(&workspace)
-        .status()
-        .context("running cargo build --release -p muster")?;
-    if !status.success() {
-        bail!("cargo build --release -p muster failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join("target"));
-    Ok(target.join("release").join("muster"))
 }
