@@ -200,7 +200,10 @@ impl Admission {
             reach: None,
         });
         entry.failures += 1;
-        entry.changes_seen = changes;
+        // A commit that failed is tried again after its backoff whether or not the
+        // cluster changes meanwhile: nothing else may come to wake it.
+        let failed = matches!(outcome, Ok(Admit::RolledBack) | Err(_));
+        entry.changes_seen = if failed { u64::MAX } else { changes };
         // A gang that would fit an emptied cluster waits for capacity: it is tried again
         // as soon as the cluster changes, at most once a second. Anything else (a failed
         // commit, a gang too big for the cluster) backs off: 1 s, 2 s, 4 s ... at most a
@@ -295,7 +298,11 @@ impl Admission {
         // planned as the gang's own: wait until the cache catches up.
         let gangs = self.gangs();
         let claims = gangs.claims(&namespace, &workload.name_any());
-        for claim in claims {
+        let named = gangs.namespace_claims(&namespace).iter().filter(|c| {
+            let name = c.metadata.name.as_deref().unwrap_or_default();
+            workload_names_claim(workload, name)
+        });
+        for claim in claims.iter().chain(named) {
             if !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), claim) {
                 return Err(RequestError::DeallocationNotSeen(claim.name_any()));
             }
@@ -342,7 +349,7 @@ impl Admission {
         // Inside Kueue's decision: the nodes of its flavors and topology domains.
         let mut excluded = held.against(priority);
         // Its own nomination is not in its way.
-        let cluster = self.planning_view(&key(workload));
+        let cluster = self.planning_view(&key(workload), priority);
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
             return Ok(Attempt::Stale);
         }
@@ -505,4 +512,22 @@ impl Admission {
         .await
         .map_err(|e| CommitError::Planning(e.to_string()))
     }
+}
+
+/// Whether a pod template of `workload`, or its gang-wide claims, name the existing
+/// claim `name` (a claim it may share with another Workload, whose label it carries).
+fn workload_names_claim(workload: &Workload, name: &str) -> bool {
+    let spec = &workload.spec;
+    spec.resource_claims
+        .iter()
+        .any(|c| c.resource_claim_name.as_deref() == Some(name))
+        || spec.pod_groups.iter().any(|g| {
+            g.template
+                .as_ref()
+                .and_then(|t| t.spec.as_ref())
+                .and_then(|s| s.resource_claims.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| c.resource_claim_name.as_deref() == Some(name))
+        })
 }
