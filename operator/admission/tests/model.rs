@@ -158,6 +158,13 @@ struct World {
     now: i64,
 }
 
+/// A claim's allocation cleared (with `reservedFor`, as the API requires).
+fn deallocate(claim: &mut ClaimObj) {
+    claim.allocation = None;
+    claim.reserved_for.clear();
+    claim.doubled = false;
+}
+
 fn node_of(dev: Dev) -> String {
     format!("n{}", dev / DEVICES_PER_NODE)
 }
@@ -251,7 +258,6 @@ enum Op {
         node: String,
     },
     Allocate {
-        gang: String,
         claim: String,
         devices: Vec<Dev>,
         expect_rv: u64,
@@ -1557,7 +1563,6 @@ impl Sim {
         for (claim, devices) in allocations {
             let expect_rv = claims.get(&claim).map_or(0, |c| c.rv);
             self.op.queue.push_back(Op::Allocate {
-                gang: gang.into(),
                 claim,
                 devices,
                 expect_rv,
@@ -1682,6 +1687,19 @@ impl Sim {
         self.op.queue.push_back(Op::EndCommit { gang: live });
     }
 
+    /// The operator writes claim `claim`: its version moves, and the operator reads its
+    /// own write until its cache shows it.
+    fn write_claim(&mut self, claim: &str, change: impl FnOnce(&mut ClaimObj)) {
+        let rv = self.world.bump();
+        let Some(c) = self.world.claims.get_mut(claim) else {
+            return;
+        };
+        change(c);
+        c.rv = rv;
+        let copy = c.clone();
+        self.op.own_claims.insert(claim.to_string(), copy);
+    }
+
     /// Claims a record stops naming must be unallocated (then each is fenced: its
     /// version moves, so a deposed leader's allocation prepared before cannot land), or
     /// allocated for someone the gang may leave them to: muster did not allocate it,
@@ -1766,12 +1784,8 @@ impl Sim {
             if allocated {
                 self.stats.let_go += 1;
             }
-            if self.world.claims.contains_key(&claim) && !allocated {
-                let rv = self.world.bump();
-                let c = self.world.claims.get_mut(&claim).expect("claim");
-                c.rv = rv;
-                let copy = c.clone();
-                self.op.own_claims.insert(claim, copy);
+            if !allocated {
+                self.write_claim(&claim, |_| {});
             }
         }
         true
@@ -1890,15 +1904,8 @@ impl Sim {
                 if !c.reserved_for.iter().all(|u| idle.contains(u)) {
                     return true; // in use: not now
                 }
-                let rv = self.world.bump();
-                let c = self.world.claims.get_mut(&claim).expect("claim");
-                c.allocation = None;
-                c.reserved_for.clear();
-                c.doubled = false;
-                c.rv = rv;
-                let copy = c.clone();
                 self.note(format!("deallocate {claim}"));
-                self.op.own_claims.insert(claim, copy);
+                self.write_claim(&claim, deallocate);
                 true
             }
             Op::Collect { claim, finished } => {
@@ -1908,17 +1915,12 @@ impl Sim {
                 if !c.reserved_for.iter().all(|u| finished.contains(u)) {
                     return true;
                 }
-                let rv = self.world.bump();
-                let c = self.world.claims.get_mut(&claim).expect("claim");
-                c.allocation = None;
-                c.reserved_for.clear();
-                c.doubled = false;
-                c.ours = false;
-                c.rv = rv;
-                let copy = c.clone();
                 self.note(format!("collect {claim}"));
                 self.stats.collected += 1;
-                self.op.own_claims.insert(claim, copy);
+                self.write_claim(&claim, |c| {
+                    deallocate(c);
+                    c.ours = false;
+                });
                 true
             }
             Op::Release { gang, pod, uid, node } => {
@@ -1941,7 +1943,6 @@ impl Sim {
                 true
             }
             Op::Allocate {
-                gang,
                 claim,
                 devices,
                 expect_rv,
@@ -1952,17 +1953,14 @@ impl Sim {
                 if c.rv != expect_rv || c.allocation.is_some() {
                     return false;
                 }
-                let rv = self.world.bump();
-                let c = self.world.claims.get_mut(&claim).expect("claim");
-                c.allocation = Some(devices);
-                c.ours = true;
-                c.doubled = false;
-                c.checked = false;
-                c.rv = rv;
-                let copy = c.clone();
-                self.op.own_claims.insert(claim.clone(), copy);
+                self.write_claim(&claim, |c| {
+                    c.allocation = Some(devices);
+                    c.ours = true;
+                    c.doubled = false;
+                    c.checked = false;
+                });
+                let rv = self.world.rv;
                 self.op.written.push((claim, rv));
-                let _ = gang;
                 true
             }
             Op::Hold {
@@ -1976,11 +1974,7 @@ impl Sim {
                 if c.rv != expect_rv || c.allocation.as_ref() != Some(&devices) {
                     return false;
                 }
-                let rv = self.world.bump();
-                let c = self.world.claims.get_mut(&claim).expect("claim");
-                c.rv = rv;
-                let copy = c.clone();
-                self.op.own_claims.insert(claim, copy);
+                self.write_claim(&claim, |_| {});
                 true
             }
             Op::Check { planned } => {
@@ -2006,14 +2000,7 @@ impl Sim {
                     if c.rv != rv {
                         continue;
                     }
-                    let rv = self.world.bump();
-                    let c = self.world.claims.get_mut(&claim).expect("claim");
-                    c.allocation = None;
-                    c.reserved_for.clear();
-                    c.doubled = false;
-                    c.rv = rv;
-                    let copy = c.clone();
-                    self.op.own_claims.insert(claim, copy);
+                    self.write_claim(&claim, deallocate);
                 }
                 // Still Reserving, now with the cause: the state machine finishes the undo.
                 let base = gang.trim_end_matches("+extras").to_string();

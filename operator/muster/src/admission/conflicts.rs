@@ -24,6 +24,15 @@ pub(crate) fn is_nomination_hold(claim: &str) -> bool {
     claim.contains('@')
 }
 
+/// The device of an allocation result as the API shows it.
+pub(crate) fn result_device(result: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult) -> DeviceId {
+    DeviceId {
+        driver: result.driver.clone(),
+        pool: result.pool.clone(),
+        device: result.device.clone(),
+    }
+}
+
 /// Claims that hold `id` exclusively, nominations' holds left out.
 fn exclusive_holders(cluster: &ClusterState, id: &DeviceId) -> u32 {
     let all = cluster.exclusive_holders(&id.driver, &id.pool, &id.device);

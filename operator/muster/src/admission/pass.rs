@@ -78,20 +78,17 @@ impl Admission {
             .iter()
             .map(|(_, _, name, _)| self.waiting.get(name).is_none_or(|w| w.due(changes)))
             .collect();
+        let lower_due = due_below(&queue.iter().map(|(p, ..)| *p).collect::<Vec<_>>(), &due);
         let due: Vec<bool> = queue
             .iter()
             .enumerate()
-            .map(|(i, (priority, _, name, _))| {
+            .map(|(i, (_, _, name, _))| {
                 due[i]
-                    || self.waiting.get(name).is_some_and(|w| {
-                        w.reach.is_some()
-                            && w.changes_seen != changes
-                            && queue
-                                .iter()
-                                .zip(&due)
-                                .skip(i + 1)
-                                .any(|((p, ..), d)| *d && p < priority)
-                    })
+                    || (lower_due[i]
+                        && self
+                            .waiting
+                            .get(name)
+                            .is_some_and(|w| w.reach.is_some() && w.changes_seen != changes))
             })
             .collect();
         let mut held = Held::default();
@@ -179,5 +176,50 @@ impl Admission {
         // Extras of running gangs keep off them too, until the next pass says again.
         self.held = held;
         next
+    }
+}
+
+/// For each gang of a queue in priority order (`priorities`, highest first): whether a
+/// gang of lower priority behind it is `due`.
+fn due_below(priorities: &[i32], due: &[bool]) -> Vec<bool> {
+    let mut below = vec![false; priorities.len()];
+    // Whether some gang from here to the end is due, and whether one of a priority
+    // lower than the current block's is.
+    let mut any_due = false;
+    let mut lower = false;
+    let mut i = priorities.len();
+    while i > 0 {
+        // One block of equal priority, from its end.
+        let end = i;
+        let priority = priorities[i - 1];
+        while i > 0 && priorities[i - 1] == priority {
+            i -= 1;
+        }
+        for flag in &mut below[i..end] {
+            *flag = lower;
+        }
+        any_due |= due[i..end].iter().any(|d| *d);
+        lower = any_due;
+    }
+    below
+}
+
+#[cfg(test)]
+mod tests {
+    use super::due_below;
+
+    #[test]
+    fn a_gang_is_due_when_one_of_lower_priority_behind_it_is() {
+        let priorities = [9, 9, 5, 5, 1];
+        assert_eq!(
+            due_below(&priorities, &[false, false, false, false, true]),
+            [true, true, true, true, false]
+        );
+        assert_eq!(
+            due_below(&priorities, &[false, false, false, true, false]),
+            [true, true, false, false, false],
+            "one of equal priority does not count"
+        );
+        assert_eq!(due_below(&priorities, &[true, false, false, false, false]), [false; 5]);
     }
 }

@@ -16,7 +16,6 @@ use kube::runtime::events::EventType;
 use muster_admission::{ClaimView, Effect, EventKind, Gang, Journal, NodeHealth, PodView, State};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, Workload};
-use muster_engine::claim::DeviceId;
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
 use serde_json::json;
@@ -243,14 +242,7 @@ impl Admission {
                         .into_iter()
                         .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
                         .filter(|r| r.admin_access != Some(true))
-                        .any(|r| {
-                            let id = DeviceId {
-                                driver: r.driver.clone(),
-                                pool: r.pool.clone(),
-                                device: r.device.clone(),
-                            };
-                            conflicts::doubly_held(&cluster, &id, r.share_id.is_some())
-                        })
+                        .any(|r| conflicts::doubly_held(&cluster, &conflicts::result_device(r), r.share_id.is_some()))
                 })
                 .map(|c| c.name_any())
                 .collect();

@@ -281,37 +281,19 @@ impl Admission {
             }
         }
         let cluster = self.index.cluster();
-        nominated
-            .claims
-            .iter()
-            .flat_map(|c| &c.devices)
-            .map(|d| DeviceId {
-                driver: d.driver.clone(),
-                pool: d.pool.clone(),
-                device: d.device.clone(),
-            })
-            .find(|id| {
-                cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1
-                    && cluster
-                        .exclusive_holder_names(id)
-                        .into_iter()
-                        .any(|name| !conflicts::is_nomination_hold(name) && !expected.contains(name))
-            })
+        nominated_devices(nominated).find(|id| {
+            cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1
+                && cluster
+                    .exclusive_holder_names(id)
+                    .into_iter()
+                    .any(|name| !conflicts::is_nomination_hold(name) && !expected.contains(name))
+        })
     }
 
     /// Moves every victim the nomination names that still holds its reservation (made
     /// before the nomination) to `TearingDown`, with the cause `Preempted`.
     async fn evict_victims(&self, preemptor: &Workload, nominated: &NominationStatus) -> Result<(), CommitError> {
-        let held: BTreeSet<DeviceId> = nominated
-            .claims
-            .iter()
-            .flat_map(|c| &c.devices)
-            .map(|d| DeviceId {
-                driver: d.driver.clone(),
-                pool: d.pool.clone(),
-                device: d.device.clone(),
-            })
-            .collect();
+        let held: BTreeSet<DeviceId> = nominated_devices(nominated).collect();
         let mut first = true;
         for victim in &nominated.victims {
             let Some(workload) = self.current_workload(&ObjectKey::from(victim.as_str())) else {
@@ -332,13 +314,7 @@ impl Admission {
                 .filter(|c| journal.claims.contains(&c.name_any()))
                 .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
                 .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
-                .any(|r| {
-                    held.contains(&DeviceId {
-                        driver: r.driver.clone(),
-                        pool: r.pool.clone(),
-                        device: r.device.clone(),
-                    })
-                });
+                .any(|r| held.contains(&conflicts::result_device(r)));
             if !holds_nominated {
                 continue;
             }
@@ -411,13 +387,7 @@ impl Admission {
             // The caches may not show every freed device yet when the last victim is
             // queued: only a nomination whose devices look free is known not to help.
             let view = self.planning_view(&key(workload), priority);
-            let devices_free = nominated.claims.iter().flat_map(|c| &c.devices).all(|d| {
-                !view.device_allocated(&DeviceId {
-                    driver: d.driver.clone(),
-                    pool: d.pool.clone(),
-                    device: d.device.clone(),
-                })
-            });
+            let devices_free = nominated_devices(nominated).all(|id| !view.device_allocated(&id));
             // Its lifetime is kept every pass, by `hold_nominations`.
             if !victims_left && devices_free {
                 self.drop_nomination(workload, "its victims are gone and it still does not fit")
@@ -540,6 +510,15 @@ impl Admission {
             .map(|c| ClaimKey::from(ObjectKey::new(&namespace, c)))
             .collect()
     }
+}
+
+/// The devices a nomination holds.
+fn nominated_devices(nominated: &NominationStatus) -> impl Iterator<Item = DeviceId> + '_ {
+    nominated.claims.iter().flat_map(|c| &c.devices).map(|d| DeviceId {
+        driver: d.driver.clone(),
+        pool: d.pool.clone(),
+        device: d.device.clone(),
+    })
 }
 
 /// A nominated device as the engine holds it.
