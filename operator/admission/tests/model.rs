@@ -251,6 +251,12 @@ enum Op {
         claim: String,
         idle: Vec<String>,
     },
+    /// Before giving claims back: the gang's planned pods still behind the gate, each
+    /// as seen (name, version), are fenced, so that a deposed leader's release of one
+    /// cannot land after its claims went.
+    FencePods {
+        pods: Vec<(String, u64)>,
+    },
     Release {
         gang: String,
         pod: String,
@@ -320,6 +326,7 @@ impl Op {
             ),
             Op::Delete { name, .. } => format!("delete {name}"),
             Op::Deallocate { claim, .. } => format!("deallocate {claim}"),
+            Op::FencePods { pods } => format!("fence {pods:?}"),
             Op::Release { pod, node, .. } => format!("release {pod} to {node}"),
             Op::Allocate { claim, devices, .. } => format!("allocate {claim} {devices:?}"),
             Op::Hold { claim, .. } => format!("hold {claim}"),
@@ -1260,6 +1267,18 @@ impl Sim {
                     }
                 }
                 Effect::Deallocate { claims, idle } => {
+                    let pods: Vec<(String, u64)> = pods_view
+                        .iter()
+                        .filter(|(n, p)| {
+                            p.workload.as_deref() == Some(gang)
+                                && p.gated
+                                && journal.as_ref().is_some_and(|j| j.planned(n).is_some())
+                        })
+                        .map(|(n, p)| (n.clone(), p.rv))
+                        .collect();
+                    if !pods.is_empty() {
+                        self.op.queue.push_back(Op::FencePods { pods });
+                    }
                     for claim in claims {
                         self.op.queue.push_back(Op::Deallocate {
                             claim,
@@ -1906,6 +1925,24 @@ impl Sim {
                 }
                 self.note(format!("deallocate {claim}"));
                 self.write_claim(&claim, deallocate);
+                true
+            }
+            Op::FencePods { pods } => {
+                if pods
+                    .iter()
+                    .any(|(name, rv)| self.world.pods.get(name).is_some_and(|p| p.rv != *rv))
+                {
+                    return false;
+                }
+                for (name, _) in pods {
+                    let rv = self.world.bump();
+                    let Some(p) = self.world.pods.get_mut(&name) else {
+                        continue;
+                    };
+                    p.rv = rv;
+                    let copy = p.clone();
+                    self.op.own_pods.insert(name, copy);
+                }
                 true
             }
             Op::Collect { claim, finished } => {

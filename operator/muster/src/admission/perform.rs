@@ -357,6 +357,14 @@ impl Admission {
                     }
                 }
                 Effect::Deallocate { claims: names, idle } => {
+                    // The claims go on the understanding that the gang's planned pods
+                    // still behind the gate stay there: a release a deposed leader
+                    // prepared (an interrupted commit's) must not land after them.
+                    let journal = observe::journal(workload);
+                    self.fence_gated(workload, |pod| {
+                        journal.as_ref().is_some_and(|j| j.planned(pod).is_some())
+                    })
+                    .await?;
                     for name in names {
                         self.ensure_leading();
                         if let Some(claim) = deallocate(&claims, &name, None, &idle, &|| self.ensure_leading()).await? {
@@ -508,6 +516,21 @@ impl Admission {
         if !stops && dropped.is_empty() {
             return Ok(());
         }
+        self.fence_gated(workload, |name| {
+            current.planned(name).is_some() && (stops || dropped.contains(name))
+        })
+        .await
+    }
+
+    /// Fences the gang's pods still behind the gate that `pick` names: each is patched
+    /// against the version this loop saw, so that a release a deposed leader prepared
+    /// against that version fails; a pod changed since (released after all, the cache
+    /// behind) fails the fence, and the caller looks again.
+    pub(super) async fn fence_gated(
+        &self,
+        workload: &Workload,
+        pick: impl Fn(&str) -> bool,
+    ) -> Result<(), CommitError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
         let params = PatchParams {
             field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
@@ -515,8 +538,7 @@ impl Admission {
         };
         for pod in self.gang_pods(workload) {
             let name = pod.name_any();
-            let planned = current.planned(&name).is_some();
-            if !planned || !crate::workload::status::is_gated(&pod) || !(stops || dropped.contains(name.as_str())) {
+            if !crate::workload::status::is_gated(&pod) || !pick(&name) {
                 continue;
             }
             let fence = json!({
