@@ -1393,6 +1393,15 @@ impl Sim {
         {
             return;
         }
+        // One allocated whose device another claim holds too: not held as it is, but
+        // waited for, until its holders give way or the collector clears it.
+        if let Some((claim, Some(held))) = &shared
+            && claims
+                .iter()
+                .any(|(other, c)| other != claim && c.allocation.iter().flatten().any(|d| held.contains(d)))
+        {
+            return;
+        }
         let min = w.spec.groups[0].min_count;
         let free = self.free_devices(gang, w.priority, view);
         let for_shared = usize::from(matches!(shared, Some((_, None))));

@@ -117,6 +117,34 @@ pub(super) fn uses_a_claim_allocated_meanwhile(
     shared.chain(own).any(|key| cluster.claim_allocated(key))
 }
 
+/// A claim the request would hold as it is (allocated already) whose devices are held
+/// against the rules (see [`super::conflicts`]).
+pub(super) fn doubly_held_claim<'r>(
+    request: &'r GangRequest,
+    cluster: &muster_engine::cluster::ClusterState,
+) -> Option<&'r muster_engine::key::ClaimKey> {
+    let shared = request
+        .shared_claims
+        .iter()
+        .filter_map(|c| Some((&c.key, c.allocation.as_ref()?)));
+    let own = request
+        .groups
+        .iter()
+        .flat_map(|g| &g.pods)
+        .flat_map(|p| &p.claims)
+        .filter_map(|c| Some((&c.key, c.allocation.as_ref()?)));
+    shared
+        .chain(own)
+        .find(|(_, allocation)| {
+            allocation
+                .devices
+                .iter()
+                .filter(|d| d.admin_access != Some(true))
+                .any(|d| super::conflicts::doubly_held(cluster, &d.device_id(), d.share_id.is_some()))
+        })
+        .map(|(key, _)| key)
+}
+
 /// A gang planned in this pass, waiting for its commit.
 pub(super) struct PlannedGang {
     pub(super) name: ObjectKey,
@@ -352,6 +380,22 @@ impl Admission {
         let cluster = self.planning_view(&key(workload), priority);
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
             return Ok(Attempt::Stale);
+        }
+        // A claim it would hold as it is whose device another claim holds too: the gang
+        // waits until that is resolved (the allocation's holders give way, or the
+        // collector clears it), rather than hold a conflict and give way in turn.
+        if let Some(claim) = doubly_held_claim(&request, &cluster) {
+            let message = format!(
+                "a device of ResourceClaim {claim}, which the gang would share as it is, is allocated to another \
+                 claim as well; waiting until that is resolved"
+            );
+            if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
+                self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, &message, None)
+                    .await?;
+            }
+            self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_SECONDS))
+                .await?;
+            return Ok(Attempt::Done(Admit::DoesNotFit { reach: None }));
         }
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
             excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
