@@ -1728,6 +1728,20 @@ impl Sim {
         self.op.own_claims.insert(claim.to_string(), copy);
     }
 
+    /// The operator writes pod `name` (if it exists): its version moves, and the
+    /// operator reads its own write until its cache shows it.
+    fn write_pod(&mut self, name: &str, change: impl FnOnce(&mut PodObj)) {
+        if !self.world.pods.contains_key(name) {
+            return;
+        }
+        let rv = self.world.bump();
+        let p = self.world.pods.get_mut(name).expect("pod");
+        change(p);
+        p.rv = rv;
+        let copy = p.clone();
+        self.op.own_pods.insert(name.to_string(), copy);
+    }
+
     /// Claims a record stops naming must be unallocated (then each is fenced: its
     /// version moves, so a deposed leader's allocation prepared before cannot land), or
     /// allocated for someone the gang may leave them to: muster did not allocate it,
@@ -1796,16 +1810,7 @@ impl Sim {
             }
         }
         for (pod, _) in fenced {
-            let Some(p) = self.world.pods.get_mut(&pod) else {
-                continue;
-            };
-            let rv = {
-                self.world.rv += 1;
-                self.world.rv
-            };
-            p.rv = rv;
-            let copy = p.clone();
-            self.op.own_pods.insert(pod, copy);
+            self.write_pod(&pod, |_| {});
         }
         for claim in dropped {
             let allocated = self.world.claims.get(&claim).is_some_and(|c| c.allocation.is_some());
@@ -1913,12 +1918,7 @@ impl Sim {
                 if immediately {
                     self.world.pods.remove(&name);
                 } else {
-                    let rv = self.world.bump();
-                    let pod = self.world.pods.get_mut(&name).expect("pod");
-                    pod.deleting = true;
-                    pod.rv = rv;
-                    let copy = pod.clone();
-                    self.op.own_pods.insert(name, copy);
+                    self.write_pod(&name, |p| p.deleting = true);
                 }
                 true
             }
@@ -1944,13 +1944,7 @@ impl Sim {
                     return false;
                 }
                 for (name, _) in pods {
-                    let rv = self.world.bump();
-                    let Some(p) = self.world.pods.get_mut(&name) else {
-                        continue;
-                    };
-                    p.rv = rv;
-                    let copy = p.clone();
-                    self.op.own_pods.insert(name, copy);
+                    self.write_pod(&name, |_| {});
                 }
                 true
             }
@@ -1976,14 +1970,11 @@ impl Sim {
                 if self.world.workloads[&gang].kueue.as_ref().is_some_and(|k| !k.admitted) {
                     self.violated(format!("{pod} is released before Kueue admitted {gang}"));
                 }
-                let rv = self.world.bump();
-                let p = self.world.pods.get_mut(&pod).expect("pod");
-                if p.gated {
-                    p.gated = false;
-                    p.pin = Some(node);
-                    p.rv = rv;
-                    let copy = p.clone();
-                    self.op.own_pods.insert(pod.clone(), copy);
+                if self.world.pods[&pod].gated {
+                    self.write_pod(&pod, |p| {
+                        p.gated = false;
+                        p.pin = Some(node);
+                    });
                     self.note(format!("release {pod}"));
                 }
                 true
