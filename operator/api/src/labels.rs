@@ -22,6 +22,14 @@ pub const CLAIM_FINALIZER: &str = "muster.dev/allocation";
 /// Annotation moved on a claim a gang lets go of, so that an allocation prepared
 /// against an older version of the claim (by a deposed leader) cannot land.
 pub const CLAIM_RELEASED_AT: &str = "muster.dev/released-at";
+/// Annotation moved on a claim a gang found allocated and holds from its commit on (a
+/// claim it shares), so that a deallocation prepared against an older version of the
+/// claim (by a deposed leader) cannot land.
+pub const CLAIM_HELD_AT: &str = "muster.dev/held-at";
+/// Annotation moved on a gang's pod still behind the gate when the gang stops
+/// releasing it (taken apart, suspended, an extra dropped), so that a release prepared
+/// against an older version of the pod (by a deposed leader) cannot land.
+pub const POD_RELEASE_FENCED_AT: &str = "muster.dev/release-fenced-at";
 /// Node taint that fences devices from pods outside muster; muster's pods tolerate it.
 pub const FENCE_TAINT: &str = "muster.dev/fenced";
 /// Finalizer on every Workload: muster releases its devices and deletes its objects

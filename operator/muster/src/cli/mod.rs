@@ -268,6 +268,12 @@ async fn run(args: RunArgs) -> Result<()> {
         }),
         Err(_) => None,
     };
+    let fail = match std::env::var("MUSTER_FAIL_WRITE") {
+        Ok(name) => Some(
+            crate::admission::FailWrite::parse(&name).with_context(|| format!("unknown MUSTER_FAIL_WRITE {name:?}"))?,
+        ),
+        Err(_) => None,
+    };
     let settings = crate::cli::run::Settings {
         controller: controller::Settings {
             create_parallelism: args.create_parallelism,
@@ -282,6 +288,7 @@ async fn run(args: RunArgs) -> Result<()> {
             fencing: args.fencing,
             fault,
             pause,
+            fail,
             ..crate::admission::Settings::default()
         },
         adopt_jobs: args.adopt_jobs,

@@ -362,10 +362,17 @@ impl Context {
     }
 }
 
-async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Stops the process unless it still holds the Lease: checked before every write, as a
+/// leader stalled between its check and its write must not write after a successor took
+/// over.
+fn ensure_leading(ctx: &Context) {
     if let Some(lease) = &ctx.settings.lease {
         lease.exit_unless_held();
     }
+}
+
+async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ensure_leading(&ctx);
     let object = serde_json::to_value(job.as_ref())?;
     if job.metadata.deletion_timestamp.is_some() || crate::frameworks::labelled(&object) != Some(labels::ADOPT_VALUE) {
         return Ok(Action::await_change());
@@ -424,6 +431,7 @@ async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action,
                 }),
                 ..DeleteParams::default()
             };
+            ensure_leading(&ctx);
             match workloads.delete(&name, &params).await {
                 Ok(_) => {
                     let note = format!(
@@ -470,6 +478,7 @@ async fn create(
         labels::JOB_SUSPEND.into(),
         ctx.framework.suspended(&serde_json::to_value(job)?).to_string(),
     );
+    ensure_leading(ctx);
     match workloads.create(&params, &desired).await {
         Ok(_) => {}
         // Made meanwhile: the next reconcile sees it.
@@ -524,6 +533,7 @@ async fn not_ours(
             "ownerReferences": desired.metadata.owner_references,
             "resourceVersion": existing.resource_version(),
         }});
+        ensure_leading(ctx);
         match workloads
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -575,6 +585,7 @@ async fn tell_ignored_change(
     }
     publish(ctx, job, EventType::Warning, EVENT_CHANGE_IGNORED, note).await;
     let patch = json!({"metadata": {"annotations": {labels::IGNORED_CHANGE: key}}});
+    ensure_leading(ctx);
     kube_ops::done_if_gone(
         workloads
             .patch(&existing.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
@@ -607,6 +618,7 @@ async fn follow_suspend(
         if want != workload_suspended {
             patch["spec"] = json!({"suspend": want});
         }
+        ensure_leading(ctx);
         kube_ops::done_if_gone(workloads.patch(&name, &params, &Patch::Merge(&patch)).await)?;
         return Ok(());
     }
@@ -617,6 +629,7 @@ async fn follow_suspend(
     // controller stops or starts its pods.
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &job.namespace().unwrap_or_default(), &ctx.resource);
+    ensure_leading(ctx);
     jobs.patch(
         &job.name_any(),
         &params,
@@ -625,6 +638,7 @@ async fn follow_suspend(
     .await?;
     info!(job = %job.name_any(), suspend = workload_suspended, "the gang's Workload was suspended or resumed: so is its job");
     let patch = json!({"metadata": {"annotations": {labels::JOB_SUSPEND: workload_suspended.to_string()}}});
+    ensure_leading(ctx);
     kube_ops::done_if_gone(workloads.patch(&name, &params, &Patch::Merge(&patch)).await)?;
     Ok(())
 }
@@ -654,6 +668,7 @@ async fn report_admission(ctx: &Context, job: &DynamicObject, workload: &Workloa
     publish(ctx, job, type_, reason, note).await;
     let patch = json!({"metadata": {"annotations": {labels::REPORTED: key}}});
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &workload.namespace().unwrap_or_default());
+    ensure_leading(ctx);
     kube_ops::done_if_gone(
         api.patch(&workload.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -213,10 +213,16 @@ async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action,
     result
 }
 
-async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Action, Error> {
+/// Stops the process before a write once the Lease may be someone else's (see
+/// `Admission::ensure_leading`): every write of the controller checks it first.
+fn ensure_leading(ctx: &Context) {
     if let Some(lease) = &ctx.settings.lease {
         lease.exit_unless_held();
     }
+}
+
+async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Action, Error> {
+    ensure_leading(ctx);
     // The finalizer keeps a deleted Workload until its gang objects are gone, so that its
     // devices are given back even when the operator was down during the delete.
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &workload.namespace().unwrap_or_default());
@@ -312,7 +318,16 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
             .filter(|p| p.metadata.deletion_timestamp.is_none() && status::is_gated(p))
             .filter(|p| p.owner_references().iter().any(|o| o.uid == uid))
         {
-            kube_ops::done_if_gone(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
+            // Only the pod as seen, still gated: never one released meanwhile.
+            let params = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: pod.uid(),
+                    resource_version: pod.metadata.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            ensure_leading(ctx);
+            kube_ops::done_if_gone_or_changed(pods.delete(&pod.name_any(), &params).await)?;
         }
         let put_off = write_status(workload, ctx, &Progress::Suspended).await?;
         return Ok(requeue(put_off, kueue_again));
@@ -443,6 +458,7 @@ async fn release_unqueued_kueue_workload(workload: &Workload, ctx: &Context) -> 
         &crate::kueue::api_resource(),
     );
     kube_ops::remove_finalizer(&api, &existing, crate::kueue::RESOURCE_IN_USE).await?;
+    ensure_leading(ctx);
     kube_ops::done_if_gone(api.delete(&existing.name_any(), &DeleteParams::default()).await)?;
     info!(workload = %workload.name_any(), "the finished gang left its LocalQueue: its Kueue Workload is given back");
     Ok(())
@@ -530,6 +546,7 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
             "spec": {"spec": claim.spec},
         }))
         .map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+        ensure_leading(ctx);
         match templates.create(&PostParams::default(), &template).await {
             Ok(_) => {}
             // Ours already, or one of a deleted Workload of the same name still going:
@@ -557,6 +574,7 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
     };
     let object: kube::api::DynamicObject =
         serde_json::from_value(desired).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+    ensure_leading(ctx);
     match api.create(&PostParams::default(), &object).await {
         Ok(_) => {
             info!(workload = %workload.name_any(), %namespace, queue, "queued in Kueue");
@@ -649,6 +667,7 @@ async fn keep_kueue_workload(
         if !reserved {
             let patch =
                 json!({"metadata": {"resourceVersion": existing.resource_version()}, "spec": {"queueName": queue}});
+            ensure_leading(ctx);
             match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {
                     info!(workload = %workload.name_any(), from = charged_in, to = queue, "the gang moved to another LocalQueue")
@@ -681,6 +700,7 @@ async fn keep_kueue_workload(
         if reserved {
             if verdict.active {
                 let patch = json!({"spec": {"active": false}});
+                ensure_leading(ctx);
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
                 let note = "the pods of a group charged by its members changed since Kueue charged them: Kueue's Workload is deactivated, then made again for them".to_string();
                 publish(
@@ -705,6 +725,7 @@ async fn keep_kueue_workload(
                 }),
                 ..DeleteParams::default()
             };
+            ensure_leading(ctx);
             kube_ops::done_if_gone_or_changed(api.delete(&name, &params).await)?;
             let note = "the pods of a group charged by its members changed since Kueue charged them: Kueue's Workload is made again".to_string();
             publish(
@@ -735,6 +756,7 @@ async fn keep_kueue_workload(
             "metadata": {"annotations": {crate::kueue::SUSPEND_WRITTEN: suspend.to_string()}},
             "spec": {"active": !suspend},
         });
+        ensure_leading(ctx);
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     }
     Ok(None)
@@ -896,6 +918,7 @@ async fn join_claims(
             continue;
         }
         let patch = json!({"metadata": {"labels": {labels::WORKLOAD: name}}});
+        ensure_leading(ctx);
         match api.patch(&object, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => info!(workload = %name, namespace, claim = %object, "ResourceClaim joins the gang"),
             Err(e) if kube_ops::is_not_found(&e) => {
@@ -945,7 +968,7 @@ async fn create_missing(
         None if !own_pods => {}
         None => {
             let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-            if create(&api, &gang.service, &uid, "Service").await? {
+            if create(&api, &gang.service, &uid, "Service", ctx).await? {
                 outcome.created_services += 1;
             }
         }
@@ -995,14 +1018,7 @@ async fn create_missing(
             }
         }
     }
-    let results = create_all(
-        &claims_api,
-        to_create,
-        &uid,
-        "ResourceClaim",
-        ctx.settings.create_parallelism,
-    )
-    .await;
+    let results = create_all(&claims_api, to_create, &uid, "ResourceClaim", ctx).await;
     tally(results, &mut outcome, |o| &mut o.created_claims)?;
 
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
@@ -1014,7 +1030,7 @@ async fn create_missing(
             None => to_create.push(pod.clone()),
         }
     }
-    let results = create_all(&pods_api, to_create, &uid, "Pod", ctx.settings.create_parallelism).await;
+    let results = create_all(&pods_api, to_create, &uid, "Pod", ctx).await;
     tally(results, &mut outcome, |o| &mut o.created_pods)?;
     Ok(outcome)
 }
@@ -1053,21 +1069,21 @@ async fn create_all<K>(
     objects: Vec<K>,
     uid: &str,
     kind: &'static str,
-    parallelism: usize,
+    ctx: &Context,
 ) -> Vec<Result<bool, Error>>
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     stream::iter(objects)
-        .map(|object| async move { create(api, &object, uid, kind).await })
-        .buffer_unordered(parallelism.max(1))
+        .map(|object| async move { create(api, &object, uid, kind, ctx).await })
+        .buffer_unordered(ctx.settings.create_parallelism.max(1))
         .collect()
         .await
 }
 
 /// Creates `object`; `Ok(false)` when it already exists and belongs to the Workload
 /// (a store that lags behind, or a restart).
-async fn create<K>(api: &Api<K>, object: &K, uid: &str, kind: &'static str) -> Result<bool, Error>
+async fn create<K>(api: &Api<K>, object: &K, uid: &str, kind: &'static str, ctx: &Context) -> Result<bool, Error>
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -1075,6 +1091,7 @@ where
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
+    ensure_leading(ctx);
     match api.create(&params, object).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if is_namespace_terminating(&status) => Err(Error::NamespaceTerminating {
@@ -1149,6 +1166,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         map.remove("restarts");
     }
     let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned});
+    ensure_leading(ctx);
     let written = api
         .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await?;
@@ -1202,6 +1220,7 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         .filter(|p| p.owner_references().iter().any(|r| r.uid == uid))
         .collect();
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        ensure_leading(ctx);
         kube_ops::done_if_gone(pods_api.delete(&pod.name_any(), &DeleteParams::default()).await)?;
     }
     let claims_api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -1211,10 +1230,12 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let owned = |o: &&Arc<ResourceClaim>| o.owner_references().iter().any(|r| r.uid == uid);
     let claims: Vec<&Arc<ResourceClaim>> = claims.iter().filter(owned).collect();
     for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+        ensure_leading(ctx);
         kube_ops::done_if_gone(claims_api.delete(&claim.name_any(), &DeleteParams::default()).await)?;
     }
     if let Some(service) = service.filter(|s| s.metadata.deletion_timestamp.is_none()) {
         let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+        ensure_leading(ctx);
         kube_ops::done_if_gone(services.delete(&service.name_any(), &DeleteParams::default()).await)?;
     }
     if !pods.is_empty() || !claims.is_empty() {
@@ -1224,10 +1245,13 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
             claims: claims.len(),
         });
     }
+    // The finalizer's removal follows.
+    ensure_leading(ctx);
     Ok(Action::await_change())
 }
 
 async fn publish(ctx: &Context, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
+    ensure_leading(ctx);
     publish_event(&ctx.recorder, workload, type_, reason, action, note).await;
 }
 
