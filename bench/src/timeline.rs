@@ -20,6 +20,9 @@ pub type Device = (String, String);
 #[derive(Clone, Debug, Default)]
 pub struct PodRecord {
     pub gang: String,
+    pub name: String,
+    /// Names of its ResourceClaims (those made from templates once they are known).
+    pub claims: BTreeSet<String>,
     pub node: Option<String>,
     /// When the pod was first seen without scheduling gates.
     pub released: Option<Instant>,
@@ -32,6 +35,9 @@ pub struct PodRecord {
 #[derive(Clone, Debug, Default)]
 pub struct ClaimRecord {
     pub gang: String,
+    pub name: String,
+    /// Every pod uid seen in its `status.reservedFor`.
+    pub reserved_for: BTreeSet<String>,
     pub allocated: Option<Instant>,
     pub released: Option<Instant>,
     pub devices: Vec<Device>,
@@ -68,8 +74,24 @@ impl Timeline {
         };
         let record = self.pods.entry(uid).or_insert_with(|| PodRecord {
             gang,
+            name: pod.metadata.name.clone().unwrap_or_default(),
             ..PodRecord::default()
         });
+        for claim in pod.spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
+            let generated = || {
+                pod.status
+                    .as_ref()?
+                    .resource_claim_statuses
+                    .as_ref()?
+                    .iter()
+                    .find(|s| s.name == claim.name)?
+                    .resource_claim_name
+                    .clone()
+            };
+            if let Some(name) = claim.resource_claim_name.clone().or_else(generated) {
+                record.claims.insert(name);
+            }
+        }
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
         let mut moved = false;
@@ -119,8 +141,12 @@ impl Timeline {
         let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
         let record = self.claims.entry(uid).or_insert_with(|| ClaimRecord {
             gang,
+            name: name.clone(),
             ..ClaimRecord::default()
         });
+        for reference in claim.status.iter().flat_map(|s| s.reserved_for.iter().flatten()) {
+            record.reserved_for.insert(reference.uid.clone());
+        }
         match allocation {
             Some(allocation) if record.allocated.is_none() => {
                 record.allocated = Some(now);
@@ -161,6 +187,30 @@ impl Timeline {
             .filter(|c| c.allocated.is_some() && c.released.is_none())
             .flat_map(|c| c.devices.iter().cloned())
             .collect()
+    }
+
+    /// Pods that ran although some claim of theirs never listed them in `reservedFor`
+    /// (`pod/claim`): kube-scheduler and the kubelet rely on the reservation, and a
+    /// claim without it may be deallocated or given to another pod.
+    pub fn unreserved_running(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        for (uid, pod) in &self.pods {
+            if pod.running.is_none() {
+                continue;
+            }
+            for claim in &pod.claims {
+                let reserved = self
+                    .claims
+                    .values()
+                    .filter(|c| &c.name == claim)
+                    .any(|c| c.reserved_for.contains(uid));
+                if !reserved {
+                    missing.push(format!("{}/{claim}", pod.name));
+                }
+            }
+        }
+        missing.sort();
+        missing
     }
 
     /// Pods of each gang that are bound and not finished, by gang.

@@ -381,3 +381,41 @@ fn leader_election_follows_the_replicas() -> Result<()> {
     );
     Ok(())
 }
+
+/// With cert-manager, the serving certificate comes from a CA of the chart's own (a
+/// self-signed CA Certificate and a CA Issuer), so that renewing it keeps the CA the API
+/// server trusts; the CA injector reads the serving certificate's CA.
+#[test]
+fn cert_manager_issues_the_serving_certificate_from_a_ca_of_the_charts_own() -> Result<()> {
+    let objects = chart::render(&[("webhook.certManager.enabled", "true")])?;
+    let named = |kind: &str, name: &str| -> Result<&Value> {
+        of_kind(&objects, kind)
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == name)
+            .with_context(|| format!("{kind} {name}"))
+    };
+    let self_signed = named("Issuer", "muster-webhook-selfsigned")?;
+    assert!(self_signed["spec"]["selfSigned"].is_object());
+    let ca = named("Certificate", "muster-webhook-ca")?;
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(ca["spec"]["issuerRef"]["name"], "muster-webhook-selfsigned");
+    let issuer = named("Issuer", "muster-webhook")?;
+    assert_eq!(issuer["spec"]["ca"]["secretName"], ca["spec"]["secretName"]);
+    let serving = named("Certificate", "muster-webhook")?;
+    assert_eq!(serving["spec"]["issuerRef"]["name"], "muster-webhook");
+    assert_eq!(serving["spec"]["secretName"], "muster-webhook-tls");
+    let configuration = of_kind(&objects, "MutatingWebhookConfiguration")[0];
+    assert_eq!(
+        configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!("{}/muster-webhook", chart::NAMESPACE)
+    );
+    // An issuer of the user's: no CA of the chart's.
+    let objects = chart::render(&[
+        ("webhook.certManager.enabled", "true"),
+        ("webhook.certManager.issuerRef.name", "corporate-ca"),
+        ("webhook.certManager.issuerRef.kind", "ClusterIssuer"),
+    ])?;
+    assert!(of_kind(&objects, "Issuer").is_empty());
+    assert_eq!(of_kind(&objects, "Certificate").len(), 1);
+    Ok(())
+}

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use muster_api::v1alpha1::{Workload, WorkloadPhase};
-use muster_e2e::frameworks::{operator_args, webhook_port};
+use muster_e2e::frameworks::{operator_args, wait_webhook_ready, webhook_port};
 use muster_e2e::scenario::{Test, allocations, with_test};
 use muster_local_cluster::fleet::RACK_LABEL;
 use muster_local_cluster::wait;
@@ -79,24 +79,6 @@ fn start_operator(test: &mut Test, port: u16) -> Result<()> {
     let args = operator_args(port);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     test.start_operator(&args, &[])
-}
-
-/// Waits until the operator's webhook answers (its certificate made and trusted): a
-/// labelled Job is admitted by the API server in a dry run.
-async fn wait_webhook_ready(test: &Test) -> Result<()> {
-    let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
-    let probe: Job = serde_json::from_value(indexed_job("probe", 1, json!({})))?;
-    wait::until("muster's webhook to answer", Duration::from_secs(60), || {
-        let (jobs, probe) = (jobs.clone(), probe.clone());
-        async move {
-            let dry = PostParams {
-                dry_run: true,
-                ..PostParams::default()
-            };
-            Ok(jobs.create(&dry, &probe).await.ok().map(|_| ()))
-        }
-    })
-    .await
 }
 
 /// A worker's pod spec: 16 CPUs and the eight GPUs of a claim from the test's template.
@@ -637,6 +619,17 @@ async fn invalid_message(test: &Test, name: &str) -> Result<String> {
     }
 }
 
+/// Waits until the API server refuses `attempt` and returns its message.
+async fn refused<T, F>(what: &str, attempt: F) -> Result<String>
+where
+    F: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    match attempt.await {
+        Ok(_) => anyhow::bail!("{what} was accepted"),
+        Err(e) => Ok(format!("{e:#}")),
+    }
+}
+
 #[tokio::test]
 async fn bad_input_names_the_field_on_the_workload_and_the_job_and_reserves_nothing() -> Result<()> {
     with_frameworks("bad-input", |test| {
@@ -662,16 +655,79 @@ async fn bad_input_names_the_field_on_the_workload_and_the_job_and_reserves_noth
                     json!({"spec": {"completions": 6}}),
                     "spec.completions (6) is larger than spec.parallelism (2)",
                 ),
+                (
+                    "priority",
+                    json!({"metadata": {"annotations": {"muster.dev/priority-class": "system-cluster-critical"}}}),
+                    "muster.dev/priority-class: muster takes a gang's priority from its pod templates",
+                ),
             ];
             for (name, extra, _) in &cases {
                 create_job(test, indexed_job(name, 2, extra.clone())).await?;
             }
+            // JobSet shapes that would wait for pods that never come together.
+            let waiting = json!({"spec": {"replicatedJobs": [
+                {"name": "launcher", "template": {"spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "launcher"}]}}}}},
+                {"name": "workers", "dependsOn": [{"name": "launcher", "status": "Ready"}],
+                 "template": {"spec": {"template": {"spec": worker_pod("Never")}}}},
+            ]}});
+            let mut depends = labelled_jobset("depends", 1, json!({}));
+            depends["spec"]["replicatedJobs"] = waiting["spec"]["replicatedJobs"].clone();
+            create(&jobsets(test), depends).await?;
+            let mut unindexed = labelled_jobset("unindexed", 1, json!({}));
+            unindexed["spec"]["replicatedJobs"][1]["template"]["spec"]["completionMode"] = json!("NonIndexed");
+            create(&jobsets(test), unindexed).await?;
+            let jobset_cases = [
+                ("jobset-depends", "depends", "spec.replicatedJobs[1].dependsOn"),
+                ("jobset-unindexed", "unindexed", "spec.replicatedJobs[1].template.spec.completionMode: NonIndexed"),
+            ];
             for (name, _, expected) in &cases {
                 let workload = format!("job-{name}");
                 let message = invalid_message(test, &workload).await?;
                 ensure!(message.contains(expected), "{workload}: {message:?} should say {expected:?}");
                 wait_job_event(test, name, "InvalidGang", expected).await?;
             }
+            for (workload, jobset, expected) in jobset_cases {
+                let message = invalid_message(test, workload).await?;
+                ensure!(message.contains(expected), "{workload}: {message:?} should say {expected:?}");
+                wait_job_event(test, jobset, "InvalidGang", expected).await?;
+            }
+
+            // More pods than a gang holds: refused when created, with the count.
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let huge: Job = serde_json::from_value(indexed_job("huge", 5000, json!({})))?;
+            let message = refused("a Job of 5000 pods", jobs.create(&PostParams::default(), &huge)).await?;
+            ensure!(message.contains("the Job has 5000 pods; a gang has at most 4096"), "{message}");
+            // Elastic replicas: the gang's shape cannot change once the JobSet exists.
+            create(&jobsets(test), labelled_jobset("elastic", 2, json!({"spec": {"suspend": true}}))).await?;
+            let scale = json!([{"op": "replace", "path": "/spec/replicatedJobs/1/replicas", "value": 3}]);
+            let message = refused(
+                "scaling a labelled JobSet",
+                jobsets(test).patch(
+                    "elastic",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::<()>::Json(serde_json::from_value(scale)?),
+                ),
+            )
+            .await?;
+            ensure!(message.contains("fixed shape"), "{message}");
+            // A quota on Workloads: the job is told why its gang does not exist.
+            let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> = Api::namespaced(test.client.clone(), &test.ns);
+            let quota = json!({"metadata": {"name": "no-workloads"}, "spec": {"hard": {"count/workloads.muster.dev": "0"}}});
+            quotas
+                .create(&PostParams::default(), &serde_json::from_value(quota)?)
+                .await?;
+            wait::until("the quota to count Workloads", Duration::from_secs(30), || {
+                let quotas = quotas.clone();
+                async move {
+                    let quota = quotas.get("no-workloads").await?;
+                    Ok(quota.status.and_then(|s| s.hard).is_some().then_some(()))
+                }
+            })
+            .await?;
+            create_job(test, indexed_job("quota", 1, json!({}))).await?;
+            wait_job_event(test, "quota", "InvalidGang", "cannot create Workload job-quota").await?;
+            quotas.delete("no-workloads", &DeleteParams::default()).await?;
+
             // Nothing reserved, nothing released.
             let (claims, pods) = (test.claims(), test.pods());
             wait::holds("nothing to be reserved", Duration::from_secs(5), || {
@@ -704,15 +760,653 @@ async fn the_label_cannot_be_added_or_removed_later() -> Result<()> {
             plain["metadata"]["labels"] = json!({});
             create_job(test, plain).await?;
             let add = json!({"metadata": {"labels": {"muster.dev/gang": "true"}}});
-            let refused = jobs
-                .patch(
+            let message = refused(
+                "adding the label",
+                jobs.patch(
                     "later",
                     &kube::api::PatchParams::default(),
                     &kube::api::Patch::Merge(&add),
-                )
-                .await;
-            let message = format!("{:#}", refused.err().context("refused")?);
+                ),
+            )
+            .await?;
             ensure!(message.contains("can only be set when the Job is created"), "{message}");
+
+            create_job(test, indexed_job("labelled", 1, json!({"spec": {"suspend": true}}))).await?;
+            let remove = json!({"metadata": {"labels": {"muster.dev/gang": null}}});
+            let message = refused(
+                "removing the label",
+                jobs.patch(
+                    "labelled",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&remove),
+                ),
+            )
+            .await?;
+            ensure!(
+                message.contains("cannot be removed or changed once the Job exists"),
+                "{message}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// The Workload of `name`'s condition `type_` once it has `status`, for its message.
+async fn wait_condition(test: &Test, name: &str, type_: &str, status: &str) -> Result<String> {
+    let api = test.workloads();
+    wait::until(
+        &format!("{name} to have {type_}={status}"),
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                Ok(api
+                    .get_opt(name)
+                    .await?
+                    .and_then(|w| w.status)
+                    .and_then(|s| {
+                        s.conditions
+                            .into_iter()
+                            .find(|c| c.type_ == type_ && c.status == status)
+                    })
+                    .map(|c| c.message))
+            }
+        },
+    )
+    .await
+}
+
+/// A pod that carries a JobSet group's labels and is controlled by a Job of the JobSet's
+/// name that the JobSet did not make is refused, stays at the gate, and is told so; the
+/// JobSet's own pods run as the gang.
+#[tokio::test]
+async fn a_stray_labelled_pod_is_refused_and_reported_and_the_jobsets_pods_run() -> Result<()> {
+    with_frameworks("stray", |test| {
+        Box::pin(async move {
+            create(&jobsets(test), labelled_jobset("guarded", 2, json!({"spec": {"suspend": true}}))).await?;
+            let uid = jobsets(test).get("guarded").await?.metadata.uid.context("uid")?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let decoy: Job = serde_json::from_value(json!({
+                "metadata": {"name": "decoy", "labels": {"jobset.sigs.k8s.io/jobset-name": "guarded"}},
+                "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "decoy"}]}}},
+            }))?;
+            let decoy = jobs.create(&PostParams::default(), &decoy).await?;
+            // Made before the JobSet's own worker 0, with every label of it.
+            let stray: Pod = serde_json::from_value(json!({
+                "metadata": {
+                    "name": "stray-worker-0",
+                    "labels": {
+                        "muster.dev/workload": "jobset-guarded", "muster.dev/pod-group": "workers",
+                        "jobset.sigs.k8s.io/jobset-uid": uid, "jobset.sigs.k8s.io/replicatedjob-name": "workers",
+                        "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": "0",
+                    },
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "decoy",
+                                         "uid": decoy.metadata.uid, "controller": true}],
+                },
+                "spec": {
+                    "schedulingGates": [{"name": "muster.dev/gang"}],
+                    "tolerations": [{"key": "muster.dev/fenced", "operator": "Exists"}],
+                    "containers": [{"name": "main", "image": "stray", "resources": {"requests": {"cpu": "1"}}}],
+                },
+            }))?;
+            test.pods().create(&PostParams::default(), &stray).await?;
+            let resume = json!({"spec": {"suspend": false}});
+            jobsets(test)
+                .patch("guarded", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&resume))
+                .await?;
+            runs_as_one_gang(test, "jobset-guarded", 3).await?;
+            let message = wait_condition(test, "jobset-guarded", "PodsRefused", "True").await?;
+            ensure!(
+                message.contains("pod stray-worker-0") && message.contains("1 pods"),
+                "{message}"
+            );
+            let stray = test.pods().get("stray-worker-0").await?;
+            ensure!(
+                stray.spec.and_then(|s| s.scheduling_gates).unwrap_or_default().iter().any(|g| g.name == "muster.dev/gang"),
+                "the stray pod stays at the gate"
+            );
+            wait_job_event(test, "stray-worker-0", "NotAGangMember", "not a member of Workload jobset-guarded").await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// The PriorityClass `name` of `value`, made once for the test binary.
+async fn priority_class(test: &Test, name: &str, value: i32) -> Result<()> {
+    let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(test.client.clone());
+    if classes.get_opt(name).await?.is_none() {
+        let class = serde_json::from_value(json!({"metadata": {"name": name}, "value": value}))?;
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 409) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A gang's priority cannot be raised after it is made, and a job's gang takes the
+/// priority of its pod templates (the lowest of them).
+#[tokio::test]
+async fn a_gangs_priority_is_fixed_and_a_jobs_comes_from_its_pod_templates() -> Result<()> {
+    with_frameworks("priority", |test| {
+        Box::pin(async move {
+            priority_class(test, "muster-e2e-low", 10).await?;
+            priority_class(test, "muster-e2e-high", 1000).await?;
+            let mut workload = muster_e2e::scenario::gang("ranked", 1, None);
+            workload["spec"]["priorityClassName"] = json!("muster-e2e-low");
+            test.create(workload).await?;
+            let raise = json!({"spec": {"priorityClassName": "system-cluster-critical"}});
+            let message = refused(
+                "raising a gang's priority",
+                test.workloads().patch(
+                    "ranked",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&raise),
+                ),
+            )
+            .await?;
+            ensure!(message.contains("priorityClassName is immutable"), "{message}");
+            test.create(muster_e2e::scenario::gang("unranked", 1, None)).await?;
+            let message = refused(
+                "giving a gang a priority",
+                test.workloads().patch(
+                    "unranked",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&raise),
+                ),
+            )
+            .await?;
+            ensure!(message.contains("priorityClassName is immutable"), "{message}");
+
+            let mut job = indexed_job("ranked", 2, json!({"spec": {"suspend": true}}));
+            job["spec"]["template"]["spec"]["priorityClassName"] = json!("muster-e2e-low");
+            create_job(test, job).await?;
+            let workloads = test.workloads();
+            let derived = wait::until("the Job's gang", Duration::from_secs(30), || {
+                let workloads = workloads.clone();
+                async move { workloads.get_opt("job-ranked").await.map_err(Into::into) }
+            })
+            .await?;
+            ensure!(
+                derived.spec.priority_class_name.as_deref() == Some("muster-e2e-low"),
+                "the pod template's class: {:?}",
+                derived.spec.priority_class_name
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A job edited before its gang is admitted gets its gang made again as it now says
+/// (a topology typo fixed gives the gang its topology); edited after, the gang runs on
+/// as admitted, never suspended, and the job is told.
+#[tokio::test]
+async fn a_job_edited_before_admission_is_made_again_and_after_admission_is_told() -> Result<()> {
+    with_frameworks("edited", |test| {
+        Box::pin(async move {
+            let typo = json!({"spec": {"suspend": true}, "metadata": {"annotations": {"muster.dev/required-topology": "example.com/rakc"}}});
+            create_job(test, indexed_job("edited", 2, typo)).await?;
+            invalid_message(test, "job-edited").await?;
+            let first = test.workloads().get("job-edited").await?.metadata.uid;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let fix = json!({"metadata": {"annotations": {"muster.dev/required-topology": RACK_LABEL}}});
+            jobs.patch("edited", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&fix))
+                .await?;
+            let workloads = test.workloads();
+            let remade = wait::until("the gang to be made again with its topology", Duration::from_secs(60), || {
+                let (workloads, first) = (workloads.clone(), first.clone());
+                async move {
+                    let Some(w) = workloads.get_opt("job-edited").await? else {
+                        return Ok(None);
+                    };
+                    let fixed = w.metadata.uid != first
+                        && w.spec.topology.as_ref().and_then(|t| t.required.as_deref()) == Some(RACK_LABEL)
+                        && !w.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("muster.dev/invalid"));
+                    Ok(fixed.then_some(w))
+                }
+            })
+            .await?;
+            wait_job_event(test, "edited", "GangRecreated", "before its gang was admitted").await?;
+            let resume = json!({"spec": {"suspend": false}});
+            jobs.patch("edited", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&resume))
+                .await?;
+            runs_as_one_gang(test, "job-edited", 2).await?;
+
+            // Admitted: a change (here, a typo again) is told, and nothing else happens.
+            let again = json!({"metadata": {"annotations": {"muster.dev/preferred-topology": "example.com/rakc"}}});
+            jobs.patch("edited", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&again))
+                .await?;
+            let note = wait_job_event(test, "edited", "GangChangeIgnored", "after its gang was admitted").await?;
+            ensure!(note.contains("no node has the label"), "{note}");
+            wait::holds("the admitted gang to run on as it was", Duration::from_secs(3), || {
+                let (workloads, uid) = (workloads.clone(), remade.metadata.uid.clone());
+                async move {
+                    let w = workloads.get("job-edited").await?;
+                    Ok(w.metadata.uid == uid
+                        && w.spec.suspend != Some(true)
+                        && w.status.and_then(|s| s.phase) == Some(WorkloadPhase::Running))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Suspending a job's gang Workload suspends the job (its controller takes the pods
+/// away); resuming it resumes the job, and the gang runs again.
+#[tokio::test]
+async fn suspending_a_jobs_gang_suspends_the_job_and_resuming_runs_it_again() -> Result<()> {
+    with_frameworks("paused", |test| {
+        Box::pin(async move {
+            create_job(test, indexed_job("paused", 2, json!({}))).await?;
+            runs_as_one_gang(test, "job-paused", 2).await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let suspend = |on: bool| json!({"spec": {"suspend": on}});
+            test.workloads()
+                .patch(
+                    "job-paused",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&suspend(true)),
+                )
+                .await?;
+            wait::until("the Job to be suspended", Duration::from_secs(30), || {
+                let jobs = jobs.clone();
+                async move {
+                    let job = jobs.get("paused").await?;
+                    Ok((job.spec.and_then(|s| s.suspend) == Some(true)).then_some(()))
+                }
+            })
+            .await?;
+            test.wait_phase("job-paused", WorkloadPhase::Suspended, Duration::from_secs(60))
+                .await?;
+            let claims = test.claims();
+            wait::until("the gang to hold nothing", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+            })
+            .await?;
+            test.workloads()
+                .patch(
+                    "job-paused",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&suspend(false)),
+                )
+                .await?;
+            runs_as_one_gang(test, "job-paused", 2).await?;
+            let job = jobs.get("paused").await?;
+            ensure!(job.spec.and_then(|s| s.suspend) != Some(true), "the Job runs again");
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A labelled Job in a namespace the webhook's namespaceSelector leaves out is not
+/// muster's; once the namespace is in, the Job (made without the webhook) is held, and
+/// says why.
+#[tokio::test]
+async fn a_job_outside_the_webhooks_namespaces_is_left_alone_and_one_it_never_saw_is_held() -> Result<()> {
+    with_frameworks("outside", |test| {
+        Box::pin(async move {
+            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(test.client.clone());
+            let label =
+                |value: Option<&str>| json!({"metadata": {"labels": {muster_e2e::frameworks::SKIP_WEBHOOK: value}}});
+            namespaces
+                .patch(
+                    &test.ns,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&label(Some("true"))),
+                )
+                .await?;
+            create_job(test, indexed_job("outside", 1, json!({"spec": {"suspend": true}}))).await?;
+            let workloads = test.workloads();
+            wait::holds(
+                "no Workload for a Job outside the webhook's namespaces",
+                Duration::from_secs(4),
+                || {
+                    let workloads = workloads.clone();
+                    async move { Ok(workloads.get_opt("job-outside").await?.is_none()) }
+                },
+            )
+            .await?;
+            namespaces
+                .patch(
+                    &test.ns,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&label(None)),
+                )
+                .await?;
+            // The namespace's labels are read again within seconds; any change of the Job
+            // looks at it again.
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let mut touch = 0;
+            wait::until("the Job to get its Workload", Duration::from_secs(60), || {
+                touch += 1;
+                let (jobs, workloads) = (jobs.clone(), workloads.clone());
+                let patch = json!({"metadata": {"annotations": {"muster-e2e/touch": touch.to_string()}}});
+                async move {
+                    jobs.patch(
+                        "outside",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await?;
+                    Ok(workloads.get_opt("job-outside").await?.map(|_| ()))
+                }
+            })
+            .await?;
+            let message = invalid_message(test, "job-outside").await?;
+            ensure!(message.contains("created without muster's webhook"), "{message}");
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Without Kueue, a gang that asks for a LocalQueue is held, never run uncharged.
+#[tokio::test]
+async fn a_gang_that_asks_for_kueue_is_held_when_muster_has_no_kueue() -> Result<()> {
+    with_frameworks("no-kueue", |test| {
+        Box::pin(async move {
+            let mut workload = muster_e2e::scenario::gang("queued", 1, None);
+            workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+            test.create(workload).await?;
+            let annotated = json!({"metadata": {"annotations": {"muster.dev/queue-name": "team"}}});
+            create_job(test, indexed_job("queued", 1, annotated)).await?;
+            let api = test.workloads();
+            let message = wait::until("the Workload to be held", Duration::from_secs(60), || {
+                let api = api.clone();
+                async move {
+                    Ok(api.get_opt("queued").await?.and_then(|w| w.status).and_then(|s| {
+                        s.conditions
+                            .into_iter()
+                            .find(|c| c.type_ == "Created" && c.reason == "KueueUnavailable")
+                            .map(|c| c.message)
+                    }))
+                }
+            })
+            .await?;
+            ensure!(message.contains("held rather than run uncharged"), "{message}");
+            let message = invalid_message(test, "job-queued").await?;
+            ensure!(message.contains("does not work with Kueue"), "{message}");
+            let claims = test.claims();
+            wait::holds("nothing to be reserved", Duration::from_secs(3), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty()) }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A Job whose name is no DNS label (a dot in it; the Job API allows one where pods
+/// have no index) gets a gang named to fit, and runs.
+#[tokio::test]
+async fn a_job_named_with_a_dot_runs_as_a_gang() -> Result<()> {
+    with_frameworks("dotted", |test| {
+        Box::pin(async move {
+            let mut job = indexed_job("train.v2", 1, json!({}));
+            job["spec"].as_object_mut().map(|s| s.remove("completionMode"));
+            create_job(test, job).await?;
+            let workloads = test.workloads();
+            let name = wait::until("the Job's gang", Duration::from_secs(30), || {
+                let workloads = workloads.clone();
+                async move {
+                    Ok(workloads
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .into_iter()
+                        .filter_map(|w| w.metadata.name)
+                        .find(|n| n.starts_with("job-train-v2-")))
+                }
+            })
+            .await?;
+            runs_as_one_gang(test, &name, 1).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// `/readyz` waits for the webhook's certificate; with a short lifetime, the CA and the
+/// serving certificate rotate, the new CA reaches the caBundle before anything is served
+/// from it, and the webhook never refuses a call meanwhile.
+#[tokio::test]
+async fn the_webhook_is_ready_only_with_a_certificate_and_rotates_without_refusing_a_call() -> Result<()> {
+    let port = webhook_port().await?;
+    with_frameworks("rotation", move |test| {
+        Box::pin(async move {
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            // No configuration to put its CA in: no certificate to serve, so not ready.
+            let own_ns = format!("--webhook-namespace={}", test.ns);
+            let mut args = operator_args(port);
+            args.retain(|a| !a.starts_with("--webhook-configuration") && !a.starts_with("--webhook-namespace="));
+            args.push("--webhook-configuration=muster-e2e-missing".into());
+            args.push(own_ns.clone());
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            test.start_operator(&refs, &[])?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until("/healthz to answer", Duration::from_secs(30), || async {
+                Ok(matches!(operator.get("/healthz").await, Ok((200, _))).then_some(()))
+            })
+            .await?;
+            wait::holds(
+                "/readyz to wait for the certificate",
+                Duration::from_secs(3),
+                || async { Ok(!matches!(operator.get("/readyz").await, Ok((200, _)))) },
+            )
+            .await?;
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+
+            // Serving certificates of 12 s, a CA of 24 s, in a Secret of the test's own.
+            let mut args = operator_args(port);
+            args.retain(|a| !a.starts_with("--webhook-namespace="));
+            args.extend([
+                own_ns,
+                "--webhook-cert-lifetime=12".into(),
+                "--webhook-ca-lifetime=24".into(),
+            ]);
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            test.start_operator(&refs, &[])?;
+            wait_webhook_ready(test).await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until("/readyz", Duration::from_secs(30), || async {
+                Ok(matches!(operator.get("/readyz").await, Ok((200, _))).then_some(()))
+            })
+            .await?;
+            let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(test.client.clone(), &test.ns);
+            let ca_of = |secret: &k8s_openapi::api::core::v1::Secret| -> String {
+                let data = secret.data.clone().unwrap_or_default();
+                let text = data
+                    .get("ca.crt")
+                    .map(|b| String::from_utf8_lossy(&b.0).to_string())
+                    .unwrap_or_default();
+                text.split("-----END CERTIFICATE-----")
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let first = secrets.get("muster-webhook-tls").await?;
+            ensure!(
+                first
+                    .metadata
+                    .owner_references
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|o| o.kind == "MutatingWebhookConfiguration")),
+                "the Secret is owned by the webhook configuration"
+            );
+            ensure!(
+                first
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+                    .map(String::as_str)
+                    == Some("muster"),
+                "{:?}",
+                first.metadata.labels
+            );
+            let first_ca = ca_of(&first);
+            let first_cert = first.data.clone().unwrap_or_default().get("tls.crt").cloned();
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let probe: Job = serde_json::from_value(indexed_job("probe", 1, json!({})))?;
+            let dry = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            // Calls go on while the CA and then the serving certificate rotate: none refused.
+            let calls = std::sync::Mutex::new((0usize, Vec::<String>::new()));
+            let call = || async {
+                let answer = jobs.create(&dry, &probe).await;
+                let mut calls = calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                calls.0 += 1;
+                if let Err(e) = answer {
+                    calls.1.push(format!("{e:#}"));
+                }
+            };
+            wait::until(
+                "the CA and the serving certificate to rotate",
+                Duration::from_secs(60),
+                || async {
+                    call().await;
+                    let secret = secrets.get("muster-webhook-tls").await?;
+                    let data = secret.data.clone().unwrap_or_default();
+                    if ca_of(&secret) == first_ca || data.get("tls.crt") == first_cert.as_ref() {
+                        return Ok(None);
+                    }
+                    let serving = data
+                        .get("tls.crt")
+                        .map(|b| String::from_utf8_lossy(&b.0).to_string())
+                        .unwrap_or_default();
+                    let (_, pem) = x509_parser::pem::parse_x509_pem(serving.as_bytes())?;
+                    let issuer = pem.parse_x509()?.issuer().to_string();
+                    let ca = format!("{}-----END CERTIFICATE-----\n", ca_of(&secret));
+                    let (_, ca) = x509_parser::pem::parse_x509_pem(ca.as_bytes())?;
+                    let from_new_ca = ca.parse_x509()?.subject().to_string() == issuer;
+                    Ok(from_new_ca.then_some(()))
+                },
+            )
+            .await?;
+            // More calls served from the new CA.
+            wait::holds(
+                "calls to be answered from the new CA",
+                Duration::from_secs(2),
+                || async {
+                    call().await;
+                    Ok(true)
+                },
+            )
+            .await?;
+            let (probes, failures) = calls.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            ensure!(
+                failures.is_empty(),
+                "{} of {probes} calls were refused during the rotation: {failures:?}",
+                failures.len()
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A Workload its Job left behind without an owner (as `--cascade=orphan` leaves it) is
+/// not taken by a new Job of the same name, which says what to do; once it is deleted,
+/// the new Job gets its own.
+#[tokio::test]
+async fn an_orphaned_workload_is_not_taken_by_a_new_job_of_its_name_which_says_what_to_do() -> Result<()> {
+    with_frameworks("orphaned", |test| {
+        Box::pin(async move {
+            let suspended = json!({"spec": {"suspend": true}});
+            create_job(test, indexed_job("orphaned", 1, suspended.clone())).await?;
+            let workloads = test.workloads();
+            wait::until("the Job's gang", Duration::from_secs(30), || {
+                let workloads = workloads.clone();
+                async move { Ok(workloads.get_opt("job-orphaned").await?.map(|_| ())) }
+            })
+            .await?;
+            // What `--cascade=orphan` leaves: the Workload without its owner, the Job gone
+            // (made here without waiting for the garbage collector to find the CRD).
+            let ownerless = json!({"metadata": {"ownerReferences": null}});
+            workloads
+                .patch(
+                    "job-orphaned",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&ownerless),
+                )
+                .await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.delete("orphaned", &DeleteParams::background()).await?;
+            wait::until("the Job to go", Duration::from_secs(60), || {
+                let jobs = jobs.clone();
+                async move { Ok(jobs.get_opt("orphaned").await?.is_none().then_some(())) }
+            })
+            .await?;
+            create_job(test, indexed_job("orphaned", 1, suspended)).await?;
+            wait_job_event(test, "orphaned", "InvalidGang", "has no owner").await?;
+            workloads.delete("job-orphaned", &DeleteParams::default()).await?;
+            let uid = jobs.get("orphaned").await?.metadata.uid;
+            wait::until("the new Job's own gang", Duration::from_secs(60), || {
+                let (workloads, uid) = (workloads.clone(), uid.clone());
+                async move {
+                    let owned = workloads.get_opt("job-orphaned").await?.is_some_and(|w| {
+                        w.metadata
+                            .owner_references
+                            .unwrap_or_default()
+                            .iter()
+                            .any(|o| Some(&o.uid) == uid.as_ref())
+                    });
+                    Ok(owned.then_some(()))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A Job labelled for muster inside a JobSet that is not (its replicated job's template
+/// carries the label) is not a gang of its own, and says so.
+#[tokio::test]
+async fn a_labelled_job_of_an_unlabelled_jobset_is_told_it_runs_outside_any_gang() -> Result<()> {
+    with_frameworks("half-labelled", |test| {
+        Box::pin(async move {
+            let mut jobset = labelled_jobset("half", 1, json!({"spec": {"suspend": true}}));
+            jobset["metadata"]["labels"] = json!({});
+            jobset["spec"]["replicatedJobs"][1]["template"]["metadata"] =
+                json!({"labels": {"muster.dev/gang": "true"}});
+            create(&jobsets(test), jobset).await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let job = wait::until("JobSet to make its workers' Job", Duration::from_secs(60), || {
+                let jobs = jobs.clone();
+                async move {
+                    Ok(jobs
+                        .list(&ListParams::default().labels("muster.dev/gang=true"))
+                        .await?
+                        .items
+                        .into_iter()
+                        .find_map(|j| j.metadata.name))
+                }
+            })
+            .await?;
+            wait_job_event(test, &job, "InvalidGang", "which made it, is not").await?;
+            ensure!(
+                test.workloads().list(&ListParams::default()).await?.items.is_empty(),
+                "no gang for it"
+            );
             Ok(())
         })
     })

@@ -35,6 +35,18 @@ async fn get(address: std::net::SocketAddr, path: &str, token: Option<&str>) -> 
         .with_context(|| format!("no status line in {head:?}"))
 }
 
+/// Waits until the operator answers on `address`.
+async fn serving(address: std::net::SocketAddr) -> Result<()> {
+    wait::until("the operator to serve", Duration::from_secs(30), || async move {
+        Ok(get(address, "/healthz", None)
+            .await
+            .ok()
+            .filter(|code| *code == 200)
+            .map(|_| ()))
+    })
+    .await
+}
+
 async fn token_of(test: &Test, account: &str) -> Result<String> {
     let accounts: Api<ServiceAccount> = Api::namespaced(test.client.clone(), &test.ns);
     accounts
@@ -61,6 +73,7 @@ async fn with_metrics_auth_only_an_allowed_token_reads_the_metrics() -> Result<(
     with_test("metrics-auth", &["--metrics-auth"], &[], |test| {
         Box::pin(async move {
             let address = test.operator.as_ref().context("operator")?.http;
+            serving(address).await?;
             ensure!(get(address, "/metrics", None).await? == 401, "no token: 401");
             ensure!(get(address, "/healthz", None).await? == 200, "the probes stay open");
             ensure!(
@@ -114,14 +127,7 @@ async fn idle_connections_cannot_starve_the_metrics_server() -> Result<()> {
             let operator = test.operator.as_ref().context("operator")?;
             let address = operator.http;
             let pid = operator.pid().context("the operator's pid")?;
-            wait::until("the operator to serve", Duration::from_secs(30), || async move {
-                Ok(get(address, "/healthz", None)
-                    .await
-                    .ok()
-                    .filter(|code| *code == 200)
-                    .map(|_| ()))
-            })
-            .await?;
+            serving(address).await?;
             let open_files = || std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count());
             let before = open_files()?;
             // Connections that never send a request.

@@ -56,16 +56,33 @@ Workload owns, where the OwnerReferencesPermissionEnforcement admission plugin i
   verbs: ["create", "patch"]
 {{- if .Values.webhook.enabled }}
 {{- /* Labelled JobSets (TrainJobs make JobSets) and Jobs become gangs: muster reads them
-and creates the Workload each one owns. */}}
+(and the Jobs JobSets make, to verify their pods), creates the Workload each one owns,
+makes it again when the job changes before its gang is admitted, and suspends or resumes
+a job whose Workload a user suspended or resumed. */}}
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["muster.dev"]
   resources: ["workloads"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "delete"]
+{{- if .Values.webhook.namespaceSelector }}
+{{- /* Jobs in namespaces the webhook's namespaceSelector leaves out are not muster's. */}}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
+{{- end }}
+{{- if .Values.rbac.kueue }}
+{{- /* Kueue charges a job's gang by the job's own pod templates. */}}
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get"]
+{{- end }}
 {{- if not .Values.webhook.certManager.enabled }}
 {{- /* muster writes its CA into the caBundle of its own webhook configuration. */}}
 - apiGroups: ["admissionregistration.k8s.io"]

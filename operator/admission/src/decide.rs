@@ -129,20 +129,23 @@ fn delete<'p>(gang: &Gang, pods: impl IntoIterator<Item = &'p PodView>) -> Vec<E
 
 /// Where a set of claims stands in being given back.
 enum Claims {
-    /// None of them holds an allocation.
+    /// The gang holds none of them any more: each is unallocated, or left to another
+    /// holder.
     Free,
-    /// Some still do: deallocate those no running pod uses (if any); the others wait.
+    /// Some still need the gang: deallocate those no running pod uses (if any); the
+    /// others wait.
     Held(Option<Box<Effect>>),
 }
 
-/// Gives back `claims`. A claim is deallocated only while no pod but the gang's
-/// terminated ones reserves it: a pod being deleted, or anyone else's pod, may still
-/// run on its devices.
+/// Gives back `claims`, by the ownership rule of [`crate::ClaimView`]: a claim another
+/// gang holds, one muster did not allocate, and one a pod outside the gang uses are let
+/// go as they are; the others are deallocated once no pod of the gang that may still
+/// run (a pod being deleted may) reserves them.
 fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> Claims {
-    let finished: Vec<String> = gang
+    let idle: Vec<String> = gang
         .pods
         .iter()
-        .filter(|p| p.phase.terminal())
+        .filter(|p| p.phase.terminal() || (p.gated && p.node.is_none()))
         .map(|p| p.uid.clone())
         .collect();
     let mut free_now = Vec::new();
@@ -151,10 +154,19 @@ fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> C
         let Some(claim) = gang.claim(name).filter(|c| c.allocated) else {
             continue;
         };
-        held = true;
-        if claim.reserved_for.iter().all(|uid| finished.contains(uid)) {
-            free_now.push(name.clone());
+        if claim.held_elsewhere || !claim.ours {
+            continue;
         }
+        let own_pod = |uid: &String| gang.pods.iter().any(|p| &p.uid == uid);
+        if claim.reserved_for.iter().any(|uid| own_pod(uid) && !idle.contains(uid)) {
+            held = true;
+            continue;
+        }
+        if claim.reserved_for.iter().any(|uid| !own_pod(uid)) {
+            continue;
+        }
+        held = true;
+        free_now.push(name.clone());
     }
     if !held {
         return Claims::Free;
@@ -162,10 +174,7 @@ fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> C
     if free_now.is_empty() {
         return Claims::Held(None);
     }
-    Claims::Held(Some(Box::new(Effect::Deallocate {
-        claims: free_now,
-        finished,
-    })))
+    Claims::Held(Some(Box::new(Effect::Deallocate { claims: free_now, idle })))
 }
 
 fn held(effect: Option<Box<Effect>>) -> Step {

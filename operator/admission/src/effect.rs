@@ -124,9 +124,10 @@ pub enum Effect {
     /// (no kubelet will confirm the end).
     DeletePods { pods: Vec<PodRef>, immediately: bool },
     /// Clear the allocation of these claims, each against a fresh read, and only while
-    /// its `reservedFor` lists no pod but those in `finished` (uids of the gang's
-    /// pods that have terminated): a pod that may still run keeps its devices.
-    Deallocate { claims: Vec<String>, finished: Vec<String> },
+    /// its `reservedFor` lists no pod but those in `idle` (uids of the gang's pods that
+    /// cannot use the devices: terminated, or never released): a pod that may still run
+    /// keeps its devices.
+    Deallocate { claims: Vec<String>, idle: Vec<String> },
     /// Remove the gang gate of these pods, pinning each to its node.
     Release { pods: Vec<Pin> },
     /// Delete the Workload (its TTL after finishing ran out).

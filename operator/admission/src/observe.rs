@@ -97,11 +97,23 @@ impl PodView {
     }
 }
 
-/// A claim of the gang.
+/// A claim of the gang: one its pods use, or one its journal names.
+///
+/// Ownership of a shared claim: every gang whose journal names the claim holds it,
+/// whether it allocated the claim or found it allocated. A gang that lets go of a claim
+/// clears the allocation only if it is the last holder, muster wrote the allocation, and
+/// no pod that may still run uses it; otherwise it stops naming the claim and leaves the
+/// allocation to the other holders, to the pod outside, or to the operator's collector
+/// (which clears what muster allocated once no journal names it and no pod uses it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimView {
     pub name: String,
     pub allocated: bool,
+    /// muster wrote the allocation (the claim carries its finalizer): only such an
+    /// allocation is muster's to clear.
+    pub ours: bool,
+    /// The journal of another gang names the claim: that gang holds it too.
+    pub held_elsewhere: bool,
     /// The uids of the pods in `status.reservedFor`.
     pub reserved_for: Vec<String>,
 }

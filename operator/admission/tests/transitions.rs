@@ -70,6 +70,8 @@ fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
     ClaimView {
         name: name.into(),
         allocated,
+        ours: true,
+        held_elsewhere: false,
         reserved_for: reserved_for.iter().map(|u| u.to_string()).collect(),
     }
 }
@@ -130,7 +132,7 @@ fn an_extra_released_long_after_the_gang_does_not_tear_it_down() {
 }
 
 #[test]
-fn a_claim_reserved_by_a_pod_outside_the_gang_is_never_deallocated() {
+fn a_claim_reserved_by_a_pod_outside_the_gang_is_left_to_it() {
     let j = journal(
         State::Finishing,
         0,
@@ -143,13 +145,65 @@ fn a_claim_reserved_by_a_pod_outside_the_gang_is_never_deallocated() {
     assert!(deallocates(&s).is_empty(), "{s:?}");
     assert_eq!(
         recorded_state(&s),
-        None,
-        "the gang keeps finishing while the claim is used"
+        Some(Some(State::Finished)),
+        "the gang lets go of the claim the outside pod uses, and finishes"
     );
-    // Once only the gang's finished pod reserves it, it is given back.
+    // Only the gang's finished pod reserves it: the gang gives it back.
     let claims = [claim("g-shared", true, &["u0"])];
     let s = step(&spec(1, true), &j, 0, &pods, &claims, 1000);
     assert_eq!(deallocates(&s), vec!["g-shared".to_string()]);
+}
+
+#[test]
+fn a_claim_another_gang_holds_is_let_go_as_it_is() {
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu", "shared"],
+    );
+    let mut shared = claim("shared", true, &[]);
+    shared.held_elsewhere = true;
+    let claims = [claim("g-w-0-gpu", true, &[]), shared.clone()];
+    let s = step(&spec(1, true), &j, 0, &[], &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()], "only its own claim");
+    let claims = [claim("g-w-0-gpu", false, &[]), shared];
+    let s = step(&spec(1, true), &j, 0, &[], &claims, 2000);
+    assert_eq!(
+        recorded_state(&s),
+        Some(None),
+        "queued, the shared claim left to its other holder"
+    );
+}
+
+#[test]
+fn an_allocation_muster_did_not_write_is_never_cleared() {
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["users"],
+    );
+    let mut users = claim("users", true, &[]);
+    users.ours = false;
+    let s = step(&spec(1, true), &j, 0, &[], &[users], 1000);
+    assert!(deallocates(&s).is_empty(), "{s:?}");
+    assert_eq!(recorded_state(&s), Some(None));
+}
+
+#[test]
+fn a_pod_still_behind_the_gate_does_not_keep_a_claim() {
+    // A reservation the commit wrote for pods that were never released.
+    let j = journal(State::Reserving, 0, vec![planned("g-w-0", false, None)], &["g-w-0-gpu"]);
+    let pods = [pod("g-w-0", "u0", Some(0), true, Phase::Pending, false)];
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let s = step(&spec(1, true), &j, 0, &pods, &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+    let idle = s.effects.iter().find_map(|e| match e {
+        Effect::Deallocate { idle, .. } => Some(idle.clone()),
+        _ => None,
+    });
+    assert_eq!(idle, Some(vec!["u0".to_string()]));
 }
 
 #[test]

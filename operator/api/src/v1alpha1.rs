@@ -52,6 +52,7 @@ pub const MAX_WORKLOAD_AND_GROUP_NAME: usize = 63 - 2 - 4;
     validation = Rule::new("!has(self.failurePolicy) || !has(self.failurePolicy.rules) || self.failurePolicy.rules.all(r, !has(r.podGroups) || r.podGroups.all(n, self.podGroups.exists(g, g.name == n)))").message("failurePolicy.rules[].podGroups may only name pod groups of this Workload"),
     validation = Rule::new("self.podGroups.map(g, g.replicas).sum() <= 4096").message("a Workload may have at most 4096 pods in all groups together, so that its placement can be recorded in its status"),
     validation = Rule::new("!has(self.resourceClaims) || self.resourceClaims.all(c, !has(c.resourceClaimTemplateName) || self.podGroups.all(g, !c.name.matches('^' + g.name + '-[0-9]+-')))").message("a shared claim made from a template may not be named <group>-<index>-<name>: its object <workload>-<claim> would be the name of a pod's claim <workload>-<group>-<index>-<name>"),
+    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)").message("priorityClassName is immutable: a gang's priority decides whom it may preempt, so it is fixed when the Workload is created; delete and recreate the Workload to change it"),
 )]
 pub struct WorkloadSpec {
     /// When true, the gang holds nothing: no pods run and every device reservation is
@@ -61,7 +62,7 @@ pub struct WorkloadSpec {
     pub suspend: Option<bool>,
 
     /// PriorityClass of the gang's pods. Higher priority gangs are admitted first; the
-    /// class is also set on every pod.
+    /// class is also set on every pod. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub priority_class_name: Option<String>,

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -83,6 +84,12 @@ impl Admission {
     /// Writes a status record of the state machine (against the journal observed), and
     /// keeps the metrics and the cluster model in step with it.
     pub(crate) async fn record(&self, workload: &Workload, record: Record) -> Result<Arc<Workload>, CommitError> {
+        // What the record stops holding and releasing is fenced first.
+        let claims: Api<ResourceClaim> =
+            Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        self.fence_dropped_claims(workload, record.journal.as_ref(), &claims)
+            .await?;
+        self.fence_unreleased_pods(workload, record.journal.as_ref()).await?;
         let update = StatusUpdate {
             conditions: record
                 .conditions
@@ -234,6 +241,7 @@ impl Admission {
             {
                 Ok(written) => {
                     let written = Arc::new(written);
+                    self.holders().follow(&written);
                     self.written
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())

@@ -147,13 +147,21 @@ struct RunArgs {
     /// address); repeat the flag for several.
     #[arg(long)]
     webhook_dns_name: Vec<String>,
+    /// The webhook configuration's namespaceSelector, as JSON (a LabelSelector): labelled
+    /// jobs in namespaces it leaves out never pass the webhook and are not adopted.
+    #[arg(long)]
+    webhook_namespace_selector: Option<String>,
     /// MutatingWebhookConfiguration whose caBundle muster keeps current.
     #[arg(long, default_value = "muster-webhook")]
     webhook_configuration: String,
-    /// Lifetime of the serving certificate muster makes, in seconds (renewed at two
-    /// thirds of it; its CA lives ten times as long).
+    /// Lifetime of the serving certificate muster makes, in seconds, at least 10
+    /// (renewed at two thirds of it; its CA lives ten times as long).
     #[arg(long, default_value_t = 365 * 24 * 3600)]
     webhook_cert_lifetime: u64,
+    /// Lifetime of the webhook's CA, in seconds; default ten times the serving
+    /// certificate's.
+    #[arg(long, hide = true)]
+    webhook_ca_lifetime: Option<u64>,
     /// How often the webhook's certificate is checked, in seconds.
     #[arg(long, default_value_t = 60, hide = true)]
     webhook_cert_check: u64,
@@ -260,6 +268,12 @@ async fn run(args: RunArgs) -> Result<()> {
         }),
         Err(_) => None,
     };
+    let fail = match std::env::var("MUSTER_FAIL_WRITE") {
+        Ok(name) => Some(
+            crate::admission::FailWrite::parse(&name).with_context(|| format!("unknown MUSTER_FAIL_WRITE {name:?}"))?,
+        ),
+        Err(_) => None,
+    };
     let settings = crate::cli::run::Settings {
         controller: controller::Settings {
             create_parallelism: args.create_parallelism,
@@ -274,9 +288,17 @@ async fn run(args: RunArgs) -> Result<()> {
             fencing: args.fencing,
             fault,
             pause,
+            fail,
             ..crate::admission::Settings::default()
         },
         adopt_jobs: args.adopt_jobs,
+        adopt_namespace_selector: args
+            .webhook_namespace_selector
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .map(serde_json::from_str)
+            .transpose()
+            .context("--webhook-namespace-selector: not a LabelSelector in JSON")?,
         leader_election: args.leader_elect.then(|| {
             let namespace = args
                 .leader_election_namespace
@@ -317,7 +339,9 @@ async fn run(args: RunArgs) -> Result<()> {
         tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone(), None));
     }
     // Every replica serves the webhook, so that a change of leader never blocks jobs.
-    if let Some(settings) = webhook_settings(&args)? {
+    if let Some(mut settings) = webhook_settings(&args)? {
+        health.expect_webhook();
+        settings.health = Some(health.clone());
         let client = client.clone();
         tokio::spawn(async move {
             if let Err(e) = crate::webhook::run(client, settings).await {
@@ -358,7 +382,15 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<crate::webhook::Settings>> 
                 secret: args.webhook_secret.clone(),
                 names: args.webhook_dns_name.clone(),
                 configuration: args.webhook_configuration.clone(),
-                lifetime: std::time::Duration::from_secs(args.webhook_cert_lifetime.max(60)),
+                lifetimes: {
+                    let serving = args.webhook_cert_lifetime.max(10);
+                    crate::webhook::certs::Lifetimes {
+                        serving: std::time::Duration::from_secs(serving),
+                        ca: std::time::Duration::from_secs(
+                            args.webhook_ca_lifetime.unwrap_or(serving.saturating_mul(10)).max(10),
+                        ),
+                    }
+                },
             }
         }
     };
@@ -366,6 +398,7 @@ fn webhook_settings(args: &RunArgs) -> Result<Option<crate::webhook::Settings>> 
         address,
         certificates,
         check_every: std::time::Duration::from_secs(args.webhook_cert_check.max(1)),
+        health: None,
     }))
 }
 

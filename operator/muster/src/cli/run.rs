@@ -26,6 +26,8 @@ pub struct Settings {
     pub leader_election: Option<leader::Settings>,
     /// Keep the Workloads of labelled JobSets and Jobs.
     pub adopt_jobs: bool,
+    /// The webhook's `namespaceSelector`: labelled jobs elsewhere are not muster's.
+    pub adopt_namespace_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
 }
 
 /// Why [`run`] returned.
@@ -141,20 +143,18 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
                 None => std::future::pending().await,
             }
         };
-        // Labelled JobSets (where the cluster serves them) and Jobs become gangs.
+        // Labelled JobSets (once the cluster serves them) and Jobs become gangs.
         let adopt = async {
             if !settings.adopt_jobs {
                 return std::future::pending().await;
             }
-            let mut frameworks = vec![crate::frameworks::Framework::Job];
-            if crate::frameworks::controller::served(&client, crate::frameworks::Framework::JobSet).await {
-                frameworks.push(crate::frameworks::Framework::JobSet);
-            }
-            info!(?frameworks, "running labelled jobs as gangs");
-            futures::future::join_all(frameworks.into_iter().map(|framework| {
-                crate::frameworks::controller::run(client.clone(), framework, index.clone(), adopt_guard.clone())
-            }))
-            .await;
+            let adoption = crate::frameworks::controller::Settings {
+                kueue,
+                namespace_selector: settings.adopt_namespace_selector.clone(),
+                priorities: priorities.clone(),
+                lease: adopt_guard.clone(),
+            };
+            crate::frameworks::controller::run_all(client.clone(), index.clone(), adoption).await;
         };
         // Kueue's Workloads are cached here; changes wake the admission loop.
         let follow_kueue = async {

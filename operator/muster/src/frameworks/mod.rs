@@ -15,7 +15,9 @@
 
 pub mod controller;
 pub mod derive;
+pub mod jobs;
 pub mod mutate;
+pub mod names;
 
 use kube::api::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
@@ -40,8 +42,11 @@ pub const JOB_GROUP: &str = "main";
 /// One pod template of a job object: a future pod group.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodSet {
-    /// The pod group's name.
+    /// The pod group's name ([`names::group_name`] of the replicated job's).
     pub group: String,
+    /// The replicated job's name as the JobSet has it (JobSet labels its pods with it);
+    /// [`JOB_GROUP`] for a Job.
+    pub replicated_job: String,
     /// JSON pointer of the pod template in the job object.
     pub template: String,
     /// The field path of the Job spec, for messages (`spec.replicatedJobs[1]` or `spec`).
@@ -52,6 +57,24 @@ pub struct PodSet {
     pub parallelism: i64,
     /// Each Job's `completions`, if set.
     pub completions: Option<i64>,
+    /// Each Job's `completionMode`, if set.
+    pub completion_mode: Option<String>,
+    /// Replicated jobs this one waits for (JobSet's `dependsOn`).
+    pub depends_on: bool,
+}
+
+impl PodSet {
+    /// Pods of one Job that run at once: `parallelism`, or fewer `completions`.
+    pub fn pods_per_job(&self) -> i64 {
+        self.completions
+            .map_or(self.parallelism, |c| c.min(self.parallelism))
+            .max(1)
+    }
+
+    /// Pods of the whole set: Jobs × pods per Job.
+    pub fn pods(&self) -> i64 {
+        self.jobs.max(1).saturating_mul(self.pods_per_job())
+    }
 }
 
 impl Framework {
@@ -90,18 +113,21 @@ impl Framework {
 
     /// The object's pod templates, in order.
     pub fn pod_sets(self, object: &Value) -> Vec<PodSet> {
-        let job = |spec: &Value, group: String, template: String, at: String, jobs: i64| PodSet {
-            group,
+        let job = |spec: &Value, replicated_job: &str, template: String, at: String, jobs: i64| PodSet {
+            group: names::group_name(replicated_job),
+            replicated_job: replicated_job.to_string(),
             template,
             at,
             jobs,
             parallelism: spec["parallelism"].as_i64().unwrap_or(1),
             completions: spec["completions"].as_i64(),
+            completion_mode: spec["completionMode"].as_str().map(str::to_string),
+            depends_on: false,
         };
         match self {
             Framework::Job => vec![job(
                 &object["spec"],
-                JOB_GROUP.into(),
+                JOB_GROUP,
                 "/spec/template".into(),
                 "spec".into(),
                 1,
@@ -111,10 +137,11 @@ impl Framework {
                 .into_iter()
                 .flatten()
                 .enumerate()
-                .map(|(i, r)| {
-                    job(
+                .map(|(i, r)| PodSet {
+                    depends_on: r["dependsOn"].as_array().is_some_and(|d| !d.is_empty()),
+                    ..job(
                         &r["template"]["spec"],
-                        r["name"].as_str().unwrap_or_default().to_string(),
+                        r["name"].as_str().unwrap_or_default(),
                         format!("/spec/replicatedJobs/{i}/template/spec/template"),
                         format!("spec.replicatedJobs[{i}]"),
                         r["replicas"].as_i64().unwrap_or(1),
@@ -122,6 +149,12 @@ impl Framework {
                 })
                 .collect(),
         }
+    }
+
+    /// The object's Workload name (what the webhook labels its pods with).
+    pub fn workload_name(self, object: &Value) -> String {
+        let longest = self.pod_sets(object).iter().map(|s| s.group.len()).max().unwrap_or(0);
+        names::workload_name(self, object["metadata"]["name"].as_str().unwrap_or_default(), longest)
     }
 
     pub fn suspended(self, object: &Value) -> bool {

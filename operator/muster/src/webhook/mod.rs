@@ -45,10 +45,17 @@ use certs::Bundle;
 
 /// Largest AdmissionReview accepted (the API server sends at most about 3 MiB objects).
 const MAX_BODY: usize = 8 << 20;
-/// Connections served at once; more wait in the accept queue.
+/// Connections served at once; more wait in the accept queue (the API server's calls
+/// wait there rather than fail).
 const MAX_CONNECTIONS: usize = 256;
-/// Time a client has to send its request headers.
+/// Time a client has to finish the TLS handshake and send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client has to send a request's body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest life of a connection, idle or not: the API server opens the next one.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
+/// How often a certificate kept in files (by cert-manager) is looked at for a change.
+const FILES_CHECK: Duration = Duration::from_secs(2);
 
 /// Where the serving certificate comes from.
 #[derive(Clone, Debug)]
@@ -61,8 +68,7 @@ pub enum Certificates {
         secret: String,
         names: Vec<String>,
         configuration: String,
-        /// The serving certificate's lifetime; the CA lives ten times as long.
-        lifetime: Duration,
+        lifetimes: certs::Lifetimes,
     },
     /// `tls.crt` and `tls.key` in this directory (a mounted Secret that cert-manager keeps).
     Files(PathBuf),
@@ -75,6 +81,8 @@ pub struct Settings {
     pub certificates: Certificates,
     /// How often the certificate is checked (renewed, reloaded, `caBundle` compared).
     pub check_every: Duration,
+    /// Told once a certificate is served, so that `/readyz` waits for it.
+    pub health: Option<Arc<crate::ops::serve::Health>>,
 }
 
 /// The certificate the server presents, swapped when it is renewed.
@@ -88,17 +96,28 @@ impl ResolvesServerCert for Resolver {
 }
 
 impl Resolver {
-    fn load(&self, cert_pem: &str, key_pem: &str) -> Result<(), String> {
+    /// Serves `cert_pem` and `key_pem` from now on; `Ok(false)` when they are served
+    /// already.
+    fn load(&self, cert_pem: &str, key_pem: &str) -> Result<bool, String> {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("reading the certificate: {e}"))?;
         let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("reading the key: {e}"))?;
+        if self
+            .0
+            .read()
+            .ok()
+            .and_then(|c| c.clone())
+            .is_some_and(|current| current.cert == chain)
+        {
+            return Ok(false);
+        }
         let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| e.to_string())?;
         let certified = Arc::new(CertifiedKey::new(chain, signing));
         if let Ok(mut current) = self.0.write() {
             *current = Some(certified);
         }
-        Ok(())
+        Ok(true)
     }
 
     fn ready(&self) -> bool {
@@ -160,13 +179,14 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, resol
                 Err(_) => return,
             };
             let service = service_fn(|request| async move { Ok::<_, std::convert::Infallible>(handle(request).await) });
-            if let Err(e) = http1::Builder::new()
+            let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tls), service)
-                .await
-            {
-                debug!(%peer, error = %e, "webhook connection ended with an error");
+                .serve_connection(TokioIo::new(tls), service);
+            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+                Ok(Err(e)) => debug!(%peer, error = %e, "webhook connection ended with an error"),
+                Err(_) => debug!(%peer, "webhook connection closed at the end of its life"),
+                Ok(Ok(())) => {}
             }
         });
     }
@@ -176,9 +196,15 @@ async fn handle(request: Request<Incoming>) -> Response<Full<Bytes>> {
     if request.method() != Method::POST || request.uri().path() != "/mutate" {
         return reply(StatusCode::NOT_FOUND, Bytes::from_static(b"not found\n"));
     }
-    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) => return reply(StatusCode::PAYLOAD_TOO_LARGE, Bytes::from(format!("{e}\n"))),
+    let body = match tokio::time::timeout(BODY_TIMEOUT, Limited::new(request.into_body(), MAX_BODY).collect()).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => return reply(StatusCode::PAYLOAD_TOO_LARGE, Bytes::from(format!("{e}\n"))),
+        Err(_) => {
+            return reply(
+                StatusCode::REQUEST_TIMEOUT,
+                Bytes::from_static(b"the body took too long\n"),
+            );
+        }
     };
     match review::respond(&body) {
         Ok(answer) => {
@@ -204,15 +230,25 @@ fn reply(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
 /// `check_every`; a failed check is retried sooner.
 async fn keep_certificate(client: kube::Client, settings: Settings, resolver: Arc<Resolver>) {
     loop {
-        let result = match &settings.certificates {
-            Certificates::Managed { .. } => keep_managed(&client, &settings.certificates, &resolver).await,
-            Certificates::Files(dir) => load_files(dir, &resolver),
+        let (result, every) = match &settings.certificates {
+            Certificates::Managed { .. } => (
+                keep_managed(&client, &settings.certificates, &resolver).await,
+                settings.check_every,
+            ),
+            // A renewal shows in the mounted files within the kubelet's sync period; it
+            // is served as soon as it does.
+            Certificates::Files(dir) => (load_files(dir, &resolver), settings.check_every.min(FILES_CHECK)),
         };
         let wait = match result {
-            Ok(()) => settings.check_every,
+            Ok(()) => {
+                if let Some(health) = &settings.health {
+                    health.set_webhook_ready();
+                }
+                every
+            }
             Err(e) => {
                 warn!(error = %e, "the webhook certificate is not ready; trying again");
-                settings.check_every.min(Duration::from_secs(2))
+                every.min(Duration::from_secs(2))
             }
         };
         tokio::time::sleep(wait).await;
@@ -222,7 +258,10 @@ async fn keep_certificate(client: kube::Client, settings: Settings, resolver: Ar
 fn load_files(dir: &std::path::Path, resolver: &Resolver) -> Result<(), String> {
     let read =
         |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| format!("{}: {e}", dir.join(name).display()));
-    resolver.load(&read(certs::TLS_CERT)?, &read(certs::TLS_KEY)?)
+    if resolver.load(&read(certs::TLS_CERT)?, &read(certs::TLS_KEY)?)? {
+        info!(dir = %dir.display(), "serving the webhook certificate from its files");
+    }
+    Ok(())
 }
 
 fn bundle_of(secret: &Secret) -> Option<Bundle> {
@@ -249,30 +288,59 @@ fn secret_data(bundle: &Bundle) -> BTreeMap<String, ByteString> {
 }
 
 /// One check of a managed certificate: renew the Secret if due (replicas race on its
-/// resourceVersion; the loser reads the winner's), load it, and put its CA into the
-/// webhook configuration.
+/// resourceVersion; the loser reads the winner's), load it, and put its CAs into the
+/// webhook configuration. A new CA goes into the configuration one check before any
+/// certificate is served from it.
 async fn keep_managed(client: &kube::Client, certificates: &Certificates, resolver: &Resolver) -> Result<(), String> {
     let Certificates::Managed {
         namespace,
         secret: name,
         names,
         configuration,
-        lifetime,
+        lifetimes,
     } = certificates
     else {
         return Ok(());
     };
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let Some(config) = configurations.get_opt(configuration).await.map_err(|e| e.to_string())? else {
+        return Err(format!("MutatingWebhookConfiguration {configuration} does not exist"));
+    };
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let stored = secrets.get_opt(name).await.map_err(|e| e.to_string())?;
     let bundle = stored.as_ref().and_then(bundle_of);
+    let trusted = bundle.as_ref().is_some_and(|b| {
+        let current = certs::pems(&b.ca_bundle).into_iter().next().unwrap_or_default();
+        !current.is_empty() && trusts(&config, &current)
+    });
     let now = time::OffsetDateTime::now_utc();
-    let renewed = certs::renew(bundle.as_ref(), names, now, *lifetime).map_err(|e| e.to_string())?;
+    let renewed = certs::renew(bundle.as_ref(), names, now, *lifetimes, trusted).map_err(|e| e.to_string())?;
     let bundle = match renewed {
         None => bundle.ok_or("no certificate")?,
         Some(fresh) => {
             let mut object = stored.clone().unwrap_or_default();
             object.metadata.name = Some(name.clone());
             object.metadata.namespace = Some(namespace.clone());
+            // Labelled as the chart's objects are, and owned by the webhook
+            // configuration, so that it goes when muster is uninstalled.
+            let labels = object.metadata.labels.get_or_insert_default();
+            for (key, value) in config.metadata.labels.iter().flatten() {
+                if key.starts_with("app.kubernetes.io/") || key.starts_with("helm.sh/") {
+                    labels.insert(key.clone(), value.clone());
+                }
+            }
+            labels.insert("app.kubernetes.io/managed-by".into(), "muster".into());
+            labels.insert("app.kubernetes.io/component".into(), "webhook".into());
+            if let Some(uid) = config.metadata.uid.clone() {
+                object.metadata.owner_references =
+                    Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "admissionregistration.k8s.io/v1".into(),
+                        kind: "MutatingWebhookConfiguration".into(),
+                        name: configuration.clone(),
+                        uid,
+                        ..Default::default()
+                    }]);
+            }
             object.type_ = Some("kubernetes.io/tls".into());
             object.data = Some(secret_data(&fresh));
             let written = match &stored {
@@ -292,16 +360,33 @@ async fn keep_managed(client: &kube::Client, certificates: &Certificates, resolv
             }
         }
     };
-    resolver.load(&bundle.cert, &bundle.key)?;
-    ensure_ca_bundle(client, configuration, &bundle.ca_bundle).await
+    if resolver.load(&bundle.cert, &bundle.key)? {
+        info!(secret = %name, "serving the webhook certificate");
+    }
+    ensure_ca_bundle(client, config, &bundle.ca_bundle).await
 }
 
-/// Writes `ca_bundle` into every webhook of the configuration where it differs.
-async fn ensure_ca_bundle(client: &kube::Client, configuration: &str, ca_bundle: &str) -> Result<(), String> {
+/// Whether every webhook of `config` trusts the CA `pem`.
+fn trusts(config: &MutatingWebhookConfiguration, pem: &str) -> bool {
+    let webhooks = config.webhooks.as_deref().unwrap_or_default();
+    !webhooks.is_empty()
+        && webhooks.iter().all(|w| {
+            w.client_config
+                .ca_bundle
+                .as_ref()
+                .is_some_and(|b| String::from_utf8_lossy(&b.0).contains(pem.trim()))
+        })
+}
+
+/// Writes `ca_bundle` into every webhook of the configuration where it differs
+/// (conditional on the version read).
+async fn ensure_ca_bundle(
+    client: &kube::Client,
+    mut current: MutatingWebhookConfiguration,
+    ca_bundle: &str,
+) -> Result<(), String> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let Some(mut current) = api.get_opt(configuration).await.map_err(|e| e.to_string())? else {
-        return Err(format!("MutatingWebhookConfiguration {configuration} does not exist"));
-    };
+    let configuration = current.metadata.name.clone().unwrap_or_default();
     let wanted = ByteString(ca_bundle.as_bytes().to_vec());
     let mut changed = false;
     for webhook in current.webhooks.iter_mut().flatten() {
@@ -311,11 +396,11 @@ async fn ensure_ca_bundle(client: &kube::Client, configuration: &str, ca_bundle:
         }
     }
     if changed {
-        api.replace(configuration, &PostParams::default(), &current)
+        api.replace(&configuration, &PostParams::default(), &current)
             .await
             .map_err(|e| e.to_string())?;
         info!(
-            configuration,
+            %configuration,
             ca = %base64::engine::general_purpose::STANDARD.encode(&ca_bundle.as_bytes()[..ca_bundle.len().min(24)]),
             "wrote the webhook's CA into its configuration"
         );

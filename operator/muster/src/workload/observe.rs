@@ -59,11 +59,12 @@ fn admission_state(state: State) -> AdmissionState {
 }
 
 /// Reasons a gang being taken apart reports when it is queued again.
-const CAUSES: [Reason; 4] = [
+const CAUSES: [Reason; 5] = [
     Reason::RolledBack,
     Reason::Conflict,
     Reason::ScheduleTimeout,
     Reason::ReleaseTimeout,
+    Reason::Preempted,
 ];
 
 /// The journal of a Workload, if it has one. The cause of a teardown or a failed
@@ -203,11 +204,15 @@ pub fn pod(pod: &Pod) -> PodView {
     }
 }
 
-pub fn claim(claim: &ResourceClaim) -> ClaimView {
+/// A claim as the state machine sees it; `held_elsewhere`: another gang's journal names
+/// it.
+pub fn claim(claim: &ResourceClaim, held_elsewhere: bool) -> ClaimView {
     let status = claim.status.as_ref();
     ClaimView {
         name: claim.name_any(),
         allocated: status.is_some_and(|s| s.allocation.is_some()),
+        ours: claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER),
+        held_elsewhere,
         reserved_for: status
             .and_then(|s| s.reserved_for.as_ref())
             .into_iter()
@@ -270,6 +275,36 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(self::journal(&workload), Some(journal));
+    }
+
+    /// Issue 22, defect 5: the cause of a teardown is read back from the status, a
+    /// preemption's too, so the gang reports it when it is queued again.
+    #[test]
+    fn a_teardown_reads_its_cause_back_from_the_status_preemption_too() {
+        let mut workload: Workload = serde_json::from_value(serde_json::json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "low", "namespace": "ns"},
+            "spec": {"podGroups": [{"name": "w", "replicas": 1}]},
+            "status": {
+                "placement": {"state": "TearingDown", "claims": ["low-w-0-gpus"]},
+                "conditions": [{
+                    "type": "Admitted", "status": "False", "reason": "Preempted",
+                    "message": "preempted by ns/high (priority 1000)",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }],
+            },
+        }))
+        .expect("workload");
+        let journal = journal(&workload).expect("journal");
+        assert_eq!(
+            journal.cause,
+            Some((Reason::Preempted, "preempted by ns/high (priority 1000)".to_string()))
+        );
+        // A reason that is no cause of a teardown is not taken for one.
+        if let Some(status) = workload.status.as_mut() {
+            status.conditions[0].reason = "Admitted".into();
+        }
+        assert_eq!(self::journal(&workload).expect("journal").cause, None);
     }
 
     #[test]

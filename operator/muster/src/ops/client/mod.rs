@@ -21,6 +21,7 @@ use kube::client::retry::RetryPolicy;
 use kube::client::{ClientBuilder, ConfigExt};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tower::retry::RetryLayer;
+use tower::util::MapRequestLayer;
 use tower::{BoxError, ServiceBuilder};
 
 pub use accounting::classify;
@@ -31,6 +32,10 @@ pub use rate_limit::RateLimit;
 /// after 30 s without reads and gives up after 15 s more).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How muster names itself to the API server (audit logs, request logs): kube-rs sends
+/// no User-Agent of its own.
+pub const USER_AGENT: &str = concat!("muster/", env!("CARGO_PKG_VERSION"));
 
 /// A client from an explicit kubeconfig, or the usual inference (in-cluster included).
 pub async fn client(kubeconfig: Option<&Path>, context: Option<String>, limit: RateLimit) -> Result<kube::Client> {
@@ -79,6 +84,7 @@ fn build(config: kube::Config, limit: RateLimit) -> Result<kube::Client> {
     let default_namespace = config.default_namespace.clone();
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .layer(MapRequestLayer::new(name_muster))
         .layer(accounting::AccountingLayer)
         .option_layer(
             config
@@ -91,4 +97,12 @@ fn build(config: kube::Config, limit: RateLimit) -> Result<kube::Client> {
         .map_err(BoxError::from)
         .service(transport);
     Ok(ClientBuilder::new(service, default_namespace).build())
+}
+
+fn name_muster<B>(mut request: http::Request<B>) -> http::Request<B> {
+    request
+        .headers_mut()
+        .entry(http::header::USER_AGENT)
+        .or_insert(http::HeaderValue::from_static(USER_AGENT));
+    request
 }

@@ -1,6 +1,6 @@
 //! The operator's HTTP endpoints: `/metrics` (Prometheus), `/healthz` (liveness: the
 //! process serves requests) and `/readyz` (readiness: its caches are filled, so it can
-//! lead at once).
+//! lead at once, and the admission webhook, where it runs, has a certificate to serve).
 //!
 //! Anything that reaches the port may connect, so the server bounds what a caller can
 //! hold: connections at once, time to send the request head, and a connection's life.
@@ -38,6 +38,9 @@ const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    /// The process serves the admission webhook: ready only once it has a certificate.
+    webhook: AtomicBool,
+    webhook_ready: AtomicBool,
 }
 
 impl Health {
@@ -45,8 +48,18 @@ impl Health {
         self.ready.store(true, Ordering::Relaxed);
     }
 
+    /// Readiness waits for the webhook's certificate too.
+    pub fn expect_webhook(&self) {
+        self.webhook.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_webhook_ready(&self) {
+        self.webhook_ready.store(true, Ordering::Relaxed);
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+            && (!self.webhook.load(Ordering::Relaxed) || self.webhook_ready.load(Ordering::Relaxed))
     }
 }
 
@@ -160,7 +173,10 @@ async fn respond(
         }
         "/healthz" | "/livez" if probes => text(StatusCode::OK, "ok\n".into()),
         "/readyz" if probes && health.is_ready() => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" if probes => text(StatusCode::SERVICE_UNAVAILABLE, "caches are not filled yet\n".into()),
+        "/readyz" if probes => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "caches are not filled yet, or the webhook has no certificate yet\n".into(),
+        ),
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
     }
 }
