@@ -51,6 +51,9 @@ pub struct Timeline {
     /// Gang names, longest first, to find the gang of a claim by its name's prefix.
     gangs: Vec<String>,
     pub last_progress: Instant,
+    /// Times the claim watch started over from a fresh list after the first: a claim
+    /// that changed meanwhile may have been reserved and unreserved unseen.
+    claim_relists: usize,
 }
 
 impl Timeline {
@@ -192,7 +195,17 @@ impl Timeline {
     /// Pods that ran although some claim of theirs never listed them in `reservedFor`
     /// (`pod/claim`): kube-scheduler and the kubelet rely on the reservation, and a
     /// claim without it may be deallocated or given to another pod.
+    ///
+    /// Empty when the claim watch started over during the phase: its history has a
+    /// gap, and a reservation inside the gap cannot be told from none.
     pub fn unreserved_running(&self) -> Vec<String> {
+        if self.claim_relists > 0 {
+            eprintln!(
+                "  the claim watch started over {} time(s): reservations not checked in this phase",
+                self.claim_relists
+            );
+            return Vec::new();
+        }
         let mut missing = Vec::new();
         for (uid, pod) in &self.pods {
             if pod.running.is_none() {
@@ -249,6 +262,7 @@ impl Recorder {
             claims: HashMap::new(),
             gangs,
             last_progress: Instant::now(),
+            claim_relists: 0,
         }));
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
@@ -274,8 +288,15 @@ impl Recorder {
         let claim_timeline = timeline.clone();
         let claim_task = tokio::spawn(async move {
             let mut events = watcher::watcher(claims, watcher::Config::default()).boxed();
+            let mut listed = false;
             loop {
                 match events.try_next().await {
+                    Ok(Some(Event::Init)) => {
+                        if listed {
+                            claim_timeline.lock().unwrap().claim_relists += 1;
+                        }
+                        listed = true;
+                    }
                     Ok(Some(Event::Apply(claim) | Event::InitApply(claim))) => {
                         claim_timeline.lock().unwrap().observe_claim(&claim, Instant::now());
                     }
