@@ -32,6 +32,10 @@ pub struct Spec {
     /// Groups whose success is the gang's (empty: every group).
     pub success_groups: Vec<String>,
     pub max_restarts: i32,
+    /// `failurePolicy.rules`, in order.
+    pub failure_rules: Vec<crate::failure::FailureRule>,
+    /// `failurePolicy.restartBackoff`.
+    pub restart_backoff: Option<crate::failure::Backoff>,
     pub ttl_seconds_after_finished: Option<i64>,
 }
 
@@ -86,6 +90,13 @@ pub struct PodView {
     pub deleting: bool,
     /// Why it failed, if it says.
     pub message: Option<String>,
+    /// How it failed, when the pod says more than that a container did: evicted,
+    /// preempted, past its deadline.
+    pub failure_kind: Option<crate::failure::FailureKind>,
+    /// Exit codes of its terminated containers, by container name.
+    pub exit_codes: Vec<(String, i32)>,
+    /// Its conditions, `(type, status)`.
+    pub conditions: Vec<(String, String)>,
 }
 
 impl PodView {
@@ -134,6 +145,8 @@ pub struct Gang<'a> {
     pub journal: Option<&'a Journal>,
     /// `status.restarts`: the attempt muster's pods of the current attempt carry.
     pub restarts: i32,
+    /// Of those, the restarts that count against `maxRestarts`.
+    pub counted_restarts: i32,
     /// When the gang succeeded or failed for good, if it did.
     pub finished_at: Option<Millis>,
     pub pods: &'a [PodView],

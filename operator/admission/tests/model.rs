@@ -37,6 +37,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use muster_admission::commit::{self, Placement};
+use muster_admission::failure;
 use muster_admission::{
     ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason, Record,
     Settings, Spec, State, decide,
@@ -143,6 +144,8 @@ struct WorkloadObj {
     journal: Option<Journal>,
     nomination: Option<Nomination>,
     restarts: i32,
+    /// Of `restarts`, those counted against `maxRestarts`.
+    counted_restarts: i32,
     finished_at: Option<i64>,
     rv: u64,
 }
@@ -569,6 +572,13 @@ impl Sim {
                 }],
                 success_groups: vec![],
                 max_restarts: rng.below(3) as i32,
+                // Some gangs restart without counting when a pod is lost, some fail at
+                // once when one fails, some wait before each restart.
+                failure_rules: failure_rules(&mut rng),
+                restart_backoff: rng.chance(30).then(|| failure::Backoff {
+                    initial: 500 + rng.below(2000) as i64,
+                    max: 4000,
+                }),
                 ttl_seconds_after_finished: None,
             };
             let rv = world.bump();
@@ -583,6 +593,7 @@ impl Sim {
                     journal: None,
                     nomination: None,
                     restarts: 0,
+                    counted_restarts: 0,
                     finished_at: None,
                     rv,
                 },
@@ -1180,6 +1191,9 @@ impl Sim {
                 node: p.node.clone(),
                 deleting: p.deleting,
                 message: None,
+                failure_kind: None,
+                exit_codes: vec![],
+                conditions: vec![],
             })
             .collect();
         let journal = w.journal.clone();
@@ -1235,6 +1249,7 @@ impl Sim {
             spec: &spec,
             journal: journal.as_ref(),
             restarts: w.restarts,
+            counted_restarts: w.counted_restarts,
             finished_at: w.finished_at,
             pods: &pods,
             claims: &claim_views,
@@ -1888,7 +1903,8 @@ impl Sim {
                     w.nomination = None;
                 }
                 if let Some(r) = record.restarts {
-                    w.restarts = r;
+                    w.restarts = r.total;
+                    w.counted_restarts = r.counted;
                 }
                 if record
                     .conditions
@@ -2512,4 +2528,31 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
         "model: {schedules} schedules, {steps} steps, 0 violations, in {:.1}s\nmodel: {stats:?}",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// A gang's failure policy rules, drawn at random: none, a lost pod restarting without
+/// counting, a failed pod failing the gang at once.
+fn failure_rules(rng: &mut Rng) -> Vec<failure::FailureRule> {
+    let rule = |action, kinds| failure::FailureRule {
+        name: None,
+        action,
+        exit_codes: None,
+        conditions: vec![],
+        kinds,
+        groups: vec![],
+    };
+    let mut rules = Vec::new();
+    if rng.chance(30) {
+        rules.push(rule(
+            failure::FailureAction::RestartUncounted,
+            vec![failure::FailureKind::PodLost, failure::FailureKind::NodeLost],
+        ));
+    }
+    if rng.chance(15) {
+        rules.push(rule(
+            failure::FailureAction::FailGang,
+            vec![failure::FailureKind::PodFailed],
+        ));
+    }
+    rules
 }

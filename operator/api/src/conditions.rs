@@ -88,6 +88,8 @@ pub const REASON_POD_LOST: &str = "PodLost";
 pub const REASON_NODE_LOST: &str = "NodeLost";
 /// The gang failed more often than `failurePolicy.maxRestarts` allows.
 pub const REASON_MAX_RESTARTS: &str = "MaxRestartsExceeded";
+/// A rule of `failurePolicy.rules` with action `FailGang` matched the failed pod.
+pub const REASON_FAILED_BY_RULE: &str = "FailedByRule";
 /// Every pod of the success groups succeeded.
 pub const REASON_SUCCEEDED: &str = "SucceededPodGroups";
 /// A restart finished: the new attempt runs.

@@ -261,6 +261,7 @@ impl Admission {
             spec: &spec,
             journal: journal.as_ref(),
             restarts: membership::attempt(workload),
+            counted_restarts: observe::counted_restarts(workload),
             finished_at: observe::finished_at(workload),
             pods: &pod_views,
             claims: &claim_views,

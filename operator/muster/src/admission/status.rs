@@ -47,7 +47,7 @@ pub(crate) struct ConditionUpdate {
 pub(crate) struct StatusUpdate {
     pub(crate) conditions: Vec<ConditionUpdate>,
     pub(crate) placement: Option<PlacementStatus>,
-    pub(crate) restarts: Option<i32>,
+    pub(crate) restarts: Option<muster_admission::Restarts>,
     pub(crate) nomination: NominationUpdate,
 }
 
@@ -212,8 +212,16 @@ impl Admission {
                 );
             }
             let placement = update.placement.clone();
-            let restarts = update.restarts.unwrap_or(current.restarts);
+            let restarts = update.restarts.map_or(current.restarts, |r| r.total);
             let mut status = json!({"conditions": owned, "restarts": restarts});
+            // Kept as is unless this write counts a restart: the field is this writer's.
+            if let Some(counted) = update
+                .restarts
+                .map(|r| r.counted)
+                .or(current.restarts_count_towards_max)
+            {
+                status["restartsCountTowardsMax"] = json!(counted);
+            }
             if let Some(placement) = placement {
                 status["placement"] = serde_json::to_value(placement).unwrap_or_default();
             }
