@@ -445,8 +445,13 @@ fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: Stri
             return fail(journal, gang.now, Reason::FailedByRule, message);
         }
         FailureAction::RestartGang if counted >= max => {
+            let uncounted = if restarts > counted {
+                format!(" ({} more not counted)", restarts - counted)
+            } else {
+                String::new()
+            };
             let message = format!(
-                "{message}; the gang was restarted {counted} times counting against failurePolicy.maxRestarts, which is {max}"
+                "{message}; the gang was restarted {counted} times{uncounted} and failurePolicy.maxRestarts is {max}"
             );
             return fail(journal, gang.now, Reason::MaxRestartsExceeded, message);
         }
