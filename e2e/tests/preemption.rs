@@ -7,8 +7,12 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use muster_api::v1alpha1::WorkloadPhase;
-use muster_e2e::scenario::{HIGH, LOW, NEVER, Test, allocations, assert_runs_as_planned, gang, with_test};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::api::{Api, PostParams};
+use muster_api::v1alpha1::{Workload, WorkloadPhase};
+use muster_e2e::scenario::{HIGH, LOW, MID, NEVER, Test, allocations, assert_runs_as_planned, gang, with_test};
+use muster_local_cluster::fleet::GPU_DRIVER;
+use muster_local_cluster::namespaces::{delete_namespace, namespace};
 use muster_local_cluster::wait;
 use serde_json::{Value, json};
 
@@ -329,6 +333,56 @@ async fn a_preemptor_whose_commit_fails_once_keeps_its_nomination_and_runs() -> 
                 .filter(|note| note.contains("allocated to another claim as well"))
                 .collect();
             ensure!(conflicts.is_empty(), "no gang gave way to a conflict: {conflicts:?}");
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// With `--preemption-scope=namespace`, a tenant's priority reaches only its own
+/// namespace: a gang of the lowest priority in another namespace runs on, and the gang
+/// of middle priority beside the preemptor is evicted instead (the whole cluster in
+/// reach, the lowest would have been).
+#[tokio::test]
+async fn a_namespace_scoped_preemptor_evicts_only_in_its_own_namespace() -> Result<()> {
+    with_test("preempt-scope", &["--preemption-scope=namespace"], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            let other = namespace(&test.client, "preempt-scope-b").await?;
+            let templates: Api<ResourceClaimTemplate> = Api::namespaced(test.client.clone(), &other);
+            templates
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": "eight-gpus"},
+                        "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": GPU_DRIVER, "count": 8}}]}}},
+                    }))?,
+                )
+                .await?;
+            let elsewhere: Api<Workload> = Api::namespaced(test.client.clone(), &other);
+            let phase_elsewhere = || async {
+                Ok::<_, anyhow::Error>(elsewhere.get("lowest").await?.status.and_then(|s| s.phase))
+            };
+            elsewhere
+                .create(&PostParams::default(), &serde_json::from_value(ranked("lowest", 2, LOW))?)
+                .await?;
+            test.create(ranked("beside", 2, MID)).await?;
+            test.wait_phase("beside", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            wait::until("the other tenant's gang to run", Duration::from_secs(60), || async {
+                Ok((phase_elsewhere().await? == Some(WorkloadPhase::Running)).then_some(()))
+            })
+            .await?;
+
+            test.create(ranked("urgent", 2, HIGH)).await?;
+            test.wait_admitted_reason("beside", "Preempted", Duration::from_secs(60))
+                .await?;
+            assert_runs_as_planned(test, "urgent").await?;
+            ensure!(
+                phase_elsewhere().await? == Some(WorkloadPhase::Running),
+                "the other tenant's gang runs on"
+            );
+            delete_namespace(&test.client, &other).await?;
             Ok(())
         })
     })

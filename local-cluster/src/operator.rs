@@ -22,7 +22,7 @@ pub fn muster_binary() -> Result<PathBuf> {
     };
     if !path.exists() {
         bail!(
-            "{} does not exist: build it first (cargo build -p muster) or set MUSTER_BIN",
+            "{} does not exist: build it first (cargo build -p muster --features faults) or set MUSTER_BIN",
             path.display()
         );
     }

@@ -29,6 +29,7 @@ mod ownership;
 mod pass;
 mod perform;
 mod preempt;
+pub mod preemption_scope;
 mod queue;
 pub mod release;
 pub mod request;
@@ -111,6 +112,8 @@ pub struct Settings {
     pub plan: PlanOptions,
     /// How pods outside muster are kept off the devices it plans with.
     pub fencing: Fencing,
+    /// Which gangs a gang of higher priority may evict.
+    pub preemption_scope: preemption_scope::PreemptionScope,
     /// With leader election: whether this process still leads, checked before every
     /// write.
     pub lease: Option<LeaseGuard>,
@@ -128,6 +131,7 @@ impl Default for Settings {
             fail: None,
             plan: PlanOptions::default(),
             fencing: Fencing::default(),
+            preemption_scope: preemption_scope::PreemptionScope::default(),
             lease: None,
         }
     }

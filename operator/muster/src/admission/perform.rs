@@ -48,7 +48,7 @@ pub(super) fn write_of(effect: &Effect) -> Option<Write> {
 
 impl Admission {
     pub(super) fn fault(&self, point: FaultPoint) {
-        if self.settings.fault == Some(point) {
+        if crate::ops::faults::COMPILED_IN && self.settings.fault == Some(point) {
             eprintln!("fault point {} reached: aborting", point.name());
             std::process::abort();
         }
@@ -98,7 +98,8 @@ impl Admission {
 
     /// A test's injected failure of `write`, the first time it is reached.
     pub(super) fn injected_failure(&self, write: FailWrite) -> Result<(), CommitError> {
-        if self.settings.fail != Some(write)
+        if !crate::ops::faults::COMPILED_IN
+            || self.settings.fail != Some(write)
             || !self
                 .passed
                 .lock()
@@ -114,6 +115,9 @@ impl Admission {
     /// [`Self::fault`], then a test's pause at `point`, if either is set.
     pub(super) async fn checkpoint(&self, point: FaultPoint) {
         self.fault(point);
+        if !crate::ops::faults::COMPILED_IN {
+            return;
+        }
         let Some(pause) = self.settings.pause.as_ref().filter(|p| p.point == point) else {
             return;
         };
@@ -567,7 +571,9 @@ impl Admission {
     /// A state machine's fault point: aborts (or pauses) at its first write only, so a
     /// restarted operator can get past it.
     pub(super) async fn transition_checkpoint(&self, point: FaultPoint) {
-        if self.settings.fault != Some(point) && self.settings.pause.as_ref().is_none_or(|p| p.point != point) {
+        if !crate::ops::faults::COMPILED_IN
+            || (self.settings.fault != Some(point) && self.settings.pause.as_ref().is_none_or(|p| p.point != point))
+        {
             return;
         }
         if self

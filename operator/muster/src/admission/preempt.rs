@@ -38,6 +38,7 @@ use muster_engine::preemption::{
 use muster_engine::resources::Resources;
 use tracing::{info, warn};
 
+use super::preemption_scope::PreemptionScope;
 use crate::ops::faults::FaultPoint;
 use crate::workload::observe;
 
@@ -397,9 +398,11 @@ impl Admission {
         }
         let policy = self.preemption_policy(workload);
         let preemptor = Preemptor { priority, policy };
-        if policy == PreemptionPolicy::Never {
+        let scope = self.settings.preemption_scope;
+        if policy == PreemptionPolicy::Never || scope == PreemptionScope::Off {
             return Ok(());
         }
+        let namespace = workload.namespace().unwrap_or_default();
         let request = match self.request(workload) {
             Ok(request) => request,
             Err(_) => return Ok(()),
@@ -411,6 +414,7 @@ impl Admission {
             .current_workloads()
             .iter()
             .filter(|w| w.metadata.deletion_timestamp.is_none() && key(w) != gang)
+            .filter(|w| scope.allows(&namespace, w.metadata.namespace.as_deref().unwrap_or_default()))
             .filter(|w| evictable(w) && self.kueue_object(w).is_not_queued())
             .filter(|w| self.priority(w) < priority)
             .map(|w| {

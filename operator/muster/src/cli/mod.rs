@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+
+use crate::admission::preemption_scope::PreemptionScope;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::ops::serve::{self, Endpoints, Health};
@@ -87,6 +89,11 @@ struct RunArgs {
     /// after reserving).
     #[arg(long, value_enum, default_value_t = crate::admission::fencing::Fencing::Taint)]
     fencing: crate::admission::fencing::Fencing,
+    /// Which gangs a gang of higher priority may evict: `cluster` (any namespace),
+    /// `namespace` (only its own) or `off` (no preemption, for example where Kueue owns
+    /// queueing and preemption).
+    #[arg(long, value_enum, default_value_t = PreemptionScope::Cluster)]
+    preemption_scope: PreemptionScope,
     /// Parallel API writes while reserving claims and releasing pods.
     #[arg(long, default_value_t = 64)]
     write_parallelism: usize,
@@ -187,6 +194,9 @@ struct PlanArgs {
     /// tolerate).
     #[arg(long, value_enum, default_value_t = crate::admission::fencing::Fencing::Taint)]
     fencing: crate::admission::fencing::Fencing,
+    /// Show what preemption would do as the operator's `--preemption-scope` allows it.
+    #[arg(long, value_enum, default_value_t = PreemptionScope::Cluster)]
+    preemption_scope: PreemptionScope,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -251,29 +261,7 @@ async fn run(args: RunArgs) -> Result<()> {
         burst: args.kube_api_burst,
     };
     let client = crate::ops::client::client(args.kubeconfig.as_deref(), args.context.clone(), limit).await?;
-    let fault = match std::env::var("MUSTER_FAULT_POINT") {
-        Ok(name) => Some(
-            crate::admission::FaultPoint::parse(&name)
-                .with_context(|| format!("unknown MUSTER_FAULT_POINT {name:?}"))?,
-        ),
-        Err(_) => None,
-    };
-    let pause = match std::env::var("MUSTER_PAUSE_POINT") {
-        Ok(name) => Some(crate::admission::Pause {
-            point: crate::admission::FaultPoint::parse(&name)
-                .with_context(|| format!("unknown MUSTER_PAUSE_POINT {name:?}"))?,
-            until: std::env::var("MUSTER_PAUSE_UNTIL")
-                .context("MUSTER_PAUSE_POINT needs MUSTER_PAUSE_UNTIL, the file whose creation ends the pause")?
-                .into(),
-        }),
-        Err(_) => None,
-    };
-    let fail = match std::env::var("MUSTER_FAIL_WRITE") {
-        Ok(name) => Some(
-            crate::admission::FailWrite::parse(&name).with_context(|| format!("unknown MUSTER_FAIL_WRITE {name:?}"))?,
-        ),
-        Err(_) => None,
-    };
+    let injected = crate::ops::faults::Injected::from_env()?;
     let settings = crate::cli::run::Settings {
         controller: controller::Settings {
             create_parallelism: args.create_parallelism,
@@ -286,9 +274,10 @@ async fn run(args: RunArgs) -> Result<()> {
             write_parallelism: args.write_parallelism,
             commit_parallelism: args.commit_parallelism,
             fencing: args.fencing,
-            fault,
-            pause,
-            fail,
+            preemption_scope: args.preemption_scope,
+            fault: injected.fault,
+            pause: injected.pause,
+            fail: injected.fail,
             ..crate::admission::Settings::default()
         },
         adopt_jobs: args.adopt_jobs,
@@ -441,7 +430,13 @@ fn plan(args: PlanArgs) -> Result<()> {
                 .join(", ")
         );
     }
-    let (report, details) = crate::cli::plan::plan(snapshot, &workloads, &args.namespace, args.fencing)?;
+    let (report, details) = crate::cli::plan::plan(
+        snapshot,
+        &workloads,
+        &args.namespace,
+        args.fencing,
+        args.preemption_scope,
+    )?;
     match args.output {
         PlanOutput::Human => print!("{}", crate::cli::plan::human(&report, &details)),
         PlanOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -20,6 +20,7 @@ use muster_engine::request::GangRequest;
 use serde::Serialize;
 
 use crate::admission::fencing::Fencing;
+use crate::admission::preemption_scope::PreemptionScope;
 use crate::admission::request::{ClaimSources, gang_request};
 use crate::convert;
 use crate::snapshot::Objects;
@@ -85,6 +86,7 @@ pub fn plan(
     workloads: &Objects,
     namespace: &str,
     fencing: Fencing,
+    scope: PreemptionScope,
 ) -> Result<(Report, Details), anyhow::Error> {
     let mut cluster = snapshot.take_cluster_state()?;
     // DeviceClasses that come with the Workloads (one mapping an extended resource, say)
@@ -151,7 +153,7 @@ pub fn plan(
         fencing.apply(&mut request);
         match placement::plan(&cluster, &request, &PlanOptions::default()) {
             Outcome::Unschedulable(why) => {
-                let preemption = would_preempt(&cluster, &snapshot, &claims, &classes, &workload, &request);
+                let preemption = would_preempt(&cluster, &snapshot, &claims, &classes, &workload, &request, scope);
                 report.workloads.push(WorkloadReport {
                     name,
                     feasible: false,
@@ -273,8 +275,10 @@ fn would_preempt(
     classes: &[PriorityClass],
     workload: &muster_api::Workload,
     request: &GangRequest,
+    scope: PreemptionScope,
 ) -> Option<PreemptionReport> {
     let preemptor = class_of(classes, workload.spec.priority_class_name.as_deref());
+    let own_namespace = workload.metadata.namespace.as_deref().unwrap_or_default();
     let gang_of = |meta: &ObjectMeta| -> Option<ObjectKey> {
         let name = meta.labels.as_ref()?.get(muster_api::labels::WORKLOAD)?;
         Some(ObjectKey::new(meta.namespace.as_deref().unwrap_or_default(), name))
@@ -282,7 +286,9 @@ fn would_preempt(
     let own = convert::object_key(workload);
     let mut candidates: BTreeMap<ObjectKey, PreemptionCandidate> = BTreeMap::new();
     for pod in snapshot.pods.iter().filter(|p| convert::pod_node(p).is_some()) {
-        let Some(gang) = gang_of(&pod.metadata).filter(|g| *g != own) else {
+        let Some(gang) = gang_of(&pod.metadata).filter(|g| {
+            *g != own && scope.allows(own_namespace, pod.metadata.namespace.as_deref().unwrap_or_default())
+        }) else {
             continue;
         };
         let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
@@ -465,7 +471,14 @@ spec:
     fn plans_in_order_assuming_earlier_workloads() {
         let snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
         let workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
-        let (report, details) = plan(snapshot, &workloads, "default", Fencing::Taint).unwrap();
+        let (report, details) = plan(
+            snapshot,
+            &workloads,
+            "default",
+            Fencing::Taint,
+            PreemptionScope::Cluster,
+        )
+        .unwrap();
         let first = &report.workloads[0];
         assert!(first.feasible);
         assert_eq!(first.pods[0].name, "first-w-0");
@@ -504,9 +517,23 @@ spec:
         let mut snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
         snapshot.extend(Objects::parse("rule.yaml", fence).unwrap());
         let workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
-        let (by_node, _) = plan(snapshot.clone(), &workloads, "default", Fencing::Taint).unwrap();
+        let (by_node, _) = plan(
+            snapshot.clone(),
+            &workloads,
+            "default",
+            Fencing::Taint,
+            PreemptionScope::Cluster,
+        )
+        .unwrap();
         assert_eq!(by_node.workloads[0].pods[0].node, "n2", "n1's GPUs are fenced off");
-        let (by_device, _) = plan(snapshot, &workloads, "default", Fencing::DeviceTaint).unwrap();
+        let (by_device, _) = plan(
+            snapshot,
+            &workloads,
+            "default",
+            Fencing::DeviceTaint,
+            PreemptionScope::Cluster,
+        )
+        .unwrap();
         assert_eq!(
             by_device.workloads[0].pods[0].node, "n1",
             "muster's claims tolerate the fence"
@@ -539,8 +566,9 @@ spec:
 
     #[test]
     fn a_workload_that_does_not_fit_shows_the_gangs_it_would_preempt() {
-        let snapshot = format!("{SNAPSHOT}{}{}", running("low", "n1", 10), running("busy", "n2", 5000));
-        let snapshot = Objects::parse("snap.yaml", &snapshot).unwrap();
+        let text = format!("{SNAPSHOT}{}{}", running("low", "n1", 10), running("busy", "n2", 5000));
+        let snapshot_again = || Objects::parse("snap.yaml", &text).unwrap();
+        let snapshot = snapshot_again();
         let workloads = r#"
 apiVersion: scheduling.k8s.io/v1
 kind: PriorityClass
@@ -564,7 +592,7 @@ spec:
     template: {spec: {containers: [{name: c}], resourceClaims: [{name: gpus, resourceClaimTemplateName: two}]}}
 "#;
         let workloads = Objects::parse("w.yaml", workloads).unwrap();
-        let (report, details) = plan(snapshot, &workloads, "default", Fencing::None).unwrap();
+        let (report, details) = plan(snapshot, &workloads, "default", Fencing::None, PreemptionScope::Cluster).unwrap();
         let urgent = &report.workloads[0];
         assert!(!urgent.feasible, "every GPU is taken");
         let preemption = urgent.preemption.as_ref().expect("a preemption");
@@ -578,5 +606,20 @@ spec:
         assert!(text.contains("would fit by preempting (in r1): default/low"), "{text}");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["workloads"][0]["preemption"]["victims"][0], "default/low");
+        // Kept to its namespace, or off, preemption reaches no one here: the victim is
+        // in the snapshot's namespace, the preemptor in another.
+        for scope in [PreemptionScope::Namespace, PreemptionScope::Off] {
+            let (report, _) = plan(snapshot_again(), &workloads, "team-b", Fencing::None, scope).unwrap();
+            assert!(report.workloads[0].preemption.is_none(), "{scope:?}");
+        }
+        let (report, _) = plan(
+            snapshot_again(),
+            &workloads,
+            "default",
+            Fencing::None,
+            PreemptionScope::Namespace,
+        )
+        .unwrap();
+        assert!(report.workloads[0].preemption.is_some(), "same namespace");
     }
 }

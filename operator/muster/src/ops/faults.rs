@@ -3,6 +3,9 @@
 //! (`MUSTER_PAUSE_UNTIL`), to change the cluster in the middle of a transition, and
 //! writes that `MUSTER_FAIL_WRITE` makes fail once, as a refused request would, to
 //! prove that the process itself recovers.
+//!
+//! Only a build with the `faults` feature (the end-to-end tests') reads them; a shipped
+//! build refuses to start when they are set, rather than ignore what was asked.
 
 use muster_admission::State;
 
@@ -129,6 +132,73 @@ impl FailWrite {
 pub struct Pause {
     pub point: FaultPoint,
     pub until: std::path::PathBuf,
+}
+
+/// The test hooks asked for through the environment.
+#[derive(Clone, Debug, Default)]
+pub struct Injected {
+    pub fault: Option<FaultPoint>,
+    pub pause: Option<Pause>,
+    pub fail: Option<FailWrite>,
+}
+
+/// Whether this build has fault points at all.
+pub const COMPILED_IN: bool = cfg!(feature = "faults");
+
+const VARIABLES: [&str; 4] = [
+    "MUSTER_FAULT_POINT",
+    "MUSTER_PAUSE_POINT",
+    "MUSTER_PAUSE_UNTIL",
+    "MUSTER_FAIL_WRITE",
+];
+
+/// A hook named in the environment that does not exist, or one set for a build without
+/// fault points.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectedError {
+    #[error("unknown {variable} {value:?}")]
+    Unknown { variable: &'static str, value: String },
+    #[error("MUSTER_PAUSE_POINT needs MUSTER_PAUSE_UNTIL, the file whose creation ends the pause")]
+    PauseWithoutEnd,
+    #[error("{0} is set, but this build has no fault points (build with --features faults)")]
+    NotCompiledIn(&'static str),
+}
+
+impl Injected {
+    pub fn from_env() -> Result<Self, InjectedError> {
+        let var = |name: &'static str| std::env::var(name).ok();
+        if !COMPILED_IN {
+            return match VARIABLES.into_iter().find(|v| var(v).is_some()) {
+                Some(variable) => Err(InjectedError::NotCompiledIn(variable)),
+                None => Ok(Injected::default()),
+            };
+        }
+        let point = |variable: &'static str| {
+            var(variable)
+                .map(|value| FaultPoint::parse(&value).ok_or(InjectedError::Unknown { variable, value }))
+                .transpose()
+        };
+        let pause = match point("MUSTER_PAUSE_POINT")? {
+            Some(point) => Some(Pause {
+                point,
+                until: var("MUSTER_PAUSE_UNTIL").ok_or(InjectedError::PauseWithoutEnd)?.into(),
+            }),
+            None => None,
+        };
+        let fail = var("MUSTER_FAIL_WRITE")
+            .map(|value| {
+                FailWrite::parse(&value).ok_or(InjectedError::Unknown {
+                    variable: "MUSTER_FAIL_WRITE",
+                    value,
+                })
+            })
+            .transpose()?;
+        Ok(Injected {
+            fault: point("MUSTER_FAULT_POINT")?,
+            pause,
+            fail,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,9 @@ pub struct WhyArgs {
     /// Plan with this fence, as the operator's `--fencing` does.
     #[arg(long, value_enum, default_value_t = crate::admission::fencing::Fencing::Taint)]
     fencing: crate::admission::fencing::Fencing,
+    /// Show what preemption would do as the operator's `--preemption-scope` allows it.
+    #[arg(long, value_enum, default_value_t = crate::admission::preemption_scope::PreemptionScope::Cluster)]
+    preemption_scope: crate::admission::preemption_scope::PreemptionScope,
     /// `json` or `yaml` print the plan as `muster plan -o json` does, with the gang's summary.
     #[arg(short, long, value_enum, default_value_t = Output::Table)]
     output: Output,

@@ -42,7 +42,7 @@ pub(super) async fn run(args: &WhyArgs) -> Result<String> {
             ..Objects::default()
         };
         asked.workloads.push(workload);
-        let (report, details) = plan::plan(cluster, &asked, &namespace, args.fencing)?;
+        let (report, details) = plan::plan(cluster, &asked, &namespace, args.fencing, args.preemption_scope)?;
         report
             .workloads
             .into_iter()
