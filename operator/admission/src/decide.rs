@@ -310,58 +310,77 @@ fn succeeded(gang: &Gang) -> Option<String> {
     all.then(|| format!("every pod of {} succeeded", groups.join(", ")))
 }
 
-/// Why the gang's core (its pods within minCount) cannot go on, if it cannot.
-/// The first core pod whose loss ends the attempt: why, in words, and what the failure
-/// policy's rules match on.
-fn core_failure(gang: &Gang, journal: &Journal) -> Option<(Reason, String, Failure)> {
+/// Why the gang's core (its pods within minCount) cannot go on, if it cannot: the first
+/// core pod whose loss ends the attempt gives the reason and the words; what the failure
+/// policy's rules match on is known of every core pod that failed or was lost.
+fn core_failure(gang: &Gang, journal: &Journal) -> Option<(Reason, String, Vec<Failure>)> {
+    let mut first: Option<(Reason, String)> = None;
+    let mut failures = Vec::new();
     for planned in journal.core() {
         let pod = gang.current_pods().find(|p| p.name == planned.name);
-        let facts = |kind: FailureKind| Failure {
-            group: pod.and_then(|p| p.group.clone()),
-            kind: Some(pod.and_then(|p| p.failure_kind).unwrap_or(kind)),
-            exit_codes: pod.map(|p| p.exit_codes.clone()).unwrap_or_default(),
-            conditions: pod.map(|p| p.conditions.clone()).unwrap_or_default(),
+        // A pod gone, deleted or replaced on a node that is gone lost its node.
+        let node_gone = gang.node(&planned.node) == NodeHealth::Gone;
+        let lost = if node_gone {
+            FailureKind::NodeLost
+        } else {
+            FailureKind::PodLost
         };
-        let problem = match pod {
+        let seen = |p: &PodView, kind: FailureKind| Failure {
+            group: p.group.clone(),
+            kind: Some(p.failure_kind.unwrap_or(kind)),
+            exit_codes: p.exit_codes.clone(),
+            conditions: p.conditions.clone(),
+        };
+        let (reason, message, failure) = match pod {
             None => (
                 Reason::PodLost,
                 format!("pod {} disappeared", planned.name),
-                facts(FailureKind::PodLost),
+                Failure {
+                    kind: Some(lost),
+                    ..Failure::default()
+                },
             ),
-            Some(p) if p.deleting => (
-                Reason::PodLost,
-                format!("pod {} is being deleted", planned.name),
-                facts(FailureKind::PodLost),
-            ),
-            Some(p) if p.gated => (
-                Reason::PodLost,
-                format!("pod {} was replaced", planned.name),
-                facts(FailureKind::PodLost),
-            ),
-            Some(p) if p.phase == Phase::Failed => {
+            // A pod that failed and is being deleted failed first.
+            Some(p) if p.phase == Phase::Failed && !p.gated => {
                 let why = p.message.as_deref().unwrap_or_default();
                 let message = format!("pod {} failed {why}", planned.name);
                 (
                     Reason::PodFailed,
                     message.trim().to_string(),
-                    facts(FailureKind::PodFailed),
+                    seen(p, FailureKind::PodFailed),
                 )
             }
+            Some(p) if p.deleting => (
+                Reason::PodLost,
+                format!("pod {} is being deleted", planned.name),
+                seen(p, lost),
+            ),
+            // What the replacement shows says nothing of how its predecessor ended.
+            Some(p) if p.gated => (
+                Reason::PodLost,
+                format!("pod {} was replaced", planned.name),
+                Failure {
+                    group: p.group.clone(),
+                    kind: Some(lost),
+                    ..Failure::default()
+                },
+            ),
             Some(p) => match p.node.as_deref().filter(|n| gang.node(n) == NodeHealth::Gone) {
                 Some(node) => (
                     Reason::NodeLost,
                     format!("node {node} of pod {} is gone", planned.name),
                     Failure {
                         kind: Some(FailureKind::NodeLost),
-                        ..facts(FailureKind::NodeLost)
+                        ..seen(p, FailureKind::NodeLost)
                     },
                 ),
                 None => continue,
             },
         };
-        return Some(problem);
+        first.get_or_insert((reason, message));
+        failures.push(failure);
     }
-    None
+    first.map(|(reason, message)| (reason, message, failures))
 }
 
 /// A released gang: success, failure and restarts, extras, and the scheduler's pace.
@@ -381,8 +400,8 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
             event(EventKind::Succeeded, false, "Finish", message),
         ]);
     }
-    if let Some((reason, message, failure)) = core_failure(gang, journal) {
-        return fail_or_restart(gang, journal, reason, message, &failure);
+    if let Some((reason, message, failures)) = core_failure(gang, journal) {
+        return fail_or_restart(gang, journal, reason, message, &failures);
     }
     let step = extras(gang, journal, settings);
     if step.record().is_some() {
@@ -433,11 +452,11 @@ fn fail(journal: &Journal, now: Millis, reason: Reason, message: String) -> Step
 /// A core pod failed or was lost: the failure policy's first matching rule decides
 /// whether the gang fails at once, restarts counting against `maxRestarts`, or restarts
 /// without counting; with no rule matching, the restart counts.
-fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: String, failure: &Failure) -> Step {
+fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: String, failures: &[Failure]) -> Step {
     let restarts = gang.restarts;
     let counted = gang.counted_restarts;
     let max = gang.spec.max_restarts;
-    let (action, rule) = failure::action_for(&gang.spec.failure_rules, failure);
+    let (action, rule) = failure::action_for(&gang.spec.failure_rules, failures);
     let by_rule = rule.map(|r| format!(" (failure policy rule {r})")).unwrap_or_default();
     match action {
         FailureAction::FailGang => {

@@ -44,7 +44,7 @@ pub struct FailureRule {
     pub name: Option<String>,
     pub action: FailureAction,
     pub exit_codes: Option<ExitCodes>,
-    /// `(type, status)` conditions the pod must all have.
+    /// `(type, status)` conditions, any one of which the pod must have; empty: any pod.
     pub conditions: Vec<(String, String)>,
     /// Kinds of failure, any of which matches; empty: any kind.
     pub kinds: Vec<FailureKind>,
@@ -71,7 +71,9 @@ impl FailureRule {
                 .as_ref()
                 .is_some_and(|g| self.groups.iter().any(|r| r == g));
         let kind = self.kinds.is_empty() || failure.kind.is_some_and(|k| self.kinds.contains(&k));
-        let conditions = self.conditions.iter().all(|wanted| failure.conditions.contains(wanted));
+        // As a Job's podFailurePolicy: any one of the listed conditions matches.
+        let conditions =
+            self.conditions.is_empty() || self.conditions.iter().any(|wanted| failure.conditions.contains(wanted));
         let exit_codes = self.exit_codes.as_ref().is_none_or(|codes| {
             failure
                 .exit_codes
@@ -85,13 +87,18 @@ impl FailureRule {
     }
 }
 
-/// The first rule that matches decides; none: a restart that counts. Returns the action
-/// and the name of the rule that chose it.
-pub fn action_for<'r>(rules: &'r [FailureRule], failure: &Failure) -> (FailureAction, Option<&'r str>) {
+/// The first rule, in order, that matches any of the failures decides (as JobSet's
+/// failure policy does: several pods often fail together, one for a reason a rule names
+/// and the others because their peer went away); none: a restart that counts. Returns
+/// the action and the rule that chose it (its name, else `rules[i]`).
+pub fn action_for(rules: &[FailureRule], failures: &[Failure]) -> (FailureAction, Option<String>) {
     rules
         .iter()
-        .find(|r| r.matches(failure))
-        .map_or((FailureAction::RestartGang, None), |r| (r.action, r.name.as_deref()))
+        .enumerate()
+        .find(|(_, r)| failures.iter().any(|f| r.matches(f)))
+        .map_or((FailureAction::RestartGang, None), |(i, r)| {
+            (r.action, Some(r.name.clone().unwrap_or_else(|| format!("rules[{i}]"))))
+        })
 }
 
 /// `restartBackoff`: the wait before the next attempt, doubling from `initial` with each
@@ -209,20 +216,68 @@ mod tests {
             kind: Some(FailureKind::NodeLost),
             ..Failure::default()
         };
+        let named = |n: &str| Some(n.to_string());
         assert_eq!(
-            action_for(&rules, &lost),
-            (FailureAction::RestartUncounted, Some("node-loss"))
+            action_for(&rules, std::slice::from_ref(&lost)),
+            (FailureAction::RestartUncounted, named("node-loss"))
         );
         assert_eq!(
-            action_for(&rules, &failed("w", &[("main", 1)])),
-            (FailureAction::FailGang, Some("any-node-or-bug"))
+            action_for(&rules, &[failed("w", &[("main", 1)])]),
+            (FailureAction::FailGang, named("any-node-or-bug"))
         );
         let evicted = Failure {
             kind: Some(FailureKind::Evicted),
             ..Failure::default()
         };
-        assert_eq!(action_for(&rules, &evicted), (FailureAction::RestartGang, None));
-        assert_eq!(action_for(&[], &lost), (FailureAction::RestartGang, None));
+        assert_eq!(
+            action_for(&rules, std::slice::from_ref(&evicted)),
+            (FailureAction::RestartGang, None)
+        );
+        assert_eq!(
+            action_for(&[], std::slice::from_ref(&lost)),
+            (FailureAction::RestartGang, None)
+        );
+    }
+
+    #[test]
+    fn a_rule_matching_any_failed_pod_decides_in_rule_order() {
+        // One worker exits 42 (a bug no restart mends); its peers fail after it with 1.
+        let fatal = FailureRule {
+            exit_codes: Some(ExitCodes {
+                container: None,
+                within: true,
+                values: vec![42],
+            }),
+            ..rule(FailureAction::FailGang)
+        };
+        let others = FailureRule {
+            kinds: vec![FailureKind::PodFailed],
+            ..rule(FailureAction::RestartUncounted)
+        };
+        let failures = [failed("w", &[("main", 1)]), failed("w", &[("main", 42)])];
+        assert_eq!(
+            action_for(&[fatal, others], &failures),
+            (FailureAction::FailGang, Some("rules[0]".to_string())),
+            "the first rule wins whichever pod it matches; unnamed, it is named by its place"
+        );
+    }
+
+    #[test]
+    fn any_listed_condition_matches_as_in_a_jobs_pod_failure_policy() {
+        let disrupted = FailureRule {
+            conditions: vec![
+                ("DisruptionTarget".into(), "True".into()),
+                ("ConfigIssue".into(), "True".into()),
+            ],
+            ..rule(FailureAction::RestartUncounted)
+        };
+        let with = |c: &str| Failure {
+            conditions: vec![(c.into(), "True".into())],
+            ..Failure::default()
+        };
+        assert!(disrupted.matches(&with("DisruptionTarget")));
+        assert!(disrupted.matches(&with("ConfigIssue")));
+        assert!(!disrupted.matches(&with("Ready")));
     }
 
     #[test]

@@ -493,13 +493,20 @@ fn a_preempted_gang_is_taken_apart_like_any_teardown_and_queued_saying_why() {
 /// A released gang of one pod, `restarts` restarts made and `counted` of them counted,
 /// whose pod has just failed with `failed`'s exit codes and conditions.
 fn failed_step(spec: &Spec, restarts: i32, counted: i32, failed: PodView) -> Step {
+    failed_step_on(spec, restarts, counted, failed, NodeHealth::Ready)
+}
+
+fn failed_step_on(spec: &Spec, restarts: i32, counted: i32, failed: PodView, node: NodeHealth) -> Step {
     let j = journal(
         State::Released,
         0,
         vec![planned("g-w-0", false, Some(0))],
         &["g-w-0-gpu"],
     );
-    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let nodes: BTreeMap<String, NodeHealth> = match node {
+        NodeHealth::Gone => BTreeMap::new(),
+        health => [("n1".to_string(), health)].into(),
+    };
     let pods = [failed];
     let claims = [claim("g-w-0-gpu", true, &["u0"])];
     let gang = Gang {
@@ -585,6 +592,32 @@ fn a_disruption_restarts_without_counting_even_with_no_restarts_left() {
             .iter()
             .any(|c| c.reason == Reason::MaxRestartsExceeded)
     );
+}
+
+#[test]
+fn a_pod_deleted_with_its_node_gone_lost_its_node_and_a_failed_pod_failed_first() {
+    let mut spec = spec(1, true);
+    spec.failure_rules = vec![
+        failure::FailureRule {
+            kinds: vec![failure::FailureKind::NodeLost],
+            ..rule(failure::FailureAction::RestartUncounted)
+        },
+        failure::FailureRule {
+            kinds: vec![failure::FailureKind::PodFailed],
+            ..rule(failure::FailureAction::FailGang)
+        },
+    ];
+    // Deleted by the taint manager or pod garbage collection once its node went away.
+    let mut deleted = pod("g-w-0", "u0", Some(0), false, Phase::Running, true);
+    deleted.deleting = true;
+    let s = failed_step_on(&spec, 0, 0, deleted, NodeHealth::Gone);
+    assert_eq!(recorded_state(&s), Some(Some(State::Restarting)), "{s:?}");
+    assert_eq!(s.record().unwrap().restarts, Some(Restarts { total: 1, counted: 0 }));
+    // A failed pod being deleted on a healthy node failed: the PodFailed rule applies.
+    let mut failed = pod("g-w-0", "u0", Some(0), false, Phase::Failed, true);
+    failed.deleting = true;
+    let s = failed_step(&spec, 0, 0, failed);
+    assert_eq!(recorded_state(&s), Some(Some(State::Finishing)), "{s:?}");
 }
 
 #[test]

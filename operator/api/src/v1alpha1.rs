@@ -279,9 +279,10 @@ pub struct FailurePolicy {
     #[serde(default)]
     #[schemars(range(min = 0, max = 1000))]
     pub max_restarts: i32,
-    /// What a failure does, by what failed: the first rule that matches the failed pod
-    /// decides; when none matches, the gang restarts and the restart counts against
-    /// `maxRestarts` (as without rules).
+    /// What a failure does, by what failed: the first rule, in order, that matches any
+    /// failed or lost pod of the gang's core (its pods within minCount) decides; when none
+    /// matches, the gang restarts and the restart counts against `maxRestarts` (as
+    /// without rules).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[x_kube(validation = Rule::new("self.all(r, !has(r.name) || self.exists_one(q, has(q.name) && q.name == r.name))").message("failurePolicy.rules[].name must be unique"))]
@@ -309,9 +310,9 @@ pub struct FailureRule {
     /// Matches a failed pod by the exit codes of its containers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_exit_codes: Option<OnExitCodes>,
-    /// Matches a pod that has every one of these conditions (for example
-    /// `DisruptionTarget`, which the API server and the kubelet set on pods they evict or
-    /// preempt).
+    /// Matches a pod that has any one of these conditions, as a Job's podFailurePolicy
+    /// does (for example `DisruptionTarget`, which the API server and the kubelet set on
+    /// pods they evict or preempt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 8))]
     pub on_pod_conditions: Option<Vec<OnPodCondition>>,

@@ -1159,13 +1159,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
     }
     let previous_reason = created_reason(current.as_ref());
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
-    // Only the fields this controller owns: the admission loop owns the rest.
-    let mut owned = serde_json::to_value(&desired).unwrap_or_default();
-    if let Some(map) = owned.as_object_mut() {
-        map.remove("placement");
-        map.remove("restarts");
-    }
-    let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned});
+    let patch = owned_status_patch(&desired);
     ensure_leading(ctx);
     let written = api
         .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
@@ -1304,9 +1298,37 @@ fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(delay)
 }
 
+/// The status patch of this controller: only the fields it owns. The admission loop owns
+/// the placement and the restart counts; a forced apply of a stale copy of them from
+/// this controller's cache would move them backwards.
+fn owned_status_patch(desired: &muster_api::WorkloadStatus) -> serde_json::Value {
+    let mut owned = serde_json::to_value(desired).unwrap_or_default();
+    if let Some(map) = owned.as_object_mut() {
+        for field in ["placement", "restarts", "restartsCountTowardsMax"] {
+            map.remove(field);
+        }
+    }
+    json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_patch_never_carries_what_the_admission_loop_owns() {
+        let status = muster_api::WorkloadStatus {
+            restarts: 1,
+            restarts_count_towards_max: Some(1),
+            placement: Some(Default::default()),
+            ..Default::default()
+        };
+        let patch = owned_status_patch(&status);
+        let owned = patch["status"].as_object().expect("a status");
+        for field in ["placement", "restarts", "restartsCountTowardsMax"] {
+            assert!(!owned.contains_key(field), "{field} in {patch}");
+        }
+    }
 
     #[test]
     fn gang_objects_of_any_owner_find_their_workload_by_label() {

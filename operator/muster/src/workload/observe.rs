@@ -250,6 +250,9 @@ fn failure_kind(pod: &Pod) -> Option<FailureKind> {
             Some(FailureKind::Evicted)
         }
         (Some("DeadlineExceeded"), _) => Some(FailureKind::DeadlineExceeded),
+        // The taint manager deletes pods of a node that stays NotReady or unreachable,
+        // and pod garbage collection those of a node that is gone.
+        (_, Some("DeletionByTaintManager" | "DeletionByPodGC")) => Some(FailureKind::NodeLost),
         _ => None,
     }
 }
@@ -294,7 +297,13 @@ pub fn pod(pod: &Pod) -> PodView {
         failure_kind: failure_kind(pod),
         exit_codes: status
             .iter()
-            .flat_map(|s| s.container_statuses.iter().flatten())
+            .flat_map(|s| {
+                // An init container that failed fails the pod as well.
+                s.container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.init_container_statuses.iter().flatten())
+            })
             .filter_map(|c| {
                 let code = c.state.as_ref()?.terminated.as_ref()?.exit_code;
                 Some((c.name.clone(), code))
