@@ -6,6 +6,7 @@ pub mod demo;
 pub mod kubectl;
 pub mod plan;
 pub mod run;
+pub mod table;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -357,18 +357,11 @@ pub fn human(report: &Report, details: &Details) -> String {
             workload.name,
             topology.map(|t| format!(" ({t})")).unwrap_or_default()
         );
-        let width = workload.pods.iter().map(|p| p.name.len()).max().unwrap_or(3).max(3);
-        let node_width = workload.pods.iter().map(|p| p.node.len()).max().unwrap_or(4).max(4);
-        let _ = writeln!(out, "  {:<width$}  {:<node_width$}  DEVICES", "POD", "NODE");
+        let mut pods = crate::cli::table::plain(vec!["POD", "NODE", "DEVICES"]);
         for pod in &workload.pods {
-            let _ = writeln!(
-                out,
-                "  {:<width$}  {:<node_width$}  {}",
-                pod.name,
-                pod.node,
-                summarize(&pod.devices)
-            );
+            pods.add_row(vec![pod.name.clone(), pod.node.clone(), summarize(&pod.devices)]);
         }
+        out.push_str(&crate::cli::table::indented(&pods, "  "));
         if let Some(unplaced) = details.unplaced.get(&workload.name) {
             let _ = writeln!(out, "  not placed (beyond minCount): {}", unplaced.join(", "));
         }

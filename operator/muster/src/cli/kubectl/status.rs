@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use comfy_table::{Table, presets};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use muster_api::v1alpha1::Workload;
@@ -34,17 +33,6 @@ pub(super) async fn run(args: &StatusArgs) -> Result<String> {
     }
 }
 
-/// Columns as kubectl prints them: upper-case headers, no borders, three spaces apart.
-pub(super) fn plain_table(header: Vec<&str>) -> Table {
-    let mut table = Table::new();
-    table.load_style(presets::NOTHING);
-    table.set_header(header);
-    for column in table.column_iter_mut() {
-        column.set_padding((0, 3));
-    }
-    table
-}
-
 fn table(gangs: &[GangSummary], namespaces: bool, wide: bool) -> String {
     if gangs.is_empty() {
         return "No gangs found.\n".into();
@@ -57,7 +45,7 @@ fn table(gangs: &[GangSummary], namespaces: bool, wide: bool) -> String {
     if wide {
         header.extend(["READY", "NODES", "RESTARTS", "IN STATE", "PRIORITY", "QUEUE", "MESSAGE"]);
     }
-    let mut table = plain_table(header);
+    let mut table = crate::cli::table::plain(header);
     for gang in gangs {
         let mut row = Vec::new();
         if namespaces {
