@@ -1315,3 +1315,129 @@ async fn a_gang_kueue_cannot_charge_yet_says_why_and_nine_groups_queue() -> Resu
     })
     .await
 }
+
+/// Kueue's waitForPodsReady hears when a running gang stops being ready: a restart says
+/// `PodsReady=False` (WaitForRecovery) at once, also while the restart waits its backoff
+/// on the reservation, and `True` again once the next attempt runs (issue 25, item 10).
+#[tokio::test]
+async fn a_restarting_gang_tells_kueue_its_pods_are_not_ready_until_they_run_again() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-pods-ready", &[], &[], |test| {
+        Box::pin(async move {
+            queues(test, 16, false).await?;
+            let mut workload = queued_gang("trainer", 2, None);
+            workload["spec"]["failurePolicy"] =
+                json!({"maxRestarts": 2, "restartBackoff": {"initialSeconds": 30, "maxSeconds": 30}});
+            test.create(workload).await?;
+            assert_runs_as_planned(test, "trainer").await?;
+            wait_kueue_condition(test, "trainer", "PodsReady", "True").await?;
+
+            let failed_at = std::time::Instant::now();
+            test.exit_pod("trainer-workers-0", 1).await?;
+            let object = wait_kueue_condition(test, "trainer", "PodsReady", "False").await?;
+            // The backoff keeps the gang Restarting for 30 s: hearing it sooner is hearing
+            // it from the restart, not from the next attempt's commit.
+            ensure!(
+                failed_at.elapsed() < Duration::from_secs(25),
+                "PodsReady=False only after {:?}",
+                failed_at.elapsed()
+            );
+            let reason = object.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "PodsReady")
+                .and_then(|c| c["reason"].as_str().map(String::from));
+            ensure!(reason.as_deref() == Some("WaitForRecovery"), "{reason:?}");
+            wait_kueue_condition(test, "trainer", "PodsReady", "True").await?;
+            assert_runs_as_planned(test, "trainer").await?;
+            usage_matches_devices(test, "team", &["trainer"], 16).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Two groups charged to two flavors whose node labels set the same key to different
+/// racks each run in the rack of their own flavor: not both in the last one, over its
+/// quota (issue 25, item 3).
+#[tokio::test]
+async fn groups_charged_to_different_flavors_run_on_their_own_flavors_nodes() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-flavors", &[], &[], |test| {
+        Box::pin(async move {
+            let rack = muster_local_cluster::fleet::RACK_LABEL;
+            let flavors = kueue_api(&test.client, "ResourceFlavor", "resourceflavors", None);
+            for (flavor, value) in [("muster-e2e-rack-a", "rack-0000"), ("muster-e2e-rack-b", "rack-0001")] {
+                let object: DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                    "metadata": {"name": flavor}, "spec": {"nodeLabels": {rack: value}},
+                }))?;
+                match flavors.create(&PostParams::default(), &object).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // One node's worth of GPUs in each flavor: the first group takes rack-a's,
+            // the second has to go to rack-b.
+            let flavor = |name: &str| {
+                json!({"name": name, "resources": [
+                    {"name": "cpu", "nominalQuota": "1000"},
+                    {"name": "memory", "nominalQuota": "10Ti"},
+                    {"name": GPU_RESOURCE, "nominalQuota": 8},
+                ]})
+            };
+            let queue: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                "metadata": {"name": format!("cq-{}-team", test.ns)},
+                "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                    "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+                    "flavors": [flavor("muster-e2e-rack-a"), flavor("muster-e2e-rack-b")],
+                }]},
+            }))?;
+            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+                .create(&PostParams::default(), &queue)
+                .await?;
+            let local: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                "metadata": {"name": "team"}, "spec": {"clusterQueue": format!("cq-{}-team", test.ns)},
+            }))?;
+            kueue_api(&test.client, "LocalQueue", "localqueues", Some(&test.ns))
+                .create(&PostParams::default(), &local)
+                .await?;
+
+            let mut workload = gang("split", 1, None);
+            workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+            workload["spec"].as_object_mut().context("spec")?.remove("topology");
+            let worker = workload["spec"]["podGroups"][1].clone();
+            let mut first = worker.clone();
+            first["name"] = json!("first");
+            let mut second = worker;
+            second["name"] = json!("second");
+            workload["spec"]["podGroups"] = json!([first, second]);
+            test.create(workload).await?;
+            wait_kueue_condition(test, "split", "Admitted", "True").await?;
+            let ran = assert_runs_as_planned(test, "split").await?;
+            let placement = ran.status.and_then(|s| s.placement).context("placement")?;
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(test.client.clone());
+            for (group, expected) in [("first", "rack-0000"), ("second", "rack-0001")] {
+                let planned = placement
+                    .pods
+                    .iter()
+                    .find(|p| p.name.starts_with(&format!("split-{group}-")))
+                    .with_context(|| format!("a pod of {group}"))?;
+                let node = nodes.get(&planned.node).await?;
+                let in_rack = node.labels().get(rack).cloned();
+                ensure!(
+                    in_rack.as_deref() == Some(expected),
+                    "{group} runs on {} in {in_rack:?}, not in its flavor's {expected}",
+                    planned.node
+                );
+            }
+            usage_matches_devices(test, "team", &["split"], 16).await?;
+            Ok(())
+        })
+    })
+    .await
+}

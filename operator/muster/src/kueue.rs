@@ -397,44 +397,76 @@ pub fn assignments(object: &DynamicObject) -> Vec<Assignment> {
     out
 }
 
-/// The nodes inside Kueue's decision: those carrying the node labels of every assigned
-/// flavor and, under TAS, lying in one of the assigned topology domains. `flavor_labels`:
-/// each flavor's `spec.nodeLabels`. `None`: nothing restricts the nodes.
-pub fn allowed_nodes<'n>(
+/// The node labels of each podSet's assigned flavors (`flavor_labels`: each flavor's
+/// `spec.nodeLabels`), by podSet: each group is planned on the nodes of its own flavors,
+/// so that two groups charged to different flavors run where they are charged.
+pub fn flavor_selectors(
     assignments: &[Assignment],
     flavor_labels: &BTreeMap<String, BTreeMap<String, String>>,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    assignments
+        .iter()
+        .map(|a| {
+            let labels = a
+                .flavors
+                .values()
+                .flat_map(|f| flavor_labels.get(f).into_iter().flatten())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (a.pod_set.clone(), labels)
+        })
+        .filter(|(_, labels): &(String, BTreeMap<String, String>)| !labels.is_empty())
+        .collect()
+}
+
+/// The first of the gang's planned pods (`(pod, node, group)`) on a node outside Kueue's
+/// decision — not among the `allowed` nodes of the assigned domains, or without a label
+/// of its group's flavors — in words. A node no longer known is not judged here.
+pub fn placed_outside<'n>(
+    pods: impl IntoIterator<Item = (&'n str, &'n str, Option<&'n str>)>,
+    node_labels: impl Fn(&str) -> Option<&'n BTreeMap<String, String>>,
+    allowed: Option<&BTreeSet<String>>,
+    selectors: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Option<String> {
+    pods.into_iter().find_map(|(pod, node, group)| {
+        let labels = node_labels(node)?;
+        if allowed.is_some_and(|a| !a.contains(node)) {
+            return Some(format!(
+                "pod {pod} runs on node {node}, outside the topology domains Kueue assigns now; placing the gang again"
+            ));
+        }
+        let wanted = selectors.get(group?)?;
+        let (key, value) = wanted.iter().find(|(k, v)| labels.get(*k) != Some(*v))?;
+        Some(format!(
+            "pod {pod} runs on node {node}, outside the flavor Kueue assigns its group now ({key}={value}); placing \
+             the gang again"
+        ))
+    })
+}
+
+/// The nodes inside Kueue's topology decision: under TAS, those lying in one of the
+/// assigned topology domains. `None`: no topology assignment restricts the nodes. (The
+/// flavors restrict each group on its own: [`flavor_selectors`].)
+pub fn allowed_nodes<'n>(
+    assignments: &[Assignment],
     nodes: impl Iterator<Item = (&'n str, &'n BTreeMap<String, String>)>,
 ) -> Option<BTreeSet<String>> {
-    let mut required: BTreeMap<&str, &str> = BTreeMap::new();
-    for assignment in assignments {
-        for flavor in assignment.flavors.values() {
-            for (k, v) in flavor_labels.get(flavor).into_iter().flatten() {
-                required.insert(k, v);
-            }
-        }
-    }
     let domains: Vec<(&[String], &[String])> = assignments
         .iter()
         .flat_map(|a| a.domains.iter().map(move |d| (a.levels.as_slice(), d.as_slice())))
         .collect();
-    if required.is_empty() && domains.is_empty() {
+    if domains.is_empty() {
         return None;
     }
     Some(
         nodes
-            .filter(|(_, labels)| {
-                required
-                    .iter()
-                    .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
-            })
             .filter(|(name, labels)| {
-                domains.is_empty()
-                    || domains.iter().any(|(levels, values)| {
-                        levels.iter().zip(values.iter()).all(|(level, value)| {
-                            labels.get(level) == Some(value)
-                                || (level.as_str() == "kubernetes.io/hostname" && *name == value.as_str())
-                        })
+                domains.iter().any(|(levels, values)| {
+                    levels.iter().zip(values.iter()).all(|(level, value)| {
+                        labels.get(level) == Some(value)
+                            || (level.as_str() == "kubernetes.io/hostname" && *name == value.as_str())
                     })
+                })
             })
             .map(|(name, _)| name.to_string())
             .collect(),
@@ -735,21 +767,69 @@ mod tests {
             ("node-4".to_string(), labels("rack-1", "a100")),
             ("node-5".to_string(), labels("rack-1", "h100")),
         ];
-        let allowed = allowed_nodes(&decoded, &flavors, nodes.iter().map(|(n, l)| (n.as_str(), l)));
+        let allowed = allowed_nodes(&decoded, nodes.iter().map(|(n, l)| (n.as_str(), l)));
         assert_eq!(
             allowed,
-            Some(["node-3".to_string()].into()),
-            "in a domain and of the flavor"
+            Some(["node-3".to_string(), "node-4".to_string()].into()),
+            "in a domain"
+        );
+        assert_eq!(
+            flavor_selectors(&decoded, &flavors),
+            [("workers".to_string(), [("gpu".to_string(), "h100".to_string())].into())].into(),
+            "and on the nodes of its flavor"
         );
         let plain = object(json!({"status": {"admission": {"podSetAssignments": [{"name": "w", "flavors": {}}]}}}));
         assert_eq!(
-            allowed_nodes(
-                &assignments(&plain),
-                &flavors,
-                nodes.iter().map(|(n, l)| (n.as_str(), l))
-            ),
+            allowed_nodes(&assignments(&plain), nodes.iter().map(|(n, l)| (n.as_str(), l))),
             None
         );
+    }
+
+    #[test]
+    fn a_placement_outside_the_current_assignment_is_named() {
+        let labels = |rack: &str| -> BTreeMap<String, String> { [("rack".to_string(), rack.to_string())].into() };
+        let nodes: BTreeMap<String, BTreeMap<String, String>> =
+            [("n1".to_string(), labels("r1")), ("n2".to_string(), labels("r2"))].into();
+        let selectors: BTreeMap<String, BTreeMap<String, String>> = [("workers".to_string(), labels("r2"))].into();
+        let lookup = |n: &str| nodes.get(n);
+        let pods = [("w-0", "n2", Some("workers")), ("w-1", "n1", Some("workers"))];
+        let outside = placed_outside(pods, lookup, None, &selectors).expect("w-1 is outside");
+        assert!(
+            outside.contains("pod w-1 runs on node n1") && outside.contains("rack=r2"),
+            "{outside}"
+        );
+        assert_eq!(placed_outside([pods[0]], lookup, None, &selectors), None);
+        let allowed: BTreeSet<String> = ["n1".to_string()].into();
+        let outside = placed_outside([pods[0]], lookup, Some(&allowed), &selectors).expect("n2 not allowed");
+        assert!(outside.contains("topology domains"), "{outside}");
+        // A group Kueue gives no flavor labels, or a node gone, is not judged.
+        assert_eq!(
+            placed_outside([("l-0", "n1", Some("launcher"))], lookup, None, &selectors),
+            None
+        );
+        assert_eq!(
+            placed_outside([("w-0", "gone", Some("workers"))], lookup, None, &selectors),
+            None
+        );
+    }
+
+    #[test]
+    fn each_podset_keeps_its_own_flavors_labels() {
+        // Two groups charged on different flavors that set the same key: each keeps its
+        // own value rather than the last one overwriting the first (issue 25, item 3).
+        let admitted = object(json!({"status": {"admission": {"podSetAssignments": [
+            {"name": "trainers", "flavors": {"example.com/gpu": "h100"}},
+            {"name": "evaluators", "flavors": {"example.com/gpu": "a100"}},
+            {"name": "shared-claims", "flavors": {"example.com/gpu": "a100"}},
+        ]}}}));
+        let flavors: BTreeMap<String, BTreeMap<String, String>> = [
+            ("h100".to_string(), [("gpu".to_string(), "h100".to_string())].into()),
+            ("a100".to_string(), [("gpu".to_string(), "a100".to_string())].into()),
+        ]
+        .into();
+        let selectors = flavor_selectors(&assignments(&admitted), &flavors);
+        assert_eq!(selectors["trainers"]["gpu"], "h100");
+        assert_eq!(selectors["evaluators"]["gpu"], "a100");
     }
 
     #[test]

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use muster_api::conditions;
 use muster_api::v1alpha1::AdmissionState as State;
-use muster_api::v1alpha1::Workload;
+use muster_api::v1alpha1::{PlacementStatus, Workload};
+use muster_api::{conditions, labels};
 use tracing::{debug, info, warn};
 
 use crate::admission::{Admission, CommitError, key, placement_of};
@@ -93,8 +93,8 @@ impl Admission {
         }
     }
 
-    /// The nodes inside Kueue's decision for a gang it admitted or reserved quota for:
-    /// the nodes of the assigned flavors and topology domains. `None`: not restricted.
+    /// The nodes inside Kueue's topology decision for a gang it admitted or reserved
+    /// quota for: the nodes of the assigned topology domains. `None`: not restricted.
     pub(crate) fn kueue_allowed_nodes(
         &self,
         workload: &Workload,
@@ -104,8 +104,12 @@ impl Admission {
         // The podSet that only charges shared claims places no pod.
         let mut assignments = kueue::assignments(&object);
         assignments.retain(|a| workload.spec.pod_groups.iter().any(|g| g.name == a.pod_set));
-        let flavor_labels: BTreeMap<String, BTreeMap<String, String>> = self
-            .stores
+        kueue::allowed_nodes(&assignments, cluster.nodes().map(|n| (n.name.as_str(), &n.labels)))
+    }
+
+    /// Each ResourceFlavor's `spec.nodeLabels`, by flavor.
+    fn flavor_labels(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        self.stores
             .kueue_flavors
             .iter()
             .flat_map(|s| s.state())
@@ -118,11 +122,64 @@ impl Admission {
                     .collect();
                 (f.name_any(), labels)
             })
+            .collect()
+    }
+
+    /// Puts each group inside the flavors Kueue assigned to its own podSet: their node
+    /// labels join the group's node selector, as Kueue's job integrations inject them
+    /// into a pod set's template. A label the group selects with another value leaves it
+    /// nowhere to go, which the plan then says.
+    pub(crate) fn apply_kueue_flavors(&self, workload: &Workload, request: &mut muster_engine::request::GangRequest) {
+        let Some(object) = self.kueue_object(workload).seen() else {
+            return;
+        };
+        let selectors = kueue::flavor_selectors(&kueue::assignments(&object), &self.flavor_labels());
+        for group in &mut request.groups {
+            for (key, value) in selectors.get(&group.name).into_iter().flatten() {
+                match group.shape.node_selector.get(key) {
+                    Some(own) if own != value => {
+                        // No node can carry both values: a selector no node satisfies.
+                        group
+                            .shape
+                            .node_selector
+                            .insert(key.clone(), format!("{own} and {value}"));
+                    }
+                    _ => {
+                        group.shape.node_selector.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first planned pod of the gang on a node outside Kueue's current decision for
+    /// it (its group's flavors, the assigned topology domains), in words.
+    fn placed_outside_kueue(&self, workload: &Workload, placement: &PlacementStatus) -> Option<String> {
+        let object = self.kueue_object(workload).seen()?;
+        let assignments = kueue::assignments(&object);
+        if assignments.is_empty() {
+            return None;
+        }
+        let cluster = self.index.snapshot();
+        let allowed = self.kueue_allowed_nodes(workload, &cluster);
+        let selectors = kueue::flavor_selectors(&assignments, &self.flavor_labels());
+        let groups: BTreeMap<String, String> = self
+            .gang_pods(workload)
+            .iter()
+            .filter_map(|p| Some((p.name_any(), p.labels().get(labels::POD_GROUP)?.clone())))
             .collect();
-        kueue::allowed_nodes(
-            &assignments,
-            &flavor_labels,
-            cluster.nodes().map(|n| (n.name.as_str(), &n.labels)),
+        let pods = placement.pods.iter().map(|p| {
+            (
+                p.name.as_str(),
+                p.node.as_str(),
+                groups.get(&p.name).map(String::as_str),
+            )
+        });
+        kueue::placed_outside(
+            pods,
+            |node| cluster.node(node).map(|n| &n.labels),
+            allowed.as_ref(),
+            &selectors,
         )
     }
 
@@ -291,7 +348,19 @@ impl Admission {
             return self.say_waiting(workload, &verdict).await;
         }
 
-        // Every claim reserved: muster's check is ready, and Kueue admits the gang.
+        // Every claim reserved: muster's check is ready, and Kueue admits the gang; but
+        // only for a placement inside Kueue's current decision. A running gang that got a
+        // new Kueue Workload (its label added, or the old one recreated) may have been
+        // placed outside the flavors or domains Kueue charges now: Retry makes Kueue
+        // evict it, and muster places it again inside them.
+        if matches!(journal, Some(State::Reserved | State::Released))
+            && let Some(placement) = placement_of(workload)
+            && let Some(outside) = self.placed_outside_kueue(workload, placement)
+        {
+            return self
+                .answer_check(workload, "Retry", &outside, Some(super::queue::KUEUE_RETRY_SECONDS))
+                .await;
+        }
         if matches!(journal, Some(State::Reserved | State::Released))
             && let Some(placement) = placement_of(workload)
         {
@@ -306,20 +375,21 @@ impl Admission {
             return Ok(());
         }
 
-        // Admitted and placed: Kueue's waitForPodsReady wants to hear when it runs.
-        if matches!(journal, Some(State::Released | State::Reserved | State::Reserving)) {
-            let min_counts: BTreeMap<String, i32> = workload
-                .spec
-                .pod_groups
-                .iter()
-                .map(|g| (g.name.clone(), g.min_count()))
-                .collect();
-            let ready = journal == Some(State::Released) && kueue::gang_ready(&self.gang_pods(workload), &min_counts);
-            if let Some(patch) = kueue::pods_ready_patch(object, ready, &now) {
-                self.ensure_leading();
-                api.patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
-                    .await?;
-            }
+        // Admitted: Kueue's waitForPodsReady wants to hear when the gang runs, and when it
+        // stops running (a restart, a gang placed again from the queue), whatever the
+        // admission state: a True left standing would keep Kueue from ever evicting a
+        // restarted gang that no longer fits.
+        let min_counts: BTreeMap<String, i32> = workload
+            .spec
+            .pod_groups
+            .iter()
+            .map(|g| (g.name.clone(), g.min_count()))
+            .collect();
+        let ready = journal == Some(State::Released) && kueue::gang_ready(&self.gang_pods(workload), &min_counts);
+        if let Some(patch) = kueue::pods_ready_patch(object, ready, &now) {
+            self.ensure_leading();
+            api.patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
+                .await?;
         }
         Ok(())
     }

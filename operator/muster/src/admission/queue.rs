@@ -28,6 +28,9 @@ use super::{Admission, CommitError, Held, Waiting, key, placement_of};
 /// How long Kueue waits before it gives quota again to a gang whose devices muster could
 /// not reserve inside Kueue's decision.
 pub(super) const KUEUE_RETRY_SECONDS: i64 = 15;
+/// Kueue's requeue for a gang that would not fit even on the emptied cluster as it is
+/// now, or whose request the cluster may still mend.
+pub(super) const KUEUE_RETRY_NEVER_FIT_SECONDS: i64 = 60;
 
 /// What came of planning a queued gang: a plan, and what the starvation rule needs to
 /// know when it does not fit.
@@ -345,6 +348,7 @@ impl Admission {
         let mut request = gang_request(workload, &extended, &sources, &pods)?;
         // muster's pods or claims tolerate the fence that keeps others off the devices.
         self.settings.fencing.apply(&mut request);
+        self.apply_kueue_flavors(workload, &mut request);
         Ok(request)
     }
 
@@ -369,7 +373,14 @@ impl Admission {
                         .await?;
                 }
                 // Kueue would hold the quota for it with the check pending, for ever.
-                self.answer_check(workload, "Rejected", &message, None).await?;
+                // Rejected deactivates the Kueue Workload for good: only for a spec that
+                // is wrong; anything the cluster may still mend is retried.
+                if e.is_permanent() {
+                    self.answer_check(workload, "Rejected", &message, None).await?;
+                } else {
+                    self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_NEVER_FIT_SECONDS))
+                        .await?;
+                }
                 return Ok(Attempt::Done(Admit::Invalid));
             }
         };
@@ -467,13 +478,17 @@ impl Admission {
                     .await;
                 }
                 // Kueue reserved quota and asked: not now (it requeues the gang and
-                // frees the quota meanwhile), or never.
-                if reach.is_some() {
-                    self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_SECONDS))
-                        .await?;
+                // frees the quota meanwhile). Not even on the emptied cluster is judged
+                // on the nodes, slices and taints of the moment — a driver rollout, a
+                // drained pool or a maintenance taint passes — so it is retried too,
+                // less often; Rejected would deactivate the gang for good.
+                let retry_after = if reach.is_some() {
+                    KUEUE_RETRY_SECONDS
                 } else {
-                    self.answer_check(workload, "Rejected", &message, None).await?;
-                }
+                    KUEUE_RETRY_NEVER_FIT_SECONDS
+                };
+                self.answer_check(workload, "Retry", &message, Some(retry_after))
+                    .await?;
                 Ok(Attempt::Done(Admit::DoesNotFit { reach }))
             }
             Outcome::Placed(plan) => {

@@ -48,6 +48,13 @@ pub enum RequestError {
 }
 
 impl RequestError {
+    /// Whether the Workload itself is wrong, for good: its spec cannot change, so no
+    /// change of the cluster mends it. A missing template may still be created, and pods
+    /// of a group that differ (a rollout under way) may become alike again.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, RequestError::Spec(_) | RequestError::Convert(_))
+    }
+
     /// Whether the gang only waits for an object to appear, rather than being wrong.
     pub fn is_waiting(&self) -> bool {
         matches!(
