@@ -1418,7 +1418,10 @@ async fn groups_charged_to_different_flavors_run_on_their_own_flavors_nodes() ->
             workload["spec"]["podGroups"] = json!([first, second]);
             test.create(workload).await?;
             wait_kueue_condition(test, "split", "Admitted", "True").await?;
-            let ran = assert_runs_as_planned(test, "split").await?;
+            // Two racks, so not `assert_runs_as_planned`, which expects one.
+            let ran = test
+                .wait_phase("split", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
             let placement = ran.status.and_then(|s| s.placement).context("placement")?;
             let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(test.client.clone());
             for (group, expected) in [("first", "rack-0000"), ("second", "rack-0001")] {
