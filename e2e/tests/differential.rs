@@ -740,7 +740,7 @@ fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[St
         &format!("ResourceClaim {claim_key}"),
         &claim.spec.clone().unwrap_or_default(),
     )?;
-    let shape = muster::convert::pod_shape(&format!("Pod {pod_key}"), &pod.spec.clone().unwrap_or_default())?;
+    let shape = muster::convert::pod_shape(&format!("Pod {pod_key}"), pod)?;
     let options = PlanOptions::default();
     let mut views = Vec::new();
     for form in [Form::Shared, Form::Own] {
@@ -756,20 +756,14 @@ fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[St
                             spec: spec.clone(),
                             allocation: None,
                         }],
-                        PodInstance {
-                            key: pod_key.clone(),
-                            claims: vec![],
-                        },
+                        PodInstance::new(pod_key.clone(), vec![]),
                     )
                 }
                 Form::Own => {
                     shape.claims = vec![spec.clone()];
                     (
                         vec![],
-                        PodInstance {
-                            key: pod_key.clone(),
-                            claims: vec![PodClaim::unallocated(claim_key.clone())],
-                        },
+                        PodInstance::new(pod_key.clone(), vec![PodClaim::unallocated(claim_key.clone())]),
                     )
                 }
             };

@@ -207,6 +207,7 @@ impl Admission {
                     pod,
                     node: p.node.clone(),
                     requests,
+                    traits: Default::default(),
                 }
             })
             .collect();
