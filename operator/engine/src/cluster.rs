@@ -430,6 +430,12 @@ impl ClusterState {
         self.versions.shared = self.versions.tick;
     }
 
+    /// One past the largest node id given out: per-node vectors of this length hold
+    /// every node.
+    pub(crate) fn node_id_bound(&self) -> usize {
+        self.node_ids.len()
+    }
+
     /// Changes when anything that decides what fits on `node` changes.
     pub(crate) fn node_version(&self, id: usize) -> (u64, u64) {
         (self.versions.nodes.get(id).copied().unwrap_or(0), self.versions.shared)

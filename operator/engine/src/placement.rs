@@ -335,6 +335,8 @@ enum Trial {
 
 struct Candidate {
     node: std::sync::Arc<Node>,
+    /// The node's id in the cluster state.
+    id: usize,
     /// Index of the node's value of the required label in the node index.
     domain: usize,
 }
@@ -516,9 +518,9 @@ impl<'a> Planner<'a> {
                         self.push_room(0, 0, free_devices, None);
                         continue;
                     }
-                    match self.constraints.node_room(g, node) {
+                    match self.constraints.node_room(g, *id, node) {
                         Ok(NodeRoom { cap, why }) if cap < room => {
-                            self.push_room(cap, room, free_devices, why.map(Arc::from));
+                            self.push_room(cap, room, free_devices, why);
                             if cap == 0 {
                                 why_not.get_or_insert_with(|| "no room left by pod constraints".into());
                             }
@@ -540,6 +542,7 @@ impl<'a> Planner<'a> {
                 }
                 self.candidates.push(Candidate {
                     node: node.clone(),
+                    id: *id,
                     domain,
                 });
             }
@@ -938,14 +941,14 @@ impl<'a> Planner<'a> {
 
     /// What the constraints that span nodes allow group `g` on those of `nodes` where it
     /// has room, with the constraint.
-    fn domain_bound(&self, nodes: &[usize], g: usize) -> Option<(usize, String)> {
+    fn domain_bound(&self, nodes: &[usize], g: usize) -> Option<(usize, constraints::DomainBound<'_>)> {
         if !self.constraints.active() {
             return None;
         }
-        let with_room: Vec<&Node> = nodes
+        let with_room: Vec<(usize, &Node)> = nodes
             .iter()
             .filter(|n| self.room(**n, g) > 0)
-            .map(|n| self.candidates[*n].node.as_ref())
+            .map(|n| (self.candidates[*n].id, self.candidates[*n].node.as_ref()))
             .collect();
         self.constraints.domain_room(g, &with_room)
     }
@@ -1032,22 +1035,23 @@ impl<'a> Planner<'a> {
                 let mut order = Vec::new();
                 for bucket in buckets {
                     let mut nodes: Vec<usize> = bucket.iter().copied().filter(|n| self.room(*n, g) > 0).collect();
-                    // Hints (preferred terms, ScheduleAnyway spread) first, then tightest.
-                    let hint = |n: usize| {
-                        if self.constraints.has_hints() {
-                            self.constraints.hint(g, &self.candidates[n].node)
-                        } else {
-                            0
-                        }
+                    // Tightest first; with hints (preferred terms, ScheduleAnyway
+                    // spread), the preferred first.
+                    let tightest = |a: &usize, b: &usize| {
+                        let key = |n: usize| (self.room(n, g), self.free_devices[n * self.gang.groups.len() + g]);
+                        key(*a)
+                            .cmp(&key(*b))
+                            .then_with(|| self.candidates[*a].node.name.cmp(&self.candidates[*b].node.name))
                     };
-                    nodes.sort_by_cached_key(|n| {
-                        (
-                            std::cmp::Reverse(hint(*n)),
-                            self.room(*n, g),
-                            self.free_devices[*n * self.gang.groups.len() + g],
-                            self.candidates[*n].node.name.clone(),
-                        )
-                    });
+                    if self.constraints.has_hints() {
+                        let hints: BTreeMap<usize, i64> = nodes
+                            .iter()
+                            .map(|n| (*n, self.constraints.hint(g, &self.candidates[*n].node)))
+                            .collect();
+                        nodes.sort_by(|a, b| hints[b].cmp(&hints[a]).then_with(|| tightest(a, b)));
+                    } else {
+                        nodes.sort_by(tightest);
+                    }
                     order.extend(nodes);
                 }
                 order
@@ -1311,7 +1315,10 @@ impl<'a> Planner<'a> {
             if !fixed_allocations_allow(pod, node) {
                 continue;
             }
-            let chosen_volumes = match self.constraints.admit(&state.occupancy, g, index, node) {
+            let chosen_volumes = match self
+                .constraints
+                .admit(&state.occupancy, g, index, self.candidates[n].id, node)
+            {
                 Ok(chosen) => chosen,
                 Err(refusal) => {
                     if refusal.lasting {
@@ -1505,7 +1512,9 @@ impl<'a> Planner<'a> {
         }
         // A bound over the domain says more than the nodes' own.
         let why: BTreeSet<String> = match self.domain_bound(&domain.nodes, g) {
-            Some((bound, constraint)) if bound < self.slice_room(&domain.nodes, g) => [constraint].into(),
+            Some((bound, constraint)) if bound < self.slice_room(&domain.nodes, g) => {
+                [constraint.describe(bound)].into()
+            }
             _ => domain
                 .nodes
                 .iter()

@@ -22,6 +22,7 @@
 //! that node alone must stay within `maxSkew`), which is checked too.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -37,7 +38,25 @@ use crate::selector;
 /// (`usize::MAX`: no bound from them), and which constraint set that bound.
 pub(super) struct NodeRoom {
     pub(super) cap: usize,
-    pub(super) why: Option<String>,
+    pub(super) why: Option<Arc<str>>,
+}
+
+/// A constraint that bounds a group's pods over several nodes.
+pub(super) enum DomainBound<'c> {
+    /// One pod per value of this key.
+    AntiAffinity(&'c str),
+    /// The free volumes of this class the nodes reach.
+    Volumes(&'c str),
+}
+
+impl DomainBound<'_> {
+    /// The constraint, as it bounds the group to `count` pods.
+    pub(super) fn describe(&self, count: usize) -> String {
+        match self {
+            DomainBound::AntiAffinity(key) => format!("anti-affinity on {key}"),
+            DomainBound::Volumes(class) => format!("the {count} free PersistentVolumes of class {class:?} there"),
+        }
+    }
 }
 
 /// Why one pod may not join a node now.
@@ -109,8 +128,11 @@ struct GroupRules<'a> {
     spread: Vec<Spread<'a>>,
     /// Groups whose host ports clash with this group's (itself included if it has any).
     port_clash: Vec<usize>,
-    /// Keys on which at most one pod of the group fits per value.
-    one_per: Vec<usize>,
+    /// Keys on which at most one pod of the group fits per value, with the constraint
+    /// for explanations.
+    one_per: Vec<(usize, Arc<str>)>,
+    /// "host port …" when the group's pods have host ports (one per node).
+    port_bound: Option<Arc<str>>,
     hints: Vec<Hint>,
     /// Pods of the group with nodes of their own to avoid.
     avoiding: bool,
@@ -327,7 +349,13 @@ impl<'a> Constraints<'a> {
             let port_clash = (0..gang.groups.len())
                 .filter(|h| ports_conflict(&rules.host_ports, &gang.groups[*h].shape.rules.host_ports))
                 .collect();
-            let one_per = anti.iter().filter(|t| t.groups.contains(&g)).map(|t| t.key).collect();
+            let one_per = rules
+                .anti_affinity
+                .iter()
+                .zip(&anti)
+                .filter(|(_, t)| t.groups.contains(&g))
+                .map(|(term, t)| (t.key, Arc::from(format!("anti-affinity on {}", term.topology_key))))
+                .collect();
             let mut hints = Vec::new();
             for (weighted, sign) in rules
                 .preferred_affinity
@@ -378,6 +406,7 @@ impl<'a> Constraints<'a> {
                 spread,
                 port_clash,
                 one_per,
+                port_bound: rules.host_ports.first().map(|p| Arc::from(format!("host port {p}"))),
                 hints,
                 avoiding: group.pods.iter().any(|p| avoid.pod_nodes.contains_key(&p.key)),
             });
@@ -430,7 +459,7 @@ impl<'a> Constraints<'a> {
 
     /// What running pods and volumes allow group `g` on `node`: `Err` why none of its pods
     /// may go there.
-    pub(super) fn node_room(&self, g: usize, node: &Node) -> Result<NodeRoom, String> {
+    pub(super) fn node_room(&self, g: usize, id: usize, node: &Node) -> Result<NodeRoom, String> {
         let mut room = NodeRoom {
             cap: usize::MAX,
             why: None,
@@ -473,7 +502,7 @@ impl<'a> Constraints<'a> {
             }
             room = NodeRoom {
                 cap: 1,
-                why: Some(format!("host port {}", ports[0])),
+                why: rules.port_bound.clone(),
             };
         }
         if !has_spread_keys(&rules.shape.rules, node) {
@@ -490,16 +519,15 @@ impl<'a> Constraints<'a> {
                 .unwrap_or_default();
             return Err(format!("no {key} label (topology spread)"));
         }
-        for key in &rules.one_per {
-            let key = &self.keys[*key];
-            if node.labels.contains_key(key) && room.cap > 1 {
+        for (key, why) in &rules.one_per {
+            if node.labels.contains_key(&self.keys[*key]) && room.cap > 1 {
                 room = NodeRoom {
                     cap: 1,
-                    why: Some(format!("anti-affinity on {key}")),
+                    why: Some(why.clone()),
                 };
             }
         }
-        let (cap, why) = self.volumes.node_room(g, node)?;
+        let (cap, why) = self.volumes.node_room(g, id, node)?;
         if cap < room.cap {
             room = NodeRoom { cap, why };
         }
@@ -517,29 +545,26 @@ impl<'a> Constraints<'a> {
 
     /// A bound of group `g`'s pods over `nodes` (those where it has room) from
     /// constraints that span nodes, with the constraint that sets it.
-    pub(super) fn domain_room(&self, g: usize, nodes: &[&Node]) -> Option<(usize, String)> {
+    pub(super) fn domain_room(&self, g: usize, nodes: &[(usize, &Node)]) -> Option<(usize, DomainBound<'_>)> {
         if !self.active {
             return None;
         }
         let rules = &self.groups[g];
-        let mut best: Option<(usize, String)> = None;
-        for key in &rules.one_per {
+        let mut best: Option<(usize, DomainBound<'_>)> = None;
+        for (key, _) in &rules.one_per {
             let key = &self.keys[*key];
-            if nodes.iter().any(|n| !n.labels.contains_key(key)) {
+            if nodes.iter().any(|(_, n)| !n.labels.contains_key(key)) {
                 continue;
             }
-            let values: BTreeSet<&String> = nodes.iter().filter_map(|n| n.labels.get(key)).collect();
+            let values: BTreeSet<&String> = nodes.iter().filter_map(|(_, n)| n.labels.get(key)).collect();
             if best.as_ref().is_none_or(|(b, _)| values.len() < *b) {
-                best = Some((values.len(), format!("anti-affinity on {key}")));
+                best = Some((values.len(), DomainBound::AntiAffinity(key)));
             }
         }
         if let Some((count, class)) = self.volumes.domain_room(g, nodes.iter().copied())
             && best.as_ref().is_none_or(|(b, _)| count < *b)
         {
-            best = Some((
-                count,
-                format!("the {count} free PersistentVolumes of class {class:?} there"),
-            ));
+            best = Some((count, DomainBound::Volumes(class)));
         }
         best
     }
@@ -589,6 +614,7 @@ impl<'a> Constraints<'a> {
         occupancy: &Occupancy,
         g: usize,
         index: usize,
+        id: usize,
         node: &Node,
     ) -> Result<Vec<String>, Refusal> {
         if !self.active {
@@ -692,7 +718,7 @@ impl<'a> Constraints<'a> {
             }
         }
         self.volumes
-            .place(g, index, node, &occupancy.volumes)
+            .place(g, index, id, node, &occupancy.volumes)
             .map_err(|r| refuse(r.reason, true))
     }
 

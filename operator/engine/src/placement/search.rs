@@ -257,10 +257,13 @@ impl<'a> Planner<'a> {
         if of_group >= self.room(n, member.group) {
             return Ok(Attempt::NoRoom);
         }
-        let Ok(chosen_volumes) = self
-            .constraints
-            .admit(&layout.occupancy, member.group, member.index, node)
-        else {
+        let Ok(chosen_volumes) = self.constraints.admit(
+            &layout.occupancy,
+            member.group,
+            member.index,
+            self.candidates[n].id,
+            node,
+        ) else {
             return Ok(Attempt::NoRoom);
         };
         let mut members = before.members.clone();

@@ -6,7 +6,9 @@
 //! kube-scheduler does; a `ReadWriteOncePod` claim in use refuses the pod; and CSI
 //! volumes count against the node's attach limits (NodeVolumeLimits).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -14,7 +16,7 @@ use crate::cluster::{ClusterState, Node};
 use crate::key::ObjectKey;
 use crate::request::GangRequest;
 use crate::selector::{NodeSelector, Operator};
-use crate::storage::{Offer, Pv, Pvc, matching_volume};
+use crate::storage::{Offer, Pv, Pvc, StorageClass, matching_volume};
 
 /// Why the gang cannot be placed on any node because of a pod's claims.
 pub(super) type VolumeError = String;
@@ -47,8 +49,20 @@ struct Pools<'a> {
     /// Pools a node may reach, by one `key In (values)` requirement every term of their
     /// affinity has: only those with the node's value need checking.
     by_label: FxHashMap<(&'a str, &'a str), Vec<usize>>,
+    /// The keys `by_label` uses.
+    index_keys: Vec<&'a str>,
+    /// When every pool's affinity is only `key In (values)` of one key: the pools each
+    /// value of it reaches, as bits, and the key.
+    by_value: Option<(&'a str, FxHashMap<&'a str, u64>)>,
     /// Pools without such a requirement: always checked.
     unindexed: Vec<usize>,
+    /// Per node id, the pools it reaches as bits, once known (up to 64 pools).
+    reach: RefCell<Vec<Option<u64>>>,
+    /// The claim's class, if it can create volumes (then a node it provisions for needs
+    /// no static volume).
+    provisioning: Option<&'a StorageClass>,
+    /// "free PersistentVolumes of class …", for explanations.
+    why: Arc<str>,
 }
 
 impl<'a> Pools<'a> {
@@ -83,18 +97,93 @@ impl<'a> Pools<'a> {
                 None => unindexed.push(i),
             }
         }
+        let nodes = if pools.len() <= 64 { cluster.node_id_bound() } else { 0 };
+        let mut index_keys: Vec<&str> = by_label.keys().map(|(key, _)| *key).collect();
+        index_keys.sort_unstable();
+        index_keys.dedup();
+        let only_index = |selector: &NodeSelector| {
+            selector.terms.iter().all(|t| {
+                t.match_fields.is_empty() && matches!(t.match_expressions.as_slice(), [r] if r.operator == Operator::In)
+            })
+        };
+        let by_value = match index_keys.as_slice() {
+            [key]
+                if pools.len() <= 64
+                    && unindexed.is_empty()
+                    && pools.iter().all(|(s, _)| s.is_some_and(only_index)) =>
+            {
+                let mut masks: FxHashMap<&str, u64> = FxHashMap::default();
+                for ((_, value), reached) in &by_label {
+                    *masks.entry(*value).or_default() |= reached.iter().fold(0u64, |m, i| m | (1 << i));
+                }
+                Some((*key, masks))
+            }
+            _ => None,
+        };
         Pools {
             pools,
             by_label,
+            index_keys,
+            by_value,
             unindexed,
+            reach: RefCell::new(vec![None; nodes]),
+            provisioning: cluster
+                .storage()
+                .class(&claim.class)
+                .filter(|c| !c.provisioner.is_empty() && c.provisioner != crate::storage::NO_PROVISIONER),
+            why: Arc::from(format!("free PersistentVolumes of class {:?}", claim.class)),
+        }
+    }
+
+    /// Whether the claim's class creates volumes for a node with `labels`.
+    fn provisions(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.provisioning.is_some_and(|c| c.provisions_for(labels))
+    }
+
+    /// The pools node `id` with `labels` reaches, as bits (`None` past 64 pools).
+    fn mask(&self, id: usize, labels: &BTreeMap<String, String>) -> Option<u64> {
+        let mut reach = self.reach.borrow_mut();
+        let slot = reach.get_mut(id)?;
+        if let Some(mask) = slot {
+            return Some(*mask);
+        }
+        if let Some((key, masks)) = &self.by_value {
+            let mask = labels
+                .get(*key)
+                .and_then(|v| masks.get(v.as_str()))
+                .copied()
+                .unwrap_or(0);
+            *slot = Some(mask);
+            return Some(mask);
+        }
+        let mut mask = 0u64;
+        let mut consider = |i: usize| {
+            if mask & (1 << i) == 0 && self.pools[i].0.is_none_or(|s| s.matches("", labels)) {
+                mask |= 1 << i;
+            }
+        };
+        self.unindexed.iter().for_each(|i| consider(*i));
+        for key in &self.index_keys {
+            if let Some(pools) = labels.get(*key).and_then(|v| self.by_label.get(&(*key, v.as_str()))) {
+                pools.iter().for_each(|i| consider(*i));
+            }
+        }
+        *slot = Some(mask);
+        Some(mask)
+    }
+
+    fn pools_of(&self, id: usize, labels: &BTreeMap<String, String>) -> Vec<usize> {
+        match self.mask(id, labels) {
+            Some(mask) => (0..self.pools.len()).filter(|i| mask & (1 << i) != 0).collect(),
+            None => self.reachable(labels),
         }
     }
 
     /// Indices of the pools whose volumes a node with `labels` reaches.
     fn reachable(&self, labels: &BTreeMap<String, String>) -> Vec<usize> {
         let mut found: Vec<usize> = self.unindexed.clone();
-        for (key, value) in labels {
-            if let Some(pools) = self.by_label.get(&(key.as_str(), value.as_str())) {
+        for key in &self.index_keys {
+            if let Some(pools) = labels.get(*key).and_then(|v| self.by_label.get(&(*key, v.as_str()))) {
                 found.extend(pools);
             }
         }
@@ -104,26 +193,37 @@ impl<'a> Pools<'a> {
         found
     }
 
-    /// The smallest volume reachable from a node with `labels` not `taken`.
-    fn smallest_free(&self, labels: &BTreeMap<String, String>, taken: &FxHashSet<&str>) -> Option<&'a Pv> {
-        self.reachable(labels)
+    /// The smallest volume reachable from node `id` with `labels` not `taken`.
+    fn smallest_free(&self, id: usize, labels: &BTreeMap<String, String>, taken: &FxHashSet<&str>) -> Option<&'a Pv> {
+        self.pools_of(id, labels)
             .into_iter()
             .filter_map(|i| self.pools[i].1.iter().find(|v| !taken.contains(v.name.as_str())))
             .min_by(|a, b| a.capacity.cmp(&b.capacity).then_with(|| a.name.cmp(&b.name)))
             .copied()
     }
 
-    /// How many volumes a node with `labels` reaches.
-    fn count(&self, labels: &BTreeMap<String, String>) -> usize {
-        self.reachable(labels).into_iter().map(|i| self.pools[i].1.len()).sum()
+    /// How many volumes node `id` with `labels` reaches.
+    fn count(&self, id: usize, labels: &BTreeMap<String, String>) -> usize {
+        match self.mask(id, labels) {
+            Some(mask) => (0..self.pools.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| self.pools[i].1.len())
+                .sum(),
+            None => self.reachable(labels).into_iter().map(|i| self.pools[i].1.len()).sum(),
+        }
     }
 
-    /// How many distinct volumes the nodes with these label sets reach.
-    fn count_over<'l>(&self, labels: impl Iterator<Item = &'l BTreeMap<String, String>>) -> usize {
+    /// How many distinct volumes these nodes reach.
+    fn count_over<'n>(&self, nodes: impl Iterator<Item = (usize, &'n Node)>) -> usize {
+        let mut mask = 0u64;
         let mut pools: FxHashSet<usize> = FxHashSet::default();
-        for labels in labels {
-            pools.extend(self.reachable(labels));
+        for (id, node) in nodes {
+            match self.mask(id, &node.labels) {
+                Some(m) => mask |= m,
+                None => pools.extend(self.reachable(&node.labels)),
+            }
         }
+        pools.extend((0..self.pools.len().min(64)).filter(|i| mask & (1 << i) != 0));
         pools.into_iter().map(|i| self.pools[i].1.len()).sum()
     }
 }
@@ -165,6 +265,10 @@ pub(super) struct GangVolumes<'a> {
     /// Per group, per late claim slot (as the first pod orders them): the pools, when every
     /// pod's claim in that slot asks the same and no volume is meant for one of them.
     slots: Vec<Vec<Option<Pools<'a>>>>,
+    /// Per group: whether no pod has claims, and whether every pod has the same bound
+    /// volumes.
+    empty: Vec<bool>,
+    alike_bound: Vec<bool>,
     /// Per node with attach limits: the CSI volumes its pods use, by driver.
     attached: FxHashMap<&'a str, FxHashMap<String, FxHashSet<String>>>,
     /// Whether any pod has claims.
@@ -286,9 +390,23 @@ impl<'a> GangVolumes<'a> {
                 attached.insert(node.name.as_str(), by_driver);
             }
         }
+        let empty = pods.iter().map(|g| g.iter().all(PodVolumes::is_empty)).collect();
+        let alike_bound = pods
+            .iter()
+            .map(|group: &Vec<PodVolumes<'_>>| {
+                group.first().is_none_or(|first| {
+                    group.iter().all(|p| {
+                        p.bound.len() == first.bound.len()
+                            && p.bound.iter().zip(&first.bound).all(|(a, b)| a.1.name == b.1.name)
+                    })
+                })
+            })
+            .collect();
         Ok(GangVolumes {
             cluster,
             own_taken,
+            empty,
+            alike_bound,
             pods,
             slots,
             attached,
@@ -313,13 +431,7 @@ impl<'a> GangVolumes<'a> {
     /// Whether every pod of the group has the same bound volumes (one claim they share,
     /// or none): then what they allow holds for the whole group.
     fn bound_alike(&self, group: usize) -> bool {
-        let pods = &self.pods[group];
-        pods.first().is_none_or(|first| {
-            pods.iter().all(|p| {
-                p.bound.len() == first.bound.len()
-                    && p.bound.iter().zip(&first.bound).all(|(a, b)| a.1.name == b.1.name)
-            })
-        })
+        self.alike_bound[group]
     }
 
     /// Why a pod's bound volumes do not allow `node`.
@@ -344,11 +456,11 @@ impl<'a> GangVolumes<'a> {
     /// What the group's volumes allow on `node` for any of its pods: `Err` why none can
     /// go there, or how many could at most (`usize::MAX`: no bound from volumes) and what
     /// bounds them.
-    pub(super) fn node_room(&self, group: usize, node: &Node) -> Result<(usize, Option<String>), String> {
+    pub(super) fn node_room(&self, group: usize, id: usize, node: &Node) -> Result<(usize, Option<Arc<str>>), String> {
         let Some(first) = self.pods[group].first() else {
             return Ok((usize::MAX, None));
         };
-        if self.pods[group].iter().all(PodVolumes::is_empty) {
+        if self.empty[group] {
             return Ok((usize::MAX, None));
         }
         if self.bound_alike(group)
@@ -359,25 +471,24 @@ impl<'a> GangVolumes<'a> {
         let mut room = (usize::MAX, None);
         for (slot, pools) in self.slots[group].iter().enumerate() {
             let Some(pools) = pools else { continue };
-            let claim = first.late[slot];
-            if self.provisions(claim, node) {
+            if pools.provisions(&node.labels) {
                 continue;
             }
-            let count = pools.count(&node.labels);
+            let count = pools.count(id, &node.labels);
             if count == 0 {
-                return Err(format!("no free PersistentVolume of class {:?}", claim.class));
+                return Err(format!(
+                    "no free PersistentVolume of class {:?}",
+                    first.late[slot].class
+                ));
             }
             if count < room.0 {
-                room = (
-                    count,
-                    Some(format!("free PersistentVolumes of class {:?}", claim.class)),
-                );
+                room = (count, Some(pools.why.clone()));
             }
         }
         if let Some((limit_room, driver)) = self.attach_room(group, node)?
             && limit_room < room.0
         {
-            room = (limit_room, Some(format!("the attach limit of {driver}")));
+            room = (limit_room, Some(Arc::from(format!("the attach limit of {driver}"))));
         }
         Ok(room)
     }
@@ -423,19 +534,19 @@ impl<'a> GangVolumes<'a> {
     pub(super) fn domain_room<'n>(
         &self,
         group: usize,
-        nodes: impl Iterator<Item = &'n Node> + Clone,
-    ) -> Option<(usize, String)> {
+        nodes: impl Iterator<Item = (usize, &'n Node)> + Clone,
+    ) -> Option<(usize, &'a str)> {
         let first = self.pods[group].first()?;
-        let mut best: Option<(usize, String)> = None;
+        let mut best: Option<(usize, &'a str)> = None;
         for (slot, pools) in self.slots[group].iter().enumerate() {
             let Some(pools) = pools else { continue };
             let claim = first.late[slot];
-            if nodes.clone().any(|n| self.provisions(claim, n)) {
+            if nodes.clone().any(|(_, n)| pools.provisions(&n.labels)) {
                 continue;
             }
-            let count = pools.count_over(nodes.clone().map(|n| &n.labels));
+            let count = pools.count_over(nodes.clone());
             if best.as_ref().is_none_or(|(b, _)| count < *b) {
-                best = Some((count, claim.class.clone()));
+                best = Some((count, claim.class.as_str()));
             }
         }
         best
@@ -459,6 +570,7 @@ impl<'a> GangVolumes<'a> {
         &self,
         group: usize,
         index: usize,
+        id: usize,
         node: &Node,
         held: &VolumesHeld,
     ) -> Result<Vec<String>, VolumeRefusal> {
@@ -497,7 +609,7 @@ impl<'a> GangVolumes<'a> {
                 .collect();
             let found = match self.slots[group].get(slot).and_then(Option::as_ref) {
                 Some(pools) if pod.late.len() == self.pods[group][0].late.len() => {
-                    pools.smallest_free(&node.labels, &taken)
+                    pools.smallest_free(id, &node.labels, &taken)
                 }
                 _ => matching_volume(
                     claim,
