@@ -411,6 +411,12 @@ pub fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &
                 constraint
             })
             .collect();
+        // A key and action go together once.
+        let mut seen = BTreeSet::new();
+        let constraints: Vec<Value> = constraints
+            .into_iter()
+            .filter(|c| seen.insert((c["topologyKey"].to_string(), c["whenUnsatisfiable"].to_string())))
+            .collect();
         if constraints.iter().any(|c| c["whenUnsatisfiable"] == "DoNotSchedule") {
             scene.features.insert("topology spread");
         }

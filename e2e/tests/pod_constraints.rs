@@ -1,0 +1,429 @@
+//! Gangs whose pods carry what kube-scheduler checks besides devices: volumes, inter-pod
+//! anti-affinity, topology spread and host ports. muster plans with them, so the pods it
+//! releases are bound where it planned them; an invariant checker runs beside each test.
+//!
+//! The volumes are static PersistentVolumes with node affinity and classes without a
+//! provisioner (kwok mounts nothing: binding is all there is to it); each worker gets its
+//! own claim through a generic ephemeral volume, which kube-controller-manager creates
+//! when muster creates the pod.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use muster_api::v1alpha1::WorkloadPhase;
+use muster_e2e::scenario::{Test, with_test};
+use muster_local_cluster::fleet::{FleetSpec, NodeTopology, RACK_LABEL, ZONE_LABEL, create_or_keep};
+use muster_local_cluster::wait;
+use serde_json::{Value, json};
+
+const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// A gang of one group of `workers` pods with one GPU each and `spec` merged into their
+/// template's spec (and `labels` into its labels).
+fn workers(name: &str, workers: i32, labels: Value, spec: Value) -> Value {
+    let mut template_spec = json!({
+        "containers": [{
+            "name": "main",
+            "image": "trainer",
+            "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpu"}]},
+        }],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+    });
+    for (key, value) in spec.as_object().cloned().unwrap_or_default() {
+        if key == "ports" {
+            template_spec["containers"][0]["ports"] = value;
+        } else {
+            template_spec[key] = value;
+        }
+    }
+    json!({
+        "apiVersion": "muster.dev/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name},
+        "spec": {"podGroups": [{
+            "name": "workers",
+            "replicas": workers,
+            "template": {"metadata": {"labels": labels}, "spec": template_spec},
+        }]},
+    })
+}
+
+async fn one_gpu_template(test: &Test) -> Result<()> {
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(test.client.clone(), &test.ns);
+    templates
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "one-gpu"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}},
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Pod name → node of the gang's bound pods.
+async fn nodes_of(test: &Test, name: &str) -> Result<BTreeMap<String, String>> {
+    test.gang_pods(name)
+        .await?
+        .into_iter()
+        .map(|p: Pod| {
+            let node = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .context("a bound pod")?;
+            Ok((p.metadata.name.unwrap_or_default(), node))
+        })
+        .collect()
+}
+
+async fn label_of(test: &Test, node: &str, key: &str) -> Result<String> {
+    let nodes: Api<Node> = Api::all(test.client.clone());
+    let node = nodes.get(node).await?;
+    Ok(node
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .get(key)
+        .cloned()
+        .unwrap_or_default())
+}
+
+/// A StorageClass without a provisioner, named after the test's namespace.
+async fn storage_class(test: &Test, suffix: &str, mode: &str) -> Result<String> {
+    let name = format!("{}-{suffix}", test.ns);
+    let classes: Api<StorageClass> = Api::all(test.client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": mode,
+            }))?,
+        )
+        .await?;
+    Ok(name)
+}
+
+/// A 100Gi volume of `class` that nodes with `key=value` reach, labelled with the test.
+async fn volume(test: &Test, name: &str, class: &str, key: &str, value: &str, zone: Option<&str>) -> Result<()> {
+    let volumes: Api<PersistentVolume> = Api::all(test.client.clone());
+    let mut labels = json!({"e2e.muster.dev/test": test.ns});
+    if let Some(zone) = zone {
+        labels[ZONE_LABEL] = json!(zone);
+    }
+    volumes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "storageClassName": class,
+                    "capacity": {"storage": "100Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "local": {"path": format!("/mnt/{name}")},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]},
+                    ]}},
+                },
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Deletes the test's volumes and its StorageClasses.
+async fn remove_storage(test: &Test, classes: &[&str]) -> Result<()> {
+    let volumes: Api<PersistentVolume> = Api::all(test.client.clone());
+    volumes
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("e2e.muster.dev/test={}", test.ns)),
+        )
+        .await?;
+    let storage: Api<StorageClass> = Api::all(test.client.clone());
+    for class in classes {
+        storage.delete(class, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
+
+/// An ephemeral volume `data` of `class`: one claim per pod.
+fn data_volume(class: &str) -> Value {
+    json!([{"name": "data", "ephemeral": {"volumeClaimTemplate": {"spec": {
+        "storageClassName": class,
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "10Gi"}},
+    }}}}])
+}
+
+/// Two GPU nodes of their own in zone `zone` (rack and block of their own too), fenced
+/// like the fleet's.
+async fn zone_nodes(test: &Test, zone: &str) -> Result<Vec<String>> {
+    let fleet = FleetSpec::default().fenced();
+    let nodes: Api<Node> = Api::all(test.client.clone());
+    let slices: Api<ResourceSlice> = Api::all(test.client.clone());
+    let mut names = Vec::new();
+    for i in 0..2 {
+        let topology = NodeTopology {
+            name: format!("{zone}-{i}"),
+            zone: zone.into(),
+            block: format!("block-{zone}"),
+            rack: format!("rack-{zone}"),
+        };
+        create_or_keep(&nodes, &fleet.node(&topology)?).await?;
+        create_or_keep(&slices, &fleet.resource_slice(&topology)?).await?;
+        names.push(topology.name);
+    }
+    Ok(names)
+}
+
+#[tokio::test]
+async fn claims_bound_to_zonal_volumes_take_the_gang_to_their_zone() -> Result<()> {
+    with_test("zonal-volumes", &[], &[], |test| {
+        Box::pin(async move {
+            one_gpu_template(test).await?;
+            let zone_nodes = zone_nodes(test, "zone-pv").await?;
+            // Claims bind at once, to the volumes of zone-pv.
+            let class = storage_class(test, "zonal", "Immediate").await?;
+            for i in 0..2 {
+                volume(
+                    test,
+                    &format!("{}-zonal-{i}", test.ns),
+                    &class,
+                    ZONE_LABEL,
+                    "zone-pv",
+                    Some("zone-pv"),
+                )
+                .await?;
+            }
+            test.create(workers("zonal", 2, json!({}), json!({"volumes": data_volume(&class)})))
+                .await?;
+            test.wait_phase("zonal", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            let placed = nodes_of(test, "zonal").await?;
+            for node in placed.values() {
+                ensure!(zone_nodes.contains(node), "a worker left zone-pv: {placed:?}");
+            }
+            let result = async {
+                let claims: Api<PersistentVolumeClaim> = Api::namespaced(test.client.clone(), &test.ns);
+                for pod in placed.keys() {
+                    let claim = claims.get(&format!("{pod}-data")).await?;
+                    let volume = claim.spec.and_then(|s| s.volume_name).unwrap_or_default();
+                    ensure!(volume.contains("-zonal-"), "{pod}'s claim is bound to {volume:?}");
+                }
+                Ok(())
+            }
+            .await;
+            test.workloads().delete("zonal", &DeleteParams::default()).await?;
+            test.wait_claims_gone().await?;
+            remove_storage(test, &[&class]).await?;
+            result
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn claims_that_bind_at_the_first_pod_get_the_planned_nodes_volumes() -> Result<()> {
+    with_test("local-volumes", &[], &[], |test| {
+        Box::pin(async move {
+            one_gpu_template(test).await?;
+            // Local disks on two nodes of the fleet only.
+            let class = storage_class(test, "local", "WaitForFirstConsumer").await?;
+            let disks = ["node-00005", "node-00006"];
+            for node in disks {
+                volume(test, &format!("{}-local-{node}", test.ns), &class, HOSTNAME, node, None).await?;
+            }
+            // Eight GPUs each: one worker per node.
+            let mut gang = workers("local", 2, json!({}), json!({"volumes": data_volume(&class)}));
+            gang["spec"]["podGroups"][0]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] =
+                json!("eight-gpus");
+            test.create(gang).await?;
+            test.wait_phase("local", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            let placed = nodes_of(test, "local").await?;
+            let used: BTreeSet<&str> = placed.values().map(String::as_str).collect();
+            ensure!(
+                used == BTreeSet::from(disks),
+                "workers not on the nodes with disks: {placed:?}"
+            );
+            // kube-scheduler bound each claim to the disk of the pod's node.
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(test.client.clone(), &test.ns);
+            let result = wait::until(
+                "the claims to be bound on the planned nodes",
+                Duration::from_secs(60),
+                || {
+                    let (claims, placed) = (claims.clone(), placed.clone());
+                    async move {
+                        for (pod, node) in &placed {
+                            let claim = claims.get(&format!("{pod}-data")).await?;
+                            let volume = claim.spec.and_then(|s| s.volume_name).unwrap_or_default();
+                            if !volume.ends_with(node.as_str()) {
+                                return Ok(None);
+                            }
+                        }
+                        Ok(Some(()))
+                    }
+                },
+            )
+            .await;
+            test.workloads().delete("local", &DeleteParams::default()).await?;
+            test.wait_claims_gone().await?;
+            remove_storage(test, &[&class]).await?;
+            result
+        })
+    })
+    .await
+}
+
+/// Anti-affinity on the hostname against the gang's own label.
+fn one_per_node(app: &str) -> Value {
+    json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": HOSTNAME, "labelSelector": {"matchLabels": {"app": app}}},
+    ]}})
+}
+
+#[tokio::test]
+async fn one_worker_per_node_by_anti_affinity() -> Result<()> {
+    with_test("anti-affinity", &[], &[], |test| {
+        Box::pin(async move {
+            one_gpu_template(test).await?;
+            // One GPU each would pack onto one node; anti-affinity spreads them.
+            let gang = workers(
+                "spread-out",
+                4,
+                json!({"app": "spread-out"}),
+                json!({"affinity": one_per_node("spread-out")}),
+            );
+            test.create(gang).await?;
+            test.wait_phase("spread-out", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            let placed = nodes_of(test, "spread-out").await?;
+            let distinct: BTreeSet<&String> = placed.values().collect();
+            ensure!(distinct.len() == 4, "workers share nodes: {placed:?}");
+
+            // More workers than nodes: the gang waits, and says why with numbers.
+            let gang = workers(
+                "too-many",
+                40,
+                json!({"app": "too-many"}),
+                json!({"affinity": one_per_node("too-many")}),
+            );
+            test.create(gang).await?;
+            let message = test
+                .wait_admitted_reason("too-many", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            ensure!(
+                message.contains("but anti-affinity on kubernetes.io/hostname leaves")
+                    && message.contains("for 40 pods of group workers"),
+                "{message}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_spread_constraint_balances_the_gang_over_racks() -> Result<()> {
+    with_test("spread", &[], &[], |test| {
+        Box::pin(async move {
+            one_gpu_template(test).await?;
+            // The fleet's zone only: its two racks are the constraint's domains.
+            let gang = workers(
+                "balanced",
+                4,
+                json!({"app": "balanced"}),
+                json!({
+                    "nodeSelector": {ZONE_LABEL: "zone-0"},
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1,
+                        "topologyKey": RACK_LABEL,
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": "balanced"}},
+                    }],
+                }),
+            );
+            test.create(gang).await?;
+            test.wait_phase("balanced", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            let placed = nodes_of(test, "balanced").await?;
+            let mut per_rack: BTreeMap<String, usize> = BTreeMap::new();
+            for node in placed.values() {
+                *per_rack.entry(label_of(test, node, RACK_LABEL).await?).or_default() += 1;
+            }
+            ensure!(
+                per_rack.values().copied().collect::<Vec<_>>() == [2, 2],
+                "not balanced over the two racks: {per_rack:?}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_host_port_in_use_keeps_the_gang_off_that_node() -> Result<()> {
+    with_test("host-ports", &[], &[], |test| {
+        Box::pin(async move {
+            one_gpu_template(test).await?;
+            // Another workload's pod holds port 29500 on node-00000.
+            let pods = test.pods();
+            pods.create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "port-holder"},
+                    "spec": {
+                        "nodeName": "node-00000",
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "main", "image": "server", "ports": [{"containerPort": 29500, "hostPort": 29500}]}],
+                    },
+                }))?,
+            )
+            .await?;
+            let rack_0 = json!({RACK_LABEL: "rack-0000"});
+            let ports = json!([{"containerPort": 29500, "hostPort": 29500}]);
+            // Four nodes in rack-0000, one port each: three workers fit, beside the holder.
+            test.create(workers(
+                "rendezvous",
+                3,
+                json!({}),
+                json!({"nodeSelector": rack_0, "ports": ports}),
+            ))
+            .await?;
+            test.wait_phase("rendezvous", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            let placed = nodes_of(test, "rendezvous").await?;
+            let distinct: BTreeSet<&String> = placed.values().collect();
+            ensure!(distinct.len() == 3, "workers share a port: {placed:?}");
+            ensure!(
+                !distinct.contains(&"node-00000".to_string()),
+                "a worker is on the port holder's node: {placed:?}"
+            );
+            // A fourth does not fit: the reason names the port.
+            test.create(workers(
+                "one-more",
+                1,
+                json!({}),
+                json!({"nodeSelector": rack_0, "ports": ports}),
+            ))
+            .await?;
+            let message = test
+                .wait_admitted_reason("one-more", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            ensure!(message.contains("host port 29500/TCP in use"), "{message}");
+            pods.delete("port-holder", &DeleteParams::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
