@@ -778,6 +778,18 @@ impl ClusterState {
         }
     }
 
+    /// Every taint of a device of the newest generation of its pool: its slice's and
+    /// those DeviceTaintRules put on it.
+    pub fn device_taints(&self, driver: &str, pool: &str, device: &str) -> Vec<DeviceTaint> {
+        let newest = self.pool_slices(driver, pool).map(|s| s.generation).max();
+        self.pool_slices(driver, pool)
+            .filter(|s| Some(s.generation) == newest)
+            .flat_map(|s| s.devices.iter().filter(|d| d.name == device))
+            .flat_map(|d| d.taints.iter().cloned())
+            .chain(self.rule_taints(driver, pool, device).cloned())
+            .collect()
+    }
+
     /// Taints DeviceTaintRules put on a device, besides those of its slice.
     pub(crate) fn rule_taints<'a>(
         &'a self,

@@ -1828,7 +1828,10 @@ fn check_claim(cluster: &ClusterState, key: &str, claim: &ClaimSpec) -> Result<(
 
 mod constraints;
 mod search;
+mod verify;
 mod volumes;
+
+pub use verify::verify;
 
 use constraints::{Constraints, NodeRoom, Occupancy};
 

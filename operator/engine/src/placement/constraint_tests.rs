@@ -528,3 +528,69 @@ fn constraints_leave_plans_without_them_alone() {
     );
     let _ = TopologyRequest::default();
 }
+
+#[test]
+fn a_placement_made_earlier_is_checked_against_the_cluster_as_it_is_now() {
+    use crate::claim::{DeviceTaint, TaintEffect};
+    use crate::cluster::DeviceTaintRule;
+    use crate::selector::{NodeTaintEffect, Taint};
+
+    let mut cluster = gpu_cluster(4, 8, 4, 1);
+    let mut gang = gpu_gang("g", 2, 8, None, None);
+    gang.groups[0].shape.rules = one_per_node();
+    gang.groups[0].shape.rules.labels = [("app".to_string(), "worker".to_string())].into();
+    let plan = placed(&plan_of(&cluster, &gang)).clone();
+    // The reservation kept: each pod's claim holds the devices the plan gave it.
+    for (pod, claim) in gang.groups[0].pods.iter_mut().zip(&plan.claims) {
+        pod.claims[0].allocation = Some(claim.allocation.clone());
+    }
+    let options = PlanOptions::default();
+    assert_eq!(verify(&cluster, &gang, &plan.pods, &options), Vec::<String>::new());
+
+    // A running pod the gang's anti-affinity selects joins the first node.
+    let first = plan.pods[0].node.clone();
+    let mut changed = cluster.clone();
+    run_pod(&mut changed, "intruder", &first, labelled(&[("app", "worker")]));
+    let problems = verify(&changed, &gang, &plan.pods, &options);
+    assert!(
+        problems[0].contains("anti-affinity on kubernetes.io/hostname with running pods"),
+        "{problems:?}"
+    );
+
+    // The node went NotReady: the node controller's NoExecute taint.
+    let mut node = cluster.node(&first).unwrap().clone();
+    node.taints.push(Taint {
+        key: "node.kubernetes.io/not-ready".into(),
+        value: String::new(),
+        effect: NodeTaintEffect::NoExecute,
+    });
+    let mut not_ready = cluster.clone();
+    not_ready.upsert_node(node);
+    let problems = verify(&not_ready, &gang, &plan.pods, &options);
+    assert!(
+        problems[0].contains("untolerated taint node.kubernetes.io/not-ready"),
+        "{problems:?}"
+    );
+
+    // A device of the second pod got a NoExecute taint from a DeviceTaintRule.
+    let device = &plan.claims[1].allocation.devices[0];
+    cluster.upsert_taint_rule(
+        "drain",
+        DeviceTaintRule {
+            driver: Some(device.driver.clone()),
+            pool: Some(device.pool.clone()),
+            device: Some(device.device.clone()),
+            taint: DeviceTaint {
+                key: "maintenance".into(),
+                value: Some("true".into()),
+                effect: TaintEffect::NoExecute,
+            },
+        },
+    );
+    let problems = verify(&cluster, &gang, &plan.pods, &options);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("has the taint maintenance=true:NoExecute"),
+        "{problems:?}"
+    );
+}
