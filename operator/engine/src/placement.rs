@@ -367,6 +367,8 @@ struct Planner<'a> {
     index: std::sync::Arc<crate::cluster::NodeIndex>,
     /// Why nodes were left out, with counts, for explanations.
     rejections: BTreeMap<String, usize>,
+    /// Per group: why candidates (nodes other groups can use) take none of its pods.
+    group_rejections: Vec<BTreeMap<String, usize>>,
     /// The first allocator error on any candidate node: like kube-scheduler, planning
     /// fails with it.
     errors: Option<String>,
@@ -403,6 +405,7 @@ impl<'a> Planner<'a> {
             free_devices: Vec::new(),
             index,
             rejections: BTreeMap::new(),
+            group_rejections: vec![BTreeMap::new(); gang.groups.len()],
             errors: None,
             weights,
             backtrack_left: std::cell::Cell::new(options.backtrack_budget),
@@ -489,9 +492,11 @@ impl<'a> Planner<'a> {
                 let version = cluster.node_version(*id);
                 let start = self.rooms.len();
                 let mut why_not = None;
+                let mut group_why: Vec<Option<String>> = vec![None; groups];
                 for (g, group) in gang.groups.iter().enumerate() {
                     if let Some(key) = group_labels(group).find(|key| !node.labels.contains_key(*key)) {
                         why_not.get_or_insert_with(|| format!("no {key} label"));
+                        group_why[g] = Some(format!("no {key} label"));
                         self.push_room(0, 0, 0, None);
                         continue;
                     }
@@ -509,6 +514,7 @@ impl<'a> Planner<'a> {
                     };
                     if let Some(reason) = &entry.rejection {
                         why_not.get_or_insert_with(|| reason.clone());
+                        group_why[g] = Some(reason.clone());
                     }
                     if let Some(error) = &entry.error {
                         self.errors.get_or_insert_with(|| error.clone());
@@ -520,14 +526,17 @@ impl<'a> Planner<'a> {
                     }
                     match self.constraints.node_room(g, *id, node) {
                         Ok(NodeRoom { cap, why }) if cap < room => {
-                            self.push_room(cap, room, free_devices, why);
                             if cap == 0 {
-                                why_not.get_or_insert_with(|| "no room left by pod constraints".into());
+                                let reason = format!("no room left by {}", why.as_deref().unwrap_or("pod constraints"));
+                                why_not.get_or_insert_with(|| reason.clone());
+                                group_why[g] = Some(reason);
                             }
+                            self.push_room(cap, room, free_devices, why);
                         }
                         Ok(_) => self.push_room(room, room, free_devices, None),
                         Err(reason) => {
-                            why_not.get_or_insert(reason);
+                            why_not.get_or_insert_with(|| reason.clone());
+                            group_why[g] = Some(reason);
                             self.push_room(0, 0, free_devices, None);
                         }
                     }
@@ -539,6 +548,11 @@ impl<'a> Planner<'a> {
                     self.free_devices.truncate(start);
                     self.reject(why_not.unwrap_or_else(|| "no room".into()));
                     continue;
+                }
+                for (g, why) in group_why.into_iter().enumerate() {
+                    if let Some(why) = why {
+                        *self.group_rejections[g].entry(why).or_default() += 1;
+                    }
                 }
                 self.candidates.push(Candidate {
                     node: node.clone(),
@@ -1577,8 +1591,21 @@ impl<'a> Planner<'a> {
                     (scope, format!(" when placed so ({raw} without the group's levels)"))
                 }
             };
+            let refused = match self.group_rejections[g].values().sum::<usize>() {
+                0 => String::new(),
+                nodes => {
+                    let details: Vec<String> = self.group_rejections[g]
+                        .iter()
+                        .map(|(why, n)| format!("{n} {why}"))
+                        .collect();
+                    format!(
+                        " (of the nodes other groups can use, {nodes} take none of its pods: {})",
+                        details.join(", ")
+                    )
+                }
+            };
             reasons.push(format!(
-                "group {} needs {} pods ({}) {scope}{group_scope}, but {where_}{level_note}",
+                "group {} needs {} pods ({}) {scope}{group_scope}, but {where_}{level_note}{refused}",
                 group.name,
                 group.min_count,
                 describe_shape(&group.shape)

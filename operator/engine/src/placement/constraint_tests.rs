@@ -594,3 +594,21 @@ fn a_placement_made_earlier_is_checked_against_the_cluster_as_it_is_now() {
         "{problems:?}"
     );
 }
+
+#[test]
+fn nodes_that_refuse_one_group_only_are_named_in_its_reason() {
+    let mut cluster = gpu_cluster(4, 0, 4, 1);
+    cluster.storage_mut().upsert_class(local_class("local", true));
+    cluster
+        .storage_mut()
+        .upsert_volume(volume("pv-0", "local", "100Gi", HOSTNAME, "node-00000"));
+    let mut gang = workers(2, PodRules::default());
+    with_volume_per_pod(&mut cluster, &mut gang, "local", "10Gi");
+    gang.groups
+        .insert(0, GroupRequest::uniform("launcher", "ns", 1, 1, gpu_pod(0, 1, 1)));
+    let why = reasons(&plan_of(&cluster, &gang));
+    assert!(
+        why.contains("(of the nodes other groups can use, 3 take none of its pods: 3 no free PersistentVolume of class \"local\")"),
+        "{why}"
+    );
+}

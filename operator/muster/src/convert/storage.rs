@@ -87,7 +87,11 @@ pub fn volume(volume: &PersistentVolume) -> Result<Pv, ConvertError> {
             name: r.name.unwrap_or_default(),
             uid: r.uid.unwrap_or_default(),
         }),
-        available: volume.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available"),
+        // A volume written in a file, not created yet, will be available once it is.
+        available: matches!(
+            volume.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Available") | None
+        ),
         node_affinity: spec
             .node_affinity
             .and_then(|a| a.required)
