@@ -340,8 +340,14 @@ impl Storage {
         self.csi_nodes.get(node)
     }
 
-    pub fn has_csi_limits(&self) -> bool {
-        self.csi_nodes.values().any(|n| n.limits.values().any(Option::is_some))
+    /// CSI drivers some node limits the volumes of.
+    pub fn limited_csi_drivers(&self) -> BTreeSet<&str> {
+        self.csi_nodes
+            .values()
+            .flat_map(|n| n.limits.iter())
+            .filter(|(_, limit)| limit.is_some())
+            .map(|(driver, _)| driver.as_str())
+            .collect()
     }
 
     /// Whether a claim waits for a node (its class binds at the first consumer) rather

@@ -612,3 +612,31 @@ fn nodes_that_refuse_one_group_only_are_named_in_its_reason() {
         "{why}"
     );
 }
+
+#[test]
+fn each_pod_goes_where_its_own_bound_volume_is() {
+    // Pod i's claim is bound to a local volume on node 3 - i: the pods differ, and a node
+    // one pod cannot use stays open to the others.
+    let mut cluster = gpu_cluster(4, 8, 4, 1);
+    cluster.storage_mut().upsert_class(local_class("local", true));
+    let mut gang = gpu_gang("g", 3, 8, None, None);
+    for (i, pod) in gang.groups[0].pods.iter_mut().enumerate() {
+        let node = format!("node-{:05}", 3 - i);
+        let mut claim = volume_claim("ns", &format!("data-{i}"), "local", "10Gi");
+        let mut pv = volume(&format!("pv-{i}"), "local", "10Gi", HOSTNAME, &node);
+        bind(&mut claim, &mut pv);
+        pod.volumes.push(claim.key.clone());
+        cluster.storage_mut().upsert_claim(claim);
+        cluster.storage_mut().upsert_volume(pv);
+    }
+    // First fit alone, without the search to fall back on.
+    let options = PlanOptions {
+        backtrack_budget: 0,
+        ..PlanOptions::default()
+    };
+    let plan = placed(&plan(&cluster, &gang, &options)).clone();
+    let on: BTreeMap<String, String> = plan.pods.iter().map(|p| (p.pod.to_string(), p.node.clone())).collect();
+    assert_eq!(on["ns/g-workers-0"], "node-00003", "{on:?}");
+    assert_eq!(on["ns/g-workers-1"], "node-00002", "{on:?}");
+    assert_eq!(on["ns/g-workers-2"], "node-00001", "{on:?}");
+}

@@ -209,11 +209,23 @@ impl<'a> Constraints<'a> {
                 cluster.namespace_labels(namespaces[h]),
             )
         };
-        let running: Vec<(&PodKey, &crate::cluster::PodEntry, &Node)> = cluster
-            .pods()
-            .filter(|(key, _)| !own.contains(key))
-            .filter_map(|(key, entry)| Some((key, entry, cluster.node(&entry.node)?)))
-            .collect();
+        // Every running pod, with its node: only for gangs with terms to match them.
+        let has_terms = gang.groups.iter().any(|g| {
+            let rules = &g.shape.rules;
+            !rules.affinity.is_empty()
+                || !rules.anti_affinity.is_empty()
+                || !rules.preferred_affinity.is_empty()
+                || !rules.preferred_anti_affinity.is_empty()
+        });
+        let running: Vec<(&PodKey, &crate::cluster::PodEntry, &Node)> = if has_terms {
+            cluster
+                .pods()
+                .filter(|(key, _)| !own.contains(key))
+                .filter_map(|(key, entry)| Some((key, entry, cluster.node(&entry.node)?)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut groups = Vec::with_capacity(gang.groups.len());
         for (g, group) in gang.groups.iter().enumerate() {
             let rules: &PodRules = &group.shape.rules;
@@ -621,13 +633,14 @@ impl<'a> Constraints<'a> {
             return Ok(Vec::new());
         }
         let pod = &self.gang.groups[g].pods[index];
+        // This pod's own: another pod of the group may still use the node.
         if let Some(why) = self
             .avoid
             .pod_nodes
             .get(&pod.key)
             .and_then(|nodes| nodes.get(&node.name))
         {
-            return Err(refuse(why.clone(), true));
+            return Err(refuse(why.clone(), false));
         }
         let rules = &self.groups[g];
         let count = |key: usize, h: usize| -> u32 {
@@ -717,9 +730,10 @@ impl<'a> Constraints<'a> {
                 }
             }
         }
+        // Lasting for the whole group only when its pods ask the same of volumes.
         self.volumes
             .place(g, index, id, node, &occupancy.volumes)
-            .map_err(|r| refuse(r.reason, true))
+            .map_err(|r| refuse(r.reason, self.volumes.pods_alike(g)))
     }
 
     /// The volumes chosen for the placed pods' late claims, in group and pod order.

@@ -269,6 +269,8 @@ pub(super) struct GangVolumes<'a> {
     /// volumes.
     empty: Vec<bool>,
     alike_bound: Vec<bool>,
+    /// Per group: whether its pods are interchangeable for their volumes.
+    alike: Vec<bool>,
     /// Per node with attach limits: the CSI volumes its pods use, by driver.
     attached: FxHashMap<&'a str, FxHashMap<String, FxHashSet<String>>>,
     /// Whether any pod has claims.
@@ -371,7 +373,13 @@ impl<'a> GangVolumes<'a> {
             })
             .collect();
         let mut attached: FxHashMap<&str, FxHashMap<String, FxHashSet<String>>> = FxHashMap::default();
-        if any && storage.has_csi_limits() {
+        // Only where a limit can bite: a driver of the gang's volumes with a limit.
+        let limited = storage.limited_csi_drivers();
+        let counted = pods
+            .iter()
+            .flatten()
+            .any(|p| p.csi.iter().any(|(driver, _)| limited.contains(driver.as_str())));
+        if counted {
             for node in cluster.nodes() {
                 if storage
                     .csi_node(&node.name)
@@ -402,11 +410,23 @@ impl<'a> GangVolumes<'a> {
                 })
             })
             .collect();
+        let alike = pods
+            .iter()
+            .zip(&alike_bound)
+            .zip(&slots)
+            .map(
+                |((group, bound), slots): ((&Vec<PodVolumes<'_>>, &bool), &Vec<Option<Pools<'_>>>)| {
+                    let late = group.first().map_or(0, |p| p.late.len());
+                    *bound && group.iter().all(|p| p.late.len() == late) && slots.iter().all(Option::is_some)
+                },
+            )
+            .collect();
         Ok(GangVolumes {
             cluster,
             own_taken,
             empty,
             alike_bound,
+            alike,
             pods,
             slots,
             attached,
@@ -421,11 +441,7 @@ impl<'a> GangVolumes<'a> {
     /// Whether the group's pods are interchangeable for their volumes: the same bound
     /// volumes, and late claims that draw on the same pools.
     pub(super) fn pods_alike(&self, group: usize) -> bool {
-        let pods = &self.pods[group];
-        let late = pods.first().map_or(0, |p| p.late.len());
-        self.bound_alike(group)
-            && pods.iter().all(|p| p.late.len() == late)
-            && self.slots[group].iter().all(Option::is_some)
+        self.alike[group]
     }
 
     /// Whether every pod of the group has the same bound volumes (one claim they share,
