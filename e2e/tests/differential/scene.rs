@@ -24,6 +24,8 @@ pub const NOW_CLASS: &str = "differential-now";
 pub const CSI_DRIVER: &str = "csi.example.com";
 /// The label muster's test namespaces get, and its value in the main and the other one.
 pub const TEAM_LABEL: &str = "e2e.muster.dev/team";
+/// The label of a volume made for one claim that binds at once, naming the claim.
+const FOR_LABEL: &str = "e2e.muster.dev/for";
 
 pub const HOSTNAME: &str = "kubernetes.io/hostname";
 pub const ZONE: &str = "topology.kubernetes.io/zone";
@@ -437,6 +439,8 @@ pub fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &
             scene.ports = vec![json!({"containerPort": rng.pick(&[8080, 9000, 9100])})];
         } else {
             scene.ports = (0..rng.range(1, 2)).map(|_| port(&mut rng)).collect();
+            // A host port once: the API server refuses duplicates.
+            scene.ports.dedup();
         }
     }
 
@@ -532,12 +536,12 @@ pub fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &
                     // Binds at once to a volume made for it.
                     scene.features.insert("bound volume");
                     let pv = format!("{name}-pv");
-                    scene.volumes.push(volume(
-                        &mut rng, &prefix, &pv, NOW_CLASS, size, nodes, modes, None, false,
-                    ));
+                    let mut made = volume(&mut rng, &prefix, &pv, NOW_CLASS, size, nodes, modes, None, false);
+                    made["metadata"]["labels"][FOR_LABEL] = json!(format!("{prefix}-{name}"));
+                    scene.volumes.push(made);
                     let mut bound = claim(&prefix, &name, NOW_CLASS, size, modes, None);
-                    bound["spec"]["selector"] = json!({"matchLabels": {CASE_LABEL: prefix}});
-                    // Only this case's volume: wait for the volume controller to bind it.
+                    bound["spec"]["selector"] = json!({"matchLabels": {FOR_LABEL: format!("{prefix}-{name}")}});
+                    // Only its own volume: wait for the volume controller to bind it.
                     scene.claims.push(bound);
                     scene.bound.push(format!("{prefix}-{name}"));
                 }
