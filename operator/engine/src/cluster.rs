@@ -533,12 +533,18 @@ impl ClusterState {
 
     /// A pod bound or nominated to its node, with what it holds against other pods.
     /// Volumes a plan took for the pod stay taken when the watch reports it on the same
-    /// node (its claims bind shortly after).
+    /// node while some of its claims are not bound yet; once kube-scheduler has bound
+    /// them (before it binds the pod), the volumes they got speak for themselves.
     pub fn place_pod(&mut self, key: &PodKey, mut entry: PodEntry) {
         if let Some(old) = self.pods.get(key)
             && old.node == entry.node
             && !old.traits.volumes_taken.is_empty()
             && entry.traits.volumes_taken.is_empty()
+            && old
+                .traits
+                .volumes
+                .iter()
+                .any(|c| self.storage.claim(c).is_none_or(|claim| !claim.is_bound()))
         {
             let mut traits = (*entry.traits).clone();
             traits.volumes_taken = old.traits.volumes_taken.clone();

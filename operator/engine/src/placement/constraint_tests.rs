@@ -640,3 +640,43 @@ fn each_pod_goes_where_its_own_bound_volume_is() {
     assert_eq!(on["ns/g-workers-1"], "node-00002", "{on:?}");
     assert_eq!(on["ns/g-workers-2"], "node-00001", "{on:?}");
 }
+
+#[test]
+fn volumes_a_plan_took_are_let_go_once_the_claims_bind() {
+    let mut cluster = gpu_cluster(2, 0, 2, 1);
+    cluster.storage_mut().upsert_class(local_class("local", true));
+    cluster
+        .storage_mut()
+        .upsert_volume(volume("pv-a", "local", "10Gi", HOSTNAME, "node-00000"));
+    cluster
+        .storage_mut()
+        .upsert_volume(volume("pv-b", "local", "10Gi", HOSTNAME, "node-00000"));
+    let mut gang = workers(1, PodRules::default());
+    with_volume_per_pod(&mut cluster, &mut gang, "local", "1Gi");
+    let plan = placed(&plan_of(&cluster, &gang)).clone();
+    let (pods, claims) = plan.assumption(&gang);
+    let taken = plan.volumes[0].volume.clone();
+    cluster.assume(&PlanId::Gang(ObjectKey::new("ns", "g")), &pods, &claims);
+    assert!(cluster.volume_taken(&taken));
+    // The watch shows the released pod on its node: its claim is not bound yet.
+    let released = PodEntry {
+        node: pods[0].node.clone(),
+        requests: pods[0].requests.clone(),
+        traits: Arc::new(PodTraits {
+            volumes: pods[0].traits.volumes.clone(),
+            ..PodTraits::default()
+        }),
+    };
+    cluster.observe_pod_bound(&pods[0].pod, released.clone());
+    assert!(cluster.volume_taken(&taken), "held until the claim binds");
+    // kube-scheduler bound the claim to the other volume, then the pod.
+    let other = if taken == "pv-a" { "pv-b" } else { "pv-a" };
+    let key = pods[0].traits.volumes[0].clone();
+    let mut claim = cluster.storage().claim(&key).unwrap().clone();
+    let mut volume = cluster.storage().volume(other).unwrap().clone();
+    bind(&mut claim, &mut volume);
+    cluster.storage_mut().upsert_claim(claim);
+    cluster.storage_mut().upsert_volume(volume);
+    cluster.observe_pod_bound(&pods[0].pod, released);
+    assert!(!cluster.volume_taken(&taken), "the volume it did not get is free again");
+}
