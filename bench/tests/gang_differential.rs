@@ -24,6 +24,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use muster_bench::contender::{self, Contender, GANG_LABEL};
 use muster_bench::spec::GangSpec;
 use muster_e2e::rng::Rng;
+use muster_e2e::storage::{local_volume, static_class};
 use muster_local_cluster::fleet::FleetSpec;
 use muster_local_cluster::namespaces::namespace;
 use muster_local_cluster::operator::{Operator, muster_binary};
@@ -139,11 +140,7 @@ async fn whenever_upstream_places_a_gang_muster_does_too() -> Result<()> {
     classes
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": LOCAL_CLASS},
-                "provisioner": "kubernetes.io/no-provisioner",
-                "volumeBindingMode": "WaitForFirstConsumer",
-            }))?,
+            &static_class(LOCAL_CLASS, "WaitForFirstConsumer")?,
         )
         .await?;
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &ns);
@@ -323,24 +320,9 @@ async fn reset_volumes(client: &kube::Client, nodes: &[String], per_node: &[usiz
     for (node, count) in nodes.iter().zip(per_node) {
         for i in 0..*count {
             let name = format!("local-{node}-{i}-t{try_number}-{}", std::process::id());
-            volumes
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({
-                        "metadata": {"name": name, "labels": {VOLUME_LABEL: "true"}},
-                        "spec": {
-                            "storageClassName": LOCAL_CLASS,
-                            "capacity": {"storage": "100Gi"},
-                            "accessModes": ["ReadWriteOnce"],
-                            "persistentVolumeReclaimPolicy": "Retain",
-                            "local": {"path": format!("/mnt/{name}")},
-                            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]},
-                            ]}]}},
-                        },
-                    }))?,
-                )
-                .await?;
+            let labels = json!({VOLUME_LABEL: "true"});
+            let volume = local_volume(&name, LOCAL_CLASS, "100Gi", "kubernetes.io/hostname", node, labels)?;
+            volumes.create(&PostParams::default(), &volume).await?;
         }
     }
     Ok(())

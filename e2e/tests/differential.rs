@@ -36,6 +36,7 @@ use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster::snapshot::Objects;
 use muster_e2e::rng::Rng;
+use muster_e2e::storage::static_class;
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
 use muster_engine::claim::ClaimSpec;
 use muster_engine::key::{ClaimKey, PodKey};
@@ -987,15 +988,7 @@ impl Harness {
             (scene::LATE_CLASS, "WaitForFirstConsumer"),
             (scene::NOW_CLASS, "Immediate"),
         ] {
-            create_or_keep(
-                &storage_classes,
-                &serde_json::from_value(json!({
-                    "metadata": {"name": name},
-                    "provisioner": "kubernetes.io/no-provisioner",
-                    "volumeBindingMode": mode,
-                }))?,
-            )
-            .await?;
+            create_or_keep(&storage_classes, &static_class(name, mode)?).await?;
         }
         // Attach limits of the CSI driver, one per node.
         let csi_nodes: Api<CSINode> = Api::all(harness.client.clone());

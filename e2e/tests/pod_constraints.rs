@@ -17,6 +17,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use muster_api::v1alpha1::WorkloadPhase;
 use muster_e2e::scenario::{Test, with_test};
+use muster_e2e::storage::{local_volume, static_class};
 use muster_local_cluster::fleet::{FleetSpec, NodeTopology, RACK_LABEL, ZONE_LABEL, create_or_keep};
 use muster_local_cluster::wait;
 use serde_json::{Value, json};
@@ -100,14 +101,7 @@ async fn storage_class(test: &Test, suffix: &str, mode: &str) -> Result<String> 
     let name = format!("{}-{suffix}", test.ns);
     let classes: Api<StorageClass> = Api::all(test.client.clone());
     classes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": name},
-                "provisioner": "kubernetes.io/no-provisioner",
-                "volumeBindingMode": mode,
-            }))?,
-        )
+        .create(&PostParams::default(), &static_class(&name, mode)?)
         .await?;
     Ok(name)
 }
@@ -122,19 +116,7 @@ async fn volume(test: &Test, name: &str, class: &str, key: &str, value: &str, zo
     volumes
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": name, "labels": labels},
-                "spec": {
-                    "storageClassName": class,
-                    "capacity": {"storage": "100Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "local": {"path": format!("/mnt/{name}")},
-                    "nodeAffinity": {"required": {"nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]},
-                    ]}},
-                },
-            }))?,
+            &local_volume(name, class, "100Gi", key, value, labels)?,
         )
         .await?;
     Ok(())

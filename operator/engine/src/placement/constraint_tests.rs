@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::tests::{placed, reasons};
 use super::*;
 use crate::cluster::{PlanId, PodEntry};
 use crate::fixtures::*;
@@ -13,20 +14,6 @@ use crate::request::{GroupRequest, TopologyRequest};
 use crate::storage::{AccessModes, CsiNode};
 
 const RACK: &str = "example.com/rack";
-
-fn placed(outcome: &Outcome) -> &Plan {
-    match outcome {
-        Outcome::Placed(plan) => plan,
-        Outcome::Unschedulable(u) => panic!("expected a plan, got: {u}"),
-    }
-}
-
-fn reasons(outcome: &Outcome) -> String {
-    match outcome {
-        Outcome::Placed(plan) => panic!("expected no fit, got a plan on {:?}", plan.nodes()),
-        Outcome::Unschedulable(u) => u.to_string(),
-    }
-}
 
 /// `pods` CPU-only pods labelled `app=worker` in one group of gang `ns/g`.
 fn workers(pods: usize, rules: PodRules) -> GangRequest {
