@@ -67,7 +67,7 @@ const KEEP_FINALIZER: &str = "e2e.muster.dev/keep";
 mod scene;
 
 const DEFAULT_SEED: u64 = 0x6d75_7374_6572_0001;
-const DEFAULT_CASES: usize = 250;
+const DEFAULT_CASES: usize = 400;
 const NODES: usize = 4;
 /// How long kube-scheduler may take for one verdict.
 const VERDICT_TIMEOUT: Duration = Duration::from_secs(60);

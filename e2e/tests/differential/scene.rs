@@ -530,7 +530,10 @@ pub fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &
                 2 => {
                     // Binds at once, but has no volume: the pod waits.
                     scene.features.insert("unbound immediate claim");
-                    scene.claims.push(claim(&prefix, &name, NOW_CLASS, size, modes, None));
+                    let mut waiting = claim(&prefix, &name, NOW_CLASS, size, modes, None);
+                    // No volume carries its label, so it takes none meant for another.
+                    waiting["spec"]["selector"] = json!({"matchLabels": {FOR_LABEL: format!("{prefix}-{name}")}});
+                    scene.claims.push(waiting);
                 }
                 _ => {
                     // Binds at once to a volume made for it.
