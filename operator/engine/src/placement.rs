@@ -500,6 +500,21 @@ impl<'a> Planner<'a> {
                         self.push_room(0, 0, 0, None);
                         continue;
                     }
+                    // kube-scheduler runs the pod filters before DRA's: a node they refuse
+                    // never gets to allocate devices, so never reports an allocator error.
+                    let constrained = if self.constraints.active() && self.node_filter(&group.shape, node).is_ok() {
+                        match self.constraints.node_room(g, *id, node) {
+                            Ok(room) => Some(room),
+                            Err(reason) => {
+                                why_not.get_or_insert_with(|| reason.clone());
+                                group_why[g] = Some(reason);
+                                self.push_room(0, 0, 0, None);
+                                continue;
+                            }
+                        }
+                    } else {
+                        None
+                    };
                     let slots = &mut by_shape[g];
                     if slots.len() <= *id {
                         slots.resize(*id + 1, None);
@@ -524,7 +539,7 @@ impl<'a> Planner<'a> {
                         self.push_room(0, 0, free_devices, None);
                         continue;
                     }
-                    match self.constraints.node_room(g, *id, node) {
+                    match constrained.map_or_else(|| self.constraints.node_room(g, *id, node), Ok) {
                         Ok(NodeRoom { cap, why }) if cap < room => {
                             if cap == 0 {
                                 let reason = format!("no room left by {}", why.as_deref().unwrap_or("pod constraints"));

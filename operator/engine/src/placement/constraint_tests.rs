@@ -667,3 +667,31 @@ fn volumes_a_plan_took_are_let_go_once_the_claims_bind() {
     cluster.observe_pod_bound(&pods[0].pod, released);
     assert!(!cluster.volume_taken(&taken), "the volume it did not get is free again");
 }
+
+#[test]
+fn a_node_the_pod_filters_refuse_never_reports_an_allocator_error() {
+    // node-00001's GPUs lack the attribute the selector reads: allocating there is a CEL
+    // runtime error, which fails the pod, unless an earlier filter refuses the node, as
+    // kube-scheduler's host ports filter does here.
+    let mut cluster = gpu_cluster(2, 2, 2, 1);
+    let mut bare = gpu(0, "H100");
+    bare.attributes.remove("index");
+    cluster.upsert_slice(node_slice("node-00001", vec![bare]));
+    run_pod(
+        &mut cluster,
+        "web",
+        "node-00001",
+        PodTraits {
+            host_ports: vec![HostPort::new("", "TCP", 8080)],
+            ..PodTraits::default()
+        },
+    );
+    let mut gang = gpu_gang("g", 1, 1, None, None);
+    if let crate::claim::DeviceRequest::Exactly(spec) = &mut gang.groups[0].shape.claims[0].requests[0] {
+        spec.selectors = vec!["device.attributes['gpu.example.com'].index >= 0".into()];
+    }
+    let unguarded = reasons(&plan_of(&cluster, &gang));
+    assert!(unguarded.contains("CEL runtime error"), "{unguarded}");
+    gang.groups[0].shape.rules.host_ports = vec![HostPort::new("", "TCP", 8080)];
+    assert_eq!(placed(&plan_of(&cluster, &gang)).nodes(), ["node-00000"]);
+}
