@@ -422,6 +422,7 @@ impl<'a> Planner<'a> {
     }
 
     /// Records a candidate's room for the next group: bounded, before the bound, and why.
+    #[inline]
     fn push_room(&mut self, room: usize, raw: usize, free_devices: usize, capped_by: Option<Arc<str>>) {
         self.rooms.push(room);
         self.raw_rooms.push(raw);
@@ -464,6 +465,13 @@ impl<'a> Planner<'a> {
         let mut by_shape: Vec<Vec<Option<CachedRoom>>> =
             signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect();
         let groups = gang.groups.len();
+        // Why each group cannot use the node at hand; reused from node to node.
+        let mut group_why: Vec<Option<String>> = vec![None; groups];
+        let nodes = cluster.node_count() * groups;
+        self.rooms.reserve(nodes);
+        self.raw_rooms.reserve(nodes);
+        self.capped_by.reserve(nodes);
+        self.free_devices.reserve(nodes);
         let result = (|| {
             if let (Some(key), Some(value)) = (&gang.topology.required, only) {
                 let outside: usize = index
@@ -492,7 +500,7 @@ impl<'a> Planner<'a> {
                 let version = cluster.node_version(*id);
                 let start = self.rooms.len();
                 let mut why_not = None;
-                let mut group_why: Vec<Option<String>> = vec![None; groups];
+                group_why.iter_mut().for_each(|why| *why = None);
                 for (g, group) in gang.groups.iter().enumerate() {
                     if let Some(key) = group_labels(group).find(|key| !node.labels.contains_key(*key)) {
                         why_not.get_or_insert_with(|| format!("no {key} label"));
@@ -539,6 +547,10 @@ impl<'a> Planner<'a> {
                         self.push_room(0, 0, free_devices, None);
                         continue;
                     }
+                    if !self.constraints.active() {
+                        self.push_room(room, room, free_devices, None);
+                        continue;
+                    }
                     match constrained.map_or_else(|| self.constraints.node_room(g, *id, node), Ok) {
                         Ok(NodeRoom { cap, why }) if cap < room => {
                             if cap == 0 {
@@ -564,8 +576,8 @@ impl<'a> Planner<'a> {
                     self.reject(why_not.unwrap_or_else(|| "no room".into()));
                     continue;
                 }
-                for (g, why) in group_why.into_iter().enumerate() {
-                    if let Some(why) = why {
+                for (g, why) in group_why.iter_mut().enumerate() {
+                    if let Some(why) = why.take() {
                         *self.group_rejections[g].entry(why).or_default() += 1;
                     }
                 }
