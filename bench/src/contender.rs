@@ -14,6 +14,8 @@ use crate::spec::GangSpec;
 pub const GANG_LABEL: &str = "bench.muster.dev/gang";
 /// Annotation of the kwok stage that ends a running pod successfully after a duration.
 pub const RUN_FOR_ANNOTATION: &str = "muster-e2e-run-for";
+/// The benchmark's scheduling gate on the baselines' pods of a held gang.
+pub const HOLD_GATE: &str = "bench.muster.dev/hold";
 
 /// Who places the gangs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -125,6 +127,9 @@ pub fn pod(contender: Contender, gang: &GangSpec, index: usize) -> Result<Pod> {
     if contender == Contender::Upstream {
         spec["schedulingGroup"] = json!({"podGroupName": gang.name});
     }
+    if gang.held {
+        spec["schedulingGates"] = json!([{"name": HOLD_GATE}]);
+    }
     let mut metadata = pod_metadata(gang);
     metadata["name"] = json!(format!("{}-{index}", gang.name));
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}))
@@ -175,6 +180,23 @@ pub async fn submit(client: &kube::Client, ns: &str, contender: Contender, gang:
                     .with_context(|| format!("creating pod {}-{index}", gang.name))?;
             }
         }
+    }
+    Ok(())
+}
+
+/// Lets a held baseline gang go: removes the benchmark's gate from each of its pods.
+pub async fn release(client: &kube::Client, ns: &str, gang: &GangSpec) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let open = json!({"spec": {"schedulingGates": []}});
+    for index in 0..gang.pods {
+        let name = format!("{}-{index}", gang.name);
+        pods.patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&open),
+        )
+        .await
+        .with_context(|| format!("releasing pod {name}"))?;
     }
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! The benchmark: muster, upstream PodGroup gang scheduling and plain kube-scheduler,
 //! one after another on the same local control plane and fleet, with a Markdown report.
 
+pub mod audit;
 pub mod contender;
 pub mod cost;
+pub mod dashboard;
 pub mod fleet;
 pub mod phase;
 pub mod plot;
@@ -11,9 +13,9 @@ pub mod spec;
 pub mod stats;
 pub mod timeline;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use muster_local_cluster::{ControlPlane, Options, install_crds};
 
 use crate::contender::Contender;
@@ -31,6 +33,20 @@ pub struct Config {
     pub muster_binary: PathBuf,
     /// Keep the control plane's run directory (logs of every component and operator).
     pub keep_logs: bool,
+    /// Before a scenario's measured phases, run each contender once, unmeasured, on a
+    /// few of its gangs: a contender's first phase pays for cold caches and connections.
+    pub warm_up: bool,
+}
+
+/// The contenders of repeat `repeat`: the order rotates by one each repeat (ABC, BCA,
+/// CAB, ABC...), so each contender runs first, second and last equally often.
+pub fn order(contenders: &[Contender], repeat: usize) -> Vec<Contender> {
+    let mut order = contenders.to_vec();
+    if !order.is_empty() {
+        let n = order.len();
+        order.rotate_left(repeat % n);
+    }
+    order
 }
 
 /// The control plane with upstream gang scheduling switched on: the Workload API, its
@@ -43,11 +59,12 @@ pub fn control_plane_options(keep_logs: bool) -> Options {
         ],
         runtime_config: vec!["scheduling.k8s.io/v1beta1=true".into()],
         keep_run_dir: keep_logs,
+        audit: true,
     }
 }
 
-/// Runs every scenario of `config`: per scenario a fresh fleet, then each repeat runs
-/// the contenders in order, the next repeat in the reverse order.
+/// Runs every scenario of `config`: per scenario a fresh fleet, an unmeasured warm-up
+/// phase per contender, then each repeat runs the contenders in a rotated order.
 pub async fn run(config: &Config, progress: impl Fn(&str)) -> Result<Run> {
     let control_plane = ControlPlane::start(control_plane_options(config.keep_logs)).await?;
     progress(&format!(
@@ -59,6 +76,7 @@ pub async fn run(config: &Config, progress: impl Fn(&str)) -> Result<Run> {
     warm_up(&client).await?;
     let components = control_plane.pids();
     let log_dir = control_plane.run_dir().join("logs");
+    let audit_log = control_plane.audit_log();
     let mut scenarios = Vec::new();
     let mut results = Vec::new();
     for id in &config.scenarios {
@@ -78,13 +96,22 @@ pub async fn run(config: &Config, progress: impl Fn(&str)) -> Result<Run> {
             muster_binary: &config.muster_binary,
             components: &components,
             racks: &racks,
+            audit_log: &audit_log,
         };
-        for repeat in 0..config.repeats {
-            let mut order = config.contenders.clone();
-            if repeat % 2 == 1 {
-                order.reverse();
+        if config.warm_up {
+            let few = spec::warm_up(&scenario);
+            for contender in &config.contenders {
+                let began = std::time::Instant::now();
+                phase::run(&stage, &few, *contender, 0).await?;
+                progress(&format!(
+                    "  {} warm-up ({:.0} s, not measured)",
+                    contender.label(),
+                    began.elapsed().as_secs_f64()
+                ));
             }
-            for contender in order {
+        }
+        for repeat in 0..config.repeats {
+            for contender in order(&config.contenders, repeat) {
                 let began = std::time::Instant::now();
                 let result = phase::run(&stage, &scenario, contender, repeat).await?;
                 progress(&format!(
@@ -132,6 +159,7 @@ async fn warm_up(client: &kube::Client) -> Result<()> {
         gpus: 1,
         same_rack: false,
         run_for_seconds: None,
+        held: false,
     };
     let post = kube::api::PostParams::default();
     let mut workload = contender::workload(&gang);
@@ -178,4 +206,42 @@ fn today() -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .map(|d| d.trim().to_string())
         .unwrap_or_default()
+}
+
+/// Builds the release `muster` binary of this workspace and returns its path.
+pub fn build_release_muster() -> Result<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "-p", "muster"])
+        .current_dir(&workspace)
+        .status()
+        .context("running cargo build --release -p muster")?;
+    if !status.success() {
+        bail!("cargo build --release -p muster failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    Ok(target.join("release").join("muster"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_contender_runs_first_second_and_last_equally_often() {
+        let all = Contender::ALL;
+        let orders: Vec<Vec<Contender>> = (0..6).map(|r| order(&all, r)).collect();
+        assert_eq!(orders[0], all);
+        assert_eq!(orders[1], [all[1], all[2], all[0]]);
+        assert_eq!(orders[2], [all[2], all[0], all[1]]);
+        assert_eq!(orders[3], orders[0]);
+        for position in 0..3 {
+            for contender in all {
+                let times = orders.iter().filter(|o| o[position] == contender).count();
+                assert_eq!(times, 2, "{contender:?} at {position}");
+            }
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Parser;
 use muster_bench::contender::Contender;
 use muster_bench::report;
@@ -12,12 +12,16 @@ use muster_bench::spec::{ScenarioId, Size};
 #[derive(Parser)]
 #[command(about = "muster against upstream gang scheduling and plain kube-scheduler")]
 struct Args {
-    /// Scenarios to run, comma-separated (S1..S5).
-    #[arg(long, default_value = "S1,S2,S3,S4,S5", value_delimiter = ',')]
+    /// Scenarios to run, comma-separated (S1..S6).
+    #[arg(long, default_value = "S1,S2,S3,S4,S5,S6", value_delimiter = ',')]
     scenarios: Vec<String>,
-    /// Repeats per scenario; odd repeats run the contenders in reverse order.
-    #[arg(long, default_value_t = 3)]
+    /// Repeats per scenario; each repeat rotates the contenders' order by one (ABC, BCA,
+    /// CAB), so six repeats put every contender in every position twice.
+    #[arg(long, default_value_t = 6)]
     repeats: usize,
+    /// Skip the unmeasured warm-up phase of each contender.
+    #[arg(long)]
+    no_warm_up: bool,
     /// A few nodes and gangs per scenario, to check the harness.
     #[arg(long)]
     smoke: bool,
@@ -38,11 +42,11 @@ async fn main() -> Result<()> {
     let scenarios = args
         .scenarios
         .iter()
-        .map(|s| ScenarioId::parse(s).with_context(|| format!("unknown scenario {s}: expected S1..S5")))
+        .map(|s| ScenarioId::parse(s).with_context(|| format!("unknown scenario {s}: expected S1..S6")))
         .collect::<Result<Vec<_>>>()?;
     let muster_binary = match args.muster_bin {
         Some(path) => path,
-        None => build_release_muster()?,
+        None => muster_bench::build_release_muster()?,
     };
     let config = muster_bench::Config {
         size: if args.smoke { Size::Smoke } else { Size::Full },
@@ -51,6 +55,7 @@ async fn main() -> Result<()> {
         repeats: args.repeats.max(1),
         muster_binary,
         keep_logs: args.keep_logs,
+        warm_up: !args.no_warm_up,
     };
     let run = muster_bench::run(&config, |line| eprintln!("{line}")).await?;
     let plot_name = args
@@ -68,21 +73,4 @@ async fn main() -> Result<()> {
     std::fs::write(&args.out, report::markdown(&run, &plot_name))?;
     eprintln!("report written to {}", args.out.display());
     Ok(())
-}
-
-/// Builds the release `muster` binary of this workspace and returns its path.
-fn build_release_muster() -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "-p", "muster"])
-        .current_dir(&workspace)
-        .status()
-        .context("running cargo build --release -p muster")?;
-    if !status.success() {
-        bail!("cargo build --release -p muster failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join("target"));
-    Ok(target.join("release").join("muster"))
 }

@@ -24,6 +24,8 @@ use crate::timeline::{Recorder, Timeline};
 const PARTIAL_AFTER: Duration = Duration::from_secs(10);
 /// Gangs submitted at once.
 const SUBMIT_PARALLELISM: usize = 16;
+/// Gangs submitted, or let go, at once in a burst.
+const BURST_PARALLELISM: usize = 64;
 
 /// Where the cluster and the operator come from for a phase.
 pub struct Stage<'a> {
@@ -35,6 +37,8 @@ pub struct Stage<'a> {
     pub components: &'a [(String, u32)],
     /// Rack of every node.
     pub racks: &'a HashMap<String, String>,
+    /// kube-apiserver's audit log of writes.
+    pub audit_log: &'a Path,
 }
 
 /// What became of one gang; times are seconds after the gang was created.
@@ -85,6 +89,15 @@ pub struct PhaseResult {
     /// The operator's writes by `verb resource`.
     pub muster_writes_by_request: BTreeMap<String, f64>,
     pub recovery: Option<Recovery>,
+    /// Every write in the phase's namespace, by client, stage and resource, from the
+    /// audit log (setup of templates aside).
+    pub writes: crate::audit::WriteCounts,
+    /// Pods that ran without being in `reservedFor` of each of their claims.
+    pub unreserved_running: Vec<String>,
+    /// Pods released to kube-scheduler, and pods bound, per second between the moments
+    /// 10% and 90% of them were (scheduler_perf's throughput over a window).
+    pub release_rate: Option<f64>,
+    pub bind_rate: Option<f64>,
 }
 
 impl PhaseResult {
@@ -113,6 +126,18 @@ impl PhaseResult {
 
     pub fn total_writes(&self) -> f64 {
         self.apiserver_writes.values().sum()
+    }
+
+    /// Writes to the phase's gang objects (pods, claims, Workloads, PodGroups, Services,
+    /// events...) by every client, per pod bound: the API server's idle background
+    /// (node leases and status) is not in it.
+    pub fn gang_writes_per_pod(&self) -> f64 {
+        self.writes.total(None, None) as f64 / self.pods_bound.max(1) as f64
+    }
+
+    /// Writes by `client` in `stage` per pod bound.
+    pub fn writes_per_pod(&self, client: Option<crate::audit::Client>, stage: Option<crate::audit::Stage>) -> f64 {
+        self.writes.total(client, stage) as f64 / self.pods_bound.max(1) as f64
     }
 }
 
@@ -146,6 +171,7 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
         wait_leading(operator).await?;
     }
     let recorder = Recorder::start(client, &ns, scenario.gangs.iter().map(|g| g.name.clone()));
+    let audit_from = crate::audit::offset(stage.audit_log);
     let cpu_before = cost::cpu_by_process(stage.components);
     let writes_before = cost::apiserver_writes(client).await?;
     let outcome = drive(stage, scenario, contender, &ns, &recorder).await;
@@ -169,7 +195,27 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
     }
     let driven = outcome?;
     cleanup?;
+    // The API server writes its audit events out in batches.
+    tokio::time::sleep(crate::audit::FLUSH).await;
+    let audited = crate::audit::read(stage.audit_log, audit_from, &ns)?;
     let mut result = summarize(scenario, contender, repeat, &driven, stage.racks);
+    let gangs: Vec<String> = scenario.gangs.iter().map(|g| g.name.clone()).collect();
+    let running_at: BTreeMap<String, std::time::SystemTime> = scenario
+        .gangs
+        .iter()
+        .filter_map(|gang| {
+            let running = nth_earliest(
+                driven.timeline.pods_of(&gang.name).filter_map(|p| p.running).collect(),
+                gang.pods,
+            )?;
+            Some((
+                gang.name.clone(),
+                driven.start_wall + running.saturating_duration_since(driven.start),
+            ))
+        })
+        .collect();
+    result.writes = crate::audit::WriteCounts::of(&audited, &gangs, &running_at);
+    result.unreserved_running = driven.timeline.unreserved_running();
     result.cpu_seconds = cpu_seconds;
     result.muster_peak_rss_mib = muster_peak_rss_mib;
     result.apiserver_writes = cost::delta(&writes_before, &writes_after);
@@ -182,6 +228,8 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
 struct Driven {
     timeline: Timeline,
     start: Instant,
+    /// The wall clock at `start`, to place audit events on the timeline.
+    start_wall: std::time::SystemTime,
     created: HashMap<String, Instant>,
     partial: BTreeSet<String>,
     stalled: bool,
@@ -198,14 +246,33 @@ async fn drive(
     recorder: &Recorder,
 ) -> Result<Driven> {
     let client = stage.client;
+    let burst = scenario.gangs.iter().any(|g| g.held);
+    if burst && contender.creates_pods() {
+        // Every pod first, held behind the benchmark's gate.
+        stream::iter(scenario.gangs.iter())
+            .map(|gang| contender::submit(client, ns, contender, gang))
+            .buffer_unordered(BURST_PARALLELISM)
+            .try_collect::<Vec<()>>()
+            .await?;
+        let pods = scenario.pods();
+        muster_local_cluster::wait::until("every held pod to exist", Duration::from_secs(600), || async {
+            Ok((recorder.timeline.lock().unwrap().pods.len() >= pods).then_some(()))
+        })
+        .await?;
+    }
     let start = Instant::now();
+    let start_wall = std::time::SystemTime::now();
     let created: HashMap<String, Instant> = stream::iter(scenario.gangs.iter())
         .map(|gang| async move {
             let at = Instant::now();
-            contender::submit(client, ns, contender, gang).await?;
+            if burst && contender.creates_pods() {
+                contender::release(client, ns, gang).await?;
+            } else {
+                contender::submit(client, ns, contender, gang).await?;
+            }
             Ok::<_, anyhow::Error>((gang.name.clone(), at))
         })
-        .buffer_unordered(SUBMIT_PARALLELISM)
+        .buffer_unordered(if burst { BURST_PARALLELISM } else { SUBMIT_PARALLELISM })
         .try_collect()
         .await?;
     let deadline = start + Duration::from_secs(scenario.timeout_seconds);
@@ -281,6 +348,7 @@ async fn drive(
     Ok(Driven {
         timeline,
         start,
+        start_wall,
         created,
         partial,
         stalled,
@@ -525,5 +593,20 @@ fn summarize(
         muster_writes: None,
         muster_writes_by_request: BTreeMap::new(),
         recovery: driven.recovery.clone(),
+        writes: crate::audit::WriteCounts::default(),
+        unreserved_running: Vec::new(),
+        release_rate: window_rate(timeline.pods.values().filter_map(|p| p.released).collect()),
+        bind_rate: window_rate(timeline.pods.values().filter_map(|p| p.bound).collect()),
     }
+}
+
+/// Events per second between the 10th and the 90th percentile of `times`.
+fn window_rate(mut times: Vec<Instant>) -> Option<f64> {
+    if times.len() < 10 {
+        return None;
+    }
+    times.sort();
+    let (low, high) = (times.len() / 10, times.len() * 9 / 10);
+    let span = times[high].saturating_duration_since(times[low]).as_secs_f64();
+    (span > 0.0).then(|| (high - low) as f64 / span)
 }

@@ -124,7 +124,8 @@ fn trim(v: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-fn escape(text: &str) -> String {
+/// `text` safe inside an SVG element.
+pub fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 

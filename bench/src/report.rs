@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::audit::{Client, Stage};
 use crate::contender::Contender;
 use crate::phase::PhaseResult;
 use crate::plot::{Series, cdf_svg};
@@ -50,6 +51,19 @@ impl<'a> Summary<'a> {
         mean(&self.phases.iter().map(|p| value(p)).collect::<Vec<_>>())
     }
 
+    /// The mean over the repeats, and the lowest and highest repeat.
+    fn spread(&self, value: impl Fn(&PhaseResult) -> Option<f64>) -> Option<(f64, f64, f64)> {
+        let values: Vec<f64> = self.phases.iter().filter_map(|p| value(p)).collect();
+        let low = values.iter().copied().reduce(f64::min)?;
+        let high = values.iter().copied().reduce(f64::max)?;
+        Some((mean(&values)?, low, high))
+    }
+
+    /// Each repeat's p-th percentile of create → Running.
+    fn running_percentile_spread(&self, p: f64) -> Option<(f64, f64, f64)> {
+        self.spread(|phase| percentile(&phase.gangs.iter().filter_map(|g| g.all_running).collect::<Vec<_>>(), p))
+    }
+
     fn bound(&self) -> Vec<f64> {
         self.pooled(|g| g.all_bound)
     }
@@ -79,6 +93,14 @@ fn ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
     }
 }
 
+/// "12.3 (11.0–14.1)": mean over the repeats, lowest and highest repeat.
+fn spread(v: Option<(f64, f64, f64)>, digits: usize) -> String {
+    match v {
+        Some((mean, low, high)) => format!("{mean:.digits$} ({low:.digits$}–{high:.digits$})"),
+        None => "–".into(),
+    }
+}
+
 fn met(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "met",
@@ -102,10 +124,15 @@ pub fn markdown(run: &Run, plot_file: &str) -> String {
     let _ = writeln!(
         out,
         "Each scenario runs every contender in turn on the same freshly reset fleet, never two at \
-         once, {} repeats, in A/B then B/A order. Ratios are muster over upstream PodGroup gang \
+         once: first an unmeasured warm-up phase of each, then {} repeats whose order rotates by one \
+         each time (muster-upstream-plain, upstream-plain-muster, plain-muster-upstream), so each \
+         contender runs first, second and last equally often; values are means over the repeats with \
+         the lowest and highest repeat in brackets. Ratios are muster over upstream PodGroup gang \
          scheduling measured in the same run; **absolute times are this machine's**. Times come from \
          client-side watches on a monotonic clock, from a gang's create request to the moment the \
-         last of its pods is bound (create → bound) or Running (create → Running).\n",
+         last of its pods is bound (create → bound) or Running (create → Running). Writes come from \
+         kube-apiserver's audit log: every write request in the phase's namespace, with the client \
+         that made it.\n",
         run.repeats
     );
     let _ = writeln!(
@@ -132,7 +159,7 @@ pub fn markdown(run: &Run, plot_file: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "- **pods/s**: pods bound from the first create to the last pod bound. **writes/pod**: create, update, patch and delete requests kube-apiserver served during the phase (all clients), per pod bound; **muster writes/pod**: those muster made, from its own request counter."
+        "- **pods/s**: pods bound from the first create to the last pod bound. **writes/pod**: create, update, patch and delete requests on the phase's objects (pods and their bindings and status, claims and their status, Workloads, PodGroups, Services, events) in the audit log, from every client, per pod bound; the API server's background (node leases and status) is left out. **admission / lifecycle**: a write until every pod of its gang runs, or after (finishing, deallocating, deleting, the namespace's deletion at the end)."
     );
     let _ = writeln!(
         out,
@@ -185,6 +212,15 @@ fn headline(out: &mut String, run: &Run) {
                     theirs.per_phase(|p| p.pods_per_second),
                 );
                 row("pods/s", a, b, 1, "", None);
+                let a = ours.per_phase(|p| p.writes_per_pod(Some(Client::Muster), Some(Stage::Admission)));
+                row(
+                    "muster's own admission writes per pod (4-pod gangs)",
+                    a,
+                    None,
+                    2,
+                    "≤ 4",
+                    a.map(|a| a <= 4.0),
+                );
             }
             ScenarioId::S2 | ScenarioId::S3 => {
                 let placed = |s: &Summary| s.per_phase(|p| p.placed_correctly() as f64);
@@ -216,6 +252,29 @@ fn headline(out: &mut String, run: &Run) {
                     a.map(|a| a == 0.0),
                 );
                 if scenario.id == ScenarioId::S3 {
+                    let (a, b) = (
+                        ours.per_phase(PhaseResult::gang_writes_per_pod),
+                        theirs.per_phase(PhaseResult::gang_writes_per_pod),
+                    );
+                    row(
+                        "API-server writes per pod, all clients (gang objects)",
+                        a,
+                        b,
+                        1,
+                        "≤ upstream",
+                        a.zip(b).map(|(a, b)| a <= b),
+                    );
+                    let per_claim =
+                        |s: &Summary| s.per_phase(|p| p.writes.claim_status_per_claim().map_or(0.0, |c| c.0));
+                    let a = per_claim(&ours);
+                    row(
+                        "claim status writes per claim over its life",
+                        a,
+                        per_claim(&theirs),
+                        2,
+                        "≤ 3",
+                        a.map(|a| a <= 3.0),
+                    );
                     row(
                         "makespan (s)",
                         ours.per_phase(|p| p.makespan),
@@ -273,24 +332,47 @@ fn headline(out: &mut String, run: &Run) {
                 row("pods/s bound", a, b, 1, "muster ≥ 300", a.map(|a| a >= 300.0));
                 let rss = ours.per_phase(|p| p.muster_peak_rss_mib.unwrap_or(0.0));
                 row("muster peak RSS (MiB)", rss, None, 0, "≤ 300", rss.map(|r| r <= 300.0));
-                let writes = ours.per_phase(|p| p.muster_writes.unwrap_or(0.0) / p.pods_bound.max(1) as f64);
+                let all = |s: &Summary| s.per_phase(PhaseResult::gang_writes_per_pod);
                 row(
-                    "muster writes per pod",
-                    writes,
-                    None,
-                    2,
-                    "≤ 4",
-                    writes.map(|w| w <= 4.0),
-                );
-                let all = |s: &Summary| s.per_phase(|p| p.total_writes() / p.pods_bound.max(1) as f64);
-                row(
-                    "apiserver writes per pod (all clients)",
+                    "API-server writes per pod, all clients (gang objects)",
                     all(&ours),
                     all(&theirs),
-                    2,
+                    1,
                     "",
                     None,
                 );
+            }
+            ScenarioId::S6 => {
+                let plain = Summary::of(run, scenario.id, Contender::Plain);
+                let rate = |s: &Summary| s.per_phase(|p| p.bind_rate.unwrap_or(0.0));
+                let (a, b) = (rate(&ours), rate(&theirs));
+                row(
+                    "pods bound per second (10–90% window)",
+                    a,
+                    b,
+                    1,
+                    "≥ 2× upstream",
+                    a.zip(b).map(|(a, b)| a >= 2.0 * b),
+                );
+                let floor = rate(&plain);
+                row(
+                    "pods bound per second, muster / plain kube-scheduler",
+                    a,
+                    floor,
+                    1,
+                    "≥ 1.0× plain",
+                    a.zip(floor).map(|(a, f)| a >= f),
+                );
+                row(
+                    "pods released per second (10–90% window)",
+                    ours.per_phase(|p| p.release_rate.unwrap_or(0.0)),
+                    theirs.per_phase(|p| p.release_rate.unwrap_or(0.0)),
+                    1,
+                    "",
+                    None,
+                );
+                let rss = ours.per_phase(|p| p.muster_peak_rss_mib.unwrap_or(0.0));
+                row("muster peak RSS (MiB)", rss, None, 0, "≤ 300", rss.map(|r| r <= 300.0));
             }
         }
     }
@@ -331,7 +413,7 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
     );
     let _ = writeln!(
         out,
-        "| contender | admitted / placed correctly (of {}) | create → bound p50 / p90 / p99 (s) | create → Running p50 / p90 / p99 (s) | pods/s | partial | deadlocked | makespan (s) | GPU util. | CPU s muster / scheduler / apiserver | writes/pod (muster's) | muster RSS MiB |",
+        "| contender | admitted / placed correctly (of {}) | create → bound p50 / p90 / p99 (s) | create → Running p99 per repeat (s) | pods/s | partial | deadlocked | makespan (s) | GPU util. | CPU s muster / scheduler / apiserver | writes/pod, all clients (muster's) | muster RSS MiB |",
         Summary::of(run, scenario.id, Contender::Muster)
             .gangs_per_phase()
             .max(scenario.gangs.len())
@@ -342,7 +424,7 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
         if s.is_empty() {
             continue;
         }
-        let (bound, running) = (s.bound(), s.running());
+        let bound = s.bound();
         let triple = |v: &[f64]| {
             format!(
                 "{} / {} / {}",
@@ -355,10 +437,7 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
         let muster_writes = if contender == Contender::Muster {
             format!(
                 " ({})",
-                number(
-                    s.per_phase(|p| p.muster_writes.unwrap_or(0.0) / p.pods_bound.max(1) as f64),
-                    2
-                )
+                number(s.per_phase(|p| p.writes_per_pod(Some(Client::Muster), None)), 2)
             )
         } else {
             String::new()
@@ -370,8 +449,8 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
             number(s.per_phase(|p| p.admitted() as f64), 1),
             number(s.per_phase(|p| p.placed_correctly() as f64), 1),
             triple(&bound),
-            triple(&running),
-            number(s.per_phase(|p| p.pods_per_second), 1),
+            spread(s.running_percentile_spread(99.0), 2),
+            spread(s.spread(|p| Some(p.pods_per_second)), 1),
             number(s.per_phase(|p| p.partial() as f64), 1),
             number(s.per_phase(|p| p.deadlocked() as f64), 1),
             number(s.per_phase(|p| p.makespan), 1),
@@ -379,7 +458,7 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
             number(cpu("muster").filter(|_| contender == Contender::Muster), 1),
             number(cpu("kube-scheduler"), 1),
             number(cpu("kube-apiserver"), 1),
-            number(s.per_phase(|p| p.total_writes() / p.pods_bound.max(1) as f64), 1),
+            spread(s.spread(|p| Some(p.gang_writes_per_pod())), 1),
             muster_writes,
             number(
                 s.per_phase(|p| p.muster_peak_rss_mib.unwrap_or(0.0))
@@ -389,7 +468,30 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
         );
     }
     let _ = writeln!(out);
+    writes_table(out, run, scenario);
     match scenario.id {
+        ScenarioId::S6 => {
+            let _ = writeln!(
+                out,
+                "The burst: the baselines' pods are all created first behind a gate of the benchmark's, then let go at once; muster's Workloads are all created at that moment (muster creates the pods, reserves every claim and releases them). Rates are per second between the moments 10% and 90% of the pods were released or bound.\n"
+            );
+            let _ = writeln!(out, "| contender | released per second | bound per second |");
+            let _ = writeln!(out, "|---|---|---|");
+            for contender in Contender::ALL {
+                let s = Summary::of(run, scenario.id, contender);
+                if s.is_empty() {
+                    continue;
+                }
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} |",
+                    contender.label(),
+                    spread(s.spread(|p| p.release_rate), 1),
+                    spread(s.spread(|p| p.bind_rate), 1)
+                );
+            }
+            let _ = writeln!(out);
+        }
         ScenarioId::S3 => {
             let _ = writeln!(
                 out,
@@ -464,6 +566,70 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
         }
         _ => {}
     }
+}
+
+/// Who wrote, per pod bound, in admission (until the gang runs) and after (its life:
+/// finishing, deallocating, deleting); claim status writes per claim; conflicts; and the
+/// reservation invariant.
+fn writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
+    let _ = writeln!(
+        out,
+        "Writes per pod bound, from the audit log, admission / lifecycle, by client; claim status writes per claim (mean / most); requests refused with 409 Conflict per run; pods that ran without being in `reservedFor` of each of their claims.\n"
+    );
+    let clients = [
+        Client::Muster,
+        Client::Scheduler,
+        Client::ControllerManager,
+        Client::Kwok,
+        Client::Other,
+    ];
+    let header: Vec<&str> = clients.iter().map(|c| c.label()).collect();
+    let _ = writeln!(
+        out,
+        "| contender | {} | all | claim status writes per claim | 409s | running unreserved |",
+        header.join(" | ")
+    );
+    let _ = writeln!(out, "|---|{}---|---|---|---|", "---|".repeat(clients.len()));
+    for contender in Contender::ALL {
+        let s = Summary::of(run, scenario.id, contender);
+        if s.is_empty() {
+            continue;
+        }
+        let cells: Vec<String> = clients
+            .iter()
+            .map(|client| {
+                format!(
+                    "{} / {}",
+                    number(
+                        s.per_phase(|p| p.writes_per_pod(Some(*client), Some(Stage::Admission))),
+                        2
+                    ),
+                    number(
+                        s.per_phase(|p| p.writes_per_pod(Some(*client), Some(Stage::Lifecycle))),
+                        2
+                    )
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} / {} | {} | {} |",
+            contender.label(),
+            cells.join(" | "),
+            spread(s.spread(|p| Some(p.gang_writes_per_pod())), 1),
+            number(
+                s.per_phase(|p| p.writes.claim_status_per_claim().map_or(0.0, |c| c.0)),
+                2
+            ),
+            number(
+                s.per_phase(|p| p.writes.claim_status_per_claim().map_or(0.0, |c| c.1 as f64)),
+                0
+            ),
+            number(s.per_phase(|p| p.writes.conflicts.values().sum::<u64>() as f64), 0),
+            number(s.per_phase(|p| p.unreserved_running.len() as f64), 0),
+        );
+    }
+    let _ = writeln!(out);
 }
 
 /// The CDF of create → Running per contender, for the scenarios with the most gangs.

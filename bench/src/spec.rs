@@ -16,15 +16,19 @@ pub enum ScenarioId {
     S4,
     /// Many nodes, many gangs created, run, finished and deleted.
     S5,
+    /// A burst that fits: every gang at once on at least 1,000 nodes; the rate pods are
+    /// released and bound.
+    S6,
 }
 
 impl ScenarioId {
-    pub const ALL: [ScenarioId; 5] = [
+    pub const ALL: [ScenarioId; 6] = [
         ScenarioId::S1,
         ScenarioId::S2,
         ScenarioId::S3,
         ScenarioId::S4,
         ScenarioId::S5,
+        ScenarioId::S6,
     ];
 
     pub fn title(self) -> &'static str {
@@ -34,6 +38,7 @@ impl ScenarioId {
             ScenarioId::S3 => "S3 oversubscription",
             ScenarioId::S4 => "S4 member failure",
             ScenarioId::S5 => "S5 scale",
+            ScenarioId::S6 => "S6 burst",
         }
     }
 
@@ -56,6 +61,10 @@ pub struct GangSpec {
     pub same_rack: bool,
     /// Pods succeed this long after they start running; `None` runs until deleted.
     pub run_for_seconds: Option<u64>,
+    /// Submitted held and let go all at once with every other held gang (the burst):
+    /// the baselines' pods wait behind a scheduling gate of the benchmark's until every
+    /// pod exists. muster's Workloads are simply created at that moment.
+    pub held: bool,
 }
 
 /// A scenario at a given size.
@@ -118,6 +127,7 @@ fn gangs(
             gpus,
             same_rack,
             run_for_seconds: run_for,
+            held: false,
         })
         .collect()
 }
@@ -198,5 +208,31 @@ pub fn scenario(id: ScenarioId, size: Size) -> Scenario {
                 stall_seconds: 120,
             }
         }
+        ScenarioId::S6 => {
+            // Gangs of four pods, a whole node each: the burst fills the fleet exactly.
+            let nodes = if smoke { 16 } else { 1000 };
+            let mut gangs = gangs("s6", (0..nodes / 4).map(|_| (4, 8)), false, None);
+            for gang in &mut gangs {
+                gang.held = true;
+            }
+            Scenario {
+                id,
+                fleet: fleet(nodes, 8),
+                gangs,
+                delete_finished: false,
+                timeout_seconds: if smoke { 300 } else { 1200 },
+                stall_seconds: 120,
+            }
+        }
+    }
+}
+
+/// A few of `scenario`'s gangs (up to four), for a contender's unmeasured warm-up on the
+/// scenario's fleet.
+pub fn warm_up(scenario: &Scenario) -> Scenario {
+    Scenario {
+        gangs: scenario.gangs.iter().take(4).cloned().collect(),
+        timeout_seconds: scenario.timeout_seconds.min(300),
+        ..scenario.clone()
     }
 }

@@ -20,6 +20,9 @@ pub type Device = (String, String);
 #[derive(Clone, Debug, Default)]
 pub struct PodRecord {
     pub gang: String,
+    pub name: String,
+    /// Names of its ResourceClaims (those made from templates once they are known).
+    pub claims: BTreeSet<String>,
     pub node: Option<String>,
     /// When the pod was first seen without scheduling gates.
     pub released: Option<Instant>,
@@ -32,6 +35,9 @@ pub struct PodRecord {
 #[derive(Clone, Debug, Default)]
 pub struct ClaimRecord {
     pub gang: String,
+    pub name: String,
+    /// Every pod uid seen in its `status.reservedFor`.
+    pub reserved_for: BTreeSet<String>,
     pub allocated: Option<Instant>,
     pub released: Option<Instant>,
     pub devices: Vec<Device>,
@@ -45,6 +51,9 @@ pub struct Timeline {
     /// Gang names, longest first, to find the gang of a claim by its name's prefix.
     gangs: Vec<String>,
     pub last_progress: Instant,
+    /// Times the claim watch started over from a fresh list after the first: a claim
+    /// that changed meanwhile may have been reserved and unreserved unseen.
+    claim_relists: usize,
 }
 
 impl Timeline {
@@ -68,8 +77,24 @@ impl Timeline {
         };
         let record = self.pods.entry(uid).or_insert_with(|| PodRecord {
             gang,
+            name: pod.metadata.name.clone().unwrap_or_default(),
             ..PodRecord::default()
         });
+        for claim in pod.spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
+            let generated = || {
+                pod.status
+                    .as_ref()?
+                    .resource_claim_statuses
+                    .as_ref()?
+                    .iter()
+                    .find(|s| s.name == claim.name)?
+                    .resource_claim_name
+                    .clone()
+            };
+            if let Some(name) = claim.resource_claim_name.clone().or_else(generated) {
+                record.claims.insert(name);
+            }
+        }
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
         let mut moved = false;
@@ -119,8 +144,12 @@ impl Timeline {
         let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref());
         let record = self.claims.entry(uid).or_insert_with(|| ClaimRecord {
             gang,
+            name: name.clone(),
             ..ClaimRecord::default()
         });
+        for reference in claim.status.iter().flat_map(|s| s.reserved_for.iter().flatten()) {
+            record.reserved_for.insert(reference.uid.clone());
+        }
         match allocation {
             Some(allocation) if record.allocated.is_none() => {
                 record.allocated = Some(now);
@@ -163,6 +192,40 @@ impl Timeline {
             .collect()
     }
 
+    /// Pods that ran although some claim of theirs never listed them in `reservedFor`
+    /// (`pod/claim`): kube-scheduler and the kubelet rely on the reservation, and a
+    /// claim without it may be deallocated or given to another pod.
+    ///
+    /// Empty when the claim watch started over during the phase: its history has a
+    /// gap, and a reservation inside the gap cannot be told from none.
+    pub fn unreserved_running(&self) -> Vec<String> {
+        if self.claim_relists > 0 {
+            eprintln!(
+                "  the claim watch started over {} time(s): reservations not checked in this phase",
+                self.claim_relists
+            );
+            return Vec::new();
+        }
+        let mut missing = Vec::new();
+        for (uid, pod) in &self.pods {
+            if pod.running.is_none() {
+                continue;
+            }
+            for claim in &pod.claims {
+                let reserved = self
+                    .claims
+                    .values()
+                    .filter(|c| &c.name == claim)
+                    .any(|c| c.reserved_for.contains(uid));
+                if !reserved {
+                    missing.push(format!("{}/{claim}", pod.name));
+                }
+            }
+        }
+        missing.sort();
+        missing
+    }
+
     /// Pods of each gang that are bound and not finished, by gang.
     pub fn active_pods(&self) -> BTreeMap<&str, usize> {
         let mut out = BTreeMap::new();
@@ -199,6 +262,7 @@ impl Recorder {
             claims: HashMap::new(),
             gangs,
             last_progress: Instant::now(),
+            claim_relists: 0,
         }));
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
@@ -224,8 +288,15 @@ impl Recorder {
         let claim_timeline = timeline.clone();
         let claim_task = tokio::spawn(async move {
             let mut events = watcher::watcher(claims, watcher::Config::default()).boxed();
+            let mut listed = false;
             loop {
                 match events.try_next().await {
+                    Ok(Some(Event::Init)) => {
+                        if listed {
+                            claim_timeline.lock().unwrap().claim_relists += 1;
+                        }
+                        listed = true;
+                    }
                     Ok(Some(Event::Apply(claim) | Event::InitApply(claim))) => {
                         claim_timeline.lock().unwrap().observe_claim(&claim, Instant::now());
                     }

@@ -80,6 +80,7 @@ fn case(rng: &mut Rng, index: usize) -> Case {
             gpus: (*rng.pick(&[1, 2, 4, 8])).min(fleet.gpus_per_node),
             same_rack: rng.next_u64().is_multiple_of(2),
             run_for_seconds: None,
+            held: false,
         })
         .collect();
     // Pod constraints draw from their own generator: the fleets and gangs above stay

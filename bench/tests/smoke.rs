@@ -3,6 +3,7 @@
 //! needs; it asserts no timings.
 
 use anyhow::{Result, ensure};
+use muster_bench::audit::{Client, Stage};
 use muster_bench::contender::Contender;
 use muster_bench::report;
 use muster_bench::spec::{ScenarioId, Size};
@@ -16,6 +17,8 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
         repeats: 1,
         muster_binary: muster_local_cluster::operator::muster_binary()?,
         keep_logs: false,
+        // The smoke run checks the harness; warming up would only double its time.
+        warm_up: false,
     };
     let run = muster_bench::run(&config, |line| eprintln!("{line}")).await?;
     ensure!(run.results.len() == ScenarioId::ALL.len() * Contender::ALL.len());
@@ -55,6 +58,37 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
             result.pods_bound > 0 && result.total_writes() > 0.0,
             "{what}: nothing measured"
         );
+        // The audit log attributes writes to their clients; the contender's own writes
+        // are among them (the baselines' pods are created by the benchmark).
+        ensure!(
+            result.writes.total(None, None) > 0
+                && (result.contender != Contender::Muster
+                    || result.writes.total(Some(Client::Muster), Some(Stage::Admission)) > 0),
+            "{what}: no writes attributed: {:?}",
+            result.writes
+        );
+        // Every pod that ran was in reservedFor of each of its claims, for every contender.
+        ensure!(
+            result.unreserved_running.is_empty(),
+            "{what}: pods ran without their claims' reservation: {:?}",
+            result.unreserved_running
+        );
+        if result.contender == Contender::Muster
+            && matches!(result.scenario, ScenarioId::S1 | ScenarioId::S2 | ScenarioId::S6)
+        {
+            let pods: usize = result.gangs.iter().map(|g| g.pods).sum();
+            ensure!(
+                result.pods_bound >= pods,
+                "{what}: {} of {pods} pods bound",
+                result.pods_bound
+            );
+        }
+        if result.scenario == ScenarioId::S6 {
+            ensure!(
+                result.bind_rate.is_some() && result.release_rate.is_some(),
+                "{what}: the burst's rates were not measured"
+            );
+        }
         ensure!(
             result.cpu_seconds.contains_key("kube-scheduler"),
             "{what}: no component CPU measured"

@@ -2,10 +2,14 @@
 //! not stay broken for longer than one commit window (a commit that finds a conflict
 //! undoes its writes within it):
 //! - no device is in two allocations (admin access and shared devices aside);
-//! - no gang that is queued or reserving holds allocated claims past the window, and a
-//!   deleted gang's claims are given back;
-//! - a claim muster allocated for a gang is one the gang's placement names, and a
-//!   released gang holds every claim its placement names;
+//! - claims are held as muster's ownership rule says: every gang whose placement names a
+//!   claim holds it; no gang that is queued or reserving holds allocated claims of its
+//!   own past the window; a claim muster allocated is named by a placement or used by a
+//!   pod (a deleted gang's claims are given back), and a gang holds no claim muster
+//!   allocated that its placement does not name, unless another gang or a pod outside
+//!   it holds that claim;
+//! - a released gang holds every claim its placement names, and no pod of a gang is
+//!   released while a claim it uses is not allocated;
 //! - no released gang holds its devices while one of its planned minCount pods cannot be
 //!   scheduled (the operator tears such a gang down after `--schedule-timeout`).
 //!
@@ -112,10 +116,44 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
         .items;
     let mut problems = BTreeSet::new();
 
+    let workload_key = |w: &Workload| {
+        format!(
+            "{}/{}",
+            w.metadata.namespace.clone().unwrap_or_default(),
+            w.metadata.name.clone().unwrap_or_default()
+        )
+    };
+    let placements: BTreeMap<String, _> = workloads
+        .iter()
+        .map(|w| (workload_key(w), w.status.as_ref().and_then(|s| s.placement.clone())))
+        .collect();
+    // Who holds each claim: every gang whose placement names it (a finished gang holds
+    // nothing).
+    let mut named_by: BTreeMap<String, Vec<(String, Option<AdmissionState>)>> = BTreeMap::new();
+    for (gang, placement) in &placements {
+        let Some(placement) = placement.as_ref().filter(|p| p.state != Some(AdmissionState::Finished)) else {
+            continue;
+        };
+        let namespace = gang.split_once('/').map_or("", |(ns, _)| ns);
+        for claim in &placement.claims {
+            named_by
+                .entry(format!("{namespace}/{claim}"))
+                .or_default()
+                .push((gang.clone(), placement.state));
+        }
+    }
+    let mut gang_pods: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in &pods {
+        if let Some(workload) = pod.metadata.labels.as_ref().and_then(|l| l.get(labels::WORKLOAD)) {
+            let gang = format!("{}/{workload}", pod.metadata.namespace.clone().unwrap_or_default());
+            gang_pods
+                .entry(gang)
+                .or_default()
+                .insert(pod.metadata.uid.clone().unwrap_or_default());
+        }
+    }
+
     let mut holders: BTreeMap<(String, String, String), String> = BTreeMap::new();
-    // Per gang, its allocated claims: whether muster allocated each (its finalizer) and
-    // whether a pod reserves it.
-    let mut gang_holds: BTreeMap<String, Vec<(String, bool, bool)>> = BTreeMap::new();
     for claim in &claims {
         let name = format!(
             "{}/{}",
@@ -125,24 +163,6 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
         let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
             continue;
         };
-        if let Some(workload) = claim.metadata.labels.as_ref().and_then(|l| l.get(labels::WORKLOAD)) {
-            let gang = format!("{}/{workload}", claim.metadata.namespace.clone().unwrap_or_default());
-            let muster_allocated = claim
-                .metadata
-                .finalizers
-                .iter()
-                .flatten()
-                .any(|f| f == labels::CLAIM_FINALIZER);
-            let reserved = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.reserved_for.as_ref())
-                .is_some_and(|r| !r.is_empty());
-            gang_holds
-                .entry(gang)
-                .or_default()
-                .push((name.clone(), muster_allocated, reserved));
-        }
         for result in allocation.devices.iter().flat_map(|d| d.results.iter().flatten()) {
             if result.admin_access == Some(true) || result.share_id.is_some() {
                 continue;
@@ -155,68 +175,62 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
                 ));
             }
         }
+        let muster_allocated = claim
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == labels::CLAIM_FINALIZER);
+        let reserved: Vec<&str> = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|r| r.uid.as_str())
+            .collect();
+        let holding = named_by.get(&name).map(Vec::as_slice).unwrap_or_default();
+        for (gang, state) in holding {
+            if *state == Some(AdmissionState::Reserving) {
+                problems.insert(format!("gang {gang} holds {name} without being admitted"));
+            }
+        }
+        let Some(workload) = claim.metadata.labels.as_ref().and_then(|l| l.get(labels::WORKLOAD)) else {
+            continue;
+        };
+        let gang = format!("{}/{workload}", claim.metadata.namespace.clone().unwrap_or_default());
+        if !holding.is_empty() {
+            continue;
+        }
+        // No placement names it: a pod outside the gang whose label it carries may keep
+        // it (the gang let go of it); otherwise it is a leak, or the gang's own holding.
+        let own = gang_pods.get(&gang);
+        let used_outside = reserved.iter().any(|uid| own.is_none_or(|own| !own.contains(*uid)));
+        let Some(placement) = placements.get(&gang) else {
+            // What muster allocated and no pod uses any more must be given back; a claim
+            // another pod (or a Job's pod the gang leaves behind) still uses stays.
+            if muster_allocated && reserved.is_empty() {
+                problems.insert(format!("deleted gang {gang} still holds allocated claim {name}"));
+            }
+            continue;
+        };
+        if used_outside {
+            continue;
+        }
+        let state = placement.as_ref().and_then(|p| p.state);
+        if state.is_none() {
+            problems.insert(format!("gang {gang} holds {name} without being admitted"));
+        } else if muster_allocated {
+            problems.insert(format!(
+                "gang {gang} holds {name}, which muster allocated but no placement names"
+            ));
+        }
     }
     let deleting: BTreeSet<String> = workloads
         .iter()
         .filter(|w| w.metadata.deletion_timestamp.is_some())
-        .map(|w| {
-            format!(
-                "{}/{}",
-                w.metadata.namespace.clone().unwrap_or_default(),
-                w.metadata.name.clone().unwrap_or_default()
-            )
-        })
+        .map(workload_key)
         .collect();
-    let placements: BTreeMap<String, _> = workloads
-        .iter()
-        .map(|w| {
-            let key = format!(
-                "{}/{}",
-                w.metadata.namespace.clone().unwrap_or_default(),
-                w.metadata.name.clone().unwrap_or_default()
-            );
-            (key, w.status.as_ref().and_then(|s| s.placement.clone()))
-        })
-        .collect();
-    for (gang, held) in gang_holds {
-        let Some(placement) = placements.get(&gang) else {
-            // What muster allocated and no pod uses any more must be given back; a claim
-            // another pod (or a Job's pod the gang leaves behind) still uses stays.
-            let stale: Vec<&str> = held
-                .iter()
-                .filter(|(_, muster_allocated, reserved)| *muster_allocated && !reserved)
-                .map(|(name, _, _)| name.as_str())
-                .collect();
-            if !stale.is_empty() {
-                problems.insert(format!(
-                    "deleted gang {gang} still holds {} allocated claims ({})",
-                    stale.len(),
-                    stale.join(", ")
-                ));
-            }
-            continue;
-        };
-        let state = placement.as_ref().and_then(|p| p.state);
-        if matches!(state, None | Some(AdmissionState::Reserving)) {
-            problems.insert(format!(
-                "gang {gang} holds {} allocated claims without being admitted",
-                held.len()
-            ));
-        }
-        // What muster allocated for the gang is what its placement names.
-        let named: BTreeSet<&str> = placement
-            .iter()
-            .flat_map(|p| p.claims.iter().map(String::as_str))
-            .collect();
-        for (claim, muster_allocated, _) in &held {
-            let short = claim.split_once('/').map_or(claim.as_str(), |(_, n)| n);
-            if *muster_allocated && state.is_some() && !named.contains(short) {
-                problems.insert(format!(
-                    "gang {gang} holds {claim}, which muster allocated but its placement does not name"
-                ));
-            }
-        }
-    }
     for (gang, placement) in &placements {
         let Some(placement) = placement.as_ref().filter(|p| p.state == Some(AdmissionState::Released)) else {
             continue;
@@ -238,6 +252,48 @@ async fn check(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
             if object.status.as_ref().is_none_or(|s| s.allocation.is_none()) {
                 problems.insert(format!(
                     "released gang {gang} does not hold {key}, which its placement names"
+                ));
+            }
+        }
+    }
+    // No pod of a gang is released while a claim it uses is not allocated (a claim that
+    // does not exist yet keeps the pod from being scheduled anyway).
+    for pod in &pods {
+        let spec = pod.spec.clone().unwrap_or_default();
+        let gated = spec
+            .scheduling_gates
+            .iter()
+            .flatten()
+            .any(|g| g.name == labels::GANG_GATE);
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if gated || matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let generated: BTreeMap<String, String> = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| Some((c.name.clone(), c.resource_claim_name.clone()?)))
+            .collect();
+        for entry in spec.resource_claims.iter().flatten() {
+            let Some(object) = entry
+                .resource_claim_name
+                .clone()
+                .or_else(|| generated.get(&entry.name).cloned())
+            else {
+                continue;
+            };
+            let found = claims.iter().find(|c| {
+                c.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && c.metadata.name.as_deref() == Some(object.as_str())
+            });
+            if found.is_some_and(|c| c.status.as_ref().is_none_or(|s| s.allocation.is_none())) {
+                problems.insert(format!(
+                    "pod {namespace}/{} is released but its claim {object} is not allocated",
+                    pod.metadata.name.clone().unwrap_or_default()
                 ));
             }
         }

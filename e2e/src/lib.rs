@@ -3,6 +3,7 @@
 //! the invariants every test checks, storage the tests make, and a seeded generator.
 
 pub mod chart;
+pub mod frameworks;
 pub mod invariants;
 pub mod rbac;
 pub mod rng;

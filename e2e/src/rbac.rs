@@ -137,6 +137,46 @@ pub fn granted(rules: &[&Value]) -> BTreeSet<(String, String)> {
     out
 }
 
+/// The rules of the rendered (Cluster)Roles that the chart binds to its ServiceAccount:
+/// what the operator is granted, leaving out roles for people (the aggregated view and
+/// edit roles).
+pub fn operator_rules(objects: &[Value]) -> Vec<&Value> {
+    let Some(account) = chart::of_kind(objects, "ServiceAccount")
+        .first()
+        .and_then(|a| a["metadata"]["name"].as_str())
+    else {
+        return Vec::new();
+    };
+    let bound: BTreeSet<(&str, &str)> = chart::of_kind(objects, "ClusterRoleBinding")
+        .into_iter()
+        .chain(chart::of_kind(objects, "RoleBinding"))
+        .filter(|binding| {
+            binding["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|subject| subject["kind"] == "ServiceAccount" && subject["name"].as_str() == Some(account))
+        })
+        .filter_map(|binding| {
+            Some((
+                binding["roleRef"]["kind"].as_str()?,
+                binding["roleRef"]["name"].as_str()?,
+            ))
+        })
+        .collect();
+    chart::of_kind(objects, "ClusterRole")
+        .into_iter()
+        .chain(chart::of_kind(objects, "Role"))
+        .filter(|role| {
+            let kind = role["kind"].as_str().unwrap_or_default();
+            role["metadata"]["name"]
+                .as_str()
+                .is_some_and(|name| bound.contains(&(kind, name)))
+        })
+        .flat_map(|role| role["rules"].as_array().into_iter().flatten())
+        .collect()
+}
+
 /// `(verb, resource[.group])` of every request the operator made, from its metrics.
 pub async fn used(operator: &Operator) -> Result<BTreeSet<(String, String)>> {
     let seen = metrics(operator).await?;

@@ -88,7 +88,16 @@ pub struct Test {
 
 impl Test {
     pub async fn start(name: &str, operator_args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
-        let cluster = cluster().await?;
+        Self::start_on(cluster().await?, name, operator_args, env).await
+    }
+
+    /// [`Test::start`] on another shared cluster than the default one.
+    pub async fn start_on(
+        cluster: &'static SharedCluster,
+        name: &str,
+        operator_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let client = cluster.control_plane.client().await?;
         let ns = namespace(&client, name).await?;
         let checker = Checker::start(client.clone(), COMMIT_WINDOW);
@@ -354,7 +363,7 @@ impl Test {
     }
 
     /// Deletes every Workload (and Job: their pods may hold claims muster allocated) and
-    /// waits until the claims are deallocated and gone (the operator must run for that),
+    /// every claim, and waits until the claims are deallocated and gone (the operator must run for that),
     /// then stops the operator and the checker and fails on any invariant violation.
     /// Every step runs even when one fails, so a failed test leaves nothing behind that
     /// would hold devices in the next one.
@@ -371,6 +380,15 @@ impl Test {
             .await
         {
             problems.push(anyhow::Error::new(e).context("deleting the test's Workloads"));
+        }
+        // Claims the test made itself (a user's, shared by gangs) go too; muster clears
+        // what it allocated on them once no pod uses them.
+        if let Err(e) = self
+            .claims()
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+        {
+            problems.push(anyhow::Error::new(e).context("deleting the test's claims"));
         }
         if let Err(e) = self.wait_claims_gone().await {
             problems.push(e);
@@ -593,4 +611,173 @@ pub async fn assert_runs_as_planned(test: &Test, name: &str) -> Result<Workload>
         );
     }
     Ok(workload)
+}
+
+/// PriorityClasses the tests rank gangs with (cluster-scoped, kept once made): a low,
+/// a middle and a high class that preempt, and a high one that never does.
+pub const LOW: &str = "muster-e2e-low";
+pub const MID: &str = "muster-e2e-mid";
+pub const HIGH: &str = "muster-e2e-high";
+pub const NEVER: &str = "muster-e2e-never";
+
+/// Makes the PriorityClasses [`LOW`], [`MID`], [`HIGH`] and [`NEVER`] if missing.
+pub async fn priority_classes(client: &kube::Client) -> Result<()> {
+    let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(client.clone());
+    for (name, value, policy) in [
+        (LOW, 100, "PreemptLowerPriority"),
+        (MID, 500, "PreemptLowerPriority"),
+        (HIGH, 1000, "PreemptLowerPriority"),
+        (NEVER, 1000, "Never"),
+    ] {
+        let class = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "value": value,
+            "preemptionPolicy": policy,
+        }))?;
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// `workload` with PriorityClass `class`.
+pub fn ranked(mut workload: Value, class: &str) -> Value {
+    workload["spec"]["priorityClassName"] = json!(class);
+    workload
+}
+
+/// `workload` whose pods take `seconds` to stop once deleted.
+pub fn terminating_for(mut workload: Value, seconds: u32) -> Value {
+    for group in workload["spec"]["podGroups"].as_array_mut().into_iter().flatten() {
+        group["template"]["metadata"]["annotations"]["muster-e2e-terminate-after"] = json!(format!("{seconds}s"));
+    }
+    workload
+}
+
+/// A ResourceClaim of `gpus` GPUs made by the user, not by muster.
+pub fn user_claim(name: &str, gpus: u32) -> Result<ResourceClaim> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": gpus}}]}},
+    }))?)
+}
+
+/// `workload` whose group `group` also shares the existing claim `claim` (named
+/// `shared` in its pods).
+pub fn sharing_claim(mut workload: Value, group: &str, claim: &str) -> Value {
+    for g in workload["spec"]["podGroups"].as_array_mut().into_iter().flatten() {
+        if g["name"] == group {
+            let container = &mut g["template"]["spec"]["containers"][0]["resources"]["claims"];
+            if !container.is_array() {
+                *container = json!([]);
+            }
+            if let Some(claims) = container.as_array_mut() {
+                claims.push(json!({"name": "shared"}));
+            }
+        }
+    }
+    let claims = &mut workload["spec"]["resourceClaims"];
+    if !claims.is_array() {
+        *claims = json!([]);
+    }
+    if let Some(claims) = claims.as_array_mut() {
+        claims.push(json!({"name": "shared", "resourceClaimName": claim, "podGroups": [group]}));
+    }
+    workload
+}
+
+/// A gang of `pods` pods of 16 CPUs with no devices of their own, sharing the existing
+/// claim `claim`: all its pods go where the claim's device is. `rack` pins it.
+pub fn claim_sharers(name: &str, pods: i32, claim: &str, rack: Option<&str>) -> Value {
+    let node_selector = rack.map(|r| json!({RACK_LABEL: r})).unwrap_or(json!({}));
+    let workload = json!({
+        "apiVersion": "muster.dev/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name},
+        "spec": {
+            "topology": {"required": RACK_LABEL},
+            "podGroups": [{
+                "name": "workers",
+                "replicas": pods,
+                "template": {"spec": {
+                    "nodeSelector": node_selector,
+                    "containers": [{"name": "main", "image": "trainer", "resources": {"requests": {"cpu": "16"}}}],
+                }},
+            }],
+        },
+    });
+    sharing_claim(workload, "workers", claim)
+}
+
+/// A pod outside any gang that uses the existing claim `claim` (kube-scheduler puts it
+/// where the claim's device is; it tolerates the fence).
+pub fn outside_user(name: &str, claim: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "main", "image": "tool", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "tolerations": [{"key": labels::FENCE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }))?)
+}
+
+impl Test {
+    /// Waits until `name` has a nomination, and returns its victims.
+    pub async fn wait_nomination(&self, name: &str) -> Result<Vec<String>> {
+        let api = self.workloads();
+        wait::until(&format!("{name}'s nomination"), Duration::from_secs(60), || {
+            let api = api.clone();
+            async move {
+                let w = api.get(name).await?;
+                Ok(w.status.and_then(|s| s.nomination).map(|n| n.victims))
+            }
+        })
+        .await
+    }
+
+    /// Waits until claim `claim` carries the label of Workload `workload`.
+    pub async fn wait_claim_joined(&self, claim: &str, workload: &str) -> Result<()> {
+        let api = self.claims();
+        wait::until(&format!("{claim} to join {workload}"), Duration::from_secs(60), || {
+            let api = api.clone();
+            async move {
+                let c = api.get(claim).await?;
+                let label = c.metadata.labels.unwrap_or_default().get(labels::WORKLOAD).cloned();
+                Ok((label.as_deref() == Some(workload)).then_some(()))
+            }
+        })
+        .await
+    }
+
+    /// Waits until pod `name` runs, and returns its uid and node.
+    pub async fn wait_pod_running(&self, name: &str) -> Result<(String, String)> {
+        let pods = self.pods();
+        wait::until(&format!("{name} to run"), Duration::from_secs(60), || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get(name).await?;
+                let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                Ok(node
+                    .filter(|_| running)
+                    .map(|n| (pod.metadata.uid.clone().unwrap_or_default(), n)))
+            }
+        })
+        .await
+    }
+
+    /// The placement state of `name` (`None`: queued).
+    pub async fn state(&self, name: &str) -> Result<Option<AdmissionState>> {
+        Ok(self
+            .workloads()
+            .get(name)
+            .await?
+            .status
+            .and_then(|s| s.placement)
+            .and_then(|p| p.state))
+    }
 }

@@ -16,15 +16,23 @@ use tokio::sync::OnceCell;
 
 const MANAGER: &str = "helm";
 
-/// The variant: one replica without leader election, no CRD, no PodDisruptionBudget, a
-/// ServiceMonitor, and resourceclaims/binding forced on.
+/// The variant: one replica without leader election, no CRD, no PodDisruptionBudget, no
+/// aggregated user roles, a ServiceMonitor, the Grafana dashboard, the PrometheusRule,
+/// /metrics behind TokenReview and SubjectAccessReview, a NetworkPolicy, and
+/// resourceclaims/binding forced on.
 const VARIANT: &[(&str, &str)] = &[
     ("replicaCount", "1"),
     ("leaderElection.enabled", "false"),
     ("crds.install", "false"),
     ("podDisruptionBudget.enabled", "false"),
+    ("rbac.aggregateToDefaultRoles", "false"),
     ("metrics.serviceMonitor.enabled", "true"),
+    ("metrics.dashboard.enabled", "true"),
+    ("metrics.prometheusRule.enabled", "true"),
+    ("metrics.auth.enabled", "true"),
+    ("networkPolicy.enabled", "true"),
     ("rbac.resourceClaimBinding", "true"),
+    ("webhook.enabled", "false"),
 ];
 const MONITORING: &[&str] = &["monitoring.coreos.com/v1"];
 
@@ -159,7 +167,14 @@ async fn default_values_are_accepted_by_the_api_server() -> Result<()> {
     ] {
         assert!(kinds.contains(&kind), "no {kind} rendered: {kinds:?}");
     }
-    assert!(!kinds.contains(&"ServiceMonitor"), "ServiceMonitor is off by default");
+    for off in ["ServiceMonitor", "PrometheusRule", "ConfigMap"] {
+        assert!(!kinds.contains(&off), "{off} is off by default: {kinds:?}");
+    }
+    let aggregated = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .filter(|r| r["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true")
+        .count();
+    assert_eq!(aggregated, 1, "the view role aggregates by default");
 
     // The CRD is installed for real, serves Workloads, and survives an uninstall.
     let crds = of_kind(&objects, "CustomResourceDefinition");
@@ -213,30 +228,51 @@ async fn variant_values_are_accepted_by_the_api_server() -> Result<()> {
     for absent in ["CustomResourceDefinition", "Role", "RoleBinding", "PodDisruptionBudget"] {
         assert!(!kinds.contains(&absent), "{absent} rendered: {kinds:?}");
     }
-    assert!(kinds.contains(&"ServiceMonitor"), "{kinds:?}");
+    for present in ["ServiceMonitor", "PrometheusRule", "ConfigMap", "NetworkPolicy"] {
+        assert!(kinds.contains(&present), "no {present}: {kinds:?}");
+    }
+    let roles: Vec<&str> = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .filter_map(|r| r["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        roles,
+        ["muster", "muster-metrics-reader"],
+        "the operator's role and the scrapers'"
+    );
+    let dashboard = of_kind(&objects, "ConfigMap")[0];
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json = dashboard["data"]["muster.json"].as_str().expect("the dashboard JSON");
+    let parsed: Value = serde_json::from_str(json).expect("the ConfigMap holds valid JSON");
+    assert_eq!(parsed["uid"], "muster-overview");
 
-    // The control plane has no prometheus-operator: a stand-in CRD that accepts any
-    // ServiceMonitor lets the API server take the object.
-    install_crd(
-        &client,
-        &json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-            "spec": {
-                "group": "monitoring.coreos.com",
-                "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
-                "scope": "Namespaced",
-                "versions": [{
-                    "name": "v1",
-                    "served": true,
-                    "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                }],
-            },
-        }),
-    )
-    .await?;
+    // The control plane has no prometheus-operator: stand-in CRDs that accept any
+    // ServiceMonitor and PrometheusRule let the API server take the objects.
+    for (kind, plural) in [
+        ("ServiceMonitor", "servicemonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ] {
+        install_crd(
+            &client,
+            &json!({
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+                "spec": {
+                    "group": "monitoring.coreos.com",
+                    "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+                    "scope": "Namespaced",
+                    "versions": [{
+                        "name": "v1",
+                        "served": true,
+                        "storage": true,
+                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                    }],
+                },
+            }),
+        )
+        .await?;
+    }
 
     dry_run_all(&client, &objects.iter().collect::<Vec<_>>()).await?;
 
@@ -264,6 +300,17 @@ fn rbac_has_no_wildcards() -> Result<()> {
         assert!(!roles.is_empty(), "no roles rendered");
         for role in roles {
             let rules = role["rules"].as_array().context("role without rules")?;
+            // The role scrapers are bound to reads exactly /metrics.
+            if role["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-metrics-reader"))
+            {
+                assert_eq!(
+                    role["rules"],
+                    serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+                );
+                continue;
+            }
             assert!(!rules.is_empty(), "{} has no rules", describe(role));
             for rule in rules {
                 assert!(rule.get("nonResourceURLs").is_none(), "{}: {rule}", describe(role));
@@ -293,11 +340,8 @@ fn grants_binding(kube_version: &str, set: &[(&str, &str)]) -> Result<bool> {
         set,
         ..RenderOptions::default()
     })?;
-    let role = of_kind(&objects, "ClusterRole")[0];
-    Ok(role["rules"]
-        .as_array()
+    Ok(muster_e2e::rbac::operator_rules(&objects)
         .into_iter()
-        .flatten()
         .flat_map(|rule| rule["resources"].as_array().into_iter().flatten())
         .any(|r| r == "resourceclaims/binding"))
 }
@@ -315,7 +359,9 @@ fn resource_claim_binding_follows_the_cluster_version() -> Result<()> {
 #[test]
 fn leader_election_follows_the_replicas() -> Result<()> {
     let elects = |set: &[(&str, &str)]| -> Result<(bool, bool)> {
-        let objects = chart::render(set)?;
+        // The webhook's certificate Secret has a Role of its own.
+        let set: Vec<(&str, &str)> = set.iter().copied().chain([("webhook.enabled", "false")]).collect();
+        let objects = chart::render(&set)?;
         let deployment = of_kind(&objects, "Deployment")[0];
         Ok((
             args(deployment).contains(&"--leader-elect"),
@@ -333,5 +379,43 @@ fn leader_election_follows_the_replicas() -> Result<()> {
         elects(&[("replicaCount", "1"), ("leaderElection.enabled", "false")])?,
         (false, false)
     );
+    Ok(())
+}
+
+/// With cert-manager, the serving certificate comes from a CA of the chart's own (a
+/// self-signed CA Certificate and a CA Issuer), so that renewing it keeps the CA the API
+/// server trusts; the CA injector reads the serving certificate's CA.
+#[test]
+fn cert_manager_issues_the_serving_certificate_from_a_ca_of_the_charts_own() -> Result<()> {
+    let objects = chart::render(&[("webhook.certManager.enabled", "true")])?;
+    let named = |kind: &str, name: &str| -> Result<&Value> {
+        of_kind(&objects, kind)
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == name)
+            .with_context(|| format!("{kind} {name}"))
+    };
+    let self_signed = named("Issuer", "muster-webhook-selfsigned")?;
+    assert!(self_signed["spec"]["selfSigned"].is_object());
+    let ca = named("Certificate", "muster-webhook-ca")?;
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(ca["spec"]["issuerRef"]["name"], "muster-webhook-selfsigned");
+    let issuer = named("Issuer", "muster-webhook")?;
+    assert_eq!(issuer["spec"]["ca"]["secretName"], ca["spec"]["secretName"]);
+    let serving = named("Certificate", "muster-webhook")?;
+    assert_eq!(serving["spec"]["issuerRef"]["name"], "muster-webhook");
+    assert_eq!(serving["spec"]["secretName"], "muster-webhook-tls");
+    let configuration = of_kind(&objects, "MutatingWebhookConfiguration")[0];
+    assert_eq!(
+        configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!("{}/muster-webhook", chart::NAMESPACE)
+    );
+    // An issuer of the user's: no CA of the chart's.
+    let objects = chart::render(&[
+        ("webhook.certManager.enabled", "true"),
+        ("webhook.certManager.issuerRef.name", "corporate-ca"),
+        ("webhook.certManager.issuerRef.kind", "ClusterIssuer"),
+    ])?;
+    assert!(of_kind(&objects, "Issuer").is_empty());
+    assert_eq!(of_kind(&objects, "Certificate").len(), 1);
     Ok(())
 }

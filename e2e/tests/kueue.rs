@@ -8,19 +8,23 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::WorkloadPhase;
+use muster_e2e::frameworks::{operator_args, wait_webhook_ready, webhook_port};
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, cluster, gang, with_test};
 use muster_local_cluster::kueue::{GPU_RESOURCE, Kueue};
 use muster_local_cluster::wait;
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-/// The shared cluster, with Kueue running beside it (started once per test binary, before
-/// any operator, which looks for Kueue when it starts).
+/// The shared cluster, with JobSet (and muster's webhook and admission policies) and
+/// Kueue running beside it (started once per test binary, before any operator, which
+/// looks for Kueue when it starts). Kueue runs its own Job and JobSet integrations and
+/// their webhooks, as a cluster that installs Kueue has them.
 async fn with_kueue() -> Result<()> {
     static KUEUE: OnceCell<Kueue> = OnceCell::const_new();
     let cluster = cluster().await?;
     KUEUE
         .get_or_try_init(|| async {
+            webhook_port().await?;
             let kueue = Kueue::start(&cluster.control_plane).await?;
             let client = cluster.control_plane.client().await?;
             let flavors = kueue_api(&client, "ResourceFlavor", "resourceflavors", None);
@@ -216,6 +220,69 @@ async fn wait_kueue_condition(test: &Test, name: &str, type_: &str, status: &str
     .await
 }
 
+/// Devices allocated to the claims of muster's Workloads `names`.
+async fn devices_held(test: &Test, names: &[&str]) -> Result<i64> {
+    let claims = test.claims().list(&kube::api::ListParams::default()).await?.items;
+    Ok(claims
+        .iter()
+        .filter(|c| {
+            c.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("muster.dev/workload"))
+                .is_some_and(|w| names.contains(&w.as_str()))
+        })
+        .filter_map(|c| {
+            c.status
+                .as_ref()?
+                .allocation
+                .as_ref()?
+                .devices
+                .as_ref()?
+                .results
+                .as_ref()
+        })
+        .map(|r| r.len() as i64)
+        .sum())
+}
+
+/// The GPUs Kueue counts as used by admitted workloads of ClusterQueue `cq-<ns>-<local>`.
+async fn kueue_gpu_usage(test: &Test, local: &str) -> Result<i64> {
+    let queue = kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+        .get(&format!("cq-{}-{local}", test.ns))
+        .await?;
+    Ok(queue.data["status"]["flavorsUsage"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|f| f["resources"].as_array().into_iter().flatten())
+        .filter(|r| r["name"] == GPU_RESOURCE)
+        .map(|r| match &r["total"] {
+            Value::String(q) => q.parse::<i64>().unwrap_or(0),
+            other => other.as_i64().unwrap_or(0),
+        })
+        .sum())
+}
+
+/// Waits until Kueue's GPU usage in LocalQueue `local`'s ClusterQueue equals the devices
+/// muster's Workloads `names` hold, and both are `expected`.
+async fn usage_matches_devices(test: &Test, local: &str, names: &[&str], expected: i64) -> Result<()> {
+    let last = std::sync::Mutex::new((0, 0));
+    let matched = wait::until(
+        &format!("Kueue's GPU usage in {local} to match the {expected} devices muster holds"),
+        Duration::from_secs(60),
+        || async {
+            let usage = kueue_gpu_usage(test, local).await?;
+            let held = devices_held(test, names).await?;
+            *last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = (usage, held);
+            Ok((usage == held && held == expected).then_some(()))
+        },
+    )
+    .await;
+    let (usage, held) = *last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    matched.with_context(|| format!("Kueue counts {usage} GPUs, muster holds {held}"))
+}
+
 /// Whether muster's Workload `name` holds any allocated claim.
 async fn holds_devices(test: &Test, name: &str) -> Result<bool> {
     let held = allocations(&test.claims()).await?;
@@ -257,6 +324,7 @@ async fn a_gang_waits_for_kueue_then_runs_with_every_claim_reserved_and_gives_th
             let workload = assert_runs_as_planned(test, "trainer").await?;
             let placement = workload.status.and_then(|s| s.placement).context("placement")?;
             ensure!(placement.devices == 16, "{placement:?}");
+            usage_matches_devices(test, "team", &["trainer"], 16).await?;
             wait_kueue_condition(test, "trainer", "PodsReady", "True").await?;
 
             // It succeeds: Kueue hears so and the quota is free again.
@@ -283,6 +351,26 @@ async fn a_gang_waits_for_kueue_then_runs_with_every_claim_reserved_and_gives_th
             })
             .await?;
             test.wait_finished_holding_nothing("trainer").await?;
+            usage_matches_devices(test, "team", &["trainer"], 0).await?;
+
+            // Kueue's retention (here, a user) deletes the finished Kueue Workload: a
+            // finished gang never queues again, whatever wakes its Workload.
+            let kueue_workloads = kueue_api(&test.client, "Workload", "workloads", Some(&test.ns));
+            kueue_workloads.delete("muster-trainer", &Default::default()).await?;
+            wait::until("the Kueue Workload to go", Duration::from_secs(30), || async {
+                Ok(kueue_workloads.get_opt("muster-trainer").await?.is_none().then_some(()))
+            })
+            .await?;
+            let poke = json!({"metadata": {"annotations": {"muster-e2e/poke": "1"}}});
+            test.workloads()
+                .patch("trainer", &PatchParams::default(), &Patch::Merge(&poke))
+                .await?;
+            wait::holds(
+                "no Kueue Workload for the finished gang",
+                Duration::from_secs(5),
+                || async { Ok(kueue_workloads.get_opt("muster-trainer").await?.is_none()) },
+            )
+            .await?;
             Ok(())
         })
     })
@@ -298,6 +386,7 @@ async fn quota_for_one_gang_runs_them_one_after_the_other() -> Result<()> {
             test.create(queued_gang("first", 4, None)).await?;
             wait_kueue_condition(test, "first", "Admitted", "True").await?;
             assert_runs_as_planned(test, "first").await?;
+            usage_matches_devices(test, "team", &["first", "second"], 32).await?;
             // The cluster has room for both; the quota has not.
             test.create(queued_gang("second", 4, None)).await?;
             test.wait_admitted_reason("second", "WaitingForKueue", Duration::from_secs(60))
@@ -311,6 +400,7 @@ async fn quota_for_one_gang_runs_them_one_after_the_other() -> Result<()> {
                 .await?;
             wait_kueue_condition(test, "second", "Admitted", "True").await?;
             assert_runs_as_planned(test, "second").await?;
+            usage_matches_devices(test, "team", &["first", "second"], 32).await?;
             Ok(())
         })
     })
@@ -332,6 +422,7 @@ async fn a_preempted_gang_is_taken_apart_as_a_unit_and_runs_again_later() -> Res
             wait_kueue_condition(test, "high", "Admitted", "True").await?;
             assert_runs_as_planned(test, "high").await?;
             ensure!(!holds_devices(test, "low").await?, "the evicted gang holds nothing");
+            usage_matches_devices(test, "team", &["high", "low"], 32).await?;
             wait::until(
                 "the evicted gang's pods to wait at the gate again",
                 Duration::from_secs(60),
@@ -410,6 +501,8 @@ async fn a_gang_borrowing_from_its_cohort_gives_way_when_the_lender_reclaims() -
                 }
             }
             ensure!(evicted.len() == 1, "exactly one of team's gangs gave way: {evicted:?}");
+            usage_matches_devices(test, "team", &["own", "borrower"], 32).await?;
+            usage_matches_devices(test, "other", &["lender"], 32).await?;
             Ok(())
         })
     })
@@ -422,14 +515,44 @@ async fn suspend_and_resume_go_through_kueue_and_a_quick_toggle_fails_nothing() 
     with_test("kueue-suspend", &[], &[], |test| {
         Box::pin(async move {
             queues(test, 32, false).await?;
-            test.create(queued_gang("toggled", 4, None)).await?;
+            // Its pods take 6 s to stop: the quota must stay charged meanwhile.
+            let mut toggled = queued_gang("toggled", 4, None);
+            for group in toggled["spec"]["podGroups"].as_array_mut().context("podGroups")? {
+                group["template"]["metadata"] = json!({"annotations": {"muster-e2e-terminate-after": "6s"}});
+            }
+            test.create(toggled).await?;
             assert_runs_as_planned(test, "toggled").await?;
+            usage_matches_devices(test, "team", &["toggled"], 32).await?;
             let params = PatchParams::default();
             let suspend = |on: bool| json!({"spec": {"suspend": on}});
 
             test.workloads()
                 .patch("toggled", &params, &Patch::Merge(&suspend(true)))
                 .await?;
+            let pods = test.pods();
+            wait::until("the gang's pods to be stopping", Duration::from_secs(30), || async {
+                let stopping = pods
+                    .list(&kube::api::ListParams::default().labels("muster.dev/workload=toggled"))
+                    .await?
+                    .items
+                    .iter()
+                    .any(|p| p.metadata.deletion_timestamp.is_some());
+                Ok(stopping.then_some(()))
+            })
+            .await?;
+            // Suspend keeps the quota while the gang still holds its devices.
+            ensure!(holds_devices(test, "toggled").await?, "still giving its devices back");
+            let object = kueue_workload(test, "toggled").await?;
+            ensure!(
+                object.data["spec"]["active"] != false
+                    && condition_status(&object, "QuotaReserved").as_deref() == Some("True"),
+                "Kueue's Workload stays charged while the gang holds devices: {}",
+                object.data
+            );
+            ensure!(
+                kueue_gpu_usage(test, "team").await? == 32,
+                "Kueue still counts the devices the gang holds"
+            );
             test.wait_phase("toggled", WorkloadPhase::Suspended, Duration::from_secs(90))
                 .await?;
             wait_kueue(test, "toggled", "Kueue to give the quota back", |o| {
@@ -437,6 +560,7 @@ async fn suspend_and_resume_go_through_kueue_and_a_quick_toggle_fails_nothing() 
             })
             .await?;
             ensure!(!holds_devices(test, "toggled").await?, "a suspended gang holds nothing");
+            usage_matches_devices(test, "team", &["toggled"], 0).await?;
 
             test.workloads()
                 .patch("toggled", &params, &Patch::Merge(&suspend(false)))
@@ -482,6 +606,7 @@ async fn a_workload_deleted_while_queued_or_running_takes_its_kueue_workload_wit
             test.create(queued_gang("waiting", 4, None)).await?;
             test.wait_admitted_reason("waiting", "WaitingForKueue", Duration::from_secs(60))
                 .await?;
+            usage_matches_devices(test, "team", &["running", "waiting"], 32).await?;
             let kueue_workloads = kueue_api(&test.client, "Workload", "workloads", Some(&test.ns));
             let workloads = test.workloads();
             for name in ["waiting", "running"] {
@@ -501,6 +626,7 @@ async fn a_workload_deleted_while_queued_or_running_takes_its_kueue_workload_wit
                 .await?;
                 ensure!(!holds_devices(test, name).await?, "{name} holds nothing");
             }
+            usage_matches_devices(test, "team", &[], 0).await?;
             Ok(())
         })
     })
@@ -582,6 +708,7 @@ async fn the_admission_check_retries_until_the_devices_can_be_reserved() -> Resu
                 placement.topology_value.as_deref() == Some("rack-0000"),
                 "{placement:?}"
             );
+            usage_matches_devices(test, "team", &["waiting"], 32).await?;
             Ok(())
         })
     })
@@ -671,6 +798,7 @@ async fn under_topology_aware_scheduling_muster_places_inside_kueues_rack_or_ret
                 test.workloads().delete("outsider", &Default::default()).await?;
             }
             let workload = assert_runs_as_planned(test, "tas").await?;
+            usage_matches_devices(test, "team", &["tas"], 32).await?;
             let placement = workload.status.and_then(|s| s.placement).context("placement")?;
             let admitted = kueue_workload(test, "tas").await?;
             let assigned = admitted.data["status"]["admission"]["podSetAssignments"][1]["topologyAssignment"].clone();
@@ -721,6 +849,7 @@ async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
             .await?;
             // 5 GPUs asked, 4 in the quota: Kueue does not admit it, then it does.
             waits_on_four_runs_on_five(test, "shared").await?;
+            usage_matches_devices(test, "team", &["shared"], 5).await?;
             let held = allocations(&test.claims()).await?;
             ensure!(
                 held.get("shared-fabric").map(Vec::len) == Some(1),
@@ -732,12 +861,14 @@ async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
     .await
 }
 
-/// The chart's permissions with `rbac.kueue=true` are enough for a gang's life in Kueue,
-/// with muster's admission check, and every Kueue permission it grants is used (but
-/// those for paths this life does not take).
+/// The chart's permissions with `rbac.kueue=true` and its webhook (the default) are
+/// enough for a gang's life in Kueue, with muster's admission check, and for a labelled
+/// Job queued through its gang; every Kueue and webhook permission it grants is used
+/// (but those for paths these lives do not take).
 #[tokio::test]
 async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Result<()> {
     with_kueue().await?;
+    let port = webhook_port().await?;
     with_test("kueue-rbac", &[], &[], |test| {
         Box::pin(async move {
             let release_ns = muster_local_cluster::namespaces::namespace(&test.client, "muster-system").await?;
@@ -750,7 +881,10 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
             if let Some(admin) = test.operator.take() {
                 admin.stop();
             }
-            test.operator = Some(test.spawn_operator(&kubeconfig, &[], &[])?);
+            let args = muster_e2e::frameworks::chart_operator_args(port, &release_ns);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            test.operator = Some(test.spawn_operator(&kubeconfig, &args, &[])?);
+            wait_webhook_ready(test).await?;
 
             let check = muster_check(test).await?;
             cluster_queue(test, "team", 64, None, None).await?;
@@ -759,36 +893,60 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
             wait_kueue_condition(test, "lifelong", "Admitted", "True").await?;
             assert_runs_as_planned(test, "lifelong").await?;
             test.exit_pod("lifelong-launcher-0", 0).await?;
-            wait::until("Kueue's finalizer to go", Duration::from_secs(90), || async {
-                let object = kueue_workload(test, "lifelong").await?;
-                Ok((!object
-                    .finalizers()
-                    .iter()
-                    .any(|f| f == "kueue.x-k8s.io/resource-in-use"))
-                .then_some(()))
-            })
-            .await?;
+            // A labelled Job queued through its gang: Kueue charges it by the Job's
+            // template, and its pod ends by itself.
+            let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let mut job = muster_e2e::scenario::job_joining("queued", "main", 1);
+            job["metadata"] = json!({"name": "queued", "labels": {"muster.dev/gang": "true"},
+                                     "annotations": {"muster.dev/queue-name": "team"}});
+            let template = &mut job["spec"]["template"];
+            template["metadata"] = json!({"annotations": {"muster-e2e-run-for": "3s"}});
+            template["spec"].as_object_mut().map(|s| s.remove("schedulingGates"));
+            jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+                .await?;
+            for name in ["lifelong", "job-queued"] {
+                wait::until("Kueue's finalizer to go", Duration::from_secs(90), || async {
+                    let object = kueue_workload(test, name).await?;
+                    Ok((!object
+                        .finalizers()
+                        .iter()
+                        .any(|f| f == "kueue.x-k8s.io/resource-in-use"))
+                    .then_some(()))
+                })
+                .await?;
+            }
 
             let operator = test.operator.as_ref().context("operator")?;
             let log = operator.log();
             ensure!(!log.contains("forbidden"), "no request was forbidden:\n{log}");
             ensure!(log.contains("the cluster serves Kueue"), "the operator used Kueue");
             let used = muster_e2e::rbac::used(operator).await?;
-            let rules: Vec<&Value> = muster_e2e::chart::of_kind(&objects, "ClusterRole")
-                .into_iter()
-                .flat_map(|role| role["rules"].as_array().into_iter().flatten())
-                .collect();
-            // Not in this life: deleting the Kueue Workload of a gang that stops queueing,
-            // and reading a Topology (the flavor here has none).
+            let rules = muster_e2e::rbac::operator_rules(&objects);
+            // Not in these lives: deleting the Kueue Workload of a gang that stops
+            // queueing, reading a Topology (the flavor here has none), reading a JobSet
+            // to charge its gang (the JobSet test here does), following a user's suspend
+            // of a job's gang to the job, making a job's Workload again after an edit,
+            // and renewing the webhook's certificate.
             let elsewhere = [
                 ("delete", "workloads.kueue.x-k8s.io"),
                 ("get", "topologies.kueue.x-k8s.io"),
+                ("get", "jobsets.jobset.x-k8s.io"),
+                ("patch", "jobsets.jobset.x-k8s.io"),
+                ("patch", "jobs.batch"),
+                ("delete", "workloads.muster.dev"),
+                ("update", "secrets"),
+            ];
+            let checked = [
+                "priorityclasses.scheduling.k8s.io",
+                "jobs.batch",
+                "jobsets.jobset.x-k8s.io",
+                "workloads.muster.dev",
+                "secrets",
+                "mutatingwebhookconfigurations.admissionregistration.k8s.io",
             ];
             let unused: Vec<String> = muster_e2e::rbac::granted(&rules)
                 .into_iter()
-                .filter(|(_, resource)| {
-                    resource.ends_with(".kueue.x-k8s.io") || resource == "priorityclasses.scheduling.k8s.io"
-                })
+                .filter(|(_, resource)| resource.ends_with(".kueue.x-k8s.io") || checked.contains(&resource.as_str()))
                 .filter(|p| !used.contains(p))
                 .filter(|(verb, resource)| !elsewhere.iter().any(|(v, r)| v == verb && r == resource))
                 .map(|(verb, resource)| format!("{verb} {resource}"))
@@ -836,6 +994,7 @@ async fn a_workload_deleted_while_being_evicted_goes_and_the_preemptor_runs() ->
             ensure!(!holds_devices(test, "low").await?, "the deleted gang holds nothing");
             wait_kueue_condition(test, "high", "Admitted", "True").await?;
             assert_runs_as_planned(test, "high").await?;
+            usage_matches_devices(test, "team", &["high", "low"], 32).await?;
             Ok(())
         })
     })
@@ -886,8 +1045,271 @@ async fn an_existing_claim_the_gang_names_is_charged_once_in_kueues_quota() -> R
             .await?;
             // 5 GPUs asked, 4 in the quota: Kueue does not admit it, then it does.
             waits_on_four_runs_on_five(test, "named").await?;
+            usage_matches_devices(test, "team", &["named"], 5).await?;
             // The user's claim goes with the test; muster lets go of it once the gang ends.
             test.claims().delete("existing-gpu", &Default::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A JobSet muster runs as a gang queues in Kueue through its gang, named by the
+/// annotation `muster.dev/queue-name`. With Kueue's own JobSet webhook installed (whose
+/// configuration the API server calls first), a JobSet that also carries Kueue's queue
+/// label is refused with why: Kueue would suspend it and wait for a label muster moves.
+/// Kueue charges the gang by the JobSet's pod template at once, before any pod exists;
+/// it waits for Kueue's quota (its pods gated, nothing reserved), then runs with every
+/// claim reserved, Kueue counting the devices muster holds; Kueue's own JobSet
+/// integration never takes it, and the JobSet is told which admits it.
+#[tokio::test]
+async fn a_jobset_routed_through_muster_waits_for_kueues_quota_then_runs_reserved() -> Result<()> {
+    with_kueue().await?;
+    let port = webhook_port().await?;
+    let args = operator_args(port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    with_test("kueue-jobset", &args, &[], |test| {
+        Box::pin(async move {
+            wait_webhook_ready(test).await?;
+            let check = muster_check(test).await?;
+            cluster_queue(test, "team", 8, None, None).await?;
+            require_check(test, &check).await?;
+            let jobsets: Api<DynamicObject> = Api::namespaced_with(
+                test.client.clone(),
+                &test.ns,
+                &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet"), "jobsets"),
+            );
+            let worker = json!({"spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "trainer",
+                    "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]}}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+            }}}});
+            let jobset = |labels: Value, annotations: Value, suspend: bool| -> Result<DynamicObject> {
+                Ok(serde_json::from_value(json!({
+                    "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                    "metadata": {"name": "queued", "labels": labels, "annotations": annotations},
+                    "spec": {"suspend": suspend, "replicatedJobs": [{"name": "workers", "replicas": 2, "template": worker}]},
+                }))?)
+            };
+            let rack = json!({"muster.dev/required-topology": muster_local_cluster::fleet::RACK_LABEL});
+            let both = jobset(
+                json!({"muster.dev/gang": "true", "kueue.x-k8s.io/queue-name": "team"}),
+                rack.clone(),
+                false,
+            )?;
+            let message = match jobsets.create(&PostParams::default(), &both).await {
+                Ok(_) => anyhow::bail!("a gang's JobSet carrying Kueue's queue label was admitted"),
+                Err(e) => format!("{e:#}"),
+            };
+            ensure!(
+                message.contains("kueue.x-k8s.io/queue-name") && message.contains("muster.dev/queue-name"),
+                "{message}"
+            );
+
+            let mut annotations = rack;
+            annotations["muster.dev/queue-name"] = json!("team");
+            jobsets
+                .create(&PostParams::default(), &jobset(json!({"muster.dev/gang": "true"}), annotations, true)?)
+                .await?;
+            // Suspended, it has no pod: Kueue charges its template's 8 GPUs for each worker.
+            wait_kueue(test, "jobset-queued", "Kueue to charge the JobSet's template", |o| {
+                let set = &o.data["spec"]["podSets"][0];
+                set["count"] == 2 && set["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "eight-gpus"
+            })
+            .await?;
+            let resume = json!({"spec": {"suspend": false}});
+            jobsets
+                .patch("queued", &PatchParams::default(), &Patch::Merge(&resume))
+                .await?;
+            // 16 GPUs asked, 8 of quota: Kueue holds it, muster reserves nothing.
+            test.wait_admitted_reason("jobset-queued", "WaitingForKueue", Duration::from_secs(90))
+                .await?;
+            ensure!(allocations(&test.claims()).await?.is_empty(), "nothing reserved before Kueue admits it");
+            let stored = jobsets.get("queued").await?;
+            ensure!(
+                stored.labels().get("kueue.x-k8s.io/queue-name").is_none(),
+                "the JobSet carries no queue label of Kueue's"
+            );
+            ensure!(stored.data["spec"]["suspend"].as_bool() != Some(true), "Kueue did not suspend the JobSet");
+            test.wait_event("queued", "GangQueuedInKueue", "muster admits it").await?;
+            // Quota for both: Kueue admits, muster reserves and releases.
+            set_gpu_quota(test, 16).await?;
+            wait_kueue_condition(test, "jobset-queued", "Admitted", "True").await?;
+            test.wait_phase("jobset-queued", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            ensure!(allocations(&test.claims()).await?.len() == 2, "both workers' claims are reserved");
+            usage_matches_devices(test, "team", &["jobset-queued"], 16).await?;
+            jobsets.delete("queued", &Default::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A hand-written Workload whose group's pods another controller makes is charged by its
+/// largest member; when the pods change (small ones replaced by pods with eight GPUs
+/// each) while Kueue has not reserved quota, its Kueue Workload is made again for them,
+/// and the gang runs only once Kueue has quota for them.
+#[tokio::test]
+async fn a_template_less_gang_is_charged_by_its_largest_member_and_again_when_its_pods_change() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-members", &[], &[], |test| {
+        Box::pin(async move {
+            queues(test, 0, false).await?;
+            // No quota at all: the small pods, which ask for no GPU, are not admitted
+            // either.
+            let mut patch = json!({"spec": {"resourceGroups": quota("default", 0)}});
+            patch["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = json!("0");
+            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+                .patch(&format!("cq-{}-team", test.ns), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let mut workload = muster_e2e::scenario::workload_of_joining_pods("joined", "main", 2);
+            workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+            test.create(workload).await?;
+            let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let mut small = muster_e2e::scenario::job_joining("joined", "main", 2);
+            small["metadata"]["name"] = json!("small");
+            let spec = &mut small["spec"]["template"]["spec"];
+            spec.as_object_mut().map(|s| s.remove("resourceClaims"));
+            spec["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
+            jobs.create(&PostParams::default(), &serde_json::from_value(small)?).await?;
+            wait_kueue(test, "joined", "Kueue to charge the small pods", |o| {
+                o.data["spec"]["podSets"][0]["template"]["spec"]["resourceClaims"]
+                    .as_array()
+                    .is_none_or(Vec::is_empty)
+            })
+            .await?;
+            let first = kueue_workload(test, "joined").await?.metadata.uid;
+
+            jobs.delete("small", &kube::api::DeleteParams::background()).await?;
+            let mut large = muster_e2e::scenario::job_joining("joined", "main", 2);
+            large["metadata"]["name"] = json!("large");
+            jobs.create(&PostParams::default(), &serde_json::from_value(large)?).await?;
+            wait_kueue(test, "joined", "Kueue's Workload made again for the large pods", |o| {
+                o.metadata.uid != first
+                    && o.data["spec"]["podSets"][0]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+                        == "eight-gpus"
+            })
+            .await?;
+            test.wait_event("joined", "KueueWorkloadRebuilt", "made again").await?;
+            set_gpu_quota(test, 16).await?;
+            wait_kueue_condition(test, "joined", "Admitted", "True").await?;
+            test.wait_phase("joined", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            usage_matches_devices(test, "team", &["joined"], 16).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// The queue label of an admitted gang cannot change or go (the chart's admission
+/// policy, run by the API server); a suspended gang that holds nothing may move, and its
+/// Kueue Workload follows it to the new LocalQueue.
+#[tokio::test]
+async fn the_queue_of_an_admitted_gang_is_fixed_and_a_suspended_one_moves() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-move", &[], &[], |test| {
+        Box::pin(async move {
+            cluster_queue(test, "team", 32, None, None).await?;
+            cluster_queue(test, "other", 32, None, None).await?;
+            test.create(queued_gang("mover", 2, None)).await?;
+            assert_runs_as_planned(test, "mover").await?;
+            usage_matches_devices(test, "team", &["mover"], 16).await?;
+            let params = PatchParams::default();
+            for (what, label) in [("changed", json!("other")), ("removed", Value::Null)] {
+                let patch = json!({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": label}}});
+                let message = match test.workloads().patch("mover", &params, &Patch::Merge(&patch)).await {
+                    Ok(_) => anyhow::bail!("the queue label of an admitted gang was {what}"),
+                    Err(e) => format!("{e:#}"),
+                };
+                ensure!(
+                    message.contains("cannot change") && message.contains("while the gang is admitted"),
+                    "{message}"
+                );
+            }
+            let suspend = |on: bool| json!({"spec": {"suspend": on}});
+            test.workloads()
+                .patch("mover", &params, &Patch::Merge(&suspend(true)))
+                .await?;
+            test.wait_phase("mover", WorkloadPhase::Suspended, Duration::from_secs(90))
+                .await?;
+            wait_kueue(test, "mover", "Kueue to give the quota back", |o| {
+                condition_status(o, "QuotaReserved").as_deref() != Some("True")
+            })
+            .await?;
+            let patch = json!({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "other"}}});
+            test.workloads().patch("mover", &params, &Patch::Merge(&patch)).await?;
+            wait_kueue(test, "mover", "Kueue's Workload to move to LocalQueue other", |o| {
+                o.data["spec"]["queueName"] == "other"
+            })
+            .await?;
+            test.workloads()
+                .patch("mover", &params, &Patch::Merge(&suspend(false)))
+                .await?;
+            wait_kueue_condition(test, "mover", "Admitted", "True").await?;
+            assert_runs_as_planned(test, "mover").await?;
+            usage_matches_devices(test, "other", &["mover"], 16).await?;
+            usage_matches_devices(test, "team", &[], 0).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// What keeps a gang from queueing in Kueue is a condition, not a line in the log: an
+/// existing claim it names that is not there yet (then it queues once it is); and a gang
+/// of nine groups is charged as nine podSets.
+#[tokio::test]
+async fn a_gang_kueue_cannot_charge_yet_says_why_and_nine_groups_queue() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-conditions", &[], &[], |test| {
+        Box::pin(async move {
+            queues(test, 0, false).await?;
+            let mut named = queued_gang("named", 1, None);
+            named["spec"]["resourceClaims"] =
+                json!([{"name": "fabric", "resourceClaimName": "later", "podGroups": ["workers"]}]);
+            test.create(named).await?;
+            let api = test.workloads();
+            let message = wait::until("the gang to say what it waits for", Duration::from_secs(60), || async {
+                Ok(api.get_opt("named").await?.and_then(|w| w.status).and_then(|s| {
+                    s.conditions
+                        .into_iter()
+                        .find(|c| c.type_ == "Created" && c.reason == "ResourceClaimNotFound")
+                        .map(|c| c.message)
+                }))
+            })
+            .await?;
+            ensure!(message.contains("Kueue cannot charge the gang for it"), "{message}");
+            let claim = json!({
+                "metadata": {"name": "later"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": 1}}]}},
+            });
+            test.claims()
+                .create(&PostParams::default(), &serde_json::from_value(claim)?)
+                .await?;
+            wait_kueue(test, "named", "the gang to queue once its claim exists", |_| true).await?;
+
+            let groups: Vec<Value> = (0..9)
+                .map(|i| {
+                    json!({"name": format!("g{i}"), "replicas": 1, "template": {"spec": {
+                        "tolerations": [{"key": "muster.dev/fenced", "operator": "Exists"}],
+                        "containers": [{"name": "main", "image": "w", "resources": {"requests": {"cpu": "1"}}}],
+                    }}})
+                })
+                .collect();
+            test.create(json!({
+                "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+                "metadata": {"name": "nine", "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+                "spec": {"podGroups": groups},
+            }))
+            .await?;
+            wait_kueue(test, "nine", "nine podSets", |o| {
+                o.data["spec"]["podSets"].as_array().map(Vec::len) == Some(9)
+            })
+            .await?;
+            test.claims().delete("later", &Default::default()).await?;
             Ok(())
         })
     })

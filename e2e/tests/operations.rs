@@ -6,16 +6,17 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use muster_api::conditions;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
-use muster_e2e::chart;
+use muster_e2e::frameworks::{chart_operator_args, wait_webhook_ready, webhook_port};
 use muster_e2e::rbac::{self, metrics};
 use muster_e2e::scenario::{Test, assert_runs_as_planned, gang, with_test};
 use muster_local_cluster::operator::Operator;
 use muster_local_cluster::wait;
-use serde_json::{Value, json};
+use serde_json::json;
 
 async fn is_leader(operator: &Operator) -> bool {
     metrics(operator)
@@ -52,8 +53,9 @@ async fn metrics_and_probes_describe_the_running_operator() -> Result<()> {
                 ("muster_reserved_devices_total", 8.0),
                 ("muster_plan_duration_seconds_count{outcome=\"placed\"}", 1.0),
                 ("muster_commit_duration_seconds_count{outcome=\"committed\"}", 1.0),
-                ("muster_submit_to_admitted_seconds_count", 1.0),
-                ("muster_submit_to_running_seconds_count", 1.0),
+                // The gang names no PriorityClass.
+                ("muster_submit_to_admitted_seconds_count{priority_class=\"\"}", 1.0),
+                ("muster_submit_to_running_seconds_count{priority_class=\"\"}", 1.0),
                 ("muster_leader", 1.0),
                 ("muster_api_requests_total{verb=\"create\",resource=\"pods\"}", 2.0),
             ] {
@@ -292,14 +294,26 @@ const NOT_IN_AN_ORDINARY_LIFE: &[(&str, &str, &str)] = &[
         "resourceclaims/binding.resource.k8s.io",
         "writing status.allocation and reservedFor on 1.36+ (a synthetic subresource)",
     ),
+    (
+        "update",
+        "secrets",
+        "renewing the webhook's certificate (a year from now by default)",
+    ),
+    (
+        "patch",
+        "jobsets.jobset.x-k8s.io",
+        "following a user's suspend of a JobSet's gang (this life suspends a Job's)",
+    ),
 ];
 
 #[tokio::test]
 async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unused() -> Result<()> {
-    with_test("rbac", &[], &[], |test| {
+    let port = webhook_port().await?;
+    with_test("rbac", &[], &[], move |test| {
         Box::pin(async move {
             // The chart's ServiceAccount and roles, released into a namespace of its own.
             let release_ns = muster_local_cluster::namespaces::namespace(&test.client, "muster-system").await?;
+            // The chart's defaults: its webhook runs, and labelled jobs become gangs.
             let (objects, kubeconfig) = rbac::chart_account(test, &release_ns, &[("crds.install", "false")]).await?;
 
             // The operator with only those permissions, as the chart runs it.
@@ -308,9 +322,60 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
             }
             // A short Lease, so that it is renewed within the test.
             let lease_ns = format!("--leader-election-namespace={release_ns}");
-            let args = ["--leader-elect", &lease_ns, "--leader-election-lease-duration=2"];
+            let mut args: Vec<String> = vec!["--leader-elect".into(), lease_ns, "--leader-election-lease-duration=2".into()];
+            args.extend(chart_operator_args(port, &release_ns));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let operator = test.spawn_operator(&kubeconfig, &args, &[])?;
             test.operator = Some(operator);
+            wait_webhook_ready(test).await?;
+
+            // A labelled Job's life: its gang made, made again after an edit before it
+            // is admitted, run, suspended through its Workload (which suspends the Job),
+            // resumed, deleted.
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let mut job = muster_e2e::scenario::job_joining("labelled", "main", 1);
+            job["metadata"] = json!({"name": "labelled", "labels": {"muster.dev/gang": "true"}});
+            job["spec"]["suspend"] = json!(true);
+            job["spec"]["template"]["spec"].as_object_mut().map(|s| s.remove("schedulingGates"));
+            jobs.create(&PostParams::default(), &serde_json::from_value(job)?).await?;
+            let workloads = test.workloads();
+            let first = wait::until("the Job's gang", Duration::from_secs(30), || {
+                let workloads = workloads.clone();
+                async move { Ok(workloads.get_opt("job-labelled").await?.and_then(|w| w.metadata.uid)) }
+            })
+            .await?;
+            let edit = json!({"metadata": {"annotations": {"muster.dev/required-topology": muster_local_cluster::fleet::RACK_LABEL}}});
+            jobs.patch("labelled", &PatchParams::default(), &Patch::Merge(&edit)).await?;
+            wait::until("the Job's gang to be made again", Duration::from_secs(30), || {
+                let (workloads, first) = (workloads.clone(), first.clone());
+                async move {
+                    let uid = workloads.get_opt("job-labelled").await?.and_then(|w| w.metadata.uid);
+                    Ok(uid.filter(|u| *u != first).map(|_| ()))
+                }
+            })
+            .await?;
+            let suspend = |on: bool| json!({"spec": {"suspend": on}});
+            jobs.patch("labelled", &PatchParams::default(), &Patch::Merge(&suspend(false)))
+                .await?;
+            test.wait_phase("job-labelled", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            workloads
+                .patch("job-labelled", &PatchParams::default(), &Patch::Merge(&suspend(true)))
+                .await?;
+            wait::until("the Job to follow its gang's suspend", Duration::from_secs(30), || {
+                let jobs = jobs.clone();
+                async move {
+                    let job = jobs.get("labelled").await?;
+                    Ok((job.spec.and_then(|s| s.suspend) == Some(true)).then_some(()))
+                }
+            })
+            .await?;
+            workloads
+                .patch("job-labelled", &PatchParams::default(), &Patch::Merge(&suspend(false)))
+                .await?;
+            test.wait_phase("job-labelled", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            jobs.delete("labelled", &kube::api::DeleteParams::background()).await?;
 
             // A gang's whole life: admitted, a pod fails and the gang restarts on its
             // reservation, suspended, resumed, deleted.
@@ -350,11 +415,7 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
 
             // Every granted permission was used, or is only ever checked.
             let used = rbac::used(operator).await?;
-            let rules: Vec<&Value> = chart::of_kind(&objects, "ClusterRole")
-                .into_iter()
-                .chain(chart::of_kind(&objects, "Role"))
-                .flat_map(|role| role["rules"].as_array().into_iter().flatten())
-                .collect();
+            let rules = rbac::operator_rules(&objects);
             let unused: Vec<String> = rbac::granted(&rules)
                 .into_iter()
                 .filter(|p| !used.contains(p))

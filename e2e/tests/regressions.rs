@@ -11,7 +11,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_e2e::scenario::{
-    Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, workload_of_joining_pods,
+    HIGH, LOW, MID, Test, allocations, assert_runs_as_planned, claim_sharers, gang, job_joining, outside_user,
+    priority_classes, ranked, sharing_claim, terminating_for, user_claim, with_test, workload_of_joining_pods,
 };
 use muster_local_cluster::fleet::GPU_DRIVER;
 use muster_local_cluster::wait;
@@ -474,6 +475,353 @@ async fn defect_11_claims_of_two_groups_with_one_object_name_are_refused() -> Re
                 Ok(test.gang_pods("clash").await?.is_empty() && test.gang_claims("clash").await?.is_empty())
             })
             .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+// ---- Issue 22: shared claims, nominations and preemption ----
+
+/// The claim `name`'s allocation, as JSON (`None`: not allocated).
+async fn allocation_of(test: &Test, name: &str) -> Result<Option<serde_json::Value>> {
+    let claim = test.claims().get(name).await?;
+    Ok(claim
+        .status
+        .and_then(|s| s.allocation)
+        .map(|a| serde_json::to_value(a).unwrap_or_default()))
+}
+
+/// `name` stays released, never restarted, for `seconds`.
+async fn stays_released(test: &Test, name: &str, seconds: u64) -> Result<()> {
+    let api = test.workloads();
+    wait::holds(
+        &format!("{name} to stay released"),
+        Duration::from_secs(seconds),
+        || {
+            let api = api.clone();
+            async move {
+                let status = api.get(name).await?.status.unwrap_or_default();
+                let state = status.placement.and_then(|p| p.state);
+                Ok(state == Some(AdmissionState::Released) && status.restarts == 0)
+            }
+        },
+    )
+    .await
+}
+
+/// Issue 22, defect 1a: a gang admitted onto a claim that another Workload joined first
+/// (so the claim carries the other's label) did not see the claim, took itself apart as
+/// if the claim had lost its allocation, and then could not let go of it: wedged in
+/// TearingDown, the device allocated with no consumer.
+#[tokio::test]
+async fn issue22_1a_a_gang_runs_on_a_claim_another_workload_joined_first() -> Result<()> {
+    with_test("shared-first", &[], &[], |test| {
+        Box::pin(async move {
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            // Five pods of 16 CPUs that must share the claim's node: never fits.
+            test.create(claim_sharers("big-a", 5, "scratch", None)).await?;
+            test.wait_claim_joined("scratch", "big-a").await?;
+            test.wait_admitted_reason("big-a", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            test.create(claim_sharers("small-b", 1, "scratch", None)).await?;
+            test.wait_phase("small-b", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            stays_released(test, "small-b", 5).await?;
+            let placement = test
+                .workloads()
+                .get("small-b")
+                .await?
+                .status
+                .and_then(|s| s.placement)
+                .context("placement")?;
+            ensure!(
+                placement.claims.contains(&"scratch".to_string()),
+                "the gang's journal names the claim it holds: {:?}",
+                placement.claims
+            );
+            // Once small-b is gone, nothing holds the claim: it is given back.
+            test.workloads().delete("small-b", &DeleteParams::default()).await?;
+            wait::until("scratch to be given back", Duration::from_secs(60), || async {
+                Ok(allocation_of(test, "scratch").await?.is_none().then_some(()))
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Issue 22, defect 1b: a claim still labelled for a deleted Workload was taken for an
+/// orphan and freed under the gang that holds it, which was placed again and wedged
+/// again, for ever.
+#[tokio::test]
+async fn issue22_1b_a_claim_labelled_for_a_deleted_workload_is_not_freed_under_its_holder() -> Result<()> {
+    with_test("shared-orphan", &[], &[], |test| {
+        Box::pin(async move {
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            test.create(claim_sharers("first", 5, "scratch", None)).await?;
+            test.wait_claim_joined("scratch", "first").await?;
+            test.workloads().delete("first", &DeleteParams::default()).await?;
+            let api = test.workloads();
+            wait::until("first to be gone", Duration::from_secs(60), || {
+                let api = api.clone();
+                async move { Ok(api.get_opt("first").await?.is_none().then_some(())) }
+            })
+            .await?;
+            // The claim keeps the deleted Workload's label.
+            test.wait_claim_joined("scratch", "first").await?;
+            test.create(claim_sharers("second", 1, "scratch", None)).await?;
+            test.wait_phase("second", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            let held = allocation_of(test, "scratch").await?.context("scratch allocated")?;
+            stays_released(test, "second", 8).await?;
+            ensure!(
+                allocation_of(test, "scratch").await? == Some(held),
+                "the claim kept its allocation"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Issue 22, defect 1c: a gang that finished gave back a claim it shared with a gang
+/// released but not yet bound (`reservedFor` named only the finished gang's pods);
+/// kube-scheduler then allocated the claim again itself, outside muster's plan.
+#[tokio::test]
+async fn issue22_1c_a_finishing_gang_keeps_a_claim_another_released_gang_holds() -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-issue22-1c-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let _ = std::fs::remove_file(&go_on);
+    let resume = go_on.clone();
+    let outcome = with_test("shared-finish", &[], &[], |test| {
+        Box::pin(async move {
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            test.create(claim_sharers("owner", 1, "scratch", None)).await?;
+            test.wait_phase("owner", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            let (_, node) = test.wait_pod_running("owner-workers-0").await?;
+
+            // The same operator, now held after the next commit's claims are checked.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            test.start_operator(
+                &[],
+                &[
+                    ("MUSTER_PAUSE_POINT", "after-reserved"),
+                    ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+                ],
+            )?;
+            test.create(claim_sharers("joiner", 1, "scratch", None)).await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until("joiner's commit to pause", Duration::from_secs(60), || {
+                let reached = operator.log().contains("pause point after-reserved reached");
+                async move { Ok(reached.then_some(())) }
+            })
+            .await?;
+            // The node's CPUs are taken meanwhile: joiner's pod is released but cannot be
+            // bound until the blocker goes.
+            let blocker: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "blocker"},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "main", "image": "tool", "resources": {"requests": {"cpu": "50"}}}],
+                },
+            }))?;
+            test.pods().create(&PostParams::default(), &blocker).await?;
+            test.wait_pod_running("blocker").await?;
+            let held = allocation_of(test, "scratch").await?.context("scratch allocated")?;
+            std::fs::write(&resume, b"")?;
+            test.wait_unschedulable("joiner-workers-0").await?;
+
+            // The owner finishes while joiner waits for its node.
+            test.exit_pod("owner-workers-0", 0).await?;
+            test.wait_phase("owner", WorkloadPhase::Succeeded, Duration::from_secs(60))
+                .await?;
+            let api = test.workloads();
+            wait::until("owner to finish", Duration::from_secs(60), || {
+                let api = api.clone();
+                async move {
+                    let state = api
+                        .get("owner")
+                        .await?
+                        .status
+                        .and_then(|s| s.placement)
+                        .and_then(|p| p.state);
+                    Ok((state == Some(AdmissionState::Finished)).then_some(()))
+                }
+            })
+            .await?;
+            ensure!(
+                allocation_of(test, "scratch").await?.as_ref() == Some(&held),
+                "the finished gang left joiner's claim allocated as muster planned it"
+            );
+            test.pods().delete("blocker", &DeleteParams::default()).await?;
+            test.wait_phase("joiner", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            ensure!(
+                allocation_of(test, "scratch").await? == Some(held),
+                "joiner runs on the allocation muster made"
+            );
+            Ok(())
+        })
+    })
+    .await;
+    let _ = std::fs::remove_file(&go_on);
+    outcome
+}
+
+/// Issue 22, defect 1d: a nomination that included a claim made every gang sharing that
+/// claim look as if its claim were allocated meanwhile, which stopped the whole pass:
+/// nothing behind it was placed while the nomination lasted.
+#[tokio::test]
+async fn issue22_1d_a_nominated_shared_claim_does_not_hold_the_queue() -> Result<()> {
+    with_test("nominated-claim", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            // A victim whose pods take a minute to stop fills rack-0000.
+            test.create(terminating_for(ranked(gang("victim", 4, Some("rack-0000")), LOW), 60))
+                .await?;
+            assert_runs_as_planned(test, "victim").await?;
+            // Its launcher shares the claim (a device on one node: only pods on that node
+            // can share it).
+            let preemptor = sharing_claim(
+                ranked(gang("preemptor", 3, Some("rack-0000")), HIGH),
+                "launcher",
+                "scratch",
+            );
+            test.create(preemptor).await?;
+            test.wait_nomination("preemptor").await?;
+            // A gang sharing the nominated claim waits, ahead of a gang that fits.
+            let waiting = sharing_claim(ranked(gang("sharer", 1, Some("rack-0000")), LOW), "launcher", "scratch");
+            test.create(waiting).await?;
+            test.wait_phase("sharer", WorkloadPhase::Queued, Duration::from_secs(60))
+                .await?;
+            test.create(gang("behind", 1, Some("rack-0001"))).await?;
+            test.wait_phase("behind", WorkloadPhase::Running, Duration::from_secs(25))
+                .await?;
+            ensure!(
+                test.workloads()
+                    .get("preemptor")
+                    .await?
+                    .status
+                    .and_then(|s| s.nomination)
+                    .is_some(),
+                "the nomination still held while the gang behind was placed"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Issue 22, defect 2: a gang of higher priority planned around the nomination of a
+/// lower one: the lower preemptor was admitted onto the freed devices, and then
+/// preempted by the higher gang right after. (The higher gang needs three of the four
+/// nodes the nomination holds: it fits as soon as three are free, before the lower one
+/// could, so what decides is only whether the nomination is in its way.)
+#[tokio::test]
+async fn issue22_2_a_lower_nomination_does_not_hold_devices_against_a_higher_gang() -> Result<()> {
+    with_test("nomination-order", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            test.create(terminating_for(ranked(gang("victim", 4, Some("rack-0000")), LOW), 20))
+                .await?;
+            assert_runs_as_planned(test, "victim").await?;
+            test.create(ranked(gang("middle", 4, Some("rack-0000")), MID)).await?;
+            test.wait_nomination("middle").await?;
+            test.create(ranked(gang("high", 3, Some("rack-0000")), HIGH)).await?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                ensure!(
+                    test.state("middle").await?.is_none(),
+                    "middle was admitted onto the devices a gang of higher priority waited for"
+                );
+                let high = test.workloads().get("high").await?;
+                if high.status.and_then(|s| s.phase) == Some(WorkloadPhase::Running) {
+                    break;
+                }
+                ensure!(std::time::Instant::now() < deadline, "high never ran");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            assert_runs_as_planned(test, "high").await?;
+            let api = test.workloads();
+            wait::until("middle's nomination to be dropped", Duration::from_secs(30), || {
+                let api = api.clone();
+                async move {
+                    let w = api.get("middle").await?;
+                    Ok(w.status.is_some_and(|s| s.nomination.is_none()).then_some(()))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Issue 22, defect 4: preemption counted a claim the victim shares with a pod outside
+/// it as freed. The victim was evicted for a preemptor that could not fit, and could
+/// not leave TearingDown while that pod ran.
+#[tokio::test]
+async fn issue22_4_preemption_counts_only_what_the_victim_gives_back() -> Result<()> {
+    with_test("preempt-shared", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            // Its launcher shares the claim with a pod outside the gang.
+            let victim = sharing_claim(ranked(gang("victim", 3, Some("rack-0000")), LOW), "launcher", "scratch");
+            test.create(victim).await?;
+            test.wait_phase("victim", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            test.pods()
+                .create(&PostParams::default(), &outside_user("outsider", "scratch")?)
+                .await?;
+            test.wait_pod_running("outsider").await?;
+
+            // The whole rack: with the outsider's device kept, it never fits.
+            test.create(ranked(gang("whole", 4, Some("rack-0000")), HIGH)).await?;
+            test.wait_admitted_reason("whole", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            stays_released(test, "victim", 6).await?;
+            ensure!(
+                test.workloads()
+                    .get("whole")
+                    .await?
+                    .status
+                    .is_some_and(|s| s.nomination.is_none()),
+                "no nomination for a preemptor that cannot fit"
+            );
+            test.workloads().delete("whole", &DeleteParams::default()).await?;
+
+            // Three nodes' worth fits once the victim is gone: it is evicted, lets go of
+            // the claim the outsider uses, and waits in the queue.
+            test.create(ranked(gang("three", 3, Some("rack-0000")), HIGH)).await?;
+            test.wait_admitted_reason("victim", "Preempted", Duration::from_secs(60))
+                .await?;
+            test.wait_phase("victim", WorkloadPhase::Queued, Duration::from_secs(60))
+                .await?;
+            assert_runs_as_planned(test, "three").await?;
+            let claim = test.claims().get("scratch").await?;
+            let status = claim.status.unwrap_or_default();
+            ensure!(
+                status.allocation.is_some() && status.reserved_for.unwrap_or_default().len() == 1,
+                "the outsider keeps the claim"
+            );
+            test.pods().delete("outsider", &DeleteParams::default()).await?;
             Ok(())
         })
     })

@@ -556,6 +556,36 @@ async fn invalid_workloads_are_refused_with_clear_messages() -> Result<()> {
         "resourceClaims[].podGroups may only name pod groups",
     )
     .await?;
+    // Failure rules are checked by the API server, with messages that name the problem.
+    let rule = |rule: Value| json!({"maxRestarts": 2, "rules": [rule]});
+    for (policy, message) in [
+        (
+            rule(json!({"action": "FailGang"})),
+            "a failure rule needs onExitCodes, onPodConditions or onReasons",
+        ),
+        (
+            rule(json!({"action": "FailGang", "onExitCodes": {"operator": "In", "values": [0, 3]}})),
+            "may not list 0",
+        ),
+        (
+            rule(json!({"action": "FailGang", "onExitCodes": {"operator": "In", "values": [3, 3]}})),
+            "must not repeat a code",
+        ),
+        (
+            rule(json!({"action": "FailGang", "onExitCodes": {"operator": "In", "values": [256]}})),
+            "between 0 and 255",
+        ),
+        (
+            rule(json!({"action": "RestartGang", "onReasons": ["Evicted"], "podGroups": ["nope"]})),
+            "failurePolicy.rules[].podGroups may only name pod groups",
+        ),
+        (
+            json!({"restartBackoff": {"initialSeconds": 60, "maxSeconds": 10}}),
+            "initialSeconds must not exceed maxSeconds",
+        ),
+    ] {
+        expect_refused(&api, with(base.clone(), "/spec/failurePolicy", policy), message).await?;
+    }
 
     // Pod groups are immutable, suspend is not.
     let created = create_workload(&client, &ns, with(base.clone(), "/metadata/name", json!("good"))).await?;

@@ -27,7 +27,27 @@ pub struct Options {
     pub runtime_config: Vec<String>,
     /// Keep the run directory (certificates, logs, etcd data) after stopping.
     pub keep_run_dir: bool,
+    /// Write an audit log of every write request (`audit.log` in the run directory, JSON
+    /// lines, metadata only), leaving out node heartbeats: who wrote what, when.
+    pub audit: bool,
 }
+
+/// The audit policy of [`Options::audit`]: writes, at the metadata level, except the
+/// nodes' leases and status, which kwok renews all the time.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  namespaces: [kube-node-lease]
+- level: None
+  resources:
+  - group: \"\"
+    resources: [nodes, nodes/status]
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+";
 
 /// A running control plane. Dropping it stops every process.
 #[derive(Debug)]
@@ -137,6 +157,18 @@ impl ControlPlane {
         }
         if !options.runtime_config.is_empty() {
             apiserver_args.push(format!("--runtime-config={}", options.runtime_config.join(",")));
+        }
+        if options.audit {
+            let policy = run_dir.join("audit-policy.yaml");
+            fs::write(&policy, AUDIT_POLICY)?;
+            apiserver_args.extend([
+                format!("--audit-policy-file={}", s(&policy)),
+                format!("--audit-log-path={}", s(&run_dir.join("audit.log"))),
+                "--audit-log-format=json".into(),
+                // Batched, so that writing the log does not lengthen requests.
+                "--audit-log-mode=batch".into(),
+                "--audit-log-maxbackup=0".into(),
+            ]);
         }
         wait_for_tcp(&mut processes, "etcd", ports.etcd_client, Duration::from_secs(60)).await?;
         processes.spawn(
@@ -295,6 +327,11 @@ impl ControlPlane {
     /// Directory with certificates, logs and etcd data of this run.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
+    }
+
+    /// The audit log, when started with [`Options::audit`].
+    pub fn audit_log(&self) -> PathBuf {
+        self.run_dir.join("audit.log")
     }
 
     /// A new admin client. Each async runtime needs its own client.

@@ -1,6 +1,9 @@
 //! A real Kueue beside the local control plane: built from its Go module by
 //! `local-cluster/controlplane/build-kueue.sh` (cached), its CRDs applied server-side, and the
-//! manager run as a process with muster registered as an external framework.
+//! manager run as a process with muster registered as an external framework, with its own
+//! `batch/job` and `jobset.x-k8s.io/jobset` integrations and their webhooks registered as
+//! Kueue installs them (`kueue-mutating-webhook-configuration`, whose name sorts before
+//! muster's, so the API server calls Kueue's first), on a loopback certificate.
 
 use std::fs;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
@@ -66,7 +69,7 @@ impl Kueue {
         let client = control_plane.client().await?;
         let crds: kube::Api<
             k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-        > = kube::Api::all(client);
+        > = kube::Api::all(client.clone());
         for entry in fs::read_dir(dir.join("crds"))? {
             let path = entry?.path();
             // kueue.x-k8s.io_workloads.yaml names workloads.kueue.x-k8s.io.
@@ -78,10 +81,10 @@ impl Kueue {
             }
         }
 
-        // The webhook server must start although no webhook configuration points at it:
-        // any certificate does.
+        // Kueue's webhooks for the job kinds it integrates, on a certificate the API
+        // server trusts.
         let webhook_certs = run.join("webhook-certs");
-        write_self_signed(&webhook_certs)?;
+        let ca = crate::frameworks::loopback_certificate(&webhook_certs)?;
         ensure_metrics_certificate()?;
 
         let [webhook_port, health_port] = free_ports()?;
@@ -107,7 +110,7 @@ health:
 featureGates:
   VisibilityOnDemand: false
 integrations:
-  frameworks: ["batch/job"]
+  frameworks: ["batch/job", "jobset.x-k8s.io/jobset"]
   externalFrameworks: ["Workload.v1alpha1.muster.dev"]
 resources:
   deviceClassMappings:
@@ -134,6 +137,8 @@ resources:
         loop {
             kueue.processes.check_running()?;
             if let Ok((200, _)) = crate::operator::http_get(&health, "/readyz").await {
+                // Its webhooks serve now: the API server may call them.
+                register_webhooks(&client, &ca, webhook_port).await?;
                 return Ok(kueue);
             }
             if std::time::Instant::now() > deadline {
@@ -155,6 +160,42 @@ resources:
     pub fn log(&self) -> &Path {
         &self.log
     }
+}
+
+/// Kueue's webhooks for Jobs and JobSets, as its release installs them (mutating on
+/// create: Kueue suspends a job that names a LocalQueue; validating on create and
+/// update), served on `port` with the CA `ca`.
+async fn register_webhooks(client: &kube::Client, ca: &str, port: u16) -> Result<()> {
+    use base64::Engine as _;
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca);
+    let webhook = |name: &str, path: &str, group: &str, version: &str, resource: &str, operations: &[&str]| {
+        serde_json::json!({
+            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca_bundle},
+            "rules": [{"apiGroups": [group], "apiVersions": [version], "operations": operations, "resources": [resource]}],
+            // As Kueue's release has it: not the system's namespaces.
+            "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "kueue-system"]}]},
+        })
+    };
+    let mutating = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "kueue-mutating-webhook-configuration"},
+        "webhooks": [
+            webhook("mjob.kb.io", "/mutate-batch-v1-job", "batch", "v1", "jobs", &["CREATE"]),
+            webhook("mjobset.kb.io", "/mutate-jobset-x-k8s-io-v1alpha2-jobset", "jobset.x-k8s.io", "v1alpha2", "jobsets", &["CREATE"]),
+        ],
+    });
+    let validating = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "kueue-validating-webhook-configuration"},
+        "webhooks": [
+            webhook("vjob.kb.io", "/validate-batch-v1-job", "batch", "v1", "jobs", &["CREATE", "UPDATE"]),
+            webhook("vjobset.kb.io", "/validate-jobset-x-k8s-io-v1alpha2-jobset", "jobset.x-k8s.io", "v1alpha2", "jobsets", &["CREATE", "UPDATE"]),
+        ],
+    });
+    crate::frameworks::apply_cluster_object(client, &mutating, "mutatingwebhookconfigurations").await?;
+    crate::frameworks::apply_cluster_object(client, &validating, "validatingwebhookconfigurations").await?;
+    Ok(())
 }
 
 fn free_ports<const N: usize>() -> Result<[u16; N]> {

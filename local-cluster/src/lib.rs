@@ -6,6 +6,7 @@
 pub mod apply;
 pub mod controlplane;
 pub mod fleet;
+pub mod frameworks;
 pub mod kueue;
 pub mod namespaces;
 pub mod operator;

@@ -56,3 +56,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "muster.leaderElect" -}}
 {{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
 {{- end }}
+
+{{/* Name of the webhook's Service, configuration and (with "-tls") certificate Secret. */}}
+{{- define "muster.webhookName" -}}
+{{- printf "%s-webhook" (include "muster.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

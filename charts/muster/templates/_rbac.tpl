@@ -60,6 +60,43 @@ selectors), claims, volumes, storage classes and CSI attach limits. */}}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.webhook.enabled }}
+{{- /* Labelled JobSets (TrainJobs make JobSets) and Jobs become gangs: muster reads them
+(and the Jobs JobSets make, to verify their pods), creates the Workload each one owns,
+makes it again when the job changes before its gang is admitted, and suspends or resumes
+a job whose Workload a user suspended or resumed. */}}
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["muster.dev"]
+  resources: ["workloads"]
+  verbs: ["get", "create", "delete"]
+{{- if .Values.webhook.namespaceSelector }}
+{{- /* Jobs in namespaces the webhook's namespaceSelector leaves out are not muster's. */}}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
+{{- end }}
+{{- if .Values.rbac.kueue }}
+{{- /* Kueue charges a job's gang by the job's own pod templates. */}}
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get"]
+{{- end }}
+{{- if not .Values.webhook.certManager.enabled }}
+{{- /* muster writes its CA into the caBundle of its own webhook configuration. */}}
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["mutatingwebhookconfigurations"]
+  resourceNames: [{{ include "muster.webhookName" . | quote }}]
+  verbs: ["get", "update"]
+{{- end }}
+{{- end }}
 {{- if .Values.rbac.kueue }}
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
@@ -80,6 +117,15 @@ selectors), claims, volumes, storage classes and CSI attach limits. */}}
   resources: ["priorityclasses"]
   verbs: ["get"]
 {{- end }}
+{{- if .Values.metrics.auth.enabled }}
+{{- /* Checking who scrapes /metrics, as kube-rbac-proxy does. */}}
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+- apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
+{{- end }}
 {{- end }}
 
 {{/*
@@ -93,6 +139,20 @@ a name; reading and renewing can.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   resourceNames: [{{ .Values.leaderElection.id | quote }}]
+  verbs: ["get", "update"]
+{{- end }}
+
+{{/*
+Rules in the release namespace for the webhook's certificate, which muster keeps in a
+Secret when cert-manager does not. Create cannot be limited to a name.
+*/}}
+{{- define "muster.webhookRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ printf "%s-tls" (include "muster.webhookName" .) | quote }}]
   verbs: ["get", "update"]
 {{- end }}
 

@@ -81,7 +81,12 @@ pub fn with_extras(journal: &Journal, extras: &Placement) -> Journal {
         extra: true,
         ..p.clone()
     }));
-    grown.claims.extend(extras.claims.iter().cloned());
+    for claim in &extras.claims {
+        // A claim the extras share with the gang is named once.
+        if !grown.claims.contains(claim) {
+            grown.claims.push(claim.clone());
+        }
+    }
     grown.devices += extras.devices;
     let mut nodes: Vec<String> = grown.pods.iter().map(|p| p.node.clone()).collect();
     nodes.sort();

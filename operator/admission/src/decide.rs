@@ -2,9 +2,10 @@
 
 use std::collections::BTreeSet;
 
+use crate::failure::{self, Failure, FailureAction, FailureKind};
 use crate::{
-    Condition, ConditionType, Effect, EventKind, Gang, Journal, NodeHealth, Phase, Pin, PodView, Reason, Record,
-    Settings, State, Step,
+    Condition, ConditionType, Effect, EventKind, Gang, Journal, Millis, NodeHealth, Phase, Pin, PodView, Reason,
+    Record, Restarts, Settings, State, Step,
 };
 
 /// What to do next for a gang, from what is observed. A gang without a journal is
@@ -129,20 +130,23 @@ fn delete<'p>(gang: &Gang, pods: impl IntoIterator<Item = &'p PodView>) -> Vec<E
 
 /// Where a set of claims stands in being given back.
 enum Claims {
-    /// None of them holds an allocation.
+    /// The gang holds none of them any more: each is unallocated, or left to another
+    /// holder.
     Free,
-    /// Some still do: deallocate those no running pod uses (if any); the others wait.
+    /// Some still need the gang: deallocate those no running pod uses (if any); the
+    /// others wait.
     Held(Option<Box<Effect>>),
 }
 
-/// Gives back `claims`. A claim is deallocated only while no pod but the gang's
-/// terminated ones reserves it: a pod being deleted, or anyone else's pod, may still
-/// run on its devices.
+/// Gives back `claims`, by the ownership rule of [`crate::ClaimView`]: a claim another
+/// gang holds, one muster did not allocate, and one a pod outside the gang uses are let
+/// go as they are; the others are deallocated once no pod of the gang that may still
+/// run (a pod being deleted may) reserves them.
 fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> Claims {
-    let finished: Vec<String> = gang
+    let idle: Vec<String> = gang
         .pods
         .iter()
-        .filter(|p| p.phase.terminal())
+        .filter(|p| p.phase.terminal() || (p.gated && p.node.is_none()))
         .map(|p| p.uid.clone())
         .collect();
     let mut free_now = Vec::new();
@@ -151,10 +155,19 @@ fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> C
         let Some(claim) = gang.claim(name).filter(|c| c.allocated) else {
             continue;
         };
-        held = true;
-        if claim.reserved_for.iter().all(|uid| finished.contains(uid)) {
-            free_now.push(name.clone());
+        if claim.held_elsewhere || !claim.ours {
+            continue;
         }
+        let own_pod = |uid: &String| gang.pods.iter().any(|p| &p.uid == uid);
+        if claim.reserved_for.iter().any(|uid| own_pod(uid) && !idle.contains(uid)) {
+            held = true;
+            continue;
+        }
+        if claim.reserved_for.iter().any(|uid| !own_pod(uid)) {
+            continue;
+        }
+        held = true;
+        free_now.push(name.clone());
     }
     if !held {
         return Claims::Free;
@@ -162,10 +175,7 @@ fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> C
     if free_now.is_empty() {
         return Claims::Held(None);
     }
-    Claims::Held(Some(Box::new(Effect::Deallocate {
-        claims: free_now,
-        finished,
-    })))
+    Claims::Held(Some(Box::new(Effect::Deallocate { claims: free_now, idle })))
 }
 
 fn held(effect: Option<Box<Effect>>) -> Step {
@@ -301,20 +311,51 @@ fn succeeded(gang: &Gang) -> Option<String> {
 }
 
 /// Why the gang's core (its pods within minCount) cannot go on, if it cannot.
-fn core_failure(gang: &Gang, journal: &Journal) -> Option<(Reason, String)> {
+/// The first core pod whose loss ends the attempt: why, in words, and what the failure
+/// policy's rules match on.
+fn core_failure(gang: &Gang, journal: &Journal) -> Option<(Reason, String, Failure)> {
     for planned in journal.core() {
         let pod = gang.current_pods().find(|p| p.name == planned.name);
+        let facts = |kind: FailureKind| Failure {
+            group: pod.and_then(|p| p.group.clone()),
+            kind: Some(pod.and_then(|p| p.failure_kind).unwrap_or(kind)),
+            exit_codes: pod.map(|p| p.exit_codes.clone()).unwrap_or_default(),
+            conditions: pod.map(|p| p.conditions.clone()).unwrap_or_default(),
+        };
         let problem = match pod {
-            None => (Reason::PodLost, format!("pod {} disappeared", planned.name)),
-            Some(p) if p.deleting => (Reason::PodLost, format!("pod {} is being deleted", planned.name)),
-            Some(p) if p.gated => (Reason::PodLost, format!("pod {} was replaced", planned.name)),
+            None => (
+                Reason::PodLost,
+                format!("pod {} disappeared", planned.name),
+                facts(FailureKind::PodLost),
+            ),
+            Some(p) if p.deleting => (
+                Reason::PodLost,
+                format!("pod {} is being deleted", planned.name),
+                facts(FailureKind::PodLost),
+            ),
+            Some(p) if p.gated => (
+                Reason::PodLost,
+                format!("pod {} was replaced", planned.name),
+                facts(FailureKind::PodLost),
+            ),
             Some(p) if p.phase == Phase::Failed => {
                 let why = p.message.as_deref().unwrap_or_default();
                 let message = format!("pod {} failed {why}", planned.name);
-                (Reason::PodFailed, message.trim().to_string())
+                (
+                    Reason::PodFailed,
+                    message.trim().to_string(),
+                    facts(FailureKind::PodFailed),
+                )
             }
             Some(p) => match p.node.as_deref().filter(|n| gang.node(n) == NodeHealth::Gone) {
-                Some(node) => (Reason::NodeLost, format!("node {node} of pod {} is gone", planned.name)),
+                Some(node) => (
+                    Reason::NodeLost,
+                    format!("node {node} of pod {} is gone", planned.name),
+                    Failure {
+                        kind: Some(FailureKind::NodeLost),
+                        ..facts(FailureKind::NodeLost)
+                    },
+                ),
                 None => continue,
             },
         };
@@ -340,8 +381,8 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
             event(EventKind::Succeeded, false, "Finish", message),
         ]);
     }
-    if let Some((reason, message)) = core_failure(gang, journal) {
-        return fail_or_restart(gang, journal, reason, message);
+    if let Some((reason, message, failure)) = core_failure(gang, journal) {
+        return fail_or_restart(gang, journal, reason, message, &failure);
     }
     let step = extras(gang, journal, settings);
     if step.record().is_some() {
@@ -377,26 +418,45 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     )
 }
 
-fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: String) -> Step {
+/// The gang fails for good: what still runs stops, every claim is given back.
+fn fail(journal: &Journal, now: Millis, reason: Reason, message: String) -> Step {
+    let finishing = journal.moved(State::Finishing, now);
+    Step::effects(vec![
+        record(
+            Some(finishing),
+            vec![condition(ConditionType::Failed, true, reason, message.clone())],
+        ),
+        event(EventKind::Failed, true, "Finish", message),
+    ])
+}
+
+/// A core pod failed or was lost: the failure policy's first matching rule decides
+/// whether the gang fails at once, restarts counting against `maxRestarts`, or restarts
+/// without counting; with no rule matching, the restart counts.
+fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: String, failure: &Failure) -> Step {
     let restarts = gang.restarts;
+    let counted = gang.counted_restarts;
     let max = gang.spec.max_restarts;
-    if restarts >= max {
-        let message =
-            format!("{message}; the gang was restarted {restarts} times and failurePolicy.maxRestarts is {max}");
-        let finishing = journal.moved(State::Finishing, gang.now);
-        return Step::effects(vec![
-            record(
-                Some(finishing),
-                vec![condition(
-                    ConditionType::Failed,
-                    true,
-                    Reason::MaxRestartsExceeded,
-                    message.clone(),
-                )],
-            ),
-            event(EventKind::Failed, true, "Finish", message),
-        ]);
+    let (action, rule) = failure::action_for(&gang.spec.failure_rules, failure);
+    let by_rule = rule.map(|r| format!(" (failure policy rule {r})")).unwrap_or_default();
+    match action {
+        FailureAction::FailGang => {
+            let message = format!("{message}; the failure policy fails the gang{by_rule}");
+            return fail(journal, gang.now, Reason::FailedByRule, message);
+        }
+        FailureAction::RestartGang if counted >= max => {
+            let message = format!(
+                "{message}; the gang was restarted {counted} times counting against failurePolicy.maxRestarts, which is {max}"
+            );
+            return fail(journal, gang.now, Reason::MaxRestartsExceeded, message);
+        }
+        FailureAction::RestartGang | FailureAction::RestartUncounted => {}
     }
+    let counted_after = if action == FailureAction::RestartGang {
+        counted + 1
+    } else {
+        counted
+    };
     // Claims kube-controller-manager made for another controller's pods go with them.
     let reuse = !gang.spec.has_external_groups() && reservation_healthy(gang, journal);
     let mut restarting = journal.moved(State::Restarting, gang.now);
@@ -408,12 +468,28 @@ fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: Stri
     } else {
         "after placing the gang again"
     };
-    let note = format!("{message}; restarting the gang (restart {}) {how}", restarts + 1);
+    let uncounted = if action == FailureAction::RestartUncounted {
+        ", not counted against maxRestarts"
+    } else {
+        ""
+    };
+    let wait = gang
+        .spec
+        .restart_backoff
+        .map(|b| format!(" after a backoff of {}s", b.before_restart(restarts) / 1000))
+        .unwrap_or_default();
+    let note = format!(
+        "{message}; restarting the gang (restart {}{uncounted}{by_rule}) {how}{wait}",
+        restarts + 1
+    );
     Step::effects(vec![
         Effect::Record(Record {
             journal: Some(restarting),
             conditions: vec![condition(ConditionType::Restarting, true, reason, note.clone())],
-            restarts: Some(restarts + 1),
+            restarts: Some(Restarts {
+                total: restarts + 1,
+                counted: counted_after,
+            }),
         }),
         event(EventKind::Restarting, true, "Restart", note),
     ])
@@ -550,6 +626,16 @@ fn restarting(gang: &Gang, journal: &Journal) -> Step {
         return Step::effects(delete(gang, left));
     }
     let attempt = gang.restarts;
+    // The backoff runs from the failure (when Restarting was recorded); the gang keeps
+    // its reservation meanwhile, so that the next attempt can go back onto it. The
+    // recorded time has whole seconds only: a second more keeps the wait at least as
+    // long as asked.
+    if let Some(backoff) = gang.spec.restart_backoff {
+        let due = journal.since + backoff.before_restart(attempt - 1) + 1000;
+        if gang.now < due {
+            return Step::idle().then_recheck_in(due - gang.now);
+        }
+    }
     if journal.reuse_reservation && reservation_healthy(gang, journal) {
         let mut reserved = journal.moved(State::Reserved, gang.now);
         reserved.reuse_reservation = false;

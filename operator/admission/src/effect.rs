@@ -29,6 +29,8 @@ pub enum Reason {
     Restarted,
     /// Evicted whole so that a gang of higher priority fits.
     Preempted,
+    /// A rule of the failure policy failed the gang at once.
+    FailedByRule,
 }
 
 impl Reason {
@@ -48,11 +50,12 @@ impl Reason {
             Reason::SucceededPodGroups => "SucceededPodGroups",
             Reason::Restarted => "Restarted",
             Reason::Preempted => "Preempted",
+            Reason::FailedByRule => "FailedByRule",
         }
     }
 
     pub fn parse(text: &str) -> Option<Reason> {
-        const ALL: [Reason; 14] = [
+        const ALL: [Reason; 15] = [
             Reason::Reserving,
             Reason::Admitted,
             Reason::RolledBack,
@@ -67,6 +70,7 @@ impl Reason {
             Reason::SucceededPodGroups,
             Reason::Restarted,
             Reason::Preempted,
+            Reason::FailedByRule,
         ];
         ALL.into_iter().find(|r| r.as_str() == text)
     }
@@ -81,12 +85,20 @@ pub struct Condition {
 }
 
 /// A write of the Workload's status, conditional on the version observed: the journal
-/// (`None` removes it: the gang is queued), conditions to set, the restart count.
+/// (`None` removes it: the gang is queued), conditions to set, the restart counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub journal: Option<Journal>,
     pub conditions: Vec<Condition>,
-    pub restarts: Option<i32>,
+    pub restarts: Option<Restarts>,
+}
+
+/// The gang's restarts: every one (the attempt its pods carry), and those that count
+/// against `failurePolicy.maxRestarts`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Restarts {
+    pub total: i32,
+    pub counted: i32,
 }
 
 /// Events muster publishes about a Workload.
@@ -124,9 +136,10 @@ pub enum Effect {
     /// (no kubelet will confirm the end).
     DeletePods { pods: Vec<PodRef>, immediately: bool },
     /// Clear the allocation of these claims, each against a fresh read, and only while
-    /// its `reservedFor` lists no pod but those in `finished` (uids of the gang's
-    /// pods that have terminated): a pod that may still run keeps its devices.
-    Deallocate { claims: Vec<String>, finished: Vec<String> },
+    /// its `reservedFor` lists no pod but those in `idle` (uids of the gang's pods that
+    /// cannot use the devices: terminated, or never released): a pod that may still run
+    /// keeps its devices.
+    Deallocate { claims: Vec<String>, idle: Vec<String> },
     /// Remove the gang gate of these pods, pinning each to its node.
     Release { pods: Vec<Pin> },
     /// Delete the Workload (its TTL after finishing ran out).

@@ -49,7 +49,8 @@ pub struct Journal {
     /// When `state` was entered.
     pub since: Millis,
     pub pods: Vec<PlannedPod>,
-    /// The claims muster allocated (or is allocating) for the gang.
+    /// The claims the gang holds (or is reserving): those muster allocates for it and
+    /// those it found allocated and shares (see [`crate::ClaimView`] for who clears them).
     pub claims: Vec<String>,
     /// When the gang's core pods were released.
     pub released_at: Option<Millis>,

@@ -20,11 +20,12 @@
 pub mod commit;
 mod decide;
 mod effect;
+pub mod failure;
 mod journal;
 mod observe;
 
 pub use decide::decide;
-pub use effect::{Condition, ConditionType, Effect, EventKind, Pin, PodRef, Reason, Record, Step};
+pub use effect::{Condition, ConditionType, Effect, EventKind, Pin, PodRef, Reason, Record, Restarts, Step};
 pub use journal::{Journal, PlannedPod, State};
 pub use observe::{ClaimView, Gang, GroupSpec, NodeHealth, Phase, PodView, Settings, Spec};
 

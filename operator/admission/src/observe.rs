@@ -32,6 +32,10 @@ pub struct Spec {
     /// Groups whose success is the gang's (empty: every group).
     pub success_groups: Vec<String>,
     pub max_restarts: i32,
+    /// `failurePolicy.rules`, in order.
+    pub failure_rules: Vec<crate::failure::FailureRule>,
+    /// `failurePolicy.restartBackoff`.
+    pub restart_backoff: Option<crate::failure::Backoff>,
     pub ttl_seconds_after_finished: Option<i64>,
 }
 
@@ -86,6 +90,13 @@ pub struct PodView {
     pub deleting: bool,
     /// Why it failed, if it says.
     pub message: Option<String>,
+    /// How it failed, when the pod says more than that a container did: evicted,
+    /// preempted, past its deadline.
+    pub failure_kind: Option<crate::failure::FailureKind>,
+    /// Exit codes of its terminated containers, by container name.
+    pub exit_codes: Vec<(String, i32)>,
+    /// Its conditions, `(type, status)`.
+    pub conditions: Vec<(String, String)>,
 }
 
 impl PodView {
@@ -97,11 +108,23 @@ impl PodView {
     }
 }
 
-/// A claim of the gang.
+/// A claim of the gang: one its pods use, or one its journal names.
+///
+/// Ownership of a shared claim: every gang whose journal names the claim holds it,
+/// whether it allocated the claim or found it allocated. A gang that lets go of a claim
+/// clears the allocation only if it is the last holder, muster wrote the allocation, and
+/// no pod that may still run uses it; otherwise it stops naming the claim and leaves the
+/// allocation to the other holders, to the pod outside, or to the operator's collector
+/// (which clears what muster allocated once no journal names it and no pod uses it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimView {
     pub name: String,
     pub allocated: bool,
+    /// muster wrote the allocation (the claim carries its finalizer): only such an
+    /// allocation is muster's to clear.
+    pub ours: bool,
+    /// The journal of another gang names the claim: that gang holds it too.
+    pub held_elsewhere: bool,
     /// The uids of the pods in `status.reservedFor`.
     pub reserved_for: Vec<String>,
 }
@@ -122,6 +145,8 @@ pub struct Gang<'a> {
     pub journal: Option<&'a Journal>,
     /// `status.restarts`: the attempt muster's pods of the current attempt carry.
     pub restarts: i32,
+    /// Of those, the restarts that count against `maxRestarts`.
+    pub counted_restarts: i32,
     /// When the gang succeeded or failed for good, if it did.
     pub finished_at: Option<Millis>,
     pub pods: &'a [PodView],

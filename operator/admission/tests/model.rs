@@ -1,30 +1,62 @@
 //! A model test of the state machine: an in-memory API server with resource versions,
 //! caches that lag behind it (each kind on its own), an operator that runs the core's
 //! decisions and commits one write at a time, and a cluster around it: a controller
-//! that makes gated pods, a scheduler and kubelet, kube-controller-manager's cleanup
-//! of `reservedFor`, users who suspend, resume and delete pods, nodes that vanish, and
-//! intruders that take free devices or join a gang's shared claim. Writes fail at
-//! random and the operator crashes at random, between any two writes.
+//! that makes gated pods, a scheduler that binds a released pod only once every claim
+//! of it is allocated, a kubelet, kube-controller-manager's cleanup of `reservedFor`,
+//! Kueue that admits, evicts and admits again, users who suspend, resume and delete
+//! pods, nodes that vanish, and intruders: pods outside muster that take free devices,
+//! join claims that gangs share, or allocate a device a gang holds after its commit's
+//! conflict check (so the gang must see the conflict and give way).
 //!
-//! After every step: no device is allocated twice, and no pod that may still run has
-//! lost a device it was started with. After the chaos, a calm phase must bring every
-//! gang to rest (running, finished, suspended or queued without holding anything)
-//! within a bounded number of steps: no wedge, no leak.
+//! The operator follows muster's rules: gangs of two priorities; claims shared between
+//! gangs and with pods outside them, held by every gang whose journal names them and
+//! cleared only by their last holder (or by the collector once no journal names them
+//! and no pod uses them); preemption that records a nomination, evicts whole gangs of
+//! lower priority that hold what it counts on, and plans as if nominations of lower
+//! priority were not there. Writes fail at random and the operator crashes at random,
+//! between any two writes, and starts again from caches that list one kind at a time
+//! while the cluster moves on; a stalled leader's writes may land after its successor
+//! took over.
+//!
+//! After every step: no device is allocated twice (but by an intruder that allocated
+//! after the check, until the gang gives way); no pod that may still run has lost a
+//! device it was started with; no pod of a gang is released while a claim of it is not
+//! allocated. When they land: a gang is torn down for a conflict only if a device of it
+//! was allocated twice, evicted only by a nomination of higher priority that names it,
+//! and Kueue hears "Ready" only while the gang holds every claim of its journal.
+//!
+//! After the chaos, a calm phase must bring every gang to rest (running, finished,
+//! suspended, or queued holding nothing of its own and not fitting) within a bounded
+//! number of steps, and no gang may stay in one transitional state for long: no wedge,
+//! no leak, no nomination left.
 //!
 //! `MUSTER_MODEL_SCHEDULES` sets the number of schedules (default 10,000);
-//! `MUSTER_MODEL_SEED` replays one.
+//! `MUSTER_MODEL_SEED` replays one; `MUSTER_MODEL_LOG` sets how much of its log a
+//! failure shows.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use muster_admission::commit::{self, Placement};
+use muster_admission::failure;
 use muster_admission::{
     ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason, Record,
     Settings, Spec, State, decide,
 };
 
 type Dev = u32;
-const DEVICES_PER_NODE: u32 = 3;
+const DEVICES_PER_NODE: u32 = 2;
 const NODES: usize = 3;
+/// User claims that gangs (and pods outside them) may share, one device each.
+const SHARED: [&str; 2] = ["s0", "s1"];
+/// How long a nomination holds its devices while its gang still does not fit.
+const NOMINATION_LIFETIME: i64 = 60_000;
+/// How many looks a double allocation must last before the gang gives way (the
+/// operator's caches may show a deallocation after the allocation that followed it).
+const CONFLICT_SIGHTINGS: u32 = 2;
+/// Steps of the calm phase a gang may spend in one transitional state.
+const TRANSITION_BOUND: usize = 3000;
+/// Steps of the calm phase within which every gang must come to rest.
+const CALM_STEPS: usize = 8000;
 
 /// A small deterministic generator (SplitMix64).
 struct Rng(u64);
@@ -64,19 +96,56 @@ struct PodObj {
 
 #[derive(Clone, Debug)]
 struct ClaimObj {
-    workload: Option<String>,
+    /// The `muster.dev/workload` label: the Workload that brought it into muster's
+    /// caches (the first that joined a shared claim).
+    label: Option<String>,
     allocation: Option<Vec<Dev>>,
+    /// muster's finalizer: muster wrote the allocation.
+    ours: bool,
     reserved_for: Vec<String>,
     rv: u64,
+    /// An intruder's claim that took a device a gang held, after the gang's check.
+    late: bool,
+    /// Since its allocation, one of its devices was in another allocation too.
+    doubled: bool,
+    /// muster's allocation passed its commit's conflict check.
+    checked: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Nomination {
+    since: i64,
+    victims: Vec<String>,
+    /// The devices the proving plan takes.
+    devices: Vec<Dev>,
+}
+
+/// A gang's Kueue Workload, as muster and Kueue write it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Kueue {
+    /// Kueue reserved quota and asked muster to reserve the devices.
+    quota: bool,
+    /// muster answered its check: every claim is reserved.
+    ready: bool,
+    /// Kueue admitted the gang: its pods may go.
+    admitted: bool,
+    /// Kueue evicted the gang: it gives everything back and queues again.
+    evicted: bool,
 }
 
 #[derive(Clone, Debug)]
 struct WorkloadObj {
     spec: Spec,
     replicas: i32,
-    shared: bool,
+    /// The user claim its pods share, if any.
+    shared: Option<String>,
+    priority: i32,
+    kueue: Option<Kueue>,
     journal: Option<Journal>,
+    nomination: Option<Nomination>,
     restarts: i32,
+    /// Of `restarts`, those counted against `maxRestarts`.
+    counted_restarts: i32,
     finished_at: Option<i64>,
     rv: u64,
 }
@@ -92,6 +161,13 @@ struct World {
     now: i64,
 }
 
+/// A claim's allocation cleared (with `reservedFor`, as the API requires).
+fn deallocate(claim: &mut ClaimObj) {
+    claim.allocation = None;
+    claim.reserved_for.clear();
+    claim.doubled = false;
+}
+
 fn node_of(dev: Dev) -> String {
     format!("n{}", dev / DEVICES_PER_NODE)
 }
@@ -104,8 +180,9 @@ fn pod_claim(pod: &str) -> String {
     format!("{pod}-gpu")
 }
 
-fn shared_claim(gang: &str) -> String {
-    format!("{gang}-shared")
+/// Whether a journal state holds claims (a finished gang holds nothing).
+fn holding(journal: &Option<Journal>) -> Option<&Journal> {
+    journal.as_ref().filter(|j| j.state != State::Finished)
 }
 
 impl World {
@@ -135,7 +212,27 @@ impl World {
             .flat_map(|c| c.allocation.iter().flatten().copied())
             .collect()
     }
+
+    /// The gangs whose journal names `claim`.
+    fn holders(&self, claim: &str) -> Vec<&str> {
+        self.workloads
+            .iter()
+            .filter(|(_, w)| holding(&w.journal).is_some_and(|j| j.claims.iter().any(|c| c == claim)))
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
 }
+
+/// Kinds the operator caches, each listed and watched on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Pods,
+    Claims,
+    Workloads,
+    Nodes,
+}
+
+const KINDS: [Kind; 4] = [Kind::Pods, Kind::Claims, Kind::Workloads, Kind::Nodes];
 
 /// What the operator does next: one API write (or read) at a time.
 #[derive(Clone, Debug)]
@@ -149,19 +246,34 @@ enum Op {
     Delete {
         name: String,
         uid: String,
+        /// The version the deletion was decided on.
+        rv: u64,
         immediately: bool,
     },
     Deallocate {
         claim: String,
-        finished: Vec<String>,
+        idle: Vec<String>,
+    },
+    /// Before giving claims back: the gang's planned pods still behind the gate, each
+    /// as seen (name, version), are fenced, so that a deposed leader's release of one
+    /// cannot land after its claims went.
+    FencePods {
+        pods: Vec<(String, u64)>,
     },
     Release {
+        gang: String,
         pod: String,
         uid: String,
         node: String,
     },
     Allocate {
-        gang: String,
+        claim: String,
+        devices: Vec<Dev>,
+        expect_rv: u64,
+    },
+    /// A claim the gang found allocated and holds from its commit on: still as planned,
+    /// and fenced (its version moves).
+    Hold {
         claim: String,
         devices: Vec<Dev>,
         expect_rv: u64,
@@ -180,11 +292,68 @@ enum Op {
     EndCommit {
         gang: String,
     },
+    Nominate {
+        gang: String,
+        nomination: Nomination,
+    },
+    Evict {
+        victim: String,
+        expected: Journal,
+        preemptor: String,
+    },
+    DropNomination {
+        gang: String,
+    },
+    /// The collector: clear an allocation muster wrote that no journal names, while no
+    /// pod but those in `finished` reserves it, and remove muster's finalizer.
+    Collect {
+        claim: String,
+        finished: Vec<String>,
+    },
+    KueueReady {
+        gang: String,
+    },
+    KueueRequeue {
+        gang: String,
+    },
+}
+
+impl Op {
+    /// A line for the log.
+    fn describe(&self) -> String {
+        match self {
+            Op::Record { gang, expected, record } => format!(
+                "record {gang}: {:?} -> {:?}",
+                expected.as_ref().map(|j| j.state),
+                record.journal.as_ref().map(|j| j.state)
+            ),
+            Op::Delete { name, .. } => format!("delete {name}"),
+            Op::Deallocate { claim, .. } => format!("deallocate {claim}"),
+            Op::FencePods { pods } => format!("fence {pods:?}"),
+            Op::Release { pod, node, .. } => format!("release {pod} to {node}"),
+            Op::Allocate { claim, devices, .. } => format!("allocate {claim} {devices:?}"),
+            Op::Hold { claim, .. } => format!("hold {claim}"),
+            Op::Check { planned } => format!("check {planned:?}"),
+            Op::DeleteWorkload { gang } => format!("delete workload {gang}"),
+            Op::UndoOwn { gang, .. } => format!("undo {gang}'s writes"),
+            Op::EndCommit { gang } => format!("end {gang}'s commit"),
+            Op::Nominate { gang, .. } => format!("nominate {gang}"),
+            Op::Evict { victim, preemptor, .. } => format!("{preemptor} evicts {victim}"),
+            Op::DropNomination { gang } => format!("drop {gang}'s nomination"),
+            Op::Collect { claim, .. } => format!("collect {claim}"),
+            Op::KueueReady { gang } => format!("tell Kueue {gang} is reserved"),
+            Op::KueueRequeue { gang } => format!("give {gang}'s admission back to Kueue"),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Operator {
     cache: World,
+    /// Kinds a (re)started operator has not listed yet: it acts once all are listed.
+    unlisted: BTreeSet<Kind>,
+    /// Steps until a restarted operator has listed everything.
+    down: usize,
     own_workloads: BTreeMap<String, WorkloadObj>,
     own_claims: BTreeMap<String, ClaimObj>,
     own_pods: BTreeMap<String, PodObj>,
@@ -192,16 +361,40 @@ struct Operator {
     live: Option<String>,
     /// Claims the live commit allocated, with the version each write returned.
     written: Vec<(String, u64)>,
-    assumed: BTreeMap<String, Vec<Dev>>,
+    /// What commits under way take (the engine's assumed plans), by gang.
+    assumed: BTreeMap<String, Vec<(String, Vec<Dev>)>>,
+    /// Nominations the engine's state holds, by preemptor.
+    nominated: BTreeMap<String, Vec<Dev>>,
+    /// How many looks in a row each (gang, claim) looked doubly allocated.
+    sightings: BTreeMap<(String, String), u32>,
     cursor: usize,
+    /// The pass's start (nominations, the collector) is done for this round.
+    pass_started: bool,
 }
 
 impl Operator {
-    fn restart(&mut self, world: &World) {
+    /// A (re)started operator: nothing in memory; it lists each kind in turn while
+    /// the cluster moves on.
+    fn restart(&mut self, down: usize) {
         *self = Operator {
-            cache: world.clone(),
+            unlisted: KINDS.into_iter().collect(),
+            down,
             ..Operator::default()
         };
+    }
+
+    fn list(&mut self, kind: Kind, world: &World) {
+        match kind {
+            Kind::Pods => self.cache.pods = world.pods.clone(),
+            Kind::Claims => self.cache.claims = world.claims.clone(),
+            Kind::Workloads => self.cache.workloads = world.workloads.clone(),
+            Kind::Nodes => self.cache.nodes = world.nodes.clone(),
+        }
+        self.unlisted.remove(&kind);
+    }
+
+    fn ready(&self) -> bool {
+        self.unlisted.is_empty()
     }
 
     fn workload(&self, name: &str) -> Option<WorkloadObj> {
@@ -210,6 +403,14 @@ impl Operator {
             Some(own) if own.rv > cached.rv => Some(own.clone()),
             _ => Some(cached.clone()),
         }
+    }
+
+    fn workloads(&self) -> BTreeMap<String, WorkloadObj> {
+        self.cache
+            .workloads
+            .keys()
+            .filter_map(|n| Some((n.clone(), self.workload(n)?)))
+            .collect()
     }
 
     /// The pod cache with the operator's own writes that it does not show yet.
@@ -238,6 +439,34 @@ impl Operator {
         }
         claims
     }
+
+    /// What it sees now, taken once for a step.
+    fn view(&self) -> View {
+        let workloads = self.workloads();
+        View {
+            holders: holders_of(&workloads),
+            workloads,
+            claims: self.claims(),
+            pods: self.pods(),
+        }
+    }
+
+    /// Devices the engine's state holds for commits under way.
+    fn assumed_devices(&self) -> BTreeSet<Dev> {
+        self.assumed
+            .values()
+            .flatten()
+            .flat_map(|(_, d)| d.iter().copied())
+            .collect()
+    }
+}
+
+/// The operator's caches with its own newer writes, and which gangs hold which claim.
+struct View {
+    workloads: BTreeMap<String, WorkloadObj>,
+    claims: BTreeMap<String, ClaimObj>,
+    pods: BTreeMap<String, PodObj>,
+    holders: BTreeMap<String, BTreeSet<String>>,
 }
 
 const SETTINGS: Settings = Settings {
@@ -245,7 +474,40 @@ const SETTINGS: Settings = Settings {
     release_timeout: 20_000,
 };
 
+/// How often the schedules took the paths the model is for.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stats {
+    commits: u64,
+    shared_holds: u64,
+    let_go: u64,
+    collected: u64,
+    conflict_teardowns: u64,
+    nominations: u64,
+    evictions: u64,
+    kueue_evictions: u64,
+    kueue_readmissions: u64,
+    restarts: u64,
+    deposed_writes: u64,
+}
+
+impl std::ops::AddAssign for Stats {
+    fn add_assign(&mut self, o: Stats) {
+        self.commits += o.commits;
+        self.shared_holds += o.shared_holds;
+        self.let_go += o.let_go;
+        self.collected += o.collected;
+        self.conflict_teardowns += o.conflict_teardowns;
+        self.nominations += o.nominations;
+        self.evictions += o.evictions;
+        self.kueue_evictions += o.kueue_evictions;
+        self.kueue_readmissions += o.kueue_readmissions;
+        self.restarts += o.restarts;
+        self.deposed_writes += o.deposed_writes;
+    }
+}
+
 struct Sim {
+    stats: Stats,
     world: World,
     /// The restart count each gang has in the Workload controller's cache, which lags.
     controller_sees: BTreeMap<String, i32>,
@@ -259,6 +521,12 @@ struct Sim {
     /// Percent chance that a write fails (conflict, timeout).
     fail_rate: u64,
     chaos: bool,
+    /// An invariant a write broke when it landed.
+    violation: Option<String>,
+    /// A deposed leader's write landed in this schedule.
+    deposed_wrote: bool,
+    /// Claims the operator saw holding a device another claim held too.
+    seen_doubled: BTreeSet<String>,
     log: Vec<String>,
 }
 
@@ -269,12 +537,32 @@ impl Sim {
         for n in 0..NODES {
             world.nodes.insert(format!("n{n}"), true);
         }
-        let gangs = 1 + rng.below(2) as usize;
+        for claim in SHARED {
+            let rv = world.bump();
+            world.claims.insert(
+                claim.to_string(),
+                ClaimObj {
+                    label: None,
+                    allocation: None,
+                    ours: false,
+                    reserved_for: vec![],
+                    rv,
+                    late: false,
+                    doubled: false,
+                    checked: false,
+                },
+            );
+        }
+        let gangs = 1 + rng.below(3) as usize;
         for g in 0..gangs {
             let name = format!("g{g}");
             let replicas = 1 + rng.below(3) as i32;
             let min_count = 1 + rng.below(replicas as u64) as i32;
-            let shared = rng.chance(40);
+            let shared = rng
+                .chance(45)
+                .then(|| SHARED[rng.below(SHARED.len() as u64) as usize].to_string());
+            let priority = i32::from(rng.chance(40));
+            let kueue = rng.chance(25).then(Kueue::default);
             let spec = Spec {
                 suspend: false,
                 groups: vec![GroupSpec {
@@ -284,6 +572,13 @@ impl Sim {
                 }],
                 success_groups: vec![],
                 max_restarts: rng.below(3) as i32,
+                // Some gangs restart without counting when a pod is lost, some fail at
+                // once when one fails, some wait before each restart.
+                failure_rules: failure_rules(&mut rng),
+                restart_backoff: rng.chance(30).then(|| failure::Backoff {
+                    initial: 500 + rng.below(2000) as i64,
+                    max: 4000,
+                }),
                 ttl_seconds_after_finished: None,
             };
             let rv = world.bump();
@@ -293,32 +588,40 @@ impl Sim {
                     spec,
                     replicas,
                     shared,
+                    priority,
+                    kueue,
                     journal: None,
+                    nomination: None,
                     restarts: 0,
+                    counted_restarts: 0,
                     finished_at: None,
                     rv,
                 },
             );
-            let mut claims: Vec<String> = (0..replicas).map(|i| pod_claim(&pod_name(&name, i))).collect();
-            if shared {
-                claims.push(shared_claim(&name));
-            }
-            for claim in claims {
+            for i in 0..replicas {
                 let rv = world.bump();
                 world.claims.insert(
-                    claim,
+                    pod_claim(&pod_name(&name, i)),
                     ClaimObj {
-                        workload: Some(name.clone()),
+                        label: Some(name.clone()),
                         allocation: None,
+                        ours: false,
                         reserved_for: vec![],
                         rv,
+                        late: false,
+                        doubled: false,
+                        checked: false,
                     },
                 );
             }
         }
         let mut op = Operator::default();
-        op.restart(&world);
+        op.restart(0);
+        for kind in KINDS {
+            op.list(kind, &world);
+        }
         Sim {
+            stats: Stats::default(),
             world,
             controller_sees: BTreeMap::new(),
             op,
@@ -326,13 +629,16 @@ impl Sim {
             rng,
             fail_rate: 0,
             chaos: true,
+            violation: None,
+            deposed_wrote: false,
+            seen_doubled: BTreeSet::new(),
             log: Vec::new(),
         }
     }
 
     fn note(&mut self, what: String) {
         if self.log.len() > 4000 {
-            self.log.remove(0);
+            self.log.drain(..1000);
         }
         self.log.push(format!("t={} {what}", self.world.now));
     }
@@ -341,10 +647,16 @@ impl Sim {
         self.fail_rate > 0 && self.rng.chance(self.fail_rate)
     }
 
+    fn violated(&mut self, what: String) {
+        self.note(format!("VIOLATION: {what}"));
+        self.violation.get_or_insert(what);
+    }
+
     // ---- the cluster around the operator ----
 
     /// The Workload controller: the current attempt's pods exist, gated; a suspended or
-    /// finished gang gets none, and its gated pods go.
+    /// finished gang gets none, and its gated pods go (each as seen: never one released
+    /// meanwhile). A shared claim takes the label of the first Workload that joins it.
     fn controller(&mut self) {
         let names: Vec<String> = self.world.workloads.keys().cloned().collect();
         for gang in names {
@@ -352,8 +664,18 @@ impl Sim {
             if !self.chaos || self.rng.chance(50) {
                 self.controller_sees.insert(gang.clone(), w.restarts);
             }
+            if let Some(shared) = &w.shared
+                && let Some(c) = self.world.claims.get(shared)
+                && c.label.is_none()
+            {
+                let rv = self.world.bump();
+                let c = self.world.claims.get_mut(shared).expect("claim");
+                c.label = Some(gang.clone());
+                c.rv = rv;
+            }
             let attempt = self.controller_sees.get(&gang).copied().unwrap_or(0);
             let finished = w.finished_at.is_some();
+            let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
             if w.spec.suspend || finished {
                 let gated: Vec<String> = self
                     .world
@@ -367,6 +689,7 @@ impl Sim {
                 }
                 continue;
             }
+            let _ = evicted;
             for i in 0..w.replicas {
                 let name = pod_name(&gang, i);
                 if self.world.pods.contains_key(&name) {
@@ -375,9 +698,7 @@ impl Sim {
                 self.world.uids += 1;
                 let uid = format!("u{}", self.world.uids);
                 let mut claims = vec![pod_claim(&name)];
-                if w.shared {
-                    claims.push(shared_claim(&gang));
-                }
+                claims.extend(w.shared.iter().cloned());
                 let rv = self.world.bump();
                 self.world.pods.insert(
                     name,
@@ -400,14 +721,15 @@ impl Sim {
         }
     }
 
-    /// kube-scheduler binds a released pod to its pinned node, allocating a claim that
-    /// has no allocation itself (from devices no claim holds); the kubelet starts it
-    /// with the devices of its claims.
+    /// kube-scheduler binds a released pod to its pinned node once every claim of it
+    /// is allocated (it would otherwise allocate them itself, outside muster's plan:
+    /// it refuses here, and the invariants catch a pod released too early); it adds the
+    /// pod to `reservedFor`. The kubelet starts it with the devices of its claims.
     fn schedule(&mut self, name: &str) {
         let Some(pod) = self.world.pods.get(name).cloned() else {
             return;
         };
-        if pod.gated || pod.node.is_some() || pod.deleting {
+        if pod.gated || pod.node.is_some() || pod.deleting || pod.workload.is_none() {
             return;
         }
         let Some(node) = pod.pin.clone() else { return };
@@ -419,29 +741,18 @@ impl Sim {
         }
         let mut using = Vec::new();
         for claim in &pod.claims {
-            let taken = self.world.allocated();
-            let Some(c) = self.world.claims.get(claim) else { return };
-            let devices = match &c.allocation {
-                Some(d) => d.clone(),
-                None => {
-                    let free: Vec<Dev> = self
-                        .world
-                        .devices()
-                        .into_iter()
-                        .filter(|d| !taken.contains(d) && node_of(*d) == node)
-                        .collect();
-                    let Some(d) = free.first() else { return };
-                    vec![*d]
-                }
+            let Some(devices) = self.world.claims.get(claim).and_then(|c| c.allocation.clone()) else {
+                return;
             };
-            using.extend(devices.iter().copied());
+            using.extend(devices);
+        }
+        for claim in &pod.claims {
             let rv = self.world.bump();
             let c = self.world.claims.get_mut(claim).expect("claim");
-            c.allocation = Some(devices);
             if !c.reserved_for.contains(&pod.uid) {
                 c.reserved_for.push(pod.uid.clone());
+                c.rv = rv;
             }
-            c.rv = rv;
         }
         let rv = self.world.bump();
         let p = self.world.pods.get_mut(name).expect("pod");
@@ -472,6 +783,48 @@ impl Sim {
         }
     }
 
+    /// Kueue: it reserves quota for a gang that queues there, admits it once muster
+    /// says its claims are reserved, and (while the chaos lasts) evicts admitted gangs.
+    fn kueue(&mut self) {
+        let names: Vec<String> = self.world.workloads.keys().cloned().collect();
+        for gang in names {
+            let evict = self.chaos && self.rng.chance(3);
+            let Some(k) = self.world.workloads.get_mut(&gang).and_then(|w| w.kueue.as_mut()) else {
+                continue;
+            };
+            if k.evicted {
+                continue;
+            }
+            if !k.quota {
+                k.quota = true;
+            } else if k.ready && !k.admitted {
+                k.admitted = true;
+            } else if evict {
+                k.evicted = true;
+                self.stats.kueue_evictions += 1;
+                self.note(format!("Kueue evicts {gang}"));
+            }
+        }
+    }
+
+    /// Marks claims whose devices are in another allocation too.
+    fn mark_doubles(&mut self) {
+        let mut count = [0u8; NODES * DEVICES_PER_NODE as usize];
+        for c in self.world.claims.values() {
+            for d in c.allocation.iter().flatten() {
+                count[*d as usize] += 1;
+            }
+        }
+        if count.iter().all(|c| *c < 2) {
+            return;
+        }
+        for c in self.world.claims.values_mut() {
+            if c.allocation.iter().flatten().any(|d| count[*d as usize] > 1) {
+                c.doubled = true;
+            }
+        }
+    }
+
     fn environment(&mut self) {
         let roll = self.rng.below(100);
         let pods: Vec<String> = self.world.pods.keys().cloned().collect();
@@ -479,39 +832,36 @@ impl Sim {
             (!v.is_empty()).then(|| v[rng.below(v.len() as u64) as usize].clone())
         };
         match roll {
-            0..=14 => self.controller(),
-            15..=34 => {
+            0..=12 => self.controller(),
+            13..=32 => {
                 if let Some(p) = pick(&mut self.rng, &pods) {
                     self.schedule(&p);
                 }
             }
-            35..=44 => self.kcm(),
-            45..=54 => {
+            33..=40 => self.kcm(),
+            41..=44 => self.kueue(),
+            45..=53 => {
                 // A pod being deleted ends (its grace period is over).
                 if let Some(p) = pick(&mut self.rng, &pods).filter(|p| self.world.pods[p].deleting) {
                     self.note(format!("pod {p} is gone"));
                     self.world.pods.remove(&p);
                 }
             }
-            55..=64 => {
+            54..=63 => {
                 // Time passes; slowly once calm, so that the scheduler keeps up.
                 let most = if self.chaos { 8000 } else { 300 };
                 self.world.now += 100 + self.rng.below(most) as i64;
             }
-            65..=79 => {
-                // A cache catches up, one kind at a time.
-                match self.rng.below(4) {
-                    0 => self.op.cache.pods = self.world.pods.clone(),
-                    1 => self.op.cache.claims = self.world.claims.clone(),
-                    2 => self.op.cache.workloads = self.world.workloads.clone(),
-                    _ => self.op.cache.nodes = self.world.nodes.clone(),
-                }
+            64..=78 => {
+                // A cache catches up, one kind at a time (a restarted operator lists).
+                let kind = KINDS[self.rng.below(4) as usize];
+                self.op.list(kind, &self.world);
             }
-            80..=84 if self.chaos => {
+            79..=83 if self.chaos => {
                 // A container ends.
                 if let Some(p) = pick(&mut self.rng, &pods) {
                     let pod = self.world.pods.get_mut(&p).expect("pod");
-                    if pod.phase == Phase::Running {
+                    if pod.phase == Phase::Running && pod.workload.is_some() {
                         pod.phase = if self.rng.chance(50) {
                             Phase::Failed
                         } else {
@@ -521,14 +871,14 @@ impl Sim {
                     }
                 }
             }
-            85..=86 if self.chaos => {
+            84..=85 if self.chaos => {
                 // A user deletes a pod.
                 if let Some(p) = pick(&mut self.rng, &pods) {
                     self.note(format!("user deletes pod {p}"));
                     self.world.pods.get_mut(&p).expect("pod").deleting = true;
                 }
             }
-            87..=89 if self.chaos => {
+            86..=88 if self.chaos => {
                 // A user toggles suspend.
                 let names: Vec<String> = self.world.workloads.keys().cloned().collect();
                 if let Some(g) = pick(&mut self.rng, &names) {
@@ -540,7 +890,7 @@ impl Sim {
                     self.note(format!("user sets suspend={s} on {g}"));
                 }
             }
-            90 if self.chaos => {
+            89 if self.chaos => {
                 // The Workload controller writes its own part of the status.
                 let names: Vec<String> = self.world.workloads.keys().cloned().collect();
                 if let Some(g) = pick(&mut self.rng, &names) {
@@ -548,7 +898,7 @@ impl Sim {
                     self.world.workloads.get_mut(&g).expect("workload").rv = rv;
                 }
             }
-            91 if self.chaos => {
+            90 if self.chaos => {
                 // A node goes (rarely) or comes back.
                 let n = format!("n{}", self.rng.below(NODES as u64));
                 let up = !self.world.nodes[&n];
@@ -563,30 +913,34 @@ impl Sim {
                     }
                 }
             }
-            92..=94 if self.chaos => self.intrude(),
+            91..=94 if self.chaos => self.intrude(),
             95 if self.chaos => {
                 let world = self.world.clone();
+                let down = self.rng.below(30) as usize;
                 if self.stale.is_none() && !self.op.queue.is_empty() && self.rng.chance(50) {
                     let in_flight = 1 + self.rng.below(3) as usize;
                     self.note(format!(
                         "operator stalls with {in_flight} writes under way; another takes over"
                     ));
                     let mut successor = Operator::default();
-                    successor.restart(&world);
+                    successor.restart(down);
                     self.stale = Some((std::mem::replace(&mut self.op, successor), in_flight, world));
                 } else {
                     self.note("operator crashes".into());
-                    self.op.restart(&world);
+                    self.stats.restarts += 1;
+                    self.op.restart(down);
                 }
             }
             _ => {}
         }
     }
 
-    /// Someone else's pod: it takes a free device through its own claim, or joins a
-    /// gang's shared claim once it is allocated. It may end later.
+    /// Someone else's pod: it takes a free device through its own claim, joins a claim
+    /// that gangs share (kube-scheduler allocates it, if it is not, from a free device),
+    /// or allocates a device a checked gang holds (kube-scheduler decided in memory
+    /// before muster's write reached it). It may end later.
     fn intrude(&mut self) {
-        if self.rng.chance(30) {
+        if self.rng.chance(25) {
             if let Some(p) = self.world.intruders().first() {
                 self.note(format!("intruder {p} ends"));
                 self.world.pods.remove(p);
@@ -596,41 +950,65 @@ impl Sim {
         self.world.uids += 1;
         let uid = format!("u{}", self.world.uids);
         let name = format!("intruder-{uid}");
-        let joined = self
+        let taken = self.world.allocated();
+        let free: Vec<Dev> = self
             .world
-            .claims
-            .iter()
-            .find(|(n, c)| n.ends_with("-shared") && c.allocation.is_some())
-            .map(|(n, _)| n.clone());
-        let (claim, devices) = match joined.filter(|_| self.rng.chance(50)) {
-            Some(claim) => {
-                let devices = self.world.claims[&claim].allocation.clone().unwrap_or_default();
-                (claim, devices)
-            }
-            None => {
-                let taken = self.world.allocated();
-                let free: Vec<Dev> = self
-                    .world
-                    .devices()
-                    .into_iter()
-                    .filter(|d| !taken.contains(d))
-                    .collect();
-                let Some(d) = free.get(self.rng.below(free.len().max(1) as u64) as usize).copied() else {
-                    return;
-                };
-                let claim = format!("{name}-claim");
-                let rv = self.world.bump();
-                self.world.claims.insert(
-                    claim.clone(),
-                    ClaimObj {
-                        workload: None,
-                        allocation: Some(vec![d]),
-                        reserved_for: vec![],
-                        rv,
-                    },
-                );
-                (claim, vec![d])
-            }
+            .devices()
+            .into_iter()
+            .filter(|d| !taken.contains(d))
+            .collect();
+        let roll = self.rng.below(100);
+        let (claim, devices) = if roll < 40 {
+            let claim = SHARED[self.rng.below(SHARED.len() as u64) as usize].to_string();
+            let devices = match self.world.claims[&claim].allocation.clone() {
+                Some(devices) => devices,
+                None => {
+                    let Some(d) = free.get(self.rng.below(free.len().max(1) as u64) as usize).copied() else {
+                        return;
+                    };
+                    let rv = self.world.bump();
+                    let c = self.world.claims.get_mut(&claim).expect("claim");
+                    c.allocation = Some(vec![d]);
+                    c.ours = false;
+                    c.doubled = false;
+                    c.rv = rv;
+                    vec![d]
+                }
+            };
+            (claim, devices)
+        } else {
+            // A device of a gang's checked claim, or a free one.
+            let checked: Vec<Dev> = self
+                .world
+                .workloads
+                .values()
+                .filter_map(|w| w.journal.as_ref())
+                .filter(|j| matches!(j.state, State::Reserved | State::Released))
+                .flat_map(|j| j.claims.iter())
+                .filter_map(|c| self.world.claims.get(c)?.allocation.clone())
+                .flatten()
+                .collect();
+            let late = roll < 55 && !checked.is_empty();
+            let pool = if late { &checked } else { &free };
+            let Some(d) = pool.get(self.rng.below(pool.len().max(1) as u64) as usize).copied() else {
+                return;
+            };
+            let claim = format!("{name}-claim");
+            let rv = self.world.bump();
+            self.world.claims.insert(
+                claim.clone(),
+                ClaimObj {
+                    label: None,
+                    allocation: Some(vec![d]),
+                    ours: false,
+                    reserved_for: vec![],
+                    rv,
+                    late,
+                    doubled: false,
+                    checked: false,
+                },
+            );
+            (claim, vec![d])
         };
         let node = devices.first().map(|d| node_of(*d));
         let rv = self.world.bump();
@@ -661,6 +1039,15 @@ impl Sim {
     // ---- the operator ----
 
     fn operator(&mut self) {
+        if self.op.down > 0 {
+            self.op.down -= 1;
+            return;
+        }
+        if !self.op.ready() {
+            for kind in self.op.unlisted.clone() {
+                self.op.list(kind, &self.world);
+            }
+        }
         if let Some(op) = self.op.queue.pop_front() {
             self.execute(op);
             return;
@@ -669,15 +1056,131 @@ impl Sim {
         if names.is_empty() {
             return;
         }
+        if self.op.cursor.is_multiple_of(names.len()) && !self.op.pass_started {
+            self.op.pass_started = true;
+            self.pass_start();
+            if !self.op.queue.is_empty() {
+                return;
+            }
+        }
         let gang = names[self.op.cursor % names.len()].clone();
         self.op.cursor += 1;
-        let Some(w) = self.op.workload(&gang) else { return };
-        let claims = self.op.claims();
-        let pods: Vec<PodView> = self
-            .op
-            .pods()
+        self.op.pass_started = false;
+        self.advance(&gang);
+    }
+}
+
+/// The gangs whose journal names each claim, among `workloads`.
+fn holders_of(workloads: &BTreeMap<String, WorkloadObj>) -> BTreeMap<String, BTreeSet<String>> {
+    {
+        let mut holders: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (gang, w) in workloads {
+            for claim in holding(&w.journal).iter().flat_map(|j| &j.claims) {
+                holders.entry(claim.clone()).or_default().insert(gang.clone());
+            }
+        }
+        holders
+    }
+}
+
+impl Sim {
+    /// Every pass: the nominations are held (rebuilt from the status), their victims
+    /// evicted, and ended ones dropped; then the collector looks at every claim.
+    fn pass_start(&mut self) {
+        let view = self.op.view();
+        let (workloads, claims) = (&view.workloads, &view.claims);
+        let now = self.world.now;
+        let mut holding_now = BTreeSet::new();
+        for (gang, w) in workloads {
+            let Some(n) = &w.nomination else { continue };
+            if w.journal.is_some() {
+                continue;
+            }
+            let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
+            let expired = now - n.since > NOMINATION_LIFETIME;
+            // A device it holds taken by a claim neither its own nor a victim's.
+            let mine: BTreeSet<String> = (0..w.replicas)
+                .map(|i| pod_claim(&pod_name(gang, i)))
+                .chain(w.shared.iter().cloned())
+                .chain(
+                    n.victims
+                        .iter()
+                        .filter_map(|v| workloads.get(v)?.journal.clone())
+                        .flat_map(|j| j.claims),
+                )
+                .collect();
+            let taken = claims
+                .iter()
+                .filter(|(name, _)| !mine.contains(*name))
+                .any(|(_, c)| c.allocation.iter().flatten().any(|d| n.devices.contains(d)));
+            if w.spec.suspend || evicted || expired || taken {
+                let why = format!(
+                    "suspend={} evicted={evicted} expired={expired} taken={taken}",
+                    w.spec.suspend
+                );
+                self.note(format!("{gang}'s nomination ends: {why}"));
+                self.op.queue.push_back(Op::DropNomination { gang: gang.clone() });
+                continue;
+            }
+            holding_now.insert(gang.clone());
+            self.op
+                .nominated
+                .entry(gang.clone())
+                .or_insert_with(|| n.devices.clone());
+            for victim in &n.victims {
+                let Some(v) = workloads.get(victim) else { continue };
+                let Some(j) = v.journal.clone().filter(|j| j.state == State::Released) else {
+                    continue;
+                };
+                let holds = j
+                    .claims
+                    .iter()
+                    .filter_map(|c| claims.get(c)?.allocation.clone())
+                    .flatten()
+                    .any(|d| n.devices.contains(&d));
+                if holds && !v.spec.suspend {
+                    self.op.queue.push_back(Op::Evict {
+                        victim: victim.clone(),
+                        expected: j,
+                        preemptor: gang.clone(),
+                    });
+                }
+            }
+        }
+        self.op.nominated.retain(|g, _| holding_now.contains(g));
+
+        // The collector.
+        let holders = &view.holders;
+        let finished: Vec<String> = view
+            .pods
+            .values()
+            .filter(|p| p.phase.terminal())
+            .map(|p| p.uid.clone())
+            .collect();
+        for (name, c) in claims {
+            if !c.ours || c.allocation.is_none() || holders.contains_key(name) {
+                continue;
+            }
+            if c.reserved_for.iter().all(|u| finished.contains(u)) {
+                self.op.queue.push_back(Op::Collect {
+                    claim: name.clone(),
+                    finished: finished.clone(),
+                });
+            }
+        }
+    }
+
+    /// One gang's step: observe, decide, perform; a queued gang is planned, a released
+    /// one's extras placed; then Kueue hears where the gang stands now.
+    fn advance(&mut self, gang: &str) {
+        let view = self.op.view();
+        let Some(w) = view.workloads.get(gang).cloned() else {
+            return;
+        };
+        let (claims, pods_view) = (&view.claims, &view.pods);
+        let pods: Vec<PodView> = pods_view
             .iter()
-            .filter(|(_, p)| p.workload.as_deref() == Some(gang.as_str()))
+            .filter(|(_, p)| p.workload.as_deref() == Some(gang))
             .map(|(name, p)| PodView {
                 name: name.clone(),
                 uid: p.uid.clone(),
@@ -688,14 +1191,22 @@ impl Sim {
                 node: p.node.clone(),
                 deleting: p.deleting,
                 message: None,
+                failure_kind: None,
+                exit_codes: vec![],
+                conditions: vec![],
             })
             .collect();
+        let journal = w.journal.clone();
+        let named: BTreeSet<&String> = journal.iter().flat_map(|j| &j.claims).collect();
+        let holders = &view.holders;
         let claim_views: Vec<ClaimView> = claims
             .iter()
-            .filter(|(_, c)| c.workload.as_deref() == Some(gang.as_str()))
+            .filter(|(name, c)| c.label.as_deref() == Some(gang) || named.contains(name))
             .map(|(name, c)| ClaimView {
                 name: name.clone(),
                 allocated: c.allocation.is_some(),
+                ours: c.ours,
+                held_elsewhere: holders.get(name).is_some_and(|h| h.iter().any(|g| g != gang)),
                 reserved_for: c.reserved_for.clone(),
             })
             .collect();
@@ -707,126 +1218,211 @@ impl Sim {
             .filter(|(_, up)| **up)
             .map(|(n, _)| (n.clone(), NodeHealth::Ready))
             .collect();
-        let journal = w.journal.clone();
-        let devices_published = claims
-            .values()
-            .filter(|c| c.workload.as_deref() == Some(gang.as_str()))
-            .flat_map(|c| c.allocation.iter().flatten())
-            .all(|d| nodes.contains_key(&node_of(*d)));
-        let view = Gang {
-            spec: &w.spec,
+        let devices_published = named
+            .iter()
+            .filter_map(|c| claims.get(*c)?.allocation.clone())
+            .flatten()
+            .all(|d| nodes.contains_key(&node_of(d)));
+        // A journal's claim whose device another claim holds too, for long enough.
+        let mut conflicted = Vec::new();
+        for name in &named {
+            let key = (gang.to_string(), (*name).clone());
+            let mine = claims.get(*name).and_then(|c| c.allocation.clone()).unwrap_or_default();
+            let doubled = claims
+                .iter()
+                .any(|(other, c)| other != *name && c.allocation.iter().flatten().any(|d| mine.contains(d)));
+            if doubled {
+                self.seen_doubled.insert((*name).clone());
+                let seen = self.op.sightings.entry(key).or_default();
+                *seen += 1;
+                if *seen >= CONFLICT_SIGHTINGS {
+                    conflicted.push((*name).clone());
+                }
+            } else {
+                self.op.sightings.remove(&key);
+            }
+        }
+        let mut spec = w.spec.clone();
+        let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
+        spec.suspend |= evicted;
+        let gang_view = Gang {
+            spec: &spec,
             journal: journal.as_ref(),
             restarts: w.restarts,
+            counted_restarts: w.counted_restarts,
             finished_at: w.finished_at,
             pods: &pods,
             claims: &claim_views,
             nodes: &nodes,
             devices_published,
-            conflicted: &[],
+            conflicted: &conflicted,
             now: self.world.now,
         };
-        let step = decide(&view, &SETTINGS);
+        let step = decide(&gang_view, &SETTINGS);
         if journal.is_none() && !step.effects.is_empty() {
-            self.note(format!("queued {gang}: {:?}", step.effects));
+            self.note(format!("queued {gang}: {} effects", step.effects.len()));
         }
-        if journal.as_ref().is_some_and(|j| j.state == State::Released) {
-            self.op.assumed.remove(&gang);
-        }
+        let release_held = w.kueue.as_ref().is_some_and(|k| !k.admitted || k.evicted);
         for effect in step.effects {
             match effect {
                 Effect::Record(record) => self.op.queue.push_back(Op::Record {
-                    gang: gang.clone(),
+                    gang: gang.to_string(),
                     expected: journal.clone(),
                     record,
                 }),
                 Effect::DeletePods { pods, immediately } => {
                     for pod in pods {
+                        let rv = pods_view.get(&pod.name).map_or(0, |p| p.rv);
                         self.op.queue.push_back(Op::Delete {
                             name: pod.name,
                             uid: pod.uid,
+                            rv,
                             immediately,
                         });
                     }
                 }
-                Effect::Deallocate { claims, finished } => {
+                Effect::Deallocate { claims, idle } => {
+                    let pods: Vec<(String, u64)> = pods_view
+                        .iter()
+                        .filter(|(n, p)| {
+                            p.workload.as_deref() == Some(gang)
+                                && p.gated
+                                && journal.as_ref().is_some_and(|j| j.planned(n).is_some())
+                        })
+                        .map(|(n, p)| (n.clone(), p.rv))
+                        .collect();
+                    if !pods.is_empty() {
+                        self.op.queue.push_back(Op::FencePods { pods });
+                    }
                     for claim in claims {
                         self.op.queue.push_back(Op::Deallocate {
                             claim,
-                            finished: finished.clone(),
+                            idle: idle.clone(),
                         });
                     }
                 }
+                // Reserved for a gang Kueue has not admitted yet: its pods wait.
+                Effect::Release { .. } if release_held => {}
                 Effect::Release { pods } => {
                     for pin in pods {
                         self.op.queue.push_back(Op::Release {
+                            gang: gang.to_string(),
                             pod: pin.pod.name,
                             uid: pin.pod.uid,
                             node: pin.node,
                         });
                     }
                 }
-                Effect::DeleteWorkload => self.op.queue.push_back(Op::DeleteWorkload { gang: gang.clone() }),
+                Effect::DeleteWorkload => self.op.queue.push_back(Op::DeleteWorkload { gang: gang.to_string() }),
                 Effect::Event { .. } => {}
             }
         }
         if !self.op.queue.is_empty() {
             return;
         }
+        // Kueue hears where the gang stands now, after its step.
+        if let Some(k) = &w.kueue {
+            let reserved = journal
+                .as_ref()
+                .is_some_and(|j| matches!(j.state, State::Reserved | State::Released));
+            if reserved && k.quota && !k.ready && !k.evicted {
+                self.op.queue.push_back(Op::KueueReady { gang: gang.to_string() });
+                return;
+            }
+            if k.evicted && journal.is_none() {
+                self.op.queue.push_back(Op::KueueRequeue { gang: gang.to_string() });
+                return;
+            }
+        }
         match journal.map(|j| j.state) {
-            None => self.plan(&gang, &w),
-            Some(State::Released) => self.extras(&gang, &w),
+            None => self.plan(gang, &w, &view),
+            Some(State::Released) => self.extras(gang, &w, &view),
             Some(_) => {}
         }
     }
 
-    /// Devices the operator believes free: no claim holds them in its view, no commit
-    /// of its own assumes them, and their node is up.
-    fn free_devices(&self) -> Vec<Dev> {
-        let claims = self.op.claims();
-        let taken: BTreeSet<Dev> = claims
+    /// Devices gang `gang` of `priority` sees free: no claim holds them in the
+    /// operator's view, no commit under way assumes them, no nomination of another gang
+    /// of at least its priority holds them (a gang plans as if nominations of lower
+    /// priority were not there), and their node is up. Its own nomination's devices
+    /// come first.
+    fn free_devices(&self, gang: &str, priority: i32, view: &View) -> Vec<Dev> {
+        let (claims, workloads) = (&view.claims, &view.workloads);
+        let mut taken: BTreeSet<Dev> = claims
             .values()
             .flat_map(|c| c.allocation.iter().flatten().copied())
-            .chain(self.op.assumed.values().flatten().copied())
             .collect();
-        (0..(NODES as u32 * DEVICES_PER_NODE))
+        taken.extend(self.op.assumed_devices());
+        for (owner, devices) in &self.op.nominated {
+            if owner != gang && workloads.get(owner).is_none_or(|w| w.priority >= priority) {
+                taken.extend(devices.iter().copied());
+            }
+        }
+        let own: Vec<Dev> = self.op.nominated.get(gang).cloned().unwrap_or_default();
+        let mut free: Vec<Dev> = (0..(NODES as u32 * DEVICES_PER_NODE))
             .filter(|d| self.op.cache.nodes.get(&node_of(*d)).copied().unwrap_or(false) && !taken.contains(d))
-            .collect()
+            .collect();
+        free.sort_by_key(|d| !own.contains(d));
+        free
     }
 
     /// A queued gang whose current attempt's pods all wait at the gate is planned on
-    /// the free devices: one per pod, one more for the shared claim.
-    fn plan(&mut self, gang: &str, w: &WorkloadObj) {
-        if w.spec.suspend || w.finished_at.is_some() {
+    /// the devices it sees free: one per pod, one more for its shared claim unless the
+    /// claim is allocated already (then the gang holds it as it is). One that does not
+    /// fit may preempt.
+    fn plan(&mut self, gang: &str, w: &WorkloadObj, view: &View) {
+        if w.spec.suspend || w.finished_at.is_some() || self.op.live.is_some() {
             return;
         }
-        let cached = self.op.pods();
-        let pods: Vec<(String, &PodObj)> = (0..w.replicas)
-            .filter_map(|i| {
-                let name = pod_name(gang, i);
-                let pod = cached.get(&name)?;
-                (pod.gated && !pod.deleting && pod.attempt == Some(w.restarts)).then_some((name, pod))
+        if w.kueue.as_ref().is_some_and(|k| !k.quota || k.evicted) {
+            return;
+        }
+        let cached = &view.pods;
+        let pods: Vec<String> = (0..w.replicas)
+            .map(|i| pod_name(gang, i))
+            .filter(|name| {
+                cached
+                    .get(name)
+                    .is_some_and(|pod| pod.gated && !pod.deleting && pod.attempt == Some(w.restarts))
             })
             .collect();
-        let min = w.spec.groups[0].min_count;
         if (pods.len() as i32) < w.replicas {
             return;
         }
-        let claims = self.op.claims();
+        let claims = &view.claims;
         // Claims the view still shows allocated belong to someone: wait.
         if pods
             .iter()
-            .any(|(n, _)| claims.get(&pod_claim(n)).is_some_and(|c| c.allocation.is_some()))
+            .any(|n| claims.get(&pod_claim(n)).is_some_and(|c| c.allocation.is_some()))
         {
             return;
         }
-        let free = self.free_devices();
-        let shared = w.shared && claims.get(&shared_claim(gang)).is_some_and(|c| c.allocation.is_none());
-        if w.shared && !shared {
+        let shared = w
+            .shared
+            .as_ref()
+            .map(|c| (c.clone(), claims.get(c).and_then(|c| c.allocation.clone())));
+        // A shared claim a commit under way allocates: planned again later (the others
+        // go on meanwhile).
+        if let Some((claim, None)) = &shared
+            && self.op.assumed.values().flatten().any(|(c, _)| c == claim)
+        {
             return;
         }
-        let needed_for_shared = usize::from(shared);
-        let fit = free.len().saturating_sub(needed_for_shared).min(pods.len());
+        // One allocated whose device another claim holds too: not held as it is, but
+        // waited for, until its holders give way or the collector clears it.
+        if let Some((claim, Some(held))) = &shared
+            && claims
+                .iter()
+                .any(|(other, c)| other != claim && c.allocation.iter().flatten().any(|d| held.contains(d)))
+        {
+            return;
+        }
+        let min = w.spec.groups[0].min_count;
+        let free = self.free_devices(gang, w.priority, view);
+        let for_shared = usize::from(matches!(shared, Some((_, None))));
+        let fit = free.len().saturating_sub(for_shared).min(pods.len());
         if (fit as i32) < min {
+            self.preempt(gang, w, free.len(), min as usize + for_shared, view);
             return;
         }
         let mut devices = free.into_iter();
@@ -837,7 +1433,8 @@ impl Sim {
             devices: 0,
         };
         let mut allocations = Vec::new();
-        for (i, (name, _)) in pods.iter().take(fit).enumerate() {
+        let mut found = Vec::new();
+        for (i, name) in pods.iter().take(fit).enumerate() {
             let d = devices.next().expect("counted");
             placement.pods.push(PlannedPod {
                 name: name.clone(),
@@ -849,14 +1446,120 @@ impl Sim {
             placement.claims.push(pod_claim(name));
             allocations.push((pod_claim(name), vec![d]));
         }
-        if shared {
-            let d = devices.next().expect("counted");
-            placement.claims.push(shared_claim(gang));
-            allocations.push((shared_claim(gang), vec![d]));
+        match shared {
+            Some((claim, None)) => {
+                let d = devices.next().expect("counted");
+                placement.claims.push(claim.clone());
+                allocations.push((claim, vec![d]));
+            }
+            Some((claim, Some(held))) => {
+                placement.claims.push(claim.clone());
+                found.push((claim, held));
+            }
+            None => {}
         }
         placement.devices = allocations.len() as i32;
+        // Its plan takes over from its nomination.
+        self.op.nominated.remove(gang);
         let journal = commit::reserving(&placement, self.world.now);
-        self.commit(gang, w.journal.clone(), journal, allocations, claims);
+        self.commit(gang, w.journal.clone(), journal, allocations, found, claims);
+    }
+
+    /// A gang that does not fit, outside Kueue: with a nomination, it waits (dropping
+    /// it once its victims are gone and its devices free, yet it still does not fit);
+    /// without, it nominates the devices of gangs of lower priority whose teardown gives
+    /// back enough, and evicts them.
+    fn preempt(&mut self, gang: &str, w: &WorkloadObj, free: usize, needed: usize, view: &View) {
+        if w.kueue.is_some() {
+            return;
+        }
+        let (workloads, claims) = (&view.workloads, &view.claims);
+        if let Some(n) = &w.nomination {
+            let victims_left = n
+                .victims
+                .iter()
+                .any(|v| workloads.get(v).is_some_and(|w| w.journal.is_some()));
+            let devices_free = n
+                .devices
+                .iter()
+                .all(|d| !claims.values().any(|c| c.allocation.iter().flatten().any(|x| x == d)));
+            if !victims_left && devices_free {
+                self.note(format!(
+                    "{gang}'s nomination ends: its victims are gone and it does not fit ({free} free, {needed} needed)"
+                ));
+                self.op.queue.push_back(Op::DropNomination { gang: gang.into() });
+            }
+            return;
+        }
+        let (holders, pods) = (&view.holders, &view.pods);
+        let mut freed: Vec<(String, Vec<Dev>, bool)> = Vec::new();
+        for (name, v) in workloads {
+            if name == gang || v.priority >= w.priority || v.kueue.is_some() {
+                continue;
+            }
+            let Some(j) = v.journal.as_ref().filter(|j| j.state == State::Released) else {
+                continue;
+            };
+            let own: BTreeSet<&String> = pods
+                .values()
+                .filter(|p| p.workload.as_deref() == Some(name.as_str()))
+                .map(|p| &p.uid)
+                .collect();
+            // Only what its teardown gives back.
+            let given: Vec<&String> = j
+                .claims
+                .iter()
+                .filter(|c| holders.get(*c).is_none_or(|h| h.iter().all(|g| g == name)))
+                .filter(|c| {
+                    claims
+                        .get(*c)
+                        .is_some_and(|c| c.ours && c.reserved_for.iter().all(|u| own.contains(u)))
+                })
+                .collect();
+            let devices: Vec<Dev> = given
+                .iter()
+                .filter_map(|c| claims.get(*c)?.allocation.clone())
+                .flatten()
+                .collect();
+            // The claim it shares with the victim comes back unallocated: it needs a
+            // device of its own then.
+            let frees_shared = w.shared.as_ref().is_some_and(|s| given.contains(&s));
+            if !devices.is_empty() {
+                freed.push((name.clone(), devices, frees_shared));
+            }
+        }
+        let mut victims = Vec::new();
+        let mut got = free;
+        let mut needed = needed;
+        for (victim, devices, frees_shared) in &freed {
+            if got >= needed {
+                break;
+            }
+            victims.push(victim.clone());
+            got += devices.len();
+            needed += usize::from(*frees_shared);
+        }
+        if got < needed || victims.is_empty() {
+            return;
+        }
+        let mut devices: Vec<Dev> = self.free_devices(gang, w.priority, view);
+        devices.extend(
+            freed
+                .iter()
+                .filter(|(v, ..)| victims.contains(v))
+                .flat_map(|(_, d, _)| d.iter().copied()),
+        );
+        devices.truncate(needed);
+        let nomination = Nomination {
+            since: self.world.now,
+            victims: victims.clone(),
+            devices,
+        };
+        self.note(format!("{gang} nominates {nomination:?}"));
+        self.op.queue.push_back(Op::Nominate {
+            gang: gang.into(),
+            nomination,
+        });
     }
 
     fn commit(
@@ -865,11 +1568,15 @@ impl Sim {
         expected: Option<Journal>,
         journal: Journal,
         allocations: Vec<(String, Vec<Dev>)>,
-        claims: BTreeMap<String, ClaimObj>,
+        found: Vec<(String, Vec<Dev>)>,
+        claims: &BTreeMap<String, ClaimObj>,
     ) {
-        self.note(format!("commit {gang}: {allocations:?}"));
+        self.note(format!("commit {gang}: {allocations:?}, holding {found:?}"));
+        self.stats.commits += 1;
+        self.stats.shared_holds += found.len() as u64;
         self.op.live = Some(gang.to_string());
         self.op.written.clear();
+        self.op.assumed.insert(gang.to_string(), allocations.clone());
         let planned: BTreeMap<Dev, String> = allocations
             .iter()
             .flat_map(|(c, ds)| ds.iter().map(move |d| (*d, c.clone())))
@@ -888,10 +1595,17 @@ impl Sim {
                 restarts: None,
             },
         });
+        for (claim, devices) in found {
+            let expect_rv = claims.get(&claim).map_or(0, |c| c.rv);
+            self.op.queue.push_back(Op::Hold {
+                claim,
+                devices,
+                expect_rv,
+            });
+        }
         for (claim, devices) in allocations {
             let expect_rv = claims.get(&claim).map_or(0, |c| c.rv);
             self.op.queue.push_back(Op::Allocate {
-                gang: gang.into(),
                 claim,
                 devices,
                 expect_rv,
@@ -911,13 +1625,15 @@ impl Sim {
     }
 
     /// Waiting extras of a released gang that now fit: committed like a gang.
-    fn extras(&mut self, gang: &str, w: &WorkloadObj) {
+    fn extras(&mut self, gang: &str, w: &WorkloadObj, view: &View) {
         let Some(journal) = w.journal.clone() else { return };
-        if !self.op.queue.is_empty() || w.spec.suspend {
+        if !self.op.queue.is_empty() || w.spec.suspend || self.op.live.is_some() {
             return;
         }
-        let claims = self.op.claims();
-        let cached = self.op.pods();
+        if w.kueue.as_ref().is_some_and(|k| !k.admitted || k.evicted) {
+            return;
+        }
+        let (claims, cached) = (&view.claims, &view.pods);
         let waiting: Vec<String> = (0..w.replicas)
             .map(|i| pod_name(gang, i))
             .filter(|n| journal.planned(n).is_none())
@@ -928,7 +1644,7 @@ impl Sim {
             })
             .filter(|n| claims.get(&pod_claim(n)).is_some_and(|c| c.allocation.is_none()))
             .collect();
-        let free = self.free_devices();
+        let free = self.free_devices(gang, w.priority, view);
         if waiting.is_empty() || free.is_empty() {
             return;
         }
@@ -953,12 +1669,15 @@ impl Sim {
         placement.devices = allocations.len() as i32;
         let grown = commit::with_extras(&journal, &placement);
         let released = commit::extras_released(&grown, &placement, self.world.now);
-        self.op.assumed.insert(
-            format!("{gang}+extras"),
-            allocations.iter().flat_map(|(_, d)| d.clone()).collect(),
-        );
-        self.commit(gang, Some(journal), grown.clone(), allocations, claims);
-        // The commit's last record makes the extras released; then release them.
+        let extras = format!("{gang}+extras");
+        self.commit(&extras, Some(journal), grown, allocations, vec![], claims);
+        // The commit records against the gang; its last record makes the extras
+        // released; then they are released.
+        for op in self.op.queue.iter_mut() {
+            if let Op::Record { gang: g, .. } = op {
+                *g = gang.to_string();
+            }
+        }
         if let Some(Op::Record { record, .. }) = self.op.queue.iter_mut().rev().nth(1) {
             record.journal = Some(released.clone());
         }
@@ -966,15 +1685,13 @@ impl Sim {
         for p in &placement.pods {
             let uid = cached.get(&p.name).map_or(String::new(), |pod| pod.uid.clone());
             self.op.queue.push_back(Op::Release {
+                gang: gang.to_string(),
                 pod: p.name.clone(),
                 uid,
                 node: p.node.clone(),
             });
         }
         self.op.queue.extend(end);
-        self.op.queue.push_back(Op::EndCommit {
-            gang: format!("{gang}+extras"),
-        });
     }
 
     /// One operator write. A failure drops the rest of the batch (a commit undoes its
@@ -984,29 +1701,142 @@ impl Sim {
         if ok {
             return;
         }
-        self.note(format!("failed: {op:?}"));
+        self.note(format!("failed: {}", op.describe()));
         let commit = self.op.live.clone();
         self.op.queue.clear();
-        if let Some(gang) = commit {
-            let reason = if matches!(op, Op::Check { .. }) {
-                Reason::Conflict
-            } else {
-                Reason::RolledBack
-            };
-            match op {
-                Op::Allocate { .. } | Op::Check { .. } => {
-                    self.op.queue.push_back(Op::UndoOwn {
-                        gang: gang.clone(),
-                        reason,
-                    });
+        let Some(live) = commit else { return };
+        let gang = live.trim_end_matches("+extras").to_string();
+        match &op {
+            // The plan's record did not land: the nomination it would have ended
+            // holds its devices again at once.
+            Op::Record { expected: None, .. } => {
+                if let Some(n) = self.op.workload(&gang).and_then(|w| w.nomination) {
+                    self.op.nominated.insert(gang.clone(), n.devices);
                 }
-                _ => {}
             }
-            self.op.queue.push_back(Op::EndCommit { gang: gang.clone() });
-            self.op.queue.push_back(Op::EndCommit {
-                gang: format!("{gang}+extras"),
-            });
+            Op::Allocate { .. } | Op::Check { .. } | Op::Hold { .. } => {
+                let reason = if matches!(op, Op::Check { .. }) {
+                    Reason::Conflict
+                } else {
+                    Reason::RolledBack
+                };
+                self.op.queue.push_back(Op::UndoOwn {
+                    gang: live.clone(),
+                    reason,
+                });
+            }
+            _ => {}
         }
+        self.op.queue.push_back(Op::EndCommit { gang: live });
+    }
+
+    /// The operator writes claim `claim`: its version moves, and the operator reads its
+    /// own write until its cache shows it.
+    fn write_claim(&mut self, claim: &str, change: impl FnOnce(&mut ClaimObj)) {
+        let rv = self.world.bump();
+        let Some(c) = self.world.claims.get_mut(claim) else {
+            return;
+        };
+        change(c);
+        c.rv = rv;
+        let copy = c.clone();
+        self.op.own_claims.insert(claim.to_string(), copy);
+    }
+
+    /// The operator writes pod `name` (if it exists): its version moves, and the
+    /// operator reads its own write until its cache shows it.
+    fn write_pod(&mut self, name: &str, change: impl FnOnce(&mut PodObj)) {
+        if !self.world.pods.contains_key(name) {
+            return;
+        }
+        let rv = self.world.bump();
+        let p = self.world.pods.get_mut(name).expect("pod");
+        change(p);
+        p.rv = rv;
+        let copy = p.clone();
+        self.op.own_pods.insert(name.to_string(), copy);
+    }
+
+    /// Claims a record stops naming must be unallocated (then each is fenced: its
+    /// version moves, so a deposed leader's allocation prepared before cannot land), or
+    /// allocated for someone the gang may leave them to: muster did not allocate it,
+    /// another gang (as the operator sees them) holds it, or a pod outside the gang
+    /// uses it. Pods the record stops releasing that still wait at the gate are fenced
+    /// too, so that a deposed leader's release prepared before cannot land.
+    fn fence(&mut self, gang: &str, expected: &Option<Journal>, next: &Option<Journal>) -> bool {
+        let kept: BTreeSet<&String> = next.iter().flat_map(|j| &j.claims).collect();
+        let dropped: Vec<String> = expected
+            .iter()
+            .flat_map(|j| j.claims.clone())
+            .filter(|c| !kept.contains(c))
+            .collect();
+        let view = self.op.view();
+        let holders = &view.holders;
+        let own_pods: BTreeSet<String> = view
+            .pods
+            .values()
+            .filter(|p| p.workload.as_deref() == Some(gang))
+            .map(|p| p.uid.clone())
+            .collect();
+        for claim in &dropped {
+            let Some(c) = self.world.claims.get(claim) else {
+                continue;
+            };
+            if c.allocation.is_some() {
+                let elsewhere = holders.get(claim).is_some_and(|h| h.iter().any(|g| g != gang));
+                let outside = c.reserved_for.iter().any(|u| !own_pods.contains(u));
+                if c.ours && !elsewhere && !outside {
+                    return false;
+                }
+            }
+        }
+        // Pods the record stops releasing, as the operator sees them: each is fenced
+        // against the version seen, and one changed since (released after all) makes
+        // the record wait for a fresher look.
+        let releasing = |j: &Journal| matches!(j.state, State::Reserved | State::Released);
+        let stops = expected.as_ref().is_some_and(releasing) && !next.as_ref().is_some_and(releasing);
+        let dropped_extras: BTreeSet<&String> = expected
+            .iter()
+            .flat_map(|j| &j.pods)
+            .filter(|p| p.released_at.is_some())
+            .filter(|p| {
+                next.as_ref()
+                    .and_then(|n| n.planned(&p.name))
+                    .is_none_or(|n| n.released_at.is_none())
+            })
+            .map(|p| &p.name)
+            .collect();
+        let fenced: Vec<(String, PodObj)> = view
+            .pods
+            .into_iter()
+            .filter(|(n, p)| {
+                let planned = expected.as_ref().is_some_and(|j| j.planned(n).is_some());
+                planned && p.workload.as_deref() == Some(gang) && p.gated && (stops || dropped_extras.contains(n))
+            })
+            .collect();
+        for (name, seen) in &fenced {
+            if self
+                .world
+                .pods
+                .get(name)
+                .is_some_and(|p| p.uid == seen.uid && p.rv != seen.rv)
+            {
+                return false;
+            }
+        }
+        for (pod, _) in fenced {
+            self.write_pod(&pod, |_| {});
+        }
+        for claim in dropped {
+            let allocated = self.world.claims.get(&claim).is_some_and(|c| c.allocation.is_some());
+            if allocated {
+                self.stats.let_go += 1;
+            }
+            if !allocated {
+                self.write_claim(&claim, |_| {});
+            }
+        }
+        true
     }
 
     fn try_execute(&mut self, op: Op) -> bool {
@@ -1024,37 +1854,36 @@ impl Sim {
                 if w.journal != expected {
                     return false;
                 }
-                // Claims the journal stops naming (all, when the gang is queued again):
-                // a fresh read shows each free, and each is fenced (its version moved),
-                // so that a deposed leader's allocation prepared before now cannot land
-                // after.
+                if !self.fence(&gang, &expected, &record.journal) {
+                    return false;
+                }
+                if let Some(j) = &record.journal
+                    && j.state == State::TearingDown
+                    && j.cause.as_ref().is_some_and(|c| c.0 == Reason::Conflict)
+                    && expected.as_ref().is_some_and(|e| e.state != State::TearingDown)
                 {
-                    let kept: BTreeSet<&String> = record.journal.iter().flat_map(|j| &j.claims).collect();
-                    let named = expected
+                    // Allocated twice, or shown so by the claims the operator sees (a
+                    // cache may lag for longer than the sightings last): never by a
+                    // nomination or a plan, which are no allocations.
+                    let doubled = j
+                        .claims
                         .iter()
-                        .flat_map(|j| j.claims.clone())
-                        .filter(|c| !kept.contains(c))
-                        .collect::<Vec<_>>();
-                    if named
-                        .iter()
-                        .any(|c| self.world.claims.get(c).is_some_and(|c| c.allocation.is_some()))
-                    {
-                        return false;
-                    }
-                    for claim in named {
-                        if self.world.claims.contains_key(&claim) {
-                            let rv = self.world.bump();
-                            let c = self.world.claims.get_mut(&claim).expect("claim");
-                            c.rv = rv;
-                            let copy = c.clone();
-                            self.op.own_claims.insert(claim, copy);
-                        }
+                        .any(|c| self.seen_doubled.contains(c) || self.world.claims.get(c).is_some_and(|c| c.doubled));
+                    self.stats.conflict_teardowns += 1;
+                    if !doubled {
+                        let claims: Vec<String> = self
+                            .world
+                            .claims
+                            .iter()
+                            .filter(|(_, c)| c.allocation.is_some())
+                            .map(|(n, c)| format!("{n} {:?}", c.allocation))
+                            .collect();
+                        self.violated(format!(
+                            "{gang} is torn down for a conflict, but no device of it was allocated twice: {claims:?}"
+                        ));
                     }
                 }
                 match &record.journal {
-                    Some(j) if j.state == State::Reserving && expected.is_none() => {
-                        self.op.assumed.entry(gang.clone()).or_default();
-                    }
                     // As the operator does: a gang queued again, or released, assumes
                     // nothing any more (the cache shows what it holds).
                     None => {
@@ -1069,8 +1898,13 @@ impl Sim {
                 let now = self.world.now;
                 let w = self.world.workloads.get_mut(&gang).expect("workload");
                 w.journal = record.journal.clone();
+                // The plan's record ends the nomination, in the same write.
+                if record.journal.as_ref().is_some_and(|j| j.state == State::Reserving) && expected.is_none() {
+                    w.nomination = None;
+                }
                 if let Some(r) = record.restarts {
-                    w.restarts = r;
+                    w.restarts = r.total;
+                    w.counted_restarts = r.counted;
                 }
                 if record
                     .conditions
@@ -1085,61 +1919,83 @@ impl Sim {
                 self.op.own_workloads.insert(gang, copy);
                 true
             }
-            Op::Delete { name, uid, immediately } => {
-                if self.world.pods.get(&name).is_none_or(|p| p.uid != uid) {
+            Op::Delete {
+                name,
+                uid,
+                rv,
+                immediately,
+            } => {
+                // Only the pod as seen when the deletion was decided; one changed since
+                // is looked at again.
+                if self.world.pods.get(&name).is_none_or(|p| p.uid != uid || p.rv != rv) {
                     return true;
                 }
                 self.note(format!("delete {name} immediately={immediately}"));
                 if immediately {
                     self.world.pods.remove(&name);
                 } else {
-                    let rv = self.world.bump();
-                    let pod = self.world.pods.get_mut(&name).expect("pod");
-                    pod.deleting = true;
-                    pod.rv = rv;
-                    let copy = pod.clone();
-                    self.op.own_pods.insert(name, copy);
+                    self.write_pod(&name, |p| p.deleting = true);
                 }
                 true
             }
-            Op::Deallocate { claim, finished } => {
+            Op::Deallocate { claim, idle } => {
                 let Some(c) = self.world.claims.get(&claim) else {
                     return true;
                 };
                 if c.allocation.is_none() {
                     return true;
                 }
-                if !c.reserved_for.iter().all(|u| finished.contains(u)) {
+                if !c.reserved_for.iter().all(|u| idle.contains(u)) {
                     return true; // in use: not now
                 }
-                let rv = self.world.bump();
-                let c = self.world.claims.get_mut(&claim).expect("claim");
-                c.allocation = None;
-                c.reserved_for.clear();
-                c.rv = rv;
-                let copy = c.clone();
                 self.note(format!("deallocate {claim}"));
-                self.op.own_claims.insert(claim, copy);
+                self.write_claim(&claim, deallocate);
                 true
             }
-            Op::Release { pod, uid, node } => {
+            Op::FencePods { pods } => {
+                if pods
+                    .iter()
+                    .any(|(name, rv)| self.world.pods.get(name).is_some_and(|p| p.rv != *rv))
+                {
+                    return false;
+                }
+                for (name, _) in pods {
+                    self.write_pod(&name, |_| {});
+                }
+                true
+            }
+            Op::Collect { claim, finished } => {
+                let Some(c) = self.world.claims.get(&claim) else {
+                    return true;
+                };
+                if !c.reserved_for.iter().all(|u| finished.contains(u)) {
+                    return true;
+                }
+                self.note(format!("collect {claim}"));
+                self.stats.collected += 1;
+                self.write_claim(&claim, |c| {
+                    deallocate(c);
+                    c.ours = false;
+                });
+                true
+            }
+            Op::Release { gang, pod, uid, node } => {
                 if self.world.pods.get(&pod).is_none_or(|p| p.uid != uid) {
                     return false;
                 }
-                let rv = self.world.bump();
-                let p = self.world.pods.get_mut(&pod).expect("pod");
-                if p.gated {
-                    p.gated = false;
-                    p.pin = Some(node);
-                    p.rv = rv;
-                    let copy = p.clone();
-                    self.op.own_pods.insert(pod.clone(), copy);
+                if self.world.workloads[&gang].kueue.as_ref().is_some_and(|k| !k.admitted) {
+                    self.violated(format!("{pod} is released before Kueue admitted {gang}"));
+                }
+                if self.world.pods[&pod].gated {
+                    self.write_pod(&pod, |p| {
+                        p.gated = false;
+                        p.pin = Some(node);
+                    });
                     self.note(format!("release {pod}"));
                 }
                 true
             }
             Op::Allocate {
-                gang,
                 claim,
                 devices,
                 expect_rv,
@@ -1147,17 +2003,31 @@ impl Sim {
                 let Some(c) = self.world.claims.get(&claim) else {
                     return false;
                 };
-                if c.rv != expect_rv {
+                if c.rv != expect_rv || c.allocation.is_some() {
                     return false;
                 }
-                let rv = self.world.bump();
-                let c = self.world.claims.get_mut(&claim).expect("claim");
-                c.allocation = Some(devices.clone());
-                c.rv = rv;
-                let copy = c.clone();
-                self.op.own_claims.insert(claim.clone(), copy);
+                self.write_claim(&claim, |c| {
+                    c.allocation = Some(devices);
+                    c.ours = true;
+                    c.doubled = false;
+                    c.checked = false;
+                });
+                let rv = self.world.rv;
                 self.op.written.push((claim, rv));
-                self.op.assumed.entry(gang).or_default().extend(devices);
+                true
+            }
+            Op::Hold {
+                claim,
+                devices,
+                expect_rv,
+            } => {
+                let Some(c) = self.world.claims.get(&claim) else {
+                    return false;
+                };
+                if c.rv != expect_rv || c.allocation.as_ref() != Some(&devices) {
+                    return false;
+                }
+                self.write_claim(&claim, |_| {});
                 true
             }
             Op::Check { planned } => {
@@ -1166,6 +2036,11 @@ impl Sim {
                         if planned.get(d).is_some_and(|mine| mine != name) {
                             return false;
                         }
+                    }
+                }
+                for claim in planned.values() {
+                    if let Some(c) = self.world.claims.get_mut(claim) {
+                        c.checked = true;
                     }
                 }
                 true
@@ -1178,13 +2053,7 @@ impl Sim {
                     if c.rv != rv {
                         continue;
                     }
-                    let rv = self.world.bump();
-                    let c = self.world.claims.get_mut(&claim).expect("claim");
-                    c.allocation = None;
-                    c.reserved_for.clear();
-                    c.rv = rv;
-                    let copy = c.clone();
-                    self.op.own_claims.insert(claim, copy);
+                    self.write_claim(&claim, deallocate);
                 }
                 // Still Reserving, now with the cause: the state machine finishes the undo.
                 let base = gang.trim_end_matches("+extras").to_string();
@@ -1214,14 +2083,117 @@ impl Sim {
                 }
                 // An extras commit's assumption ends with it; a gang's once it is
                 // released (or was never recorded).
+                let base = gang.trim_end_matches("+extras");
                 let done = gang.ends_with("+extras")
                     || self
                         .world
                         .workloads
-                        .get(&gang)
+                        .get(base)
                         .is_none_or(|w| w.journal.as_ref().is_none_or(|j| j.state == State::Reserving));
                 if done {
                     self.op.assumed.remove(&gang);
+                }
+                true
+            }
+            Op::Nominate { gang, nomination } => {
+                let Some(w) = self.world.workloads.get_mut(&gang) else {
+                    return false;
+                };
+                if w.journal.is_some() || w.nomination.is_some() {
+                    return false;
+                }
+                w.nomination = Some(nomination.clone());
+                let rv = self.world.bump();
+                let w = self.world.workloads.get_mut(&gang).expect("workload");
+                w.rv = rv;
+                let copy = w.clone();
+                self.op.own_workloads.insert(gang.clone(), copy);
+                self.op.nominated.insert(gang, nomination.devices);
+                self.stats.nominations += 1;
+                true
+            }
+            Op::Evict {
+                victim,
+                expected,
+                preemptor,
+            } => {
+                let Some(v) = self.world.workloads.get(&victim) else {
+                    return false;
+                };
+                if v.journal.as_ref() != Some(&expected) {
+                    return false;
+                }
+                let priority = v.priority;
+                let named = self.world.workloads.get(&preemptor).is_some_and(|p| {
+                    p.priority > priority && p.nomination.as_ref().is_some_and(|n| n.victims.contains(&victim))
+                });
+                if !named {
+                    self.violated(format!(
+                        "{victim} is evicted without a nomination of higher priority naming it"
+                    ));
+                }
+                let mut tearing = expected.moved(State::TearingDown, self.world.now);
+                tearing.cause = Some((Reason::Preempted, format!("preempted by {preemptor}")));
+                let next = Some(tearing);
+                if !self.fence(&victim, &Some(expected), &next) {
+                    return false;
+                }
+                let rv = self.world.bump();
+                let v = self.world.workloads.get_mut(&victim).expect("workload");
+                v.journal = next;
+                v.rv = rv;
+                let copy = v.clone();
+                self.note(format!("{preemptor} evicts {victim}"));
+                self.stats.evictions += 1;
+                self.op.own_workloads.insert(victim, copy);
+                true
+            }
+            Op::DropNomination { gang } => {
+                let Some(w) = self.world.workloads.get_mut(&gang) else {
+                    return true;
+                };
+                w.nomination = None;
+                let rv = self.world.bump();
+                let w = self.world.workloads.get_mut(&gang).expect("workload");
+                w.rv = rv;
+                let copy = w.clone();
+                self.op.own_workloads.insert(gang.clone(), copy);
+                self.op.nominated.remove(&gang);
+                self.note(format!("{gang}'s nomination dropped"));
+                true
+            }
+            Op::KueueReady { gang } => {
+                let Some(w) = self.world.workloads.get(&gang) else {
+                    return true;
+                };
+                let holds_all = |journal: &Option<Journal>, claims: &BTreeMap<String, ClaimObj>| {
+                    journal.as_ref().is_some_and(|j| {
+                        matches!(j.state, State::Reserved | State::Released)
+                            && j.claims
+                                .iter()
+                                .all(|c| claims.get(c).is_some_and(|c| c.allocation.is_some()))
+                    })
+                };
+                // Kueue's object takes no precondition on the gang's: only a deposed
+                // leader's record, which the operator cannot know of, may make it wrong.
+                if !self.deposed_wrote && !holds_all(&w.journal, &self.world.claims) {
+                    self.violated(format!("Kueue hears that {gang} is reserved while it is not"));
+                }
+                if let Some(k) = self.world.workloads.get_mut(&gang).and_then(|w| w.kueue.as_mut()) {
+                    k.ready = true;
+                }
+                true
+            }
+            Op::KueueRequeue { gang } => {
+                let Some(w) = self.world.workloads.get_mut(&gang) else {
+                    return true;
+                };
+                if w.journal.is_some() {
+                    return false;
+                }
+                if let Some(k) = w.kueue.as_mut() {
+                    *k = Kueue::default();
+                    self.stats.kueue_readmissions += 1;
                 }
                 true
             }
@@ -1231,9 +2203,15 @@ impl Sim {
     // ---- invariants ----
 
     fn check_always(&self) -> Result<(), String> {
+        if let Some(v) = &self.violation {
+            return Err(v.clone());
+        }
         // A commit may write a device someone took meanwhile: its conflict check (or a
         // restarted operator) undoes that before any pod is released. So a device may be
-        // in two allocations only while one is an unchecked reservation.
+        // in two allocations only while one is an unchecked reservation (or muster's
+        // allocation that never passed its check, left as it is to a pod outside muster
+        // that joined it meanwhile, until that pod ends), or one is an intruder's that
+        // came after the check (the gang then gives way).
         let unchecked = |claim: &str| {
             self.world.workloads.values().any(|w| {
                 w.journal.as_ref().is_some_and(|j| {
@@ -1244,19 +2222,41 @@ impl Sim {
                 })
             })
         };
+        let late = |claim: &str| {
+            self.world
+                .claims
+                .get(claim)
+                .is_some_and(|c| c.late || (c.ours && !c.checked))
+        };
         let mut holder: BTreeMap<Dev, &str> = BTreeMap::new();
         for (name, c) in &self.world.claims {
             for d in c.allocation.iter().flatten() {
                 if let Some(other) = holder.insert(*d, name)
                     && !unchecked(other)
                     && !unchecked(name)
+                    && !late(other)
+                    && !late(name)
                 {
                     return Err(format!("device {d} is allocated to {other} and {name}"));
                 }
             }
         }
         for (name, pod) in &self.world.pods {
-            if pod.phase.terminal() || pod.node.is_none() {
+            if pod.phase.terminal() {
+                continue;
+            }
+            // No pod of a gang is released while a claim of it is not allocated (one
+            // being deleted before it was bound never will be).
+            if pod.workload.is_some() && !pod.gated && !(pod.deleting && pod.node.is_none()) {
+                for claim in &pod.claims {
+                    if self.world.claims.get(claim).is_none_or(|c| c.allocation.is_none()) {
+                        return Err(format!(
+                            "pod {name} is released, but its claim {claim} is not allocated"
+                        ));
+                    }
+                }
+            }
+            if pod.node.is_none() {
                 continue;
             }
             for d in &pod.using {
@@ -1276,16 +2276,39 @@ impl Sim {
         Ok(())
     }
 
-    /// At rest: every gang runs, finished, is suspended or waits in the queue, and a
-    /// gang holds allocations only while its journal names them.
+    /// At rest: every gang runs, finished, is suspended or waits in the queue without
+    /// fitting; a gang holds what muster allocated only while a journal names it, and
+    /// what muster allocated that no journal names is used by a pod; no nomination is
+    /// left and no device is allocated twice.
     fn at_rest(&self) -> Result<(), String> {
-        for (gang, w) in &self.world.workloads {
-            let held: Vec<&String> = self
-                .world
-                .claims
+        let allocated = self.world.allocated();
+        let mut seen = BTreeSet::new();
+        for (name, c) in &self.world.claims {
+            for d in c.allocation.iter().flatten() {
+                if !seen.insert(*d) {
+                    return Err(format!("device {d} is allocated twice at rest ({name})"));
+                }
+            }
+            let live: Vec<&String> = c
+                .reserved_for
                 .iter()
-                .filter(|(_, c)| c.workload.as_deref() == Some(gang.as_str()) && c.allocation.is_some())
-                .map(|(n, _)| n)
+                .filter(|u| self.world.pods.values().any(|p| &p.uid == *u && !p.phase.terminal()))
+                .collect();
+            if c.ours && c.allocation.is_some() && self.world.holders(name).is_empty() && live.is_empty() {
+                return Err(format!(
+                    "claim {name} is allocated by muster, held by no gang and used by no pod"
+                ));
+            }
+        }
+        let nominations = self.world.workloads.values().any(|w| w.nomination.is_some());
+        if nominations {
+            return Err("a nomination is left".into());
+        }
+        for (gang, w) in &self.world.workloads {
+            let own: Vec<String> = (0..w.replicas).map(|i| pod_claim(&pod_name(gang, i))).collect();
+            let held: Vec<&String> = own
+                .iter()
+                .filter(|c| self.world.claims.get(*c).is_some_and(|c| c.allocation.is_some()))
                 .collect();
             match &w.journal {
                 None => {
@@ -1293,8 +2316,12 @@ impl Sim {
                         return Err(format!("queued gang {gang} holds {held:?}"));
                     }
                     // Waiting is right only while its minimum does not fit.
-                    let free = self.world.devices().len() - self.world.allocated().len();
-                    let needed = w.spec.groups[0].min_count as usize + usize::from(w.shared);
+                    let free = self.world.devices().len() - allocated.len();
+                    let shared_free = w
+                        .shared
+                        .as_ref()
+                        .is_some_and(|c| self.world.claims.get(c).is_some_and(|c| c.allocation.is_none()));
+                    let needed = w.spec.groups[0].min_count as usize + usize::from(shared_free);
                     if !w.spec.suspend && w.finished_at.is_none() && free >= needed {
                         let pods: Vec<String> = self
                             .world
@@ -1305,20 +2332,10 @@ impl Sim {
                                 format!("{n} attempt={:?} gated={} deleting={}", p.attempt, p.gated, p.deleting)
                             })
                             .collect();
-                        let claims: Vec<String> = self
-                            .op
-                            .claims()
-                            .iter()
-                            .filter(|(_, c)| c.workload.as_deref() == Some(gang.as_str()))
-                            .map(|(n, c)| format!("{n} {:?} {:?}", c.allocation, c.reserved_for))
-                            .collect();
                         return Err(format!(
                             "queued gang {gang} would fit ({free} devices free) but is not admitted; restarts {}, \
-                             replicas {}, pods {pods:?}, claims as the operator sees them {claims:?}, free as it sees \
-                             them {:?}",
-                            w.restarts,
-                            w.replicas,
-                            self.free_devices()
+                             replicas {}, pods {pods:?}, kueue {:?}",
+                            w.restarts, w.replicas, w.kueue
                         ));
                     }
                 }
@@ -1362,6 +2379,7 @@ impl Sim {
         } else {
             self.environment();
         }
+        self.mark_doubles();
     }
 
     /// The deposed leader's next write lands; after its last one it exits.
@@ -1370,22 +2388,28 @@ impl Sim {
             return;
         };
         let Some(op) = stale.queue.pop_front() else { return };
-        // Deallocations and releases read the object before the Lease check and write
-        // against that read; allocations and records carry their own preconditions.
+        // Deallocations, the collector's and releases read the object before the
+        // Lease check and write against that read; deletions are conditional on the
+        // version decided on; allocations and records carry their own preconditions.
         let read_before = match &op {
-            Op::Deallocate { claim, .. } => {
+            Op::Deallocate { claim, .. } | Op::Collect { claim, .. } => {
                 then.claims.get(claim).map(|c| c.rv) == self.world.claims.get(claim).map(|c| c.rv)
             }
             Op::Release { pod, .. } => then.pods.get(pod).map(|p| p.rv) == self.world.pods.get(pod).map(|p| p.rv),
             _ => true,
         };
         if read_before {
-            self.note(format!("deposed leader writes: {op:?}"));
+            self.note(format!("deposed leader writes: {}", op.describe()));
+            self.deposed_wrote = true;
+            self.stats.deposed_writes += 1;
             std::mem::swap(&mut self.op, &mut stale);
             self.execute(op);
             std::mem::swap(&mut self.op, &mut stale);
         } else {
-            self.note(format!("deposed leader's write fails its precondition: {op:?}"));
+            self.note(format!(
+                "deposed leader's write fails its precondition: {}",
+                op.describe()
+            ));
         }
         if left > 1 && !stale.queue.is_empty() {
             self.stale = Some((stale, left - 1, then));
@@ -1393,7 +2417,7 @@ impl Sim {
     }
 }
 
-fn run(seed: u64) -> Result<(usize, usize), String> {
+fn run(seed: u64) -> Result<(usize, usize, Stats), String> {
     let mut sim = Sim::new(seed);
     sim.fail_rate = sim.rng.below(15);
     let chaos_steps = 150 + sim.rng.below(250) as usize;
@@ -1418,8 +2442,8 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
         sim.step();
         sim.check_always().map_err(|e| fail(&sim, e))?;
     }
-    // Calm: no more faults, failures, suspend toggles or intruders; everything that
-    // ran out of time may do so now.
+    // Calm: no more faults, failures, suspend toggles, evictions or intruders;
+    // everything that ran out of time may do so now.
     sim.chaos = false;
     sim.fail_rate = 0;
     while sim.stale.is_some() {
@@ -1432,15 +2456,36 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
     for p in sim.world.intruders() {
         sim.world.pods.remove(&p);
     }
+    sim.world.claims.retain(|name, _| !name.starts_with("intruder-"));
     for up in sim.world.nodes.values_mut() {
         *up = true;
     }
+    // How long each gang has been in its state since the chaos ended.
+    let mut since: BTreeMap<String, (Option<State>, usize)> = BTreeMap::new();
     let mut calm = 0;
     let mut rested = false;
-    while calm < 6000 {
+    while calm < CALM_STEPS {
         sim.step();
         calm += 1;
         sim.check_always().map_err(|e| fail(&sim, e))?;
+        for (gang, w) in &sim.world.workloads {
+            let state = w.journal.as_ref().map(|j| j.state);
+            let entry = since.entry(gang.clone()).or_insert((state, calm));
+            if entry.0 != state {
+                *entry = (state, calm);
+            }
+            let transitional = state.is_some_and(|s| !matches!(s, State::Released | State::Finished));
+            if transitional && calm - entry.1 > TRANSITION_BOUND {
+                return Err(fail(
+                    &sim,
+                    format!(
+                        "gang {gang} stayed {:?} for {} steps after the chaos ended",
+                        state,
+                        calm - entry.1
+                    ),
+                ));
+            }
+        }
         if calm % 200 == 0 && sim.op.queue.is_empty() && sim.at_rest().is_ok() {
             rested = true;
             break;
@@ -1452,7 +2497,7 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
             sim.at_rest().err().unwrap_or_else(|| "never at rest".into()),
         ));
     }
-    Ok((chaos_steps, calm))
+    Ok((chaos_steps, calm, sim.stats))
 }
 
 #[test]
@@ -1469,14 +2514,45 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
         .unwrap_or(10_000);
     let started = std::time::Instant::now();
     let mut steps = 0;
+    let mut stats = Stats::default();
     for seed in 0..schedules {
         match run(seed) {
-            Ok((chaos, calm)) => steps += chaos + calm,
+            Ok((chaos, calm, seen)) => {
+                steps += chaos + calm;
+                stats += seen;
+            }
             Err(e) => panic!("{e}"),
         }
     }
     println!(
-        "model: {schedules} schedules, {steps} steps, 0 violations, in {:.1}s",
+        "model: {schedules} schedules, {steps} steps, 0 violations, in {:.1}s\nmodel: {stats:?}",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// A gang's failure policy rules, drawn at random: none, a lost pod restarting without
+/// counting, a failed pod failing the gang at once.
+fn failure_rules(rng: &mut Rng) -> Vec<failure::FailureRule> {
+    let rule = |action, kinds| failure::FailureRule {
+        name: None,
+        action,
+        exit_codes: None,
+        conditions: vec![],
+        kinds,
+        groups: vec![],
+    };
+    let mut rules = Vec::new();
+    if rng.chance(30) {
+        rules.push(rule(
+            failure::FailureAction::RestartUncounted,
+            vec![failure::FailureKind::PodLost, failure::FailureKind::NodeLost],
+        ));
+    }
+    if rng.chance(15) {
+        rules.push(rule(
+            failure::FailureAction::FailGang,
+            vec![failure::FailureKind::PodFailed],
+        ));
+    }
+    rules
 }

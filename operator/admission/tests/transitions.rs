@@ -2,9 +2,10 @@
 
 use std::collections::BTreeMap;
 
+use muster_admission::failure;
 use muster_admission::{
     ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason,
-    Settings, Spec, State, Step, decide,
+    Restarts, Settings, Spec, State, Step, decide,
 };
 
 const SETTINGS: Settings = Settings {
@@ -22,6 +23,8 @@ fn spec(min_count: i32, managed: bool) -> Spec {
         }],
         success_groups: vec![],
         max_restarts: 3,
+        failure_rules: vec![],
+        restart_backoff: None,
         ttl_seconds_after_finished: None,
     }
 }
@@ -63,6 +66,9 @@ fn pod(name: &str, uid: &str, attempt: Option<i32>, gated: bool, phase: Phase, b
         node: bound.then(|| "n1".to_string()),
         deleting: false,
         message: None,
+        failure_kind: None,
+        exit_codes: vec![],
+        conditions: vec![],
     }
 }
 
@@ -70,6 +76,8 @@ fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
     ClaimView {
         name: name.into(),
         allocated,
+        ours: true,
+        held_elsewhere: false,
         reserved_for: reserved_for.iter().map(|u| u.to_string()).collect(),
     }
 }
@@ -80,6 +88,7 @@ fn step(spec: &Spec, journal: &Journal, restarts: i32, pods: &[PodView], claims:
         spec,
         journal: Some(journal),
         restarts,
+        counted_restarts: 0,
         finished_at: None,
         pods,
         claims,
@@ -130,7 +139,7 @@ fn an_extra_released_long_after_the_gang_does_not_tear_it_down() {
 }
 
 #[test]
-fn a_claim_reserved_by_a_pod_outside_the_gang_is_never_deallocated() {
+fn a_claim_reserved_by_a_pod_outside_the_gang_is_left_to_it() {
     let j = journal(
         State::Finishing,
         0,
@@ -143,13 +152,65 @@ fn a_claim_reserved_by_a_pod_outside_the_gang_is_never_deallocated() {
     assert!(deallocates(&s).is_empty(), "{s:?}");
     assert_eq!(
         recorded_state(&s),
-        None,
-        "the gang keeps finishing while the claim is used"
+        Some(Some(State::Finished)),
+        "the gang lets go of the claim the outside pod uses, and finishes"
     );
-    // Once only the gang's finished pod reserves it, it is given back.
+    // Only the gang's finished pod reserves it: the gang gives it back.
     let claims = [claim("g-shared", true, &["u0"])];
     let s = step(&spec(1, true), &j, 0, &pods, &claims, 1000);
     assert_eq!(deallocates(&s), vec!["g-shared".to_string()]);
+}
+
+#[test]
+fn a_claim_another_gang_holds_is_let_go_as_it_is() {
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu", "shared"],
+    );
+    let mut shared = claim("shared", true, &[]);
+    shared.held_elsewhere = true;
+    let claims = [claim("g-w-0-gpu", true, &[]), shared.clone()];
+    let s = step(&spec(1, true), &j, 0, &[], &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()], "only its own claim");
+    let claims = [claim("g-w-0-gpu", false, &[]), shared];
+    let s = step(&spec(1, true), &j, 0, &[], &claims, 2000);
+    assert_eq!(
+        recorded_state(&s),
+        Some(None),
+        "queued, the shared claim left to its other holder"
+    );
+}
+
+#[test]
+fn an_allocation_muster_did_not_write_is_never_cleared() {
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["users"],
+    );
+    let mut users = claim("users", true, &[]);
+    users.ours = false;
+    let s = step(&spec(1, true), &j, 0, &[], &[users], 1000);
+    assert!(deallocates(&s).is_empty(), "{s:?}");
+    assert_eq!(recorded_state(&s), Some(None));
+}
+
+#[test]
+fn a_pod_still_behind_the_gate_does_not_keep_a_claim() {
+    // A reservation the commit wrote for pods that were never released.
+    let j = journal(State::Reserving, 0, vec![planned("g-w-0", false, None)], &["g-w-0-gpu"]);
+    let pods = [pod("g-w-0", "u0", Some(0), true, Phase::Pending, false)];
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let s = step(&spec(1, true), &j, 0, &pods, &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+    let idle = s.effects.iter().find_map(|e| match e {
+        Effect::Deallocate { idle, .. } => Some(idle.clone()),
+        _ => None,
+    });
+    assert_eq!(idle, Some(vec!["u0".to_string()]));
 }
 
 #[test]
@@ -219,7 +280,7 @@ fn a_gang_of_another_controllers_pods_restarts_by_uid() {
         !restarting.reuse_reservation,
         "other controllers' claims go with their pods"
     );
-    assert_eq!(record.restarts, Some(1));
+    assert_eq!(record.restarts.map(|r| r.total), Some(1));
 
     // The Job's replacement (a new uid, no attempt label) is not deleted; the old one is.
     let replacement = pod("job-b", "u-new", None, true, Phase::Pending, false);
@@ -295,6 +356,7 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
         spec: &spec,
         journal: None,
         restarts: 1,
+        counted_restarts: 0,
         finished_at: None,
         pods: &pods,
         claims: &[],
@@ -344,6 +406,7 @@ fn a_queued_gangs_pod_that_no_reservation_released_goes() {
         spec: &spec,
         journal: None,
         restarts: 0,
+        counted_restarts: 0,
         finished_at: None,
         pods: &pods,
         claims: &[],
@@ -380,6 +443,7 @@ fn a_released_gang_whose_device_another_claim_also_holds_gives_way() {
         spec: &spec,
         journal: Some(&j),
         restarts: 0,
+        counted_restarts: 0,
         finished_at: None,
         pods: &pods,
         claims: &claims,
@@ -424,4 +488,127 @@ fn a_preempted_gang_is_taken_apart_like_any_teardown_and_queued_saying_why() {
         (ConditionType::Admitted, false, Reason::Preempted)
     );
     assert_eq!(admitted.message, "preempted by ns/high");
+}
+
+/// A released gang of one pod, `restarts` restarts made and `counted` of them counted,
+/// whose pod has just failed with `failed`'s exit codes and conditions.
+fn failed_step(spec: &Spec, restarts: i32, counted: i32, failed: PodView) -> Step {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let pods = [failed];
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let gang = Gang {
+        spec,
+        journal: Some(&j),
+        restarts,
+        counted_restarts: counted,
+        finished_at: None,
+        pods: &pods,
+        claims: &claims,
+        nodes: &nodes,
+        devices_published: true,
+        conflicted: &[],
+        now: 5000,
+    };
+    decide(&gang, &SETTINGS)
+}
+
+fn rule(action: failure::FailureAction) -> failure::FailureRule {
+    failure::FailureRule {
+        name: Some("r".into()),
+        action,
+        exit_codes: None,
+        conditions: vec![],
+        kinds: vec![],
+        groups: vec![],
+    }
+}
+
+#[test]
+fn a_failure_rule_on_an_exit_code_fails_the_gang_at_once() {
+    let mut spec = spec(1, true);
+    spec.failure_rules = vec![failure::FailureRule {
+        exit_codes: Some(failure::ExitCodes {
+            container: None,
+            within: true,
+            values: vec![42],
+        }),
+        ..rule(failure::FailureAction::FailGang)
+    }];
+    let mut failed = pod("g-w-0", "u0", Some(0), false, Phase::Failed, true);
+    failed.exit_codes = vec![("main".into(), 42)];
+    let s = failed_step(&spec, 0, 0, failed.clone());
+    let record = s.record().expect("a record");
+    assert_eq!(recorded_state(&s), Some(Some(State::Finishing)));
+    assert!(
+        record
+            .conditions
+            .iter()
+            .any(|c| c.type_ == ConditionType::Failed && c.status && c.reason == Reason::FailedByRule),
+        "{record:?}"
+    );
+    assert_eq!(record.restarts, None, "no restart was made");
+    // Another code restarts as before, counting.
+    failed.exit_codes = vec![("main".into(), 1)];
+    let s = failed_step(&spec, 0, 0, failed);
+    let record = s.record().expect("a record");
+    assert_eq!(recorded_state(&s), Some(Some(State::Restarting)));
+    assert_eq!(record.restarts, Some(Restarts { total: 1, counted: 1 }));
+}
+
+#[test]
+fn a_disruption_restarts_without_counting_even_with_no_restarts_left() {
+    let mut spec = spec(1, true);
+    spec.failure_rules = vec![failure::FailureRule {
+        conditions: vec![("DisruptionTarget".into(), "True".into())],
+        ..rule(failure::FailureAction::RestartUncounted)
+    }];
+    let mut evicted = pod("g-w-0", "u0", Some(3), false, Phase::Failed, true);
+    evicted.conditions = vec![("DisruptionTarget".into(), "True".into())];
+    // maxRestarts 3, all three used: a disruption still restarts, and is not counted.
+    let s = failed_step(&spec, 3, 3, evicted);
+    let record = s.record().expect("a record");
+    assert_eq!(recorded_state(&s), Some(Some(State::Restarting)), "{s:?}");
+    assert_eq!(record.restarts, Some(Restarts { total: 4, counted: 3 }));
+    // An application failure then fails the gang: its restarts are used up.
+    let s = failed_step(&spec, 4, 3, pod("g-w-0", "u0", Some(4), false, Phase::Failed, true));
+    let record = s.record().expect("a record");
+    assert_eq!(recorded_state(&s), Some(Some(State::Finishing)));
+    assert!(
+        record
+            .conditions
+            .iter()
+            .any(|c| c.reason == Reason::MaxRestartsExceeded)
+    );
+}
+
+#[test]
+fn a_restart_waits_its_backoff_from_the_failure_holding_the_reservation() {
+    let mut spec = spec(1, true);
+    spec.restart_backoff = Some(failure::Backoff {
+        initial: 10_000,
+        max: 60_000,
+    });
+    let mut j = journal(
+        State::Restarting,
+        100_000,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    j.retired = vec!["u0".into()];
+    j.reuse_reservation = true;
+    let claims = [claim("g-w-0-gpu", true, &[])];
+    // The second restart (attempt 2) waits 20 s from the failure at 100 s (and a second
+    // more: the recorded time has whole seconds).
+    let s = step(&spec, &j, 2, &[], &claims, 105_000);
+    assert!(s.effects.is_empty(), "{s:?}");
+    assert_eq!(s.recheck_in, Some(16_000));
+    let s = step(&spec, &j, 2, &[], &claims, 121_000);
+    assert_eq!(recorded_state(&s), Some(Some(State::Reserved)), "{s:?}");
+    assert!(deallocates(&s).is_empty(), "the reservation is reused");
 }

@@ -16,6 +16,9 @@ pub const RESTARTING: &str = "Restarting";
 pub const SUCCEEDED: &str = "Succeeded";
 /// Condition: the gang failed for good.
 pub const FAILED: &str = "Failed";
+/// Condition of a Workload with template-less groups: pods labelled for a group were
+/// refused as members (not the group's controller, a second pod of an index, a bare pod).
+pub const PODS_REFUSED: &str = "PodsRefused";
 
 // Created
 /// Everything exists; the pods wait behind the gang gate for admission.
@@ -37,6 +40,18 @@ pub const REASON_WAITING_FOR_PODS: &str = "WaitingForPods";
 pub const REASON_CLAIM_NOT_FOUND: &str = "ResourceClaimNotFound";
 /// `spec.suspend` is true: nothing is created and nothing is held.
 pub const REASON_SUSPENDED: &str = "Suspended";
+/// The gang queues in Kueue, and Kueue refused the Kueue Workload that asks for its quota.
+pub const REASON_KUEUE_REFUSED: &str = "KueueWorkloadRefused";
+/// The gang carries Kueue's queue label, but this muster does not integrate with Kueue
+/// (the cluster does not serve Kueue, or muster may not read it): it would run uncharged.
+pub const REASON_KUEUE_UNAVAILABLE: &str = "KueueUnavailable";
+
+// PodsRefused
+/// Some pods labelled for a template-less group are not members; the message counts
+/// them and gives the first reason.
+pub const REASON_NOT_MEMBERS: &str = "NotMembers";
+/// Every pod labelled for a template-less group is a member.
+pub const REASON_NONE_REFUSED: &str = "NoneRefused";
 
 // Admitted
 /// Waiting for its pods and claims to exist.
@@ -73,6 +88,8 @@ pub const REASON_POD_LOST: &str = "PodLost";
 pub const REASON_NODE_LOST: &str = "NodeLost";
 /// The gang failed more often than `failurePolicy.maxRestarts` allows.
 pub const REASON_MAX_RESTARTS: &str = "MaxRestartsExceeded";
+/// A rule of `failurePolicy.rules` with action `FailGang` matched the failed pod.
+pub const REASON_FAILED_BY_RULE: &str = "FailedByRule";
 /// Every pod of the success groups succeeded.
 pub const REASON_SUCCEEDED: &str = "SucceededPodGroups";
 /// A restart finished: the new attempt runs.
@@ -109,3 +126,11 @@ pub const EVENT_PREEMPTED: &str = "Preempted";
 pub const REASON_PREEMPTED: &str = "Preempted";
 /// Event: the gang evicts gangs of lower priority and holds their devices meanwhile.
 pub const EVENT_NOMINATED: &str = "Nominated";
+/// Event on a pod labelled for a gang that is not one of its members; the note says why.
+pub const EVENT_NOT_A_MEMBER: &str = "NotAGangMember";
+/// Event: the queue label changed while Kueue held quota for the gang; it stays charged
+/// in the LocalQueue it was admitted from.
+pub const EVENT_QUEUE_CHANGE_IGNORED: &str = "QueueChangeIgnored";
+/// Event: the pods of a template-less group changed since Kueue's Workload charged them;
+/// it is made again.
+pub const EVENT_KUEUE_WORKLOAD_REBUILT: &str = "KueueWorkloadRebuilt";

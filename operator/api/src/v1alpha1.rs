@@ -49,8 +49,10 @@ pub const MAX_WORKLOAD_AND_GROUP_NAME: usize = 63 - 2 - 4;
 #[x_kube(
     validation = Rule::new("!has(self.successPolicy) || !has(self.successPolicy.podGroups) || self.successPolicy.podGroups.all(n, self.podGroups.exists(g, g.name == n))").message("successPolicy.podGroups may only name pod groups of this Workload"),
     validation = Rule::new("!has(self.resourceClaims) || self.resourceClaims.all(c, !has(c.podGroups) || c.podGroups.all(n, self.podGroups.exists(g, g.name == n)))").message("resourceClaims[].podGroups may only name pod groups of this Workload"),
+    validation = Rule::new("!has(self.failurePolicy) || !has(self.failurePolicy.rules) || self.failurePolicy.rules.all(r, !has(r.podGroups) || r.podGroups.all(n, self.podGroups.exists(g, g.name == n)))").message("failurePolicy.rules[].podGroups may only name pod groups of this Workload"),
     validation = Rule::new("self.podGroups.map(g, g.replicas).sum() <= 4096").message("a Workload may have at most 4096 pods in all groups together, so that its placement can be recorded in its status"),
     validation = Rule::new("!has(self.resourceClaims) || self.resourceClaims.all(c, !has(c.resourceClaimTemplateName) || self.podGroups.all(g, !c.name.matches('^' + g.name + '-[0-9]+-')))").message("a shared claim made from a template may not be named <group>-<index>-<name>: its object <workload>-<claim> would be the name of a pod's claim <workload>-<group>-<index>-<name>"),
+    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)").message("priorityClassName is immutable: a gang's priority decides whom it may preempt, so it is fixed when the Workload is created; delete and recreate the Workload to change it"),
 )]
 pub struct WorkloadSpec {
     /// When true, the gang holds nothing: no pods run and every device reservation is
@@ -60,7 +62,7 @@ pub struct WorkloadSpec {
     pub suspend: Option<bool>,
 
     /// PriorityClass of the gang's pods. Higher priority gangs are admitted first; the
-    /// class is also set on every pod.
+    /// class is also set on every pod. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub priority_class_name: Option<String>,
@@ -177,6 +179,7 @@ pub struct TopologySlice {
     validation = Rule::new("!has(self.minCount) || self.minCount <= self.replicas").message("minCount must not exceed replicas"),
     validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || self.replicas % self.topology.slice.size == 0").message("topology.slice.size must divide replicas"),
     validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || !has(self.minCount) || self.minCount == self.replicas").message("a group with slices starts whole: minCount, if set, must equal replicas"),
+    validation = Rule::new("!has(self.members) || !has(self.template)").message("members is for groups without a template: muster makes a template's pods itself"),
 )]
 pub struct PodGroup {
     /// Name of the group, a DNS label. Pods are named `<workload>-<name>-<index>`.
@@ -203,6 +206,32 @@ pub struct PodGroup {
     /// Where the group's pods go relative to each other, within the gang's topology.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<GroupTopology>,
+
+    /// For a group without a template: which pods may join it, beyond the two labels.
+    /// Without it, a member only has to be controlled by some object (a bare pod never
+    /// joins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Members>,
+}
+
+/// Which pods make up a template-less group.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Members {
+    /// uid of the object that must be each member's controller (the owner reference with
+    /// `controller: true`), for example the Job whose pods make the group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub controller_uid: Option<String>,
+    /// Labels each member must carry, for example a JobSet's uid and replicated job.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub match_labels: std::collections::BTreeMap<String, String>,
+    /// Pods per Job, for a group made of the Jobs of one JobSet replicated job: a
+    /// member's index is its Job's index (label `jobset.sigs.k8s.io/job-index`) times
+    /// this, plus its completion index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub pods_per_job: Option<i32>,
 }
 
 impl PodGroup {
@@ -245,11 +274,152 @@ pub struct SharedResourceClaim {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailurePolicy {
-    /// How many times the gang is restarted as a unit after a pod fails or its node is
-    /// lost, before the Workload fails. Default 0.
+    /// How many restarts that count (see `rules`) the gang may make as a unit after a pod
+    /// fails or its node is lost, before the Workload fails. Default 0.
     #[serde(default)]
     #[schemars(range(min = 0, max = 1000))]
     pub max_restarts: i32,
+    /// What a failure does, by what failed: the first rule that matches the failed pod
+    /// decides; when none matches, the gang restarts and the restart counts against
+    /// `maxRestarts` (as without rules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(r, !has(r.name) || self.exists_one(q, has(q.name) && q.name == r.name))").message("failurePolicy.rules[].name must be unique"))]
+    pub rules: Vec<FailureRule>,
+    /// A wait between a failure and the gang's next attempt, doubling with each restart
+    /// up to a cap. Unset: the next attempt starts as soon as the failed one is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_backoff: Option<RestartBackoff>,
+}
+
+/// One rule of the failure policy. Every criterion it sets must match the failed pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.onExitCodes) || has(self.onPodConditions) || has(self.onReasons)").message("a failure rule needs onExitCodes, onPodConditions or onReasons"),
+)]
+pub struct FailureRule {
+    /// Names the rule in conditions and events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("failurePolicy.rules[].name must be a DNS label"))]
+    pub name: Option<String>,
+    /// What the gang does when the rule matches.
+    pub action: FailureAction,
+    /// Matches a failed pod by the exit codes of its containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit_codes: Option<OnExitCodes>,
+    /// Matches a pod that has every one of these conditions (for example
+    /// `DisruptionTarget`, which the API server and the kubelet set on pods they evict or
+    /// preempt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 8))]
+    pub on_pod_conditions: Option<Vec<OnPodCondition>>,
+    /// Matches a failure of one of these kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 8))]
+    pub on_reasons: Option<Vec<FailureReason>>,
+    /// Matches only failures of pods of these groups. Unset: any group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 16))]
+    pub pod_groups: Option<Vec<String>>,
+}
+
+/// What the gang does when a failure rule matches.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum FailureAction {
+    /// The Workload fails at once, whatever restarts are left.
+    FailGang,
+    /// The gang restarts, and the restart counts against `maxRestarts`.
+    RestartGang,
+    /// The gang restarts without counting it against `maxRestarts` (a disruption that is
+    /// not the application's fault).
+    RestartGangAndIgnoreMaxRestarts,
+}
+
+/// Exit codes of a failed pod's containers.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.operator == 'NotIn' || !self.values.exists(v, v == 0)").message("onExitCodes with operator In may not list 0: a container that exits 0 succeeded"),
+)]
+pub struct OnExitCodes {
+    /// Only this container's exit code counts. Unset: any container of the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub container_name: Option<String>,
+    /// `In`: some terminated container exited with one of `values`; `NotIn`: some
+    /// terminated container exited with a code not in `values`.
+    pub operator: ExitCodeOperator,
+    /// The exit codes, between 0 and 255.
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(
+        validation = Rule::new("self.all(v, v >= 0 && v <= 255)").message("exit codes are between 0 and 255"),
+        validation = Rule::new("self.all(v, self.exists_one(w, w == v))").message("onExitCodes.values must not repeat a code"),
+    )]
+    pub values: Vec<i32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ExitCodeOperator {
+    In,
+    NotIn,
+}
+
+/// A condition the failed pod must have.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OnPodCondition {
+    /// The condition type, for example `DisruptionTarget`.
+    #[serde(rename = "type")]
+    #[schemars(length(min = 1, max = 316))]
+    pub type_: String,
+    /// Its status. Default `True`.
+    #[serde(default = "condition_true")]
+    pub status: ConditionStatus,
+}
+
+fn condition_true() -> ConditionStatus {
+    ConditionStatus::True
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+/// What kind of failure ended a pod.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum FailureReason {
+    /// A container failed (the pod's phase is Failed for none of the reasons below).
+    PodFailed,
+    /// The kubelet evicted the pod (node pressure) or the Eviction API did.
+    Evicted,
+    /// kube-scheduler preempted the pod for one of higher priority.
+    Preempted,
+    /// The pod's `activeDeadlineSeconds` passed.
+    DeadlineExceeded,
+    /// The pod's node is gone or not ready.
+    NodeLost,
+    /// The pod disappeared, or was deleted, while it ran.
+    PodLost,
+}
+
+/// Exponential backoff between restarts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.initialSeconds <= self.maxSeconds").message("restartBackoff.initialSeconds must not exceed maxSeconds"),
+)]
+pub struct RestartBackoff {
+    /// The wait before the first restart; each further restart waits twice as long.
+    #[schemars(range(min = 1, max = 3600))]
+    pub initial_seconds: i32,
+    /// The longest wait.
+    #[schemars(range(min = 1, max = 86400))]
+    pub max_seconds: i32,
 }
 
 /// Completion behaviour.
@@ -319,6 +489,11 @@ pub struct WorkloadStatus {
     /// How many times the gang was restarted as a unit.
     #[serde(default)]
     pub restarts: i32,
+
+    /// Of `restarts`, those that count against `failurePolicy.maxRestarts` (a rule with
+    /// `RestartGangAndIgnoreMaxRestarts` restarts without counting). Unset: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts_count_towards_max: Option<i32>,
 
     /// While the gang evicts gangs of lower priority to fit: the victims, and the nodes
     /// and devices held for it until it commits. Recorded before any victim is touched.

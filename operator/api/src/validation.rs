@@ -3,8 +3,8 @@
 //! through the CRD schema; the messages are the same.
 
 use crate::v1alpha1::{
-    GroupTopology, MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, MAX_SHARED_CLAIMS, MAX_WORKLOAD_AND_GROUP_NAME, Topology,
-    Workload,
+    ExitCodeOperator, FailurePolicy, GroupTopology, MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, MAX_SHARED_CLAIMS,
+    MAX_WORKLOAD_AND_GROUP_NAME, Topology, Workload,
 };
 
 fn is_dns_label(name: &str) -> bool {
@@ -59,6 +59,11 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
         }
         if let Some(topology) = &group.topology {
             problems.extend(group_topology_problems(&at, group.replicas, group.min_count, topology));
+        }
+        if group.members.is_some() && group.template.is_some() {
+            problems.push(format!(
+                "{at}: members is for groups without a template: muster makes a template's pods itself"
+            ));
         }
         if name.len() + group.name.len() > MAX_WORKLOAD_AND_GROUP_NAME {
             problems.push(format!("metadata.name and each pod group name may have at most {MAX_WORKLOAD_AND_GROUP_NAME} characters together, so that pod names <workload>-<group>-<index> stay valid DNS labels (63 characters)"));
@@ -123,7 +128,78 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
     {
         problems.push("successPolicy.podGroups may only name pod groups of this Workload".into());
     }
+    if let Some(policy) = &spec.failure_policy {
+        problems.extend(failure_policy_problems(policy));
+        if policy.rules.iter().any(|r| names_unknown_group(&r.pod_groups)) {
+            problems.push("failurePolicy.rules[].podGroups may only name pod groups of this Workload".into());
+        }
+    }
     if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+fn failure_policy_problems(policy: &FailurePolicy) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !(0..=1000).contains(&policy.max_restarts) {
+        problems.push("spec.failurePolicy.maxRestarts: must be between 0 and 1000".into());
+    }
+    if policy.rules.len() > 16 {
+        problems.push("spec.failurePolicy.rules: at most 16 rules are allowed".into());
+    }
+    for (i, rule) in policy.rules.iter().enumerate() {
+        let at = format!("spec.failurePolicy.rules[{i}]");
+        if rule.on_exit_codes.is_none() && rule.on_pod_conditions.is_none() && rule.on_reasons.is_none() {
+            problems.push("a failure rule needs onExitCodes, onPodConditions or onReasons".into());
+        }
+        if let Some(name) = &rule.name {
+            if !is_dns_label(name) {
+                problems.push("failurePolicy.rules[].name must be a DNS label".into());
+            }
+            if policy.rules.iter().filter(|r| r.name.as_ref() == Some(name)).count() > 1 {
+                problems.push("failurePolicy.rules[].name must be unique".into());
+            }
+        }
+        if let Some(codes) = &rule.on_exit_codes {
+            if codes.values.is_empty() || codes.values.len() > 255 {
+                problems.push(format!("{at}.onExitCodes.values: between 1 and 255 codes"));
+            }
+            if codes.values.iter().any(|v| !(0..=255).contains(v)) {
+                problems.push("exit codes are between 0 and 255".into());
+            }
+            if codes
+                .values
+                .iter()
+                .enumerate()
+                .any(|(j, v)| codes.values[..j].contains(v))
+            {
+                problems.push("onExitCodes.values must not repeat a code".into());
+            }
+            if codes.operator == ExitCodeOperator::In && codes.values.contains(&0) {
+                problems.push("onExitCodes with operator In may not list 0: a container that exits 0 succeeded".into());
+            }
+        }
+        let lengths = [
+            ("onPodConditions", rule.on_pod_conditions.as_ref().map(Vec::len), 8),
+            ("onReasons", rule.on_reasons.as_ref().map(Vec::len), 8),
+            ("podGroups", rule.pod_groups.as_ref().map(Vec::len), 16),
+        ];
+        for (field, len, max) in lengths {
+            if len.is_some_and(|n| n == 0 || n > max) {
+                problems.push(format!("{at}.{field}: between 1 and {max} items"));
+            }
+        }
+    }
+    if let Some(backoff) = &policy.restart_backoff {
+        if !(1..=3600).contains(&backoff.initial_seconds) || !(1..=86400).contains(&backoff.max_seconds) {
+            problems.push(
+                "spec.failurePolicy.restartBackoff: initialSeconds between 1 and 3600, maxSeconds between 1 and 86400"
+                    .into(),
+            );
+        }
+        if backoff.initial_seconds > backoff.max_seconds {
+            problems.push("restartBackoff.initialSeconds must not exceed maxSeconds".into());
+        }
+    }
+    problems
 }
 
 fn is_level(key: &str) -> bool {
@@ -198,6 +274,32 @@ mod tests {
 
     fn workload(yaml: &str) -> Workload {
         serde_saphyr::from_str(yaml).expect("test workload parses")
+    }
+
+    #[test]
+    fn failure_rules_are_checked_as_the_api_server_does() {
+        let good = workload(
+            "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2}\n  failurePolicy:\n    maxRestarts: 3\n    restartBackoff: {initialSeconds: 10, maxSeconds: 300}\n    rules:\n    - {name: bug, action: FailGang, onExitCodes: {operator: In, values: [42]}}\n    - {action: RestartGangAndIgnoreMaxRestarts, onPodConditions: [{type: DisruptionTarget}], podGroups: [a]}\n    - {action: RestartGang, onReasons: [NodeLost, Evicted]}\n",
+        );
+        assert_eq!(validate(&good), Ok(()));
+        let bad = workload(
+            "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 2}\n  failurePolicy:\n    restartBackoff: {initialSeconds: 60, maxSeconds: 10}\n    rules:\n    - {name: x, action: FailGang}\n    - {name: x, action: FailGang, onExitCodes: {operator: In, values: [0, 7, 7, 300]}}\n    - {action: RestartGang, onReasons: [Evicted], podGroups: [nope]}\n",
+        );
+        let problems = validate(&bad).unwrap_err();
+        for expected in [
+            "a failure rule needs onExitCodes, onPodConditions or onReasons",
+            "failurePolicy.rules[].name must be unique",
+            "may not list 0",
+            "must not repeat a code",
+            "exit codes are between 0 and 255",
+            "failurePolicy.rules[].podGroups may only name pod groups",
+            "initialSeconds must not exceed maxSeconds",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.contains(expected)),
+                "{expected:?} not in {problems:?}"
+            );
+        }
     }
 
     #[test]

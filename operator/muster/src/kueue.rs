@@ -97,10 +97,11 @@ pub fn resource(kind: &str, plural: &str) -> ApiResource {
 /// webhook runs to fill them in. `topology`: ask Kueue's Topology-Aware Scheduling for
 /// one domain of `spec.topology.required` (only where the queue's flavors know that
 /// level: a flavor without TAS cannot admit a podSet that asks for it).
-/// Claims that exist already (`resourceClaimName`, in `spec.resourceClaims` or in a pod
-/// template), each once: Kueue refuses them in a podSet, so each is charged through a
-/// ResourceClaimTemplate that mirrors it ([`accounting_template_name`]).
-pub fn named_claims(workload: &Workload) -> Vec<String> {
+/// Claims that exist already (`resourceClaimName`, in `spec.resourceClaims`, a pod
+/// template, or the template a template-less group is charged by), each once: Kueue
+/// refuses them in a podSet, so each is charged through a ResourceClaimTemplate that
+/// mirrors it ([`accounting_template_name`]), as the gang's shared claims are.
+pub fn named_claims(workload: &Workload, charges: &BTreeMap<String, Value>) -> Vec<String> {
     let mut names: Vec<String> = workload
         .spec
         .resource_claims
@@ -120,6 +121,15 @@ pub fn named_claims(workload: &Workload) -> Vec<String> {
                 .filter_map(|c| c.resource_claim_name.clone()),
         );
     }
+    for charged in charges.values() {
+        names.extend(
+            charged["spec"]["resourceClaims"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["resourceClaimName"].as_str().map(str::to_string)),
+        );
+    }
     names.sort();
     names.dedup();
     names
@@ -131,7 +141,33 @@ pub fn accounting_template_name(workload: &Workload, index: usize) -> String {
     format!("{}-quota-{index}", object_name(workload))
 }
 
-pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, topology: bool) -> Option<Value> {
+/// A group's pod template as its podSet carries it: with the toleration of muster's
+/// fence that its pods get at release, and without the existing claims it names (Kueue
+/// refuses them in a podSet; each is charged once beside, see [`named_claims`]).
+pub fn pod_set_template(mut template: Value) -> Value {
+    if let Some(tolerations) = template["spec"]
+        .as_object_mut()
+        .map(|spec| spec.entry("tolerations").or_insert_with(|| json!([])))
+        .and_then(Value::as_array_mut)
+    {
+        tolerations.push(json!({"key": labels::FENCE_TAINT, "operator": "Exists"}));
+    }
+    if let Some(claims) = template["spec"]["resourceClaims"].as_array_mut() {
+        claims.retain(|c| c["resourceClaimTemplateName"].is_string());
+    }
+    template
+}
+
+/// `charges`: for each template-less group, the template Kueue charges it by
+/// ([`crate::workload::charge`]), for all `replicas` pods muster may place. Without one,
+/// `None`: the Kueue Workload waits for it.
+pub fn desired(
+    workload: &Workload,
+    queue: &str,
+    priority: Option<(&str, i32)>,
+    topology: bool,
+    charges: &BTreeMap<String, Value>,
+) -> Option<Value> {
     let owner = workload.controller_owner_ref(&())?;
     let uid = workload.uid()?;
     // Kueue's TAS groups podSets only as a leader (one pod) and its workers.
@@ -139,29 +175,14 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
     let leader_and_workers = groups.len() == 2 && groups.iter().any(|g| g.replicas == 1);
     let pod_sets: Vec<Value> = groups
         .iter()
-        .map(|group| {
-            let mut template = match &group.template {
+        .map(|group| -> Option<Value> {
+            let template = pod_set_template(match &group.template {
                 Some(template) => serde_json::to_value(template).unwrap_or(Value::Null),
-                // Another controller's pods: Kueue counts them, with no requests of their own.
-                None => json!({"spec": {"containers": [{"name": "member", "image": "member"}]}}),
-            };
-            if let Some(tolerations) = template["spec"]
-                .as_object_mut()
-                .map(|spec| spec.entry("tolerations").or_insert_with(|| json!([])))
-                .and_then(Value::as_array_mut)
-            {
-                tolerations.push(json!({"key": labels::FENCE_TAINT, "operator": "Exists"}));
-            }
-            // Kueue refuses a podSet whose pods name an existing claim: such a claim is
-            // not charged (it exists already, allocated or not, outside the gang's quota).
-            if let Some(claims) = template["spec"]["resourceClaims"].as_array_mut() {
-                claims.retain(|c| c["resourceClaimTemplateName"].is_string());
-            }
-            let count = if group.template.is_some() {
-                group.replicas
-            } else {
-                group.min_count()
-            };
+                // Another controller's pods: charged by what they are made from.
+                None => charges.get(&group.name)?.clone(),
+            });
+            // As many pods as muster may place: minCount and the extras beyond it.
+            let count = group.replicas;
             let mut pod_set = json!({"name": group.name, "count": count, "template": template});
             if topology && let Some(level) = workload.spec.topology.as_ref().and_then(|t| t.required.as_ref()) {
                 pod_set["topologyRequest"] = json!({"required": level});
@@ -170,9 +191,9 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
                     pod_set["topologyRequest"]["podSetGroupName"] = json!("gang");
                 }
             }
-            pod_set
+            Some(pod_set)
         })
-        .collect();
+        .collect::<Option<_>>()?;
     // The gang's shared claims made from templates, charged once: a podSet of one pod
     // that asks for nothing but them.
     let mut shared: Vec<Value> = workload
@@ -184,7 +205,7 @@ pub fn desired(workload: &Workload, queue: &str, priority: Option<(&str, i32)>, 
             Some(json!({"name": c.name, "resourceClaimTemplateName": template}))
         })
         .collect();
-    shared.extend((0..named_claims(workload).len()).map(
+    shared.extend((0..named_claims(workload, charges).len()).map(
         |i| json!({"name": format!("muster-quota-{i}"), "resourceClaimTemplateName": accounting_template_name(workload, i)}),
     ));
     let mut pod_sets = pod_sets;
@@ -728,6 +749,55 @@ mod tests {
                 nodes.iter().map(|(n, l)| (n.as_str(), l))
             ),
             None
+        );
+    }
+
+    #[test]
+    fn a_template_less_group_is_charged_by_its_charge_for_every_pod_muster_places() {
+        let workload: Workload = serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "job-sweep", "namespace": "team", "uid": "w-uid"},
+            "spec": {"podGroups": [{"name": "main", "replicas": 4, "minCount": 2}]},
+        }))
+        .unwrap();
+        assert_eq!(
+            desired(&workload, "q", None, false, &BTreeMap::new()),
+            None,
+            "waits for a member"
+        );
+        let spec = json!({
+            "schedulingGates": [{"name": "muster.dev/gang"}],
+            "containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "4"}, "claims": [{"name": "gpus"}, {"name": "fabric"}]}}],
+            "resourceClaims": [
+                {"name": "gpus", "resourceClaimTemplateName": "four-gpus"},
+                {"name": "fabric", "resourceClaimName": "shared-fabric"},
+            ],
+        });
+        let charges = BTreeMap::from([("main".to_string(), crate::workload::charge::chargeable(&spec))]);
+        let object = desired(&workload, "q", None, false, &charges).unwrap();
+        // The existing claim its pods share is charged once, as shared claims are.
+        assert_eq!(named_claims(&workload, &charges), ["shared-fabric"]);
+        let shared = &object["spec"]["podSets"][1];
+        assert_eq!(shared["name"], SHARED_POD_SET);
+        assert_eq!(
+            shared["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            "muster-job-sweep-quota-0"
+        );
+        let pod_set = &object["spec"]["podSets"][0];
+        assert_eq!(pod_set["count"], 4, "replicas, not minCount");
+        assert_eq!(
+            pod_set["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            "four-gpus"
+        );
+        assert_eq!(
+            pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+            "4"
+        );
+        assert!(pod_set["template"]["spec"].get("schedulingGates").is_none());
+        assert_eq!(
+            pod_set["template"]["spec"]["resourceClaims"].as_array().map(Vec::len),
+            Some(1),
+            "not the existing claim, charged once beside"
         );
     }
 

@@ -6,11 +6,14 @@
 //!   membership, rendezvous and status;
 //! - [`admission`]: the admission loop — plans gangs with the engine, reserves their
 //!   claims, releases their pods, gives devices back; and what it tells Kueue;
+//! - [`frameworks`]: JobSets, TrainJobs and Jobs that become gangs with one label;
+//! - [`webhook`]: the admission webhook that gates their pods, and its certificate;
 //! - [`kueue`]: Kueue's external-framework protocol;
 //! - [`convert`] and [`snapshot`]: Kubernetes objects in the engine's terms, from the
 //!   API server or from files;
 //! - [`kube_ops`]: the Kubernetes operations several of the above share;
 //! - [`ops`]: the client, metrics, health endpoints, leader election and fault hooks;
+//! - [`report`]: what muster tells operators about its gangs (status lines, live gauges);
 //! - [`cli`]: `muster run`, `plan`, `crd` and `demo`.
 #![forbid(unsafe_code)]
 
@@ -18,8 +21,11 @@ pub mod admission;
 pub mod cache;
 pub mod cli;
 pub mod convert;
+pub mod frameworks;
 pub mod kube_ops;
 pub mod kueue;
 pub mod ops;
+pub mod report;
 pub mod snapshot;
+pub mod webhook;
 pub mod workload;

@@ -91,7 +91,7 @@ fn the_pytorch_example_fits_and_the_job_example_waits_for_its_pods() {
         "--cluster",
         "cluster-snapshot.yaml",
         "pytorch-ddp.yaml",
-        "job-joins-a-workload.yaml",
+        "pods-of-any-controller.yaml",
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("resnet-ddp: fits"), "{out}");

@@ -182,9 +182,11 @@ impl Admission {
         }
     }
 
-    /// Brings every Kueue Workload of muster's in line with its gang.
-    pub(crate) async fn sync_kueue(&self, workloads: &[Arc<Workload>]) {
+    /// Brings every Kueue Workload of muster's in line with its gang, as the gang stands
+    /// now (after this pass's steps, with this loop's own writes).
+    pub(crate) async fn sync_kueue(&self) {
         let Some(store) = self.stores.kueue.clone() else { return };
+        let workloads = self.current_workloads();
         self.keep_checks_active().await;
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
             let KueueObject::Seen(object) = self.kueue_object(workload) else {
@@ -273,6 +275,7 @@ impl Admission {
                 api.patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
                     .await?;
                 info!(workload = %key(workload), %reason, "gave the gang's admission back to Kueue");
+                crate::ops::metrics::get().count_preemption(reason);
                 self.event(
                     workload,
                     kube::runtime::events::EventType::Normal,

@@ -21,9 +21,11 @@
 //! allocations back; `status` writes the loop's part of a Workload's status; `extras`,
 //! `release`, `fencing` and `kueue` are the steps they share.
 
+mod conflicts;
 pub mod extras;
 pub mod fencing;
 pub mod kueue;
+mod ownership;
 mod pass;
 mod perform;
 mod preempt;
@@ -53,6 +55,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use crate::admission::fencing::Fencing;
+use crate::admission::ownership::Holders;
 use crate::cache::cluster::Index;
 use crate::cache::gang_index::GangIndex;
 use crate::cache::gang_objects::GangStores;
@@ -60,7 +63,7 @@ use crate::convert;
 use crate::ops::leader::LeaseGuard;
 use crate::ops::metrics::{self, PhaseLabel};
 
-pub use crate::ops::faults::{FaultPoint, Pause};
+pub use crate::ops::faults::{FailWrite, FaultPoint, Pause};
 
 /// Workloads by phase, and the queue, for the metrics.
 fn record_phases(workloads: &[Arc<Workload>], queued: usize) {
@@ -103,6 +106,8 @@ pub struct Settings {
     pub fault: Option<FaultPoint>,
     /// Test-only: hold after this step.
     pub pause: Option<Pause>,
+    /// Test-only: this write fails once.
+    pub fail: Option<FailWrite>,
     pub plan: PlanOptions,
     /// How pods outside muster are kept off the devices it plans with.
     pub fencing: Fencing,
@@ -120,6 +125,7 @@ impl Default for Settings {
             commit_parallelism: 16,
             fault: None,
             pause: None,
+            fail: None,
             plan: PlanOptions::default(),
             fencing: Fencing::default(),
             lease: None,
@@ -137,6 +143,15 @@ pub(super) struct Waiting {
     /// there: only such a gang may hold the queue back once it has waited long (the
     /// starvation rule), and only on these nodes.
     pub(super) reach: Option<Arc<BTreeSet<String>>>,
+}
+
+impl Waiting {
+    /// Whether the gang is tried again now, the cluster having seen `changes` changes:
+    /// after its backoff, if the cluster changed (or at least every five minutes).
+    pub(super) fn due(&self, changes: u64) -> bool {
+        Instant::now() >= self.next_try
+            && (self.changes_seen != changes || self.next_try.elapsed() > Duration::from_secs(300))
+    }
 }
 
 /// Nodes held for gangs that have waited longest (the starvation rule): gangs of equal
@@ -269,6 +284,9 @@ pub struct Admission {
     gangs: std::sync::Mutex<Arc<GangIndex>>,
     /// Since when a gang's claim has looked doubly allocated, by (gang, claim).
     conflicts_seen: std::sync::Mutex<HashMap<(ObjectKey, String), Instant>>,
+    /// Which gangs hold which claims, from their journals: taken at the start of each
+    /// pass and kept up with this loop's own status writes.
+    holders: std::sync::Mutex<Holders>,
 }
 
 /// A Workload's identity, as logs and messages name the gang.
@@ -315,6 +333,7 @@ impl Admission {
             passed: std::sync::Mutex::default(),
             conflicts_seen: std::sync::Mutex::default(),
             gangs: std::sync::Mutex::default(),
+            holders: std::sync::Mutex::default(),
         }
     }
 
@@ -345,6 +364,9 @@ impl Admission {
         loop {
             let started = Instant::now();
             let next = self.pass().await;
+            crate::ops::metrics::get()
+                .pass_duration
+                .observe(started.elapsed().as_secs_f64());
             // At most ten passes a second, however busy the cluster is.
             let pause = Duration::from_millis(100).saturating_sub(started.elapsed());
             tokio::time::sleep(pause).await;
@@ -371,14 +393,26 @@ impl Admission {
             .collect()
     }
 
-    /// The gang's claims: the cache (as grouped for this pass), with this loop's own
-    /// newer writes.
+    /// The gang's claims: those carrying its label and those its journal names (a claim
+    /// it shares carries the label of the Workload that joined it first), from the
+    /// cache as grouped for this pass, with this loop's own newer writes.
     pub(crate) fn gang_claims(&self, workload: &Workload) -> Vec<Arc<ResourceClaim>> {
         let namespace = workload.namespace().unwrap_or_default();
-        self.gangs()
-            .claims(&namespace, &workload.name_any())
-            .iter()
-            .map(|c| self.own_claims.overlay(c.clone()))
-            .collect()
+        let gangs = self.gangs();
+        let mut claims: Vec<Arc<ResourceClaim>> = gangs.claims(&namespace, &workload.name_any()).to_vec();
+        for name in placement_of(workload).iter().flat_map(|p| &p.claims) {
+            if claims.iter().any(|c| c.metadata.name.as_deref() == Some(name.as_str())) {
+                continue;
+            }
+            if let Some(claim) = gangs.claim(&namespace, name) {
+                claims.push(claim.clone());
+            }
+        }
+        claims.into_iter().map(|c| self.own_claims.overlay(c)).collect()
+    }
+
+    /// Which gangs hold which claims, as of this loop's last look and writes.
+    pub(crate) fn holders(&self) -> std::sync::MutexGuard<'_, Holders> {
+        self.holders.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

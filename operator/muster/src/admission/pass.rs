@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
+use super::ownership::Holders;
 use super::queue::{Admit, Attempt, Planned, PlannedGang};
 use super::{Admission, Held, key, placement_of, record_phases};
 
@@ -23,6 +24,7 @@ impl Admission {
         let mut next = Duration::from_secs(5);
         let workloads = self.current_workloads();
         *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));
+        *self.holders() = Holders::of(&workloads);
         self.reconcile_assumptions(&workloads);
         self.hold_nominations(&workloads).await;
         self.prune_conflicts(&workloads);
@@ -47,7 +49,8 @@ impl Admission {
                 next = next.min(Duration::from_secs(2));
             }
         }
-        self.sync_kueue(&workloads).await;
+        // Kueue hears where each gang stands after its step, not before.
+        self.sync_kueue().await;
 
         let mut queue: Vec<(i32, Timestamp, ObjectKey, Arc<Workload>)> = workloads
             .iter()
@@ -69,12 +72,31 @@ impl Admission {
         self.waiting.retain(|k, _| queued.contains(k));
 
         let changes = self.index.changes();
+        // A gang of lower priority is not planned while one of higher priority, waiting
+        // for capacity, has not looked at the same change yet: that one is due as well.
+        let due: Vec<bool> = queue
+            .iter()
+            .map(|(_, _, name, _)| self.waiting.get(name).is_none_or(|w| w.due(changes)))
+            .collect();
+        let lower_due = due_below(&queue.iter().map(|(p, ..)| *p).collect::<Vec<_>>(), &due);
+        let due: Vec<bool> = queue
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, name, _))| {
+                due[i]
+                    || (lower_due[i]
+                        && self
+                            .waiting
+                            .get(name)
+                            .is_some_and(|w| w.reach.is_some() && w.changes_seen != changes))
+            })
+            .collect();
         let mut held = Held::default();
         let mut planned: Vec<PlannedGang> = Vec::new();
         // Within a pass the cluster only fills up: a gang shaped like one that did not
         // fit does not fit either, and is not planned again.
         let mut unfit: HashMap<String, (String, Planned)> = HashMap::new();
-        for (priority, _, name, workload) in queue {
+        for ((priority, _, name, workload), due) in queue.into_iter().zip(due) {
             // The cache may not show this pass's own commits yet.
             if self
                 .written
@@ -87,23 +109,21 @@ impl Admission {
             }
             // The queue is in priority order: every gang holding nodes so far has at
             // least this one's priority.
-            if let Some(waiting) = self.waiting.get(&name) {
-                let due = Instant::now() >= waiting.next_try
-                    && (waiting.changes_seen != changes || waiting.next_try.elapsed() > Duration::from_secs(300));
-                if !due {
-                    next = next.min(
-                        waiting
-                            .next_try
-                            .saturating_duration_since(Instant::now())
-                            .max(Duration::from_millis(100)),
-                    );
-                    if waiting.since.elapsed() > self.settings.starvation_after
-                        && let Some(reach) = &waiting.reach
-                    {
-                        held.hold(priority, &name, reach);
-                    }
-                    continue;
+            if let Some(waiting) = self.waiting.get(&name)
+                && !due
+            {
+                next = next.min(
+                    waiting
+                        .next_try
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(100)),
+                );
+                if waiting.since.elapsed() > self.settings.starvation_after
+                    && let Some(reach) = &waiting.reach
+                {
+                    held.hold(priority, &name, reach);
                 }
+                continue;
             }
             let outcome = match self.try_plan(&workload, priority, &held, &mut unfit).await {
                 Ok(Attempt::Placed { request, plan }) => {
@@ -132,10 +152,10 @@ impl Admission {
                 }
                 Ok(Attempt::Stale) => {
                     // It uses a claim that a planned commit allocates, or that the index
-                    // shows allocated before the cache does. Planned again next pass,
-                    // and no gang behind it goes first meanwhile.
+                    // shows allocated before the cache does: planned again next pass.
+                    // The gangs behind it go on (a claim's cache may lag for long).
                     next = next.min(Duration::from_millis(100));
-                    break;
+                    continue;
                 }
                 Ok(Attempt::Done(admit)) => {
                     // A gang that would fit an emptied cluster may evict gangs of lower
@@ -156,5 +176,50 @@ impl Admission {
         // Extras of running gangs keep off them too, until the next pass says again.
         self.held = held;
         next
+    }
+}
+
+/// For each gang of a queue in priority order (`priorities`, highest first): whether a
+/// gang of lower priority behind it is `due`.
+fn due_below(priorities: &[i32], due: &[bool]) -> Vec<bool> {
+    let mut below = vec![false; priorities.len()];
+    // Whether some gang from here to the end is due, and whether one of a priority
+    // lower than the current block's is.
+    let mut any_due = false;
+    let mut lower = false;
+    let mut i = priorities.len();
+    while i > 0 {
+        // One block of equal priority, from its end.
+        let end = i;
+        let priority = priorities[i - 1];
+        while i > 0 && priorities[i - 1] == priority {
+            i -= 1;
+        }
+        for flag in &mut below[i..end] {
+            *flag = lower;
+        }
+        any_due |= due[i..end].iter().any(|d| *d);
+        lower = any_due;
+    }
+    below
+}
+
+#[cfg(test)]
+mod tests {
+    use super::due_below;
+
+    #[test]
+    fn a_gang_is_due_when_one_of_lower_priority_behind_it_is() {
+        let priorities = [9, 9, 5, 5, 1];
+        assert_eq!(
+            due_below(&priorities, &[false, false, false, false, true]),
+            [true, true, true, true, false]
+        );
+        assert_eq!(
+            due_below(&priorities, &[false, false, false, true, false]),
+            [true, true, false, false, false],
+            "one of equal priority does not count"
+        );
+        assert_eq!(due_below(&priorities, &[true, false, false, false, false]), [false; 5]);
     }
 }

@@ -29,8 +29,8 @@ use crate::workload::observe::{self};
 
 use super::reserve::deallocate;
 use super::status::event_reason;
-use super::{Admission, CommitError, key, placement_of, release};
-pub use crate::ops::faults::FaultPoint;
+use super::{Admission, CommitError, conflicts, key, ownership, placement_of, release};
+pub use crate::ops::faults::{FailWrite, FaultPoint};
 
 /// How long a double allocation of a released gang's device must last before the gang
 /// gives way.
@@ -94,6 +94,21 @@ impl Admission {
             Some(e) => Err(e),
             None => Ok(done),
         }
+    }
+
+    /// A test's injected failure of `write`, the first time it is reached.
+    pub(super) fn injected_failure(&self, write: FailWrite) -> Result<(), CommitError> {
+        if self.settings.fail != Some(write)
+            || !self
+                .passed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(format!("fail-{}", write.name()))
+        {
+            return Ok(());
+        }
+        warn!("failing the write {} once, as the test asked", write.name());
+        Err(CommitError::Conflict(format!("injected failure of {}", write.name())))
     }
 
     /// [`Self::fault`], then a test's pause at `point`, if either is set.
@@ -179,7 +194,18 @@ impl Admission {
         let pods = self.gang_pods(workload);
         let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
         let claims = self.gang_claims(workload);
-        let claim_views: Vec<ClaimView> = claims.iter().map(|c| observe::claim(c)).collect();
+        let gang = key(workload);
+        let namespace = workload.namespace().unwrap_or_default();
+        let claim_views: Vec<ClaimView> = {
+            let holders = self.holders();
+            claims
+                .iter()
+                .map(|c| {
+                    let held_elsewhere = holders.held_elsewhere(&ObjectKey::new(&namespace, &c.name_any()), &gang);
+                    observe::claim(c, held_elsewhere)
+                })
+                .collect()
+        };
         let in_journal = |claim: &ResourceClaim| {
             journal
                 .iter()
@@ -215,8 +241,8 @@ impl Admission {
                         .and_then(|s| s.allocation.as_ref())
                         .into_iter()
                         .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
-                        .filter(|r| r.admin_access != Some(true) && r.share_id.is_none())
-                        .any(|r| cluster.exclusive_holders(&r.driver, &r.pool, &r.device) > 1)
+                        .filter(|r| r.admin_access != Some(true))
+                        .any(|r| conflicts::doubly_held(&cluster, &conflicts::result_device(r), r.share_id.is_some()))
                 })
                 .map(|c| c.name_any())
                 .collect();
@@ -235,6 +261,7 @@ impl Admission {
             spec: &spec,
             journal: journal.as_ref(),
             restarts: membership::attempt(workload),
+            counted_restarts: observe::counted_restarts(workload),
             finished_at: observe::finished_at(workload),
             pods: &pod_views,
             claims: &claim_views,
@@ -296,21 +323,27 @@ impl Admission {
                     warn!(workload = %key(workload), "the state machine asked to record the journal unchanged; skipped");
                 }
                 Effect::Record(record) => {
-                    self.fence_dropped_claims(workload, record.journal.as_ref(), &claims)
-                        .await?;
                     self.record(workload, record).await?;
                 }
                 Effect::DeletePods {
                     pods: targets,
                     immediately,
                 } => {
+                    let seen = self.gang_pods(workload);
                     for target in targets {
+                        // The pod as it was when the deletion was decided: a leader
+                        // deposed since cannot delete one its successor changed (a
+                        // pod released again onto a new reservation).
+                        let version = seen
+                            .iter()
+                            .find(|p| p.uid().as_deref() == Some(target.uid.as_str()))
+                            .and_then(|p| p.metadata.resource_version.clone());
                         self.ensure_leading();
                         let params = DeleteParams {
                             grace_period_seconds: immediately.then_some(0),
                             preconditions: Some(kube::api::Preconditions {
                                 uid: Some(target.uid.clone()),
-                                resource_version: None,
+                                resource_version: version,
                             }),
                             ..DeleteParams::default()
                         };
@@ -324,15 +357,18 @@ impl Admission {
                         }
                     }
                 }
-                Effect::Deallocate {
-                    claims: names,
-                    finished,
-                } => {
+                Effect::Deallocate { claims: names, idle } => {
+                    // The claims go on the understanding that the gang's planned pods
+                    // still behind the gate stay there: a release a deposed leader
+                    // prepared (an interrupted commit's) must not land after them.
+                    let journal = observe::journal(workload);
+                    self.fence_gated(workload, |pod| {
+                        journal.as_ref().is_some_and(|j| j.planned(pod).is_some())
+                    })
+                    .await?;
                     for name in names {
                         self.ensure_leading();
-                        if let Some(claim) =
-                            deallocate(&claims, &name, None, &finished, &|| self.ensure_leading()).await?
-                        {
+                        if let Some(claim) = deallocate(&claims, &name, None, &idle, &|| self.ensure_leading()).await? {
                             self.own_claims.remember(claim);
                         }
                     }
@@ -397,10 +433,12 @@ impl Admission {
     }
 
     /// Claims a record stops naming (every one, when the gang is queued again): a fresh
-    /// read must show each unallocated, so that a cache behind an allocation never lets
-    /// one leak. Each is then fenced: its resourceVersion moves, so an allocation a
-    /// deposed leader prepared against an older version (it reads a claim before its
-    /// last Lease check) fails instead of landing after the gang let go.
+    /// read must show each unallocated, or allocated for someone the gang may leave it to
+    /// (see [`ownership::may_let_go_allocated`]), so that a cache behind an allocation
+    /// never lets one leak. Each unallocated one is then fenced: its resourceVersion
+    /// moves, so an allocation a deposed leader prepared against an older version (it
+    /// reads a claim before its last Lease check) fails instead of landing after the gang
+    /// let go.
     pub(super) async fn fence_dropped_claims(
         &self,
         workload: &Workload,
@@ -409,14 +447,20 @@ impl Admission {
     ) -> Result<(), CommitError> {
         let kept: BTreeSet<&str> = next.iter().flat_map(|j| &j.claims).map(String::as_str).collect();
         let named = placement_of(workload).map(|p| p.claims.clone()).unwrap_or_default();
+        let gang = key(workload);
+        let namespace = workload.namespace().unwrap_or_default();
+        let gang_pods: BTreeSet<String> = self.gang_pods(workload).iter().filter_map(|p| p.uid()).collect();
         for name in named.iter().filter(|c| !kept.contains(c.as_str())) {
             let Some(claim) = api.get_opt(name).await? else {
                 continue;
             };
-            if claim.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+            if ownership::allocated(&claim) {
+                let held_elsewhere = self.holders().held_elsewhere(&ObjectKey::new(&namespace, name), &gang);
+                if ownership::may_let_go_allocated(&claim, held_elsewhere, &gang_pods) {
+                    continue;
+                }
                 return Err(CommitError::Conflict(format!(
-                    "claim {name} is still allocated; looking again before {} lets go of it",
-                    key(workload)
+                    "claim {name} is still allocated; looking again before {gang} lets go of it"
                 )));
             }
             let fence = json!({
@@ -435,7 +479,82 @@ impl Admission {
                 Err(e) if kube_ops::is_not_found(&e) => {}
                 Err(e) if kube_ops::is_conflict(&e) => {
                     return Err(CommitError::Conflict(format!(
-                        "claim {name} changed while {} let go of it; looking again",
+                        "claim {name} changed while {gang} let go of it; looking again"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Planned pods a record stops releasing that still wait at the gate — every one
+    /// when the gang leaves `Reserved` or `Released` for a state that releases nothing,
+    /// an extra being dropped — are fenced: each is patched against the version this loop saw, so
+    /// that a release a deposed leader prepared against that version fails instead of
+    /// landing after the gang let go of the pod's claims, and a pod released after all
+    /// (the cache behind) makes the record wait for a fresher look.
+    pub(super) async fn fence_unreleased_pods(
+        &self,
+        workload: &Workload,
+        next: Option<&Journal>,
+    ) -> Result<(), CommitError> {
+        let Some(current) = observe::journal(workload) else {
+            return Ok(());
+        };
+        let releasing = |state: State| matches!(state, State::Reserved | State::Released);
+        let stops = releasing(current.state) && !next.is_some_and(|j| releasing(j.state));
+        let dropped: BTreeSet<&str> = current
+            .pods
+            .iter()
+            .filter(|p| p.released_at.is_some())
+            .filter(|p| {
+                next.and_then(|n| n.planned(&p.name))
+                    .is_none_or(|n| n.released_at.is_none())
+            })
+            .map(|p| p.name.as_str())
+            .collect();
+        if !stops && dropped.is_empty() {
+            return Ok(());
+        }
+        self.fence_gated(workload, |name| {
+            current.planned(name).is_some() && (stops || dropped.contains(name))
+        })
+        .await
+    }
+
+    /// Fences the gang's pods still behind the gate that `pick` names: each is patched
+    /// against the version this loop saw, so that a release a deposed leader prepared
+    /// against that version fails; a pod changed since (released after all, the cache
+    /// behind) fails the fence, and the caller looks again.
+    pub(super) async fn fence_gated(
+        &self,
+        workload: &Workload,
+        pick: impl Fn(&str) -> bool,
+    ) -> Result<(), CommitError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        let params = PatchParams {
+            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        for pod in self.gang_pods(workload) {
+            let name = pod.name_any();
+            if !crate::workload::status::is_gated(&pod) || !pick(&name) {
+                continue;
+            }
+            let fence = json!({
+                "metadata": {
+                    "resourceVersion": pod.resource_version(),
+                    "annotations": {labels::POD_RELEASE_FENCED_AT: observe::now_millis().to_string()},
+                },
+            });
+            self.ensure_leading();
+            match api.patch(&name, &params, &Patch::Merge(&fence)).await {
+                Ok(fenced) => self.own_pods.remember(fenced),
+                Err(e) if kube_ops::is_not_found(&e) => {}
+                Err(e) if kube_ops::is_conflict(&e) => {
+                    return Err(CommitError::Conflict(format!(
+                        "pod {name} changed while {} stopped releasing it; looking again",
                         key(workload)
                     )));
                 }

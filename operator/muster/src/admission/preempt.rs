@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
@@ -29,18 +30,19 @@ use muster_admission::{Condition, ConditionType, Reason, Record, State};
 use muster_api::conditions;
 use muster_api::v1alpha1::{AdmissionState, NominatedClaim, NominatedDevice, NominatedPod, NominationStatus, Workload};
 use muster_engine::claim::{DeviceId, DeviceResult};
-use muster_engine::cluster::{AssumedClaim, AssumedPod, ClusterState, PlanId};
+use muster_engine::cluster::{AssumedClaim, AssumedPod, ClusterState, Node, PlanId};
 use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::preemption::{
     Preemption, PreemptionCandidate, PreemptionOptions, PreemptionPolicy, Preemptor, preempt,
 };
+use muster_engine::resources::Resources;
 use tracing::{info, warn};
 
 use crate::ops::faults::FaultPoint;
 use crate::workload::observe;
 
 use super::status::{NominationUpdate, StatusUpdate};
-use super::{Admission, CommitError, key, placement_of};
+use super::{Admission, CommitError, conflicts, key, ownership, placement_of};
 
 /// How long a nomination holds its devices while the preemptor still does not fit
 /// (its victims' pods may take their termination grace).
@@ -122,15 +124,32 @@ impl Admission {
         }
     }
 
-    /// The cluster as gang `gang` plans on it: without its own nomination.
-    pub(super) fn planning_view(&self, gang: &ObjectKey) -> Arc<ClusterState> {
+    /// The cluster as gang `gang` of `priority` plans on it: without its own nomination,
+    /// and without the nominations of gangs of lower priority, as kube-scheduler treats
+    /// nominated pods: a nomination holds devices only against gangs that could not
+    /// preempt its owner.
+    pub(super) fn planning_view(&self, gang: &ObjectKey, priority: i32) -> Arc<ClusterState> {
         let snapshot = self.index.snapshot();
-        let id = PlanId::Nomination(gang.clone());
-        if !snapshot.assumed_plans().any(|p| *p == id) {
+        let ignored: Vec<PlanId> = snapshot
+            .assumed_plans()
+            .filter(|plan| match plan {
+                PlanId::Nomination(owner) => {
+                    owner == gang
+                        || self
+                            .current_workload(owner)
+                            .is_some_and(|w| self.priority(&w) < priority)
+                }
+                PlanId::Gang(_) | PlanId::Extras(_) => false,
+            })
+            .cloned()
+            .collect();
+        if ignored.is_empty() {
             return snapshot;
         }
         let mut view = (*snapshot).clone();
-        view.forget(&id);
+        for plan in &ignored {
+            view.forget(plan);
+        }
         Arc::new(view)
     }
 
@@ -170,6 +189,15 @@ impl Admission {
             if !self.index.cluster().assumed_plans().any(|p| *p == id) {
                 self.assume_nomination(workload, nominated);
             }
+            // A gang that planned without this nomination (one of higher priority, or
+            // another allocator) took a device it held: it no longer proves a fit.
+            if let Some(taken) = self.nominated_device_taken(workload, nominated) {
+                let message = format!("its device {taken} was allocated to another claim");
+                if let Err(e) = self.drop_nomination(workload, &message).await {
+                    warn!(workload = %key(workload), error = %e, "dropping a nomination failed");
+                }
+                continue;
+            }
             holding.insert(gang);
             if let Err(e) = self.evict_victims(workload, nominated).await {
                 warn!(workload = %key(workload), error = %e, "evicting a victim failed; retrying");
@@ -187,22 +215,33 @@ impl Admission {
         }
     }
 
-    /// Assumes the nominated placement under the preemptor's nomination plan.
-    fn assume_nomination(&self, workload: &Workload, nominated: &NominationStatus) {
+    /// Assumes the nominated placement under the preemptor's nomination plan: its pods on
+    /// their nodes, its devices under names of their own (no claim looks allocated for
+    /// it, see [`conflicts::nomination_hold`]).
+    pub(super) fn assume_nomination(&self, workload: &Workload, nominated: &NominationStatus) {
         let namespace = workload.namespace().unwrap_or_default();
-        // The pods' node requests, as the gang asks for them now.
+        let gang = key(workload);
+        // The pods' node requests: from the pods themselves, else as the gang asks for
+        // them now, else the whole node (never nothing).
         let request = self.request(workload).ok();
+        let pods_now = self.gang_pods(workload);
+        let cluster = self.index.cluster();
         let pods: Vec<AssumedPod> = nominated
             .pods
             .iter()
             .map(|p| {
                 let pod: PodKey = ObjectKey::new(&namespace, &p.name).into();
-                let requests = request
+                let object = pods_now.iter().find(|o| o.name_any() == p.name);
+                let requested = request
                     .iter()
                     .flat_map(|r| &r.groups)
                     .find(|g| g.pods.iter().any(|gp| gp.key == pod))
-                    .map(|g| g.shape.requests.clone())
-                    .unwrap_or_default();
+                    .map(|g| g.shape.requests.clone());
+                let requests = nominated_pod_requests(object.map(AsRef::as_ref), requested, cluster.node(&p.node))
+                    .unwrap_or_else(|| {
+                        warn!(workload = %gang, pod = %p.name, node = %p.node, "the nominated pod's requests are unknown; holding its whole node");
+                        Resources::default()
+                    });
                 AssumedPod {
                     pod,
                     node: p.node.clone(),
@@ -211,37 +250,51 @@ impl Admission {
                 }
             })
             .collect();
+        drop(cluster);
         let claims: Vec<AssumedClaim> = nominated
             .claims
             .iter()
             .map(|c| AssumedClaim {
-                claim: ClaimKey::from(ObjectKey::new(&namespace, &c.name)),
-                devices: c
-                    .devices
-                    .iter()
-                    .map(|d| DeviceResult {
-                        request: d.request.clone(),
-                        driver: d.driver.clone(),
-                        pool: d.pool.clone(),
-                        device: d.device.clone(),
-                        admin_access: None,
-                        tolerations: Vec::new(),
-                        binding_conditions: Vec::new(),
-                        binding_failure_conditions: Vec::new(),
-                        share_id: None,
-                        consumed_capacity: Default::default(),
-                    })
-                    .collect(),
+                claim: conflicts::nomination_hold(&namespace, &c.name, &gang),
+                devices: c.devices.iter().map(nominated_result).collect(),
             })
             .collect();
-        let id = PlanId::Nomination(key(workload));
+        let id = PlanId::Nomination(gang);
         self.index.update(|c| c.assume(&id, &pods, &claims));
+    }
+
+    /// A nominated device some claim holds that is neither the preemptor's nor one of
+    /// its victims', if any.
+    fn nominated_device_taken(&self, preemptor: &Workload, nominated: &NominationStatus) -> Option<DeviceId> {
+        let namespace = preemptor.namespace().unwrap_or_default();
+        let mut expected: BTreeSet<String> = nominated
+            .claims
+            .iter()
+            .map(|c| format!("{namespace}/{}", c.name))
+            .collect();
+        for victim in &nominated.victims {
+            let Some(workload) = self.current_workload(&ObjectKey::from(victim.as_str())) else {
+                continue;
+            };
+            let victim_namespace = workload.namespace().unwrap_or_default();
+            for claim in placement_of(&workload).iter().flat_map(|p| &p.claims) {
+                expected.insert(format!("{victim_namespace}/{claim}"));
+            }
+        }
+        let cluster = self.index.cluster();
+        nominated_devices(nominated).find(|id| {
+            cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1
+                && cluster
+                    .exclusive_holder_names(id)
+                    .into_iter()
+                    .any(|name| !conflicts::is_nomination_hold(name) && !expected.contains(name))
+        })
     }
 
     /// Moves every victim the nomination names that still holds its reservation (made
     /// before the nomination) to `TearingDown`, with the cause `Preempted`.
     async fn evict_victims(&self, preemptor: &Workload, nominated: &NominationStatus) -> Result<(), CommitError> {
-        let since = nominated.since.as_ref().map(observe::millis).unwrap_or(i64::MAX);
+        let held: BTreeSet<DeviceId> = nominated_devices(nominated).collect();
         let mut first = true;
         for victim in &nominated.victims {
             let Some(workload) = self.current_workload(&ObjectKey::from(victim.as_str())) else {
@@ -253,8 +306,17 @@ impl Admission {
             let Some(journal) = observe::journal(&workload) else {
                 continue;
             };
-            // Admitted again after the nomination: not what the nomination evicts.
-            if journal.released_at.unwrap_or(journal.since) > since {
+            // Only a gang holding devices the nomination counts on: admitted again
+            // elsewhere after its eviction, it is not what the nomination evicts; back on
+            // the same devices (a restart onto its reservation), it still is.
+            let holds_nominated = self
+                .gang_claims(&workload)
+                .iter()
+                .filter(|c| journal.claims.contains(&c.name_any()))
+                .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
+                .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
+                .any(|r| held.contains(&conflicts::result_device(r)));
+            if !holds_nominated {
                 continue;
             }
             let message = format!(
@@ -279,7 +341,7 @@ impl Admission {
             )
             .await?;
             info!(workload = %key(&workload), preemptor = %key(preemptor), "gang preempted");
-            crate::ops::metrics::get().preemptions.inc();
+            crate::ops::metrics::get().count_preemption("Priority");
             self.event(
                 &workload,
                 EventType::Warning,
@@ -325,14 +387,8 @@ impl Admission {
             });
             // The caches may not show every freed device yet when the last victim is
             // queued: only a nomination whose devices look free is known not to help.
-            let view = self.planning_view(&key(workload));
-            let devices_free = nominated.claims.iter().flat_map(|c| &c.devices).all(|d| {
-                !view.device_allocated(&DeviceId {
-                    driver: d.driver.clone(),
-                    pool: d.pool.clone(),
-                    device: d.device.clone(),
-                })
-            });
+            let view = self.planning_view(&key(workload), priority);
+            let devices_free = nominated_devices(nominated).all(|id| !view.device_allocated(&id));
             // Its lifetime is kept every pass, by `hold_nominations`.
             if !victims_left && devices_free {
                 self.drop_nomination(workload, "its victims are gone and it still does not fit")
@@ -350,7 +406,7 @@ impl Admission {
             Err(_) => return Ok(()),
         };
         let gang = key(workload);
-        let cluster = self.index.snapshot();
+        let cluster = self.planning_view(&gang, priority);
         let assumed: std::collections::HashSet<PlanId> = cluster.assumed_plans().cloned().collect();
         let candidates: Vec<PreemptionCandidate> = self
             .current_workloads()
@@ -359,7 +415,6 @@ impl Admission {
             .filter(|w| evictable(w) && self.kueue_object(w).is_not_queued())
             .filter(|w| self.priority(w) < priority)
             .map(|w| {
-                let namespace = w.namespace().unwrap_or_default();
                 let placement = placement_of(w).cloned().unwrap_or_default();
                 let admitted = placement.released_at.as_ref().or(placement.since.as_ref());
                 let plans = [PlanId::Gang(key(w)), PlanId::Extras(key(w))]
@@ -376,11 +431,7 @@ impl Admission {
                         .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
                         .map(|p| crate::convert::pod_key(p))
                         .collect(),
-                    claims: placement
-                        .claims
-                        .iter()
-                        .map(|c| ClaimKey::from(ObjectKey::new(&namespace, c)))
-                        .collect(),
+                    claims: self.claims_given_back(w, &placement.claims),
                     assumed_plans: plans,
                 }
             })
@@ -439,5 +490,99 @@ impl Admission {
             Some(recorded) => self.evict_victims(&current, recorded).await,
             None => Ok(()),
         }
+    }
+
+    /// Of the claims a victim's journal names, those its teardown gives back (see
+    /// [`ownership::given_back`]): what preemption may count as freed.
+    fn claims_given_back(&self, victim: &Workload, named: &[String]) -> Vec<ClaimKey> {
+        let namespace = victim.namespace().unwrap_or_default();
+        let gang = key(victim);
+        let pods: BTreeSet<String> = self.gang_pods(victim).iter().filter_map(|p| p.uid()).collect();
+        let claims = self.gang_claims(victim);
+        let holders = self.holders();
+        named
+            .iter()
+            .filter(|name| {
+                claims.iter().find(|c| c.name_any() == **name).is_some_and(|claim| {
+                    let held_elsewhere = holders.held_elsewhere(&ObjectKey::new(&namespace, name), &gang);
+                    ownership::given_back(claim, held_elsewhere, &pods)
+                })
+            })
+            .map(|c| ClaimKey::from(ObjectKey::new(&namespace, c)))
+            .collect()
+    }
+}
+
+/// The devices a nomination holds.
+fn nominated_devices(nominated: &NominationStatus) -> impl Iterator<Item = DeviceId> + '_ {
+    nominated.claims.iter().flat_map(|c| &c.devices).map(|d| DeviceId {
+        driver: d.driver.clone(),
+        pool: d.pool.clone(),
+        device: d.device.clone(),
+    })
+}
+
+/// A nominated device as the engine holds it.
+fn nominated_result(d: &NominatedDevice) -> DeviceResult {
+    DeviceResult {
+        request: d.request.clone(),
+        driver: d.driver.clone(),
+        pool: d.pool.clone(),
+        device: d.device.clone(),
+        admin_access: None,
+        tolerations: Vec::new(),
+        binding_conditions: Vec::new(),
+        binding_failure_conditions: Vec::new(),
+        share_id: None,
+        consumed_capacity: Default::default(),
+    }
+}
+
+/// What a nominated pod takes from its node: what its own spec requests, else what the
+/// gang's request says for it, else (`node` known) the whole node, so that a pod whose
+/// requests cannot be told holds too much rather than nothing. `None`: the node is not
+/// known either (nothing can be placed there anyway).
+pub(super) fn nominated_pod_requests(
+    pod: Option<&Pod>,
+    requested: Option<Resources>,
+    node: Option<&Node>,
+) -> Option<Resources> {
+    let own = pod.and_then(|p| {
+        let spec = p.spec.as_ref()?;
+        crate::convert::pod_requests(&p.name_any(), spec).ok()
+    });
+    own.or(requested).or_else(|| node.map(|n| n.allocatable.clone()))
+}
+
+/// For tests elsewhere in the loop: a nomination as recorded for a plan.
+#[cfg(test)]
+pub(super) mod tests_support {
+    pub(in crate::admission) fn nomination_of_plan(
+        plan: &muster_engine::placement::Plan,
+    ) -> muster_api::v1alpha1::NominationStatus {
+        super::nomination(&[], plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_nominated_pod_never_holds_nothing() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "high-workers-0", "namespace": "ns"},
+            "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "16", "memory": "64Gi"}}}]},
+        }))
+        .expect("pod");
+        let node = muster_engine::fixtures::node("node-0", 64, 512, &[]);
+        // The gang's request cannot be built (a claim not seen yet): the pod says.
+        let requests = nominated_pod_requests(Some(&pod), None, Some(&node)).expect("requests");
+        assert_eq!(requests.cpu_millis, 16_000);
+        assert_eq!(requests.memory, 64 << 30);
+        // Neither the pod nor the request: the whole node is held.
+        let requests = nominated_pod_requests(None, None, Some(&node)).expect("requests");
+        assert_eq!(requests.cpu_millis, 64_000);
     }
 }

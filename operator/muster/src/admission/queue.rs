@@ -117,6 +117,34 @@ pub(super) fn uses_a_claim_allocated_meanwhile(
     shared.chain(own).any(|key| cluster.claim_allocated(key))
 }
 
+/// A claim the request would hold as it is (allocated already) whose devices are held
+/// against the rules (see [`super::conflicts`]).
+pub(super) fn doubly_held_claim<'r>(
+    request: &'r GangRequest,
+    cluster: &muster_engine::cluster::ClusterState,
+) -> Option<&'r muster_engine::key::ClaimKey> {
+    let shared = request
+        .shared_claims
+        .iter()
+        .filter_map(|c| Some((&c.key, c.allocation.as_ref()?)));
+    let own = request
+        .groups
+        .iter()
+        .flat_map(|g| &g.pods)
+        .flat_map(|p| &p.claims)
+        .filter_map(|c| Some((&c.key, c.allocation.as_ref()?)));
+    shared
+        .chain(own)
+        .find(|(_, allocation)| {
+            allocation
+                .devices
+                .iter()
+                .filter(|d| d.admin_access != Some(true))
+                .any(|d| super::conflicts::doubly_held(cluster, &d.device_id(), d.share_id.is_some()))
+        })
+        .map(|(key, _)| key)
+}
+
 /// A gang planned in this pass, waiting for its commit.
 pub(super) struct PlannedGang {
     pub(super) name: ObjectKey,
@@ -200,7 +228,10 @@ impl Admission {
             reach: None,
         });
         entry.failures += 1;
-        entry.changes_seen = changes;
+        // A commit that failed is tried again after its backoff whether or not the
+        // cluster changes meanwhile: nothing else may come to wake it.
+        let failed = matches!(outcome, Ok(Admit::RolledBack) | Err(_));
+        entry.changes_seen = if failed { u64::MAX } else { changes };
         // A gang that would fit an emptied cluster waits for capacity: it is tried again
         // as soon as the cluster changes, at most once a second. Anything else (a failed
         // commit, a gang too big for the cluster) backs off: 1 s, 2 s, 4 s ... at most a
@@ -295,7 +326,11 @@ impl Admission {
         // planned as the gang's own: wait until the cache catches up.
         let gangs = self.gangs();
         let claims = gangs.claims(&namespace, &workload.name_any());
-        for claim in claims {
+        let named = gangs.namespace_claims(&namespace).iter().filter(|c| {
+            let name = c.metadata.name.as_deref().unwrap_or_default();
+            workload_names_claim(workload, name)
+        });
+        for claim in claims.iter().chain(named) {
             if !Arc::ptr_eq(&self.own_claims.overlay(claim.clone()), claim) {
                 return Err(RequestError::DeallocationNotSeen(claim.name_any()));
             }
@@ -342,9 +377,25 @@ impl Admission {
         // Inside Kueue's decision: the nodes of its flavors and topology domains.
         let mut excluded = held.against(priority);
         // Its own nomination is not in its way.
-        let cluster = self.planning_view(&key(workload));
+        let cluster = self.planning_view(&key(workload), priority);
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
             return Ok(Attempt::Stale);
+        }
+        // A claim it would hold as it is whose device another claim holds too: the gang
+        // waits until that is resolved (the allocation's holders give way, or the
+        // collector clears it), rather than hold a conflict and give way in turn.
+        if let Some(claim) = doubly_held_claim(&request, &cluster) {
+            let message = format!(
+                "a device of ResourceClaim {claim}, which the gang would share as it is, is allocated to another \
+                 claim as well; waiting until that is resolved"
+            );
+            if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
+                self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, &message, None)
+                    .await?;
+            }
+            self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_SECONDS))
+                .await?;
+            return Ok(Attempt::Done(Admit::DoesNotFit { reach: None }));
         }
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
             excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
@@ -505,4 +556,22 @@ impl Admission {
         .await
         .map_err(|e| CommitError::Planning(e.to_string()))
     }
+}
+
+/// Whether a pod template of `workload`, or its gang-wide claims, name the existing
+/// claim `name` (a claim it may share with another Workload, whose label it carries).
+fn workload_names_claim(workload: &Workload, name: &str) -> bool {
+    let spec = &workload.spec;
+    spec.resource_claims
+        .iter()
+        .any(|c| c.resource_claim_name.as_deref() == Some(name))
+        || spec.pod_groups.iter().any(|g| {
+            g.template
+                .as_ref()
+                .and_then(|t| t.spec.as_ref())
+                .and_then(|s| s.resource_claims.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| c.resource_claim_name.as_deref() == Some(name))
+        })
 }

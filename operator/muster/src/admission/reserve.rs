@@ -14,7 +14,7 @@ use muster_admission::{ConditionType, Journal, Reason, Record};
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
 use muster_engine::cluster::PlanId;
-use muster_engine::key::{ObjectKey, PodKey};
+use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::placement::Plan;
 use muster_engine::request::{GangRequest, PodClaim};
 use serde_json::json;
@@ -25,8 +25,9 @@ use crate::kube_ops;
 use crate::ops::metrics::{self};
 use crate::workload::observe::{self};
 
-use super::{Admission, CommitError, key, now, version};
-pub use crate::ops::faults::FaultPoint;
+use super::preempt::nomination_of;
+use super::{Admission, CommitError, conflicts, key, now, ownership, version};
+pub use crate::ops::faults::{FailWrite, FaultPoint};
 
 /// How long the commit's conflict check waits for the claim watch before it lists.
 pub(super) const CONFLICT_CHECK_WAIT: Duration = Duration::from_secs(5);
@@ -45,7 +46,37 @@ pub(super) fn reserving_record(journal: Journal, message: &str) -> Record {
     }
 }
 
-/// The engine's plan in the state machine's terms: an extra's own claims go with it.
+/// Claims of the planned pods that the gang found allocated and plans on as they are
+/// (shared with another gang or with pods outside muster): it holds them as well.
+pub(crate) fn found_allocated<'r>(request: &'r GangRequest, plan: &Plan) -> Vec<&'r ClaimKey> {
+    let planned: BTreeSet<&PodKey> = plan.pods.iter().map(|p| &p.pod).collect();
+    let own = request
+        .groups
+        .iter()
+        .flat_map(|g| &g.pods)
+        .filter(|p| planned.contains(&p.key))
+        .flat_map(|p| &p.claims)
+        .filter(|c| c.allocation.is_some())
+        .map(|c| &c.key);
+    let used_shared: BTreeSet<usize> = request
+        .groups
+        .iter()
+        .filter(|g| g.pods.iter().any(|p| planned.contains(&p.key)))
+        .flat_map(|g| g.shape.shared.iter().copied())
+        .collect();
+    let shared = request
+        .shared_claims
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| used_shared.contains(i) && c.allocation.is_some())
+        .map(|(_, c)| &c.key);
+    let mut found: Vec<&ClaimKey> = own.chain(shared).collect();
+    found.dedup();
+    found
+}
+
+/// The engine's plan in the state machine's terms: an extra's own claims go with it, and
+/// the claims the gang found allocated are named with those it allocates.
 pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Placement {
     let own_claims: BTreeMap<&PodKey, &Vec<PodClaim>> = request
         .groups
@@ -79,7 +110,15 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
                 }
             })
             .collect(),
-        claims: plan.claims.iter().map(|c| c.claim.name().to_string()).collect(),
+        claims: {
+            let mut claims: Vec<String> = plan.claims.iter().map(|c| c.claim.name().to_string()).collect();
+            for found in found_allocated(request, plan) {
+                if !claims.iter().any(|c| c == found.name()) {
+                    claims.push(found.name().to_string());
+                }
+            }
+            claims
+        },
         topology_value: plan.topology_value.clone(),
         devices: plan.device_count() as i32,
     }
@@ -168,23 +207,36 @@ impl Admission {
         let gang = key(workload);
         let placement = core_placement(request, plan);
         let journal = commit::reserving(&placement, observe::now_millis());
-        let recorded = match self
-            .record(
-                workload,
-                reserving_record(journal.clone(), "reserving the gang's devices"),
-            )
-            .await
-        {
+        let written = match self.injected_failure(FailWrite::PlanRecord) {
+            Ok(()) => {
+                self.record(
+                    workload,
+                    reserving_record(journal.clone(), "reserving the gang's devices"),
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let recorded = match written {
             Ok(recorded) => recorded,
             Err(e) => {
                 self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
+                // Its nomination stands (the record that ends it did not land): its
+                // devices are held again at once, before any gang planned after it
+                // in this pass could take them.
+                if let Some(nominated) = nomination_of(workload) {
+                    self.assume_nomination(workload, nominated);
+                }
                 return Err(e);
             }
         };
         self.checkpoint(FaultPoint::AfterPlanRecorded).await;
 
-        if let Err(e) = self
-            .reserve(plan)
+        let reserved = async {
+            self.hold_found(workload, request, plan).await?;
+            self.reserve(plan).await
+        };
+        if let Err(e) = reserved
             .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
             .await
         {
@@ -233,12 +285,10 @@ impl Admission {
         let message = format!("reserving failed and was undone: {error}");
         let namespace = recorded.namespace().unwrap_or_default();
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
-        let written_names: BTreeSet<String> = written.iter().map(|c| c.name_any()).collect();
         self.undo_allocations(&api, written).await?;
-        // Only the claims this commit allocated are left to give back: a claim someone
-        // else allocated meanwhile is not the gang's to clear.
-        let mut failed = commit::failed(journal, reason, message.clone());
-        failed.claims.retain(|c| written_names.contains(c));
+        // Whatever is left the state machine gives back by the ownership rule: a claim
+        // someone else allocated meanwhile, or that another gang holds, is let go as it is.
+        let failed = commit::failed(journal, reason, message.clone());
         self.record(
             recorded,
             Record {
@@ -268,6 +318,74 @@ impl Admission {
             self.ensure_leading();
             if let Some(claim) = undo_allocation(api, &claim).await? {
                 self.own_claims.remember(claim);
+            }
+        }
+        Ok(())
+    }
+
+    /// The claims the gang found allocated and holds from now on: each must still be
+    /// allocated as the plan saw it, and is fenced (its version moves), so that a
+    /// deallocation a deposed leader prepared against an older version cannot land.
+    async fn hold_found(
+        &self,
+        workload: &Workload,
+        request: &GangRequest,
+        plan: &Plan,
+    ) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
+        let gang = key(workload);
+        for found in found_allocated(request, plan) {
+            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), found.namespace());
+            let name = found.name();
+            let fail = |e: CommitError| (e, Vec::new());
+            self.ensure_leading();
+            let current = api.get_opt(name).await.map_err(|e| fail(e.into()))?;
+            let still = current
+                .as_ref()
+                .and_then(|c| c.status.as_ref()?.allocation.as_ref())
+                .map(|a| convert::allocation(&format!("ResourceClaim {found}"), a));
+            let planned = request
+                .shared_claims
+                .iter()
+                .find(|c| c.key == *found)
+                .and_then(|c| c.allocation.as_ref())
+                .or_else(|| {
+                    request
+                        .groups
+                        .iter()
+                        .flat_map(|g| &g.pods)
+                        .flat_map(|p| &p.claims)
+                        .find(|c| c.key == *found)
+                        .and_then(|c| c.allocation.as_ref())
+                });
+            let (Some(current), Some(Ok(still))) = (current, still) else {
+                return Err(fail(CommitError::Conflict(format!(
+                    "ResourceClaim {found}, which {gang} shares, lost its allocation meanwhile"
+                ))));
+            };
+            if planned.is_some_and(|p| p.devices != still.devices) {
+                return Err(fail(CommitError::Conflict(format!(
+                    "ResourceClaim {found}, which {gang} shares, was allocated again meanwhile"
+                ))));
+            }
+            let fence = json!({
+                "metadata": {
+                    "resourceVersion": current.resource_version(),
+                    "annotations": {labels::CLAIM_HELD_AT: observe::now_millis().to_string()},
+                },
+            });
+            let params = PatchParams {
+                field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            self.ensure_leading();
+            match api.patch(name, &params, &Patch::Merge(&fence)).await {
+                Ok(fenced) => self.own_claims.remember(fenced),
+                Err(e) if kube_ops::is_conflict(&e) || kube_ops::is_not_found(&e) => {
+                    return Err(fail(CommitError::Conflict(format!(
+                        "ResourceClaim {found}, which {gang} shares, changed meanwhile"
+                    ))));
+                }
+                Err(e) => return Err(fail(e.into())),
             }
         }
         Ok(())
@@ -329,72 +447,93 @@ impl Admission {
         }
     }
 
-    /// No claim outside the gang holds a planned device, as of a moment after the
-    /// gang's last claim write (`written`, its resourceVersion). The index answers once
-    /// its claim watch has come that far; a fresh list of every claim if it lags.
+    /// No claim outside the gang holds a planned device against the rules (see
+    /// [`conflicts`]), as of a moment after the gang's last claim write (`written`, its
+    /// resourceVersion). The index answers once its claim watch has come that far; a
+    /// fresh list of every claim if it lags.
     pub(super) async fn check_conflicts(&self, plan: &Plan, written: u64) -> Result<(), CommitError> {
         let ours: BTreeSet<&str> = plan.claims.iter().map(|c| c.claim.as_str()).collect();
-        let planned: BTreeMap<muster_engine::claim::DeviceId, &str> = plan
+        let planned: BTreeMap<muster_engine::claim::DeviceId, (&str, bool)> = plan
             .claims
             .iter()
             .flat_map(|c| {
                 c.allocation
                     .devices
                     .iter()
-                    .filter(|d| d.share_id.is_none() && d.admin_access != Some(true))
-                    .map(move |d| (d.device_id(), c.claim.as_str()))
+                    .filter(|d| d.admin_access != Some(true))
+                    .map(move |d| (d.device_id(), (c.claim.as_str(), d.share_id.is_some())))
             })
             .collect();
         if written > 0 && self.index.wait_for_claims(written, CONFLICT_CHECK_WAIT).await {
-            // Each of the gang's claims holds its own devices once: a second holder is
-            // another claim.
             let cluster = self.index.cluster();
-            for (id, mine) in &planned {
-                if cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1 {
+            for (id, (mine, shared)) in &planned {
+                if conflicts::doubly_held(&cluster, id, *shared) {
                     let others: Vec<&str> = cluster
                         .exclusive_holder_names(id)
                         .into_iter()
-                        .filter(|c| !ours.contains(c))
+                        .filter(|c| !ours.contains(c) && !conflicts::is_nomination_hold(c))
                         .collect();
-                    return Err(CommitError::Conflict(format!(
-                        "device {id} planned for {mine} is allocated to {}",
+                    let others = if others.is_empty() {
+                        "other claims beyond its capacity".to_string()
+                    } else {
                         others.join(", ")
+                    };
+                    return Err(CommitError::Conflict(format!(
+                        "device {id} planned for {mine} is allocated to {others}"
                     )));
                 }
             }
             return Ok(());
         }
+        // The index lags: the same rules on a fresh list, the shares' capacity checked
+        // against the devices the index knows.
         let all: Api<ResourceClaim> = Api::all(self.client.clone());
         let claims = all.list(&ListParams::default()).await?;
+        let mut shares = muster_engine::cluster::ClusterState::new();
+        {
+            let cluster = self.index.cluster();
+            for slice in cluster.slices() {
+                if slice.devices.iter().any(|d| d.allow_multiple_allocations) {
+                    shares.upsert_slice((**slice).clone());
+                }
+            }
+        }
         for claim in claims.items {
             let claim_key = convert::claim_key(&claim);
-            if ours.contains(claim_key.as_str()) {
-                continue;
-            }
             let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
                 continue;
             };
-            for result in allocation.devices.iter().flat_map(|d| d.results.iter().flatten()) {
-                if result.admin_access == Some(true) || result.share_id.is_some() {
-                    continue;
+            let Ok(held) = convert::allocation(&format!("ResourceClaim {claim_key}"), allocation) else {
+                continue;
+            };
+            if !ours.contains(claim_key.as_str()) {
+                for result in held.devices.iter().filter(|r| r.admin_access != Some(true)) {
+                    if let Some((mine, shared)) = planned.get(&result.device_id())
+                        && (!shared || result.share_id.is_none())
+                    {
+                        return Err(CommitError::Conflict(format!(
+                            "device {} planned for {mine} is allocated to {claim_key}",
+                            result.device_id()
+                        )));
+                    }
                 }
-                let id = muster_engine::claim::DeviceId {
-                    driver: result.driver.clone(),
-                    pool: result.pool.clone(),
-                    device: result.device.clone(),
-                };
-                if let Some(mine) = planned.get(&id) {
-                    return Err(CommitError::Conflict(format!(
-                        "device {id} planned for {mine} is allocated to {claim_key}"
-                    )));
-                }
+            }
+            shares.set_claim_allocation(&claim_key, Some(held.devices));
+        }
+        for (id, (mine, shared)) in &planned {
+            if *shared && conflicts::doubly_held(&shares, id, true) {
+                return Err(CommitError::Conflict(format!(
+                    "device {id} planned for {mine} is shared beyond its capacity"
+                )));
             }
         }
         Ok(())
     }
 
-    /// Claims being deleted, and claims a deleted Workload only joined (a user's): clear
-    /// the allocation muster wrote once no pod that may run uses them, then let go.
+    /// The collector (see [`ownership::collect`]): claims carrying muster's finalizer that
+    /// no live gang holds and that are being deleted, belong to a Workload that is gone,
+    /// or are allocated while no journal names them. Each is deallocated once no pod that
+    /// may run uses it, then muster's finalizer goes.
     pub(super) async fn collect_claims(&self) {
         let finished: Vec<String> = self
             .stores
@@ -411,13 +550,16 @@ impl Admission {
             .collect();
         let workloads: BTreeSet<ObjectKey> = self.current_workloads().iter().map(|w| key(w)).collect();
         for claim in self.stores.claims.state() {
-            let has_finalizer = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
+            let claim = self.own_claims.overlay(claim);
+            if !ownership::muster_allocated(&claim) {
+                continue;
+            }
             let namespace = claim.namespace().unwrap_or_default();
-            let orphaned = claim
+            let workload_exists = claim
                 .labels()
                 .get(labels::WORKLOAD)
-                .is_some_and(|w| !workloads.contains(&ObjectKey::new(&namespace, w)));
-            if !has_finalizer || (claim.metadata.deletion_timestamp.is_none() && !orphaned) {
+                .is_some_and(|w| workloads.contains(&ObjectKey::new(&namespace, w)));
+            if ownership::collect(&claim, &self.holders(), workload_exists) == ownership::Collect::Keep {
                 continue;
             }
             // A pod that may still run keeps it: look again once the cache says otherwise.
@@ -435,6 +577,7 @@ impl Admission {
                 let uid = claim.metadata.uid.as_deref();
                 match deallocate(&api, &claim.name_any(), uid, &finished, &|| self.ensure_leading()).await? {
                     Some(current) if current.status.as_ref().is_none_or(|s| s.allocation.is_none()) => {
+                        self.own_claims.remember(current.clone());
                         self.ensure_leading();
                         kube_ops::remove_finalizer(&api, &current, labels::CLAIM_FINALIZER).await
                     }
@@ -443,8 +586,95 @@ impl Admission {
             }
             .await;
             if let Err(e) = result {
-                warn!(claim = %claim.name_any(), error = %e, "releasing a deleted claim failed; retrying");
+                warn!(claim = %claim.name_any(), error = %e, "releasing a claim no gang holds failed; retrying");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kube::runtime::reflector;
+    use muster_api::v1alpha1::Workload;
+    use muster_engine::cluster::PlanId;
+    use muster_engine::fixtures;
+    use muster_engine::key::ObjectKey;
+    use muster_engine::placement::{self, Outcome, PlanOptions};
+    use serde_json::json;
+
+    use crate::admission::{Admission, Settings};
+    use crate::cache::cluster::Index;
+
+    /// An admission loop whose API server does not answer: every write fails.
+    fn unreachable(index: Arc<Index>) -> Admission {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let (stores, _watches) = crate::cache::gang_objects::gang_watches(&client, notify.clone(), false);
+        Admission::new(
+            client,
+            index,
+            reflector::store().0,
+            stores,
+            reflector::store().0,
+            Settings::default(),
+            notify,
+        )
+    }
+
+    /// Issue 22, defect 3: a preemptor planned onto its nominated devices forgets the
+    /// nomination for its own plan; when its commit's first record (the write that ends
+    /// the nomination) fails, the nomination must hold the devices again at once, or a
+    /// gang planned after it in the same pass takes them, and is torn down for a
+    /// conflict with the nomination the next pass assumes again.
+    #[tokio::test]
+    async fn a_failed_plan_record_holds_the_nomination_again() {
+        let index = Arc::new(Index::default());
+        index.update(|c| *c = fixtures::gpu_cluster(2, 8, 2, 1));
+        let admission = unreachable(index.clone());
+        let request = fixtures::gpu_gang("high", 1, 8, None, None);
+        let Outcome::Placed(plan) = placement::plan(&index.snapshot(), &request, &PlanOptions::default()) else {
+            panic!("the gang fits");
+        };
+        let nominated = super::super::preempt::tests_support::nomination_of_plan(&plan);
+        let workload: Workload = serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "high", "namespace": "ns", "resourceVersion": "7"},
+            "spec": {"podGroups": [{"name": "workers", "replicas": 1}]},
+            "status": {"nomination": nominated},
+        }))
+        .expect("workload");
+        let gang = ObjectKey::new("ns", "high");
+        admission.assume_nomination(
+            &workload,
+            workload
+                .status
+                .as_ref()
+                .and_then(|s| s.nomination.as_ref())
+                .expect("nomination"),
+        );
+        // As the pass does when the gang is placed: its plan takes over from its nomination.
+        let (pods, claims) = plan.assumption(&request);
+        index.update(|c| {
+            c.forget(&PlanId::Nomination(gang.clone()));
+            c.assume(&PlanId::Gang(gang.clone()), &pods, &claims)
+        });
+
+        assert!(
+            admission.commit(&workload, &request, &plan).await.is_err(),
+            "the record cannot be written"
+        );
+        let plans: Vec<PlanId> = index.cluster().assumed_plans().cloned().collect();
+        assert_eq!(
+            plans,
+            [PlanId::Nomination(gang)],
+            "the nomination holds the devices again"
+        );
+        let devices = plan.claims.iter().flat_map(|c| &c.allocation.devices);
+        for device in devices {
+            assert!(index.cluster().device_allocated(&device.device_id()), "{device:?} held");
         }
     }
 }

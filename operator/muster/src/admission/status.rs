@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -46,7 +47,7 @@ pub(crate) struct ConditionUpdate {
 pub(crate) struct StatusUpdate {
     pub(crate) conditions: Vec<ConditionUpdate>,
     pub(crate) placement: Option<PlacementStatus>,
-    pub(crate) restarts: Option<i32>,
+    pub(crate) restarts: Option<muster_admission::Restarts>,
     pub(crate) nomination: NominationUpdate,
 }
 
@@ -83,6 +84,12 @@ impl Admission {
     /// Writes a status record of the state machine (against the journal observed), and
     /// keeps the metrics and the cluster model in step with it.
     pub(crate) async fn record(&self, workload: &Workload, record: Record) -> Result<Arc<Workload>, CommitError> {
+        // What the record stops holding and releasing is fenced first.
+        let claims: Api<ResourceClaim> =
+            Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        self.fence_dropped_claims(workload, record.journal.as_ref(), &claims)
+            .await?;
+        self.fence_unreleased_pods(workload, record.journal.as_ref()).await?;
         let update = StatusUpdate {
             conditions: record
                 .conditions
@@ -128,7 +135,7 @@ impl Admission {
                         && let Some(created) = &workload.metadata.creation_timestamp
                     {
                         let waited = Timestamp::now().duration_since(created.0).unsigned_abs();
-                        metrics::get().submit_to_admitted.observe(waited.as_secs_f64());
+                        metrics::get().observe_submit_to_admitted(workload.spec.priority_class_name.as_deref(), waited);
                     }
                 }
                 (ConditionType::Admitted, false) if record.journal.is_none() => {
@@ -205,8 +212,16 @@ impl Admission {
                 );
             }
             let placement = update.placement.clone();
-            let restarts = update.restarts.unwrap_or(current.restarts);
+            let restarts = update.restarts.map_or(current.restarts, |r| r.total);
             let mut status = json!({"conditions": owned, "restarts": restarts});
+            // Kept as is unless this write counts a restart: the field is this writer's.
+            if let Some(counted) = update
+                .restarts
+                .map(|r| r.counted)
+                .or(current.restarts_count_towards_max)
+            {
+                status["restartsCountTowardsMax"] = json!(counted);
+            }
             if let Some(placement) = placement {
                 status["placement"] = serde_json::to_value(placement).unwrap_or_default();
             }
@@ -234,6 +249,7 @@ impl Admission {
             {
                 Ok(written) => {
                     let written = Arc::new(written);
+                    self.holders().follow(&written);
                     self.written
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())

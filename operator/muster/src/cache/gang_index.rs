@@ -21,6 +21,9 @@ pub struct GangIndex {
     /// Every gang's claims of a namespace: a claim two Workloads share carries only the
     /// label of the first that joined it.
     namespace_claims: HashMap<String, Vec<Arc<ResourceClaim>>>,
+    /// The same claims by `(namespace, name)`: a gang's journal may name a claim that
+    /// carries another Workload's label.
+    by_name: HashMap<(String, String), Arc<ResourceClaim>>,
 }
 
 fn group<K: Resource>(objects: Vec<Arc<K>>) -> HashMap<GangKey, Vec<Arc<K>>> {
@@ -40,15 +43,24 @@ impl GangIndex {
     pub fn of(stores: &GangStores) -> Self {
         let claims = stores.claims.state();
         let mut namespace_claims: HashMap<String, Vec<Arc<ResourceClaim>>> = HashMap::new();
+        let mut by_name = HashMap::new();
         for claim in &claims {
             let namespace = claim.meta().namespace.clone().unwrap_or_default();
+            let name = claim.meta().name.clone().unwrap_or_default();
+            by_name.insert((namespace.clone(), name), claim.clone());
             namespace_claims.entry(namespace).or_default().push(claim.clone());
         }
         GangIndex {
             pods: group(stores.pods.state()),
             claims: group(claims),
             namespace_claims,
+            by_name,
         }
+    }
+
+    /// The claim `namespace/name`, whichever Workload's label it carries.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<&Arc<ResourceClaim>> {
+        self.by_name.get(&(namespace.to_string(), name.to_string()))
     }
 
     pub fn namespace_claims(&self, namespace: &str) -> &[Arc<ResourceClaim>] {

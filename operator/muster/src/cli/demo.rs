@@ -28,20 +28,8 @@ pub struct DemoArgs {
     #[arg(long)]
     teardown: bool,
     /// How long to follow the gang before giving up.
-    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     timeout: Duration,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 90s or 5m"))?;
-    match unit {
-        "" | "s" => Ok(Duration::from_secs(value)),
-        "m" => Ok(Duration::from_secs(value * 60)),
-        _ => Err(format!("{text:?} is not a duration such as 90s or 5m")),
-    }
 }
 
 pub async fn run(args: DemoArgs) -> Result<()> {

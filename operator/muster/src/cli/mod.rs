@@ -1,7 +1,9 @@
-//! Command-line interface: `muster run`, `muster plan`, `muster crd` and `muster demo`.
+//! Command-line interface: `muster run`, `muster plan`, `muster crd`, `muster demo`, and
+//! the kubectl plugin's `why` and `status`.
 
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod kubectl;
 pub mod plan;
 pub mod run;
 
@@ -26,7 +28,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the operator against a cluster (kubeconfig or in-cluster service account).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Start a local control plane with fake GPU nodes, run the operator and an example
     /// training gang, and show it progress.
     #[cfg(feature = "demo")]
@@ -34,6 +36,14 @@ enum Command {
     /// Plan Workloads against a cluster snapshot without a cluster: where would they go,
     /// or why would they not fit.
     Plan(PlanArgs),
+    /// Why a gang is not running: plans it against the live cluster, read now, and says
+    /// why it does not fit (per group and level, with numbers) and what preemption would
+    /// do. As a kubectl plugin: `kubectl muster why WORKLOAD`.
+    Why(crate::cli::kubectl::WhyArgs),
+    /// Gangs with their phase, admission state, devices held and waiting time. As a
+    /// kubectl plugin: `kubectl muster status`.
+    #[command(visible_alias = "top")]
+    Status(crate::cli::kubectl::StatusArgs),
     /// Print the CustomResourceDefinitions muster serves, or write them to a directory.
     Crd {
         /// Write one file per CRD into this directory instead of printing.
@@ -93,6 +103,11 @@ struct RunArgs {
     /// Address for `/metrics`; "0" turns it off.
     #[arg(long, default_value = "127.0.0.1:8080")]
     metrics_bind_address: String,
+    /// Serve `/metrics` only to callers whose bearer token a TokenReview accepts and
+    /// whose user a SubjectAccessReview allows `get` on the non-resource URL `/metrics`
+    /// (as kube-rbac-proxy does). The probes stay open.
+    #[arg(long)]
+    metrics_auth: bool,
     /// Address for `/healthz` and `/readyz`; "0" turns it off. May equal the metrics
     /// address.
     #[arg(long, default_value = "127.0.0.1:8081")]
@@ -110,6 +125,46 @@ struct RunArgs {
     /// Seconds a Lease holds without renewal; a follower takes over after that long.
     #[arg(long, default_value_t = 15)]
     leader_election_lease_duration: u64,
+    /// Run JobSets (and so TrainJobs) and Jobs labelled muster.dev/gang as gangs: keep
+    /// each one's Workload. Their pods are gated by the webhook (`--webhook-bind-address`,
+    /// on some replica).
+    #[arg(long)]
+    adopt_jobs: bool,
+    /// Address of the admission webhook (HTTPS, path /mutate); "0" turns it off.
+    #[arg(long, default_value = "0")]
+    webhook_bind_address: String,
+    /// Read the webhook's serving certificate from tls.crt and tls.key in this directory
+    /// (for example a Secret cert-manager keeps); otherwise muster makes and renews one.
+    #[arg(long)]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Secret in which muster keeps the webhook's CA and serving certificate.
+    #[arg(long, default_value = "muster-webhook-tls")]
+    webhook_secret: String,
+    /// Namespace of that Secret; default: $POD_NAMESPACE, else "default".
+    #[arg(long)]
+    webhook_namespace: Option<String>,
+    /// Names the serving certificate is for (the webhook Service's DNS names, or an IP
+    /// address); repeat the flag for several.
+    #[arg(long)]
+    webhook_dns_name: Vec<String>,
+    /// The webhook configuration's namespaceSelector, as JSON (a LabelSelector): labelled
+    /// jobs in namespaces it leaves out never pass the webhook and are not adopted.
+    #[arg(long)]
+    webhook_namespace_selector: Option<String>,
+    /// MutatingWebhookConfiguration whose caBundle muster keeps current.
+    #[arg(long, default_value = "muster-webhook")]
+    webhook_configuration: String,
+    /// Lifetime of the serving certificate muster makes, in seconds, at least 10
+    /// (renewed at two thirds of it; its CA lives ten times as long).
+    #[arg(long, default_value_t = 365 * 24 * 3600)]
+    webhook_cert_lifetime: u64,
+    /// Lifetime of the webhook's CA, in seconds; default ten times the serving
+    /// certificate's.
+    #[arg(long, hide = true)]
+    webhook_ca_lifetime: Option<u64>,
+    /// How often the webhook's certificate is checked, in seconds.
+    #[arg(long, default_value_t = 60, hide = true)]
+    webhook_cert_check: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -161,12 +216,14 @@ pub fn main() -> Result<()> {
     match cli.command {
         Command::Crd { dir } => print_crds(dir),
         Command::Plan(args) => plan(args),
+        Command::Why(args) => crate::cli::kubectl::why(args),
+        Command::Status(args) => crate::cli::kubectl::status(args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::cli::demo::run(args)),
         Command::Run(args) => {
             init_logging(args.log_format, args.log_level);
             let runtime = tokio::runtime::Runtime::new()?;
-            runtime.block_on(run(args))
+            runtime.block_on(run(*args))
         }
     }
 }
@@ -211,6 +268,12 @@ async fn run(args: RunArgs) -> Result<()> {
         }),
         Err(_) => None,
     };
+    let fail = match std::env::var("MUSTER_FAIL_WRITE") {
+        Ok(name) => Some(
+            crate::admission::FailWrite::parse(&name).with_context(|| format!("unknown MUSTER_FAIL_WRITE {name:?}"))?,
+        ),
+        Err(_) => None,
+    };
     let settings = crate::cli::run::Settings {
         controller: controller::Settings {
             create_parallelism: args.create_parallelism,
@@ -225,8 +288,17 @@ async fn run(args: RunArgs) -> Result<()> {
             fencing: args.fencing,
             fault,
             pause,
+            fail,
             ..crate::admission::Settings::default()
         },
+        adopt_jobs: args.adopt_jobs,
+        adopt_namespace_selector: args
+            .webhook_namespace_selector
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .map(serde_json::from_str)
+            .transpose()
+            .context("--webhook-namespace-selector: not a LabelSelector in JSON")?,
         leader_election: args.leader_elect.then(|| {
             let namespace = args
                 .leader_election_namespace
@@ -256,18 +328,78 @@ async fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("binding --health-probe-bind-address {}", args.health_probe_bind_address))?
     };
     let shared = args.health_probe_bind_address == args.metrics_bind_address;
+    let auth = args
+        .metrics_auth
+        .then(|| Arc::new(serve::auth::MetricsAuth::new(client.clone())));
     if let Some(listener) = metrics {
         let endpoints = if shared { Endpoints::All } else { Endpoints::Metrics };
-        tokio::spawn(serve::serve(listener, endpoints, health.clone()));
+        tokio::spawn(serve::serve(listener, endpoints, health.clone(), auth));
     }
     if let Some(listener) = probes {
-        tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone()));
+        tokio::spawn(serve::serve(listener, Endpoints::Probes, health.clone(), None));
+    }
+    // Every replica serves the webhook, so that a change of leader never blocks jobs.
+    if let Some(mut settings) = webhook_settings(&args)? {
+        health.expect_webhook();
+        settings.health = Some(health.clone());
+        let client = client.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::webhook::run(client, settings).await {
+                tracing::error!(error = %e, "the admission webhook cannot serve");
+                std::process::exit(1);
+            }
+        });
     }
 
     match crate::cli::run::run(client, settings, health).await {
         crate::cli::run::Ended::Stopped => Ok(()),
         crate::cli::run::Ended::LostLease => anyhow::bail!("lost the leader Lease"),
     }
+}
+
+fn webhook_settings(args: &RunArgs) -> Result<Option<crate::webhook::Settings>> {
+    if args.webhook_bind_address == "0" || args.webhook_bind_address.is_empty() {
+        return Ok(None);
+    }
+    let address = args
+        .webhook_bind_address
+        .parse()
+        .with_context(|| format!("--webhook-bind-address {}", args.webhook_bind_address))?;
+    let certificates = match &args.webhook_cert_dir {
+        Some(dir) => crate::webhook::Certificates::Files(dir.clone()),
+        None => {
+            if args.webhook_dns_name.is_empty() {
+                anyhow::bail!(
+                    "--webhook-dns-name: the names of the webhook's certificate are needed (or --webhook-cert-dir)"
+                );
+            }
+            crate::webhook::Certificates::Managed {
+                namespace: args
+                    .webhook_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| "default".to_string()),
+                secret: args.webhook_secret.clone(),
+                names: args.webhook_dns_name.clone(),
+                configuration: args.webhook_configuration.clone(),
+                lifetimes: {
+                    let serving = args.webhook_cert_lifetime.max(10);
+                    crate::webhook::certs::Lifetimes {
+                        serving: std::time::Duration::from_secs(serving),
+                        ca: std::time::Duration::from_secs(
+                            args.webhook_ca_lifetime.unwrap_or(serving.saturating_mul(10)).max(10),
+                        ),
+                    }
+                },
+            }
+        }
+    };
+    Ok(Some(crate::webhook::Settings {
+        address,
+        certificates,
+        check_every: std::time::Duration::from_secs(args.webhook_cert_check.max(1)),
+        health: None,
+    }))
 }
 
 async fn check_crd_installed(client: &kube::Client) -> Result<()> {

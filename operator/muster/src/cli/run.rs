@@ -24,6 +24,10 @@ pub struct Settings {
     pub admission: admission::Settings,
     /// `None`: run as the only replica, without a Lease.
     pub leader_election: Option<leader::Settings>,
+    /// Keep the Workloads of labelled JobSets and Jobs.
+    pub adopt_jobs: bool,
+    /// The webhook's `namespaceSelector`: labelled jobs elsewhere are not muster's.
+    pub adopt_namespace_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
 }
 
 /// Why [`run`] returned.
@@ -64,6 +68,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             elector.acquire().await;
         }
         let guard = elector.as_ref().map(Elector::guard);
+        let adopt_guard = guard.clone();
         crate::ops::metrics::get().leader.set(1);
         let wake = Arc::new(Notify::new());
         let kueue = crate::cache::gang_objects::kueue_served(&client).await;
@@ -86,6 +91,13 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             watches,
             wake.clone(),
         );
+        crate::ops::metrics::get()
+            .live
+            .set_source(Some(Arc::new(crate::report::readings::CacheSource {
+                workloads: controller.store(),
+                claims: stores.claims.clone(),
+                cluster: index.clone(),
+            })));
         let admission = Admission::new(
             client.clone(),
             index.clone(),
@@ -131,6 +143,19 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
                 None => std::future::pending().await,
             }
         };
+        // Labelled JobSets (once the cluster serves them) and Jobs become gangs.
+        let adopt = async {
+            if !settings.adopt_jobs {
+                return std::future::pending().await;
+            }
+            let adoption = crate::frameworks::controller::Settings {
+                kueue,
+                namespace_selector: settings.adopt_namespace_selector.clone(),
+                priorities: priorities.clone(),
+                lease: adopt_guard.clone(),
+            };
+            crate::frameworks::controller::run_all(client.clone(), index.clone(), adoption).await;
+        };
         // Kueue's Workloads are cached here; changes wake the admission loop.
         let follow_kueue = async {
             match kueue_watch {
@@ -143,9 +168,11 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             _ = controller.run() => Ended::Stopped,
             _ = admission.run() => Ended::Stopped,
             _ = follow_kueue => Ended::Stopped,
+            _ = adopt => Ended::Stopped,
             _ = keep => Ended::LostLease,
         };
         crate::ops::metrics::get().leader.set(0);
+        crate::ops::metrics::get().live.set_source(None);
         let _ = stop.send(());
         if let Some(keeper) = keeper {
             // The keeper stops renewing before the Lease is given up, so it cannot take

@@ -1,6 +1,8 @@
 //! Test-only hooks: steps after which `MUSTER_FAULT_POINT` aborts the process, to prove
-//! that a restart converges, and `MUSTER_PAUSE_POINT` holds it until a file exists
-//! (`MUSTER_PAUSE_UNTIL`), to change the cluster in the middle of a transition.
+//! that a restart converges, `MUSTER_PAUSE_POINT` holds it until a file exists
+//! (`MUSTER_PAUSE_UNTIL`), to change the cluster in the middle of a transition, and
+//! writes that `MUSTER_FAIL_WRITE` makes fail once, as a refused request would, to
+//! prove that the process itself recovers.
 
 use muster_admission::State;
 
@@ -100,6 +102,25 @@ impl FaultPoint {
 
     pub fn parse(text: &str) -> Option<Self> {
         Self::all().into_iter().find(|f| f.name() == text)
+    }
+}
+
+/// Test-only: a write that fails once, as if the API server had refused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailWrite {
+    /// The first record of a commit (its plan, state `Reserving`).
+    PlanRecord,
+}
+
+impl FailWrite {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailWrite::PlanRecord => "plan-record",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [FailWrite::PlanRecord].into_iter().find(|f| f.name() == text)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The Workload controller: creates a gang's gated pods, its ResourceClaims and its
 //! headless Service, and reports status. It never places pods; admission does.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 use crate::cache::cluster::Index;
 use crate::cache::gang_objects::{GangStores, GangWatches};
 use crate::kube_ops;
+use crate::workload::charge;
 use crate::workload::extended::ExtendedResources;
 use crate::workload::gang::{self, ClaimSource, Gang};
 use crate::workload::membership;
@@ -102,6 +103,22 @@ pub struct Context {
     admission: Arc<tokio::sync::Notify>,
     /// Puts off status writes that can wait.
     pacer: StatusPacer,
+    /// What was told once already (refused pods, an ignored queue change).
+    told: Mutex<HashSet<String>>,
+}
+
+/// Things told once, remembered at most this many at a time.
+const MAX_TOLD: usize = 10_000;
+
+impl Context {
+    /// Whether `key` is told for the first time (and remembers it).
+    fn first_time(&self, key: String) -> bool {
+        let mut told = self.told.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if told.len() > MAX_TOLD {
+            told.clear();
+        }
+        told.insert(key)
+    }
 }
 
 /// The Workload a gang object names in its `muster.dev/workload` label.
@@ -146,6 +163,7 @@ impl WorkloadController {
             failures: Mutex::default(),
             admission,
             pacer: StatusPacer::default(),
+            told: Mutex::default(),
         });
         WorkloadController { controller, context }
     }
@@ -195,10 +213,16 @@ async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action,
     result
 }
 
-async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Action, Error> {
+/// Stops the process before a write once the Lease may be someone else's (see
+/// `Admission::ensure_leading`): every write of the controller checks it first.
+fn ensure_leading(ctx: &Context) {
     if let Some(lease) = &ctx.settings.lease {
         lease.exit_unless_held();
     }
+}
+
+async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Action, Error> {
+    ensure_leading(ctx);
     // The finalizer keeps a deleted Workload until its gang objects are gone, so that its
     // devices are given back even when the operator was down during the delete.
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &workload.namespace().unwrap_or_default());
@@ -231,6 +255,14 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let name = workload.name_any();
     let namespace = workload.namespace().unwrap_or_default();
 
+    // A job muster cannot gang: its Workload holds nothing and says why.
+    if let Some(message) = workload.annotations().get(labels::INVALID) {
+        let progress = Progress::Invalid {
+            message: message.clone(),
+        };
+        let put_off = write_status(workload, ctx, &progress).await?;
+        return Ok(requeue(put_off, None));
+    }
     let mut extended = ExtendedResources::of_cluster(&ctx.index.snapshot());
     extended.record_existing(
         ctx.stores.pods_of(&namespace, &name).iter().map(AsRef::as_ref),
@@ -253,26 +285,52 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
             return Ok(requeue(put_off, None));
         }
     };
-    ensure_kueue_workload(workload, ctx).await?;
-    if workload.spec.suspend == Some(true) {
-        // Hold nothing: gated pods go now. Released pods are the admission loop's: it
-        // records the suspension first, deletes them, then gives their devices back.
+    if crate::workload::observe::finished(workload) {
+        // A finished gang is not run again, nor queued again in Kueue (its Kueue Workload,
+        // once told, may go with Kueue's retention); its pods stay for their logs.
+        release_unqueued_kueue_workload(workload, ctx).await?;
+        let put_off = write_status(workload, ctx, &Progress::AllCreated).await?;
+        return Ok(requeue(put_off, None));
+    }
+    tell_refused_pods(workload, ctx).await;
+    let suspended = workload.spec.suspend == Some(true);
+    let kueue_again = match ensure_kueue_workload(workload, ctx).await? {
+        Kueue::Waiting(waiting) if !suspended => {
+            let put_off = write_status(workload, ctx, &waiting).await?;
+            return Ok(requeue(put_off, Some(Duration::from_secs(15))));
+        }
+        // Suspended, it holds nothing either way; what it waits for is told once resumed.
+        Kueue::Waiting(_) => Some(Duration::from_secs(15)),
+        Kueue::Kept { again } => again,
+    };
+    if suspended {
+        // Hold nothing: gated pods muster made go now. Released pods are the admission
+        // loop's: it records the suspension first, deletes them, then gives their devices
+        // back. Pods another controller made are its own to take away (the adoption
+        // controller suspends a job whose gang is suspended): deleting them would count
+        // as their failures, and race a job that is resumed.
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        let uid = workload.uid().unwrap_or_default();
         for pod in ctx
             .stores
             .pods_of(&namespace, &name)
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none() && status::is_gated(p))
+            .filter(|p| p.owner_references().iter().any(|o| o.uid == uid))
         {
-            kube_ops::done_if_gone(pods.delete(&pod.name_any(), &DeleteParams::default()).await)?;
+            // Only the pod as seen, still gated: never one released meanwhile.
+            let params = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: pod.uid(),
+                    resource_version: pod.metadata.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            ensure_leading(ctx);
+            kube_ops::done_if_gone_or_changed(pods.delete(&pod.name_any(), &params).await)?;
         }
         let put_off = write_status(workload, ctx, &Progress::Suspended).await?;
-        return Ok(requeue(put_off, None));
-    }
-    if crate::workload::observe::finished(workload) {
-        // A finished gang is not run again; its pods stay for their logs.
-        let put_off = write_status(workload, ctx, &Progress::AllCreated).await?;
-        return Ok(requeue(put_off, None));
+        return Ok(requeue(put_off, kueue_again));
     }
 
     let outcome = match create_missing(workload, &namespace, &gang, ctx).await {
@@ -335,6 +393,10 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         _ if !outcome.failures.is_empty() => Some(Duration::from_secs(10)),
         _ => None,
     };
+    let again = match (again, kueue_again) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     Ok(requeue(put_off, again))
 }
 
@@ -348,29 +410,106 @@ fn requeue(put_off: Option<Duration>, again: Option<Duration>) -> Action {
     }
 }
 
-/// A Workload that queues in Kueue has a Kueue Workload asking for its quota, active
-/// unless the Workload is suspended (Kueue then gives the quota back).
-async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(), Error> {
-    let (Some(_), Some(queue)) = (&ctx.stores.kueue, crate::kueue::queue_of(workload)) else {
+/// Tells each pod labelled for the gang that is not one of its members why, once.
+async fn tell_refused_pods(workload: &Workload, ctx: &Context) {
+    let namespace = workload.namespace().unwrap_or_default();
+    let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
+    for (pod, why) in membership::reported_refusals(workload, &pods) {
+        if !ctx.first_time(format!("{}/refused", pod.uid().unwrap_or_default())) {
+            continue;
+        }
+        let event = Event {
+            type_: EventType::Warning,
+            reason: conditions::EVENT_NOT_A_MEMBER.into(),
+            note: Some(
+                format!(
+                    "not a member of Workload {}'s gang: {why}; it stays at the gate muster.dev/gang",
+                    workload.name_any()
+                )
+                .chars()
+                .take(1000)
+                .collect(),
+            ),
+            action: "Join".into(),
+            secondary: Some(workload.object_ref(&())),
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+            warn!(error = %e, "publishing an event on a pod failed");
+        }
+    }
+}
+
+/// A finished gang that no longer carries a queue label (removed once it ended, when
+/// the admission policy allows it) gives its Kueue Workload back: nothing would tell
+/// Kueue it finished, and its quota would stay charged.
+async fn release_unqueued_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(), Error> {
+    if crate::kueue::queue_of(workload).is_some() {
+        return Ok(());
+    }
+    let Some(existing) = ctx.stores.kueue_workload(workload) else {
         return Ok(());
     };
+    if existing.metadata.deletion_timestamp.is_some() || crate::kueue::Verdict::of(&existing).finished {
+        return Ok(());
+    }
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &existing.namespace().unwrap_or_default(),
+        &crate::kueue::api_resource(),
+    );
+    kube_ops::remove_finalizer(&api, &existing, crate::kueue::RESOURCE_IN_USE).await?;
+    ensure_leading(ctx);
+    kube_ops::done_if_gone(api.delete(&existing.name_any(), &DeleteParams::default()).await)?;
+    info!(workload = %workload.name_any(), "the finished gang left its LocalQueue: its Kueue Workload is given back");
+    Ok(())
+}
+
+/// Where a gang stands with its Kueue Workload.
+enum Kueue {
+    /// What the gang waits for before it can be charged (reported as its `Created`
+    /// condition).
+    Waiting(Progress),
+    /// Kept in step (or none needed); `again`: look again then, for what Kueue does
+    /// next does not wake the Workload.
+    Kept { again: Option<Duration> },
+}
+
+/// A Workload that queues in Kueue has a Kueue Workload asking for its quota. It is
+/// active unless the Workload is suspended, and then only once the gang holds nothing:
+/// the quota stays charged while its devices are still being given back.
+async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<Kueue, Error> {
+    Ok(match charge_in_kueue(workload, ctx).await? {
+        Ok(again) => Kueue::Kept { again },
+        Err(waiting) => Kueue::Waiting(waiting),
+    })
+}
+
+/// [`ensure_kueue_workload`]'s work: `Err` is a wait, with why.
+async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Option<Duration>, Progress>, Error> {
+    let Some(queue) = crate::kueue::queue_of(workload) else {
+        return Ok(Ok(None));
+    };
+    if ctx.stores.kueue.is_none() {
+        return Ok(Err(Progress::Waiting {
+            reason: conditions::REASON_KUEUE_UNAVAILABLE,
+            message: format!(
+                "the gang asks for Kueue's LocalQueue {queue} (label {}), but this muster does not work with Kueue (the cluster does not serve kueue.x-k8s.io/v1beta2, or muster may not read it: the chart's rbac.kueue); it is held rather than run uncharged",
+                crate::kueue::QUEUE_LABEL
+            ),
+        }));
+    }
     let namespace = workload.namespace().unwrap_or_default();
     let resource = crate::kueue::api_resource();
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
-    let suspend = workload.spec.suspend == Some(true);
     if let Some(existing) = ctx.stores.kueue_workload(workload) {
-        // Only the user's suspend moves `active`: Kueue deactivates on its own too (a
-        // rejected check, too many requeues), and muster must not undo that.
-        if crate::kueue::suspend_written(&existing) != Some(suspend) {
-            let patch = json!({
-                "metadata": {"annotations": {crate::kueue::SUSPEND_WRITTEN: suspend.to_string()}},
-                "spec": {"active": !suspend},
-            });
-            api.patch(&existing.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-        }
-        return Ok(());
+        return Ok(Ok(keep_kueue_workload(workload, ctx, &api, &existing, queue).await?));
     }
+    // Template-less groups are charged by their job's templates, or their members.
+    let charges = match charges(workload, ctx).await? {
+        Ok(charges) => charges,
+        Err(Some(waiting)) => return Ok(Err(waiting)),
+        Err(None) => return Ok(Ok(None)),
+    };
     // No Kueue webhook runs for muster's Workloads: the priority is filled in here.
     let priority = match &workload.spec.priority_class_name {
         Some(class) => {
@@ -388,51 +527,58 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
     // Workload; a claim not there yet is waited for.
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
     let claims: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    for (index, name) in crate::kueue::named_claims(workload).iter().enumerate() {
+    let owner = gang::owner_reference(workload).map_err(|_| Error::NotOwned {
+        kind: "Workload",
+        name: workload.name_any(),
+    })?;
+    for (index, name) in crate::kueue::named_claims(workload, &charges).iter().enumerate() {
         let Some(claim) = claims.get_opt(name).await? else {
-            return Err(Error::NotOwned {
-                kind: "ResourceClaim (not there yet, to charge in Kueue)",
-                name: name.clone(),
-            });
+            return Ok(Err(Progress::Waiting {
+                reason: conditions::REASON_CLAIM_NOT_FOUND,
+                message: format!(
+                    "ResourceClaim {namespace}/{name} does not exist: Kueue cannot charge the gang for it, so the gang does not queue in LocalQueue {queue} until it does"
+                ),
+            }));
         };
+        let template_name = crate::kueue::accounting_template_name(workload, index);
         let template: ResourceClaimTemplate = serde_json::from_value(json!({
-            "metadata": {
-                "name": crate::kueue::accounting_template_name(workload, index),
-                "ownerReferences": [gang::owner_reference(workload).map_err(|_| Error::NotOwned { kind: "Workload", name: workload.name_any() })?],
-            },
+            "metadata": {"name": template_name, "ownerReferences": [owner]},
             "spec": {"spec": claim.spec},
         }))
         .map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+        ensure_leading(ctx);
         match templates.create(&PostParams::default(), &template).await {
             Ok(_) => {}
             // Ours already, or one of a deleted Workload of the same name still going:
             // that one would charge the old claim, so this is tried again later.
             Err(e) if kube_ops::is_conflict(&e) => {
-                let name = crate::kueue::accounting_template_name(workload, index);
-                let owned = templates.get_opt(&name).await?.is_some_and(|t| {
+                let owned = templates.get_opt(&template_name).await?.is_some_and(|t| {
                     t.owner_references()
                         .iter()
                         .any(|o| Some(&o.uid) == workload.metadata.uid.as_ref())
                 });
                 if !owned {
-                    return Err(Error::NotOwned {
-                        kind: "ResourceClaimTemplate",
-                        name,
-                    });
+                    return Ok(Err(Progress::Waiting {
+                        reason: conditions::REASON_NAME_CONFLICT,
+                        message: format!(
+                            "ResourceClaimTemplate {namespace}/{template_name}, through which Kueue charges the claim {name}, exists and does not belong to this Workload"
+                        ),
+                    }));
                 }
             }
             Err(e) => return Err(e.into()),
         }
     }
-    let Some(desired) = crate::kueue::desired(workload, queue, priority, topology) else {
-        return Ok(());
+    let Some(desired) = crate::kueue::desired(workload, queue, priority, topology, &charges) else {
+        return Ok(Ok(None));
     };
     let object: kube::api::DynamicObject =
         serde_json::from_value(desired).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+    ensure_leading(ctx);
     match api.create(&PostParams::default(), &object).await {
         Ok(_) => {
             info!(workload = %workload.name_any(), %namespace, queue, "queued in Kueue");
-            Ok(())
+            Ok(Ok(None))
         }
         // Made already (the cache shows it soon), or one of a deleted Workload of the same
         // name is still going: muster lets go of it, and this is tried again.
@@ -440,8 +586,204 @@ async fn ensure_kueue_workload(workload: &Workload, ctx: &Context) -> Result<(),
             kind: "Kueue Workload",
             name: crate::kueue::object_name(workload),
         }),
+        // Kueue's API refuses it (a limit of its own): no retry can help until the
+        // Workload changes, so the gang says why rather than the log.
+        Err(kube::Error::Api(status)) if status.code == 422 || status.code == 400 => Ok(Err(Progress::Waiting {
+            reason: conditions::REASON_KUEUE_REFUSED,
+            message: format!(
+                "Kueue refused the Workload that asks for the gang's quota in LocalQueue {queue}: {}",
+                status.message
+            ),
+        })),
         Err(e) => Err(e.into()),
     }
+}
+
+/// What Kueue charges each template-less group by: the owning job's pod template for the
+/// groups the job makes, the largest member for the others. `Err(None)`: a group has no
+/// member yet (the Kueue Workload waits); `Err(Some(_))`: waiting, with why.
+async fn charges(
+    workload: &Workload,
+    ctx: &Context,
+) -> Result<Result<BTreeMap<String, serde_json::Value>, Option<Progress>>, Error> {
+    let namespace = workload.namespace().unwrap_or_default();
+    let mut charges = BTreeMap::new();
+    if let Some((framework, job_name, job_uid)) = charge::owning_job(workload)
+        && workload
+            .spec
+            .pod_groups
+            .iter()
+            .any(|g| charge::made_by_job(workload, g))
+    {
+        let jobs: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &namespace, &framework.resource());
+        let job = jobs.get_opt(&job_name).await?;
+        let Some(job) = job.filter(|j| j.uid().as_deref() == Some(job_uid.as_str())) else {
+            // The job is gone (its Workload goes with it) or not seen yet.
+            return Ok(Err(Some(Progress::Waiting {
+                reason: conditions::REASON_WAITING_FOR_PODS,
+                message: format!(
+                    "{} {job_name}, whose pod templates Kueue charges the gang by, cannot be read",
+                    framework.kind()
+                ),
+            })));
+        };
+        let job = serde_json::to_value(&job).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+        charges.extend(charge::job_templates(workload, framework, &job));
+    }
+    let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
+    for group in workload.spec.pod_groups.iter().filter(|g| g.template.is_none()) {
+        if charges.contains_key(&group.name) {
+            continue;
+        }
+        match charge::largest_member(&membership::external_members(&pods, group)) {
+            Some(largest) => {
+                charges.insert(group.name.clone(), largest);
+            }
+            None => return Ok(Err(None)),
+        }
+    }
+    Ok(Ok(charges))
+}
+
+/// Keeps a gang's Kueue Workload in step with it: its LocalQueue, what it charges the
+/// groups charged by their members, and `active`.
+async fn keep_kueue_workload(
+    workload: &Workload,
+    ctx: &Context,
+    api: &Api<kube::api::DynamicObject>,
+    existing: &kube::api::DynamicObject,
+    queue: &str,
+) -> Result<Option<Duration>, Error> {
+    let verdict = crate::kueue::Verdict::of(existing);
+    let reserved = verdict.quota_reserved || verdict.holds_quota;
+    let name = existing.name_any();
+
+    // The queue label moved: Kueue's Workload follows while it holds no quota (as
+    // Kueue's own integrations do); once it does, the gang stays charged where it was
+    // admitted, and says so.
+    let charged_in = existing.data["spec"]["queueName"].as_str().unwrap_or_default();
+    if charged_in != queue && !verdict.finished {
+        if !reserved {
+            let patch =
+                json!({"metadata": {"resourceVersion": existing.resource_version()}, "spec": {"queueName": queue}});
+            ensure_leading(ctx);
+            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    info!(workload = %workload.name_any(), from = charged_in, to = queue, "the gang moved to another LocalQueue")
+                }
+                // Kueue changed it meanwhile (nothing of that wakes the Workload).
+                Err(e) if kube_ops::is_conflict(&e) => return Ok(Some(Duration::from_secs(1))),
+                Err(e) if kube_ops::is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else if ctx.first_time(format!("{}/queue/{queue}", workload.uid().unwrap_or_default())) {
+            let note = format!(
+                "the label {} changed to {queue} while Kueue holds quota for the gang in LocalQueue {charged_in}: the gang stays charged there until it is suspended or ends",
+                crate::kueue::QUEUE_LABEL
+            );
+            publish(
+                ctx,
+                workload,
+                EventType::Warning,
+                conditions::EVENT_QUEUE_CHANGE_IGNORED,
+                "Queue",
+                note,
+            )
+            .await;
+        }
+    }
+
+    // Groups charged by their members: when the members no longer match what Kueue
+    // charges, its Workload is made again (taken back first if Kueue admitted it).
+    if !verdict.finished && members_outgrew_charge(workload, ctx, existing) {
+        if reserved {
+            if verdict.active {
+                let patch = json!({"spec": {"active": false}});
+                ensure_leading(ctx);
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                let note = "the pods of a group charged by its members changed since Kueue charged them: Kueue's Workload is deactivated, then made again for them".to_string();
+                publish(
+                    ctx,
+                    workload,
+                    EventType::Warning,
+                    conditions::EVENT_KUEUE_WORKLOAD_REBUILT,
+                    "Charge",
+                    note,
+                )
+                .await;
+            }
+            // Kueue evicts it and the gang gives its admission back; nothing of that
+            // wakes the Workload.
+            return Ok(Some(Duration::from_secs(2)));
+        } else {
+            kube_ops::remove_finalizer(api, existing, crate::kueue::RESOURCE_IN_USE).await?;
+            let params = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: existing.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            ensure_leading(ctx);
+            kube_ops::done_if_gone_or_changed(api.delete(&name, &params).await)?;
+            let note = "the pods of a group charged by its members changed since Kueue charged them: Kueue's Workload is made again".to_string();
+            publish(
+                ctx,
+                workload,
+                EventType::Normal,
+                conditions::EVENT_KUEUE_WORKLOAD_REBUILT,
+                "Charge",
+                note,
+            )
+            .await;
+            return Ok(Some(Duration::from_secs(1)));
+        }
+    }
+
+    // Only the user's suspend moves `active`: Kueue deactivates on its own too (a
+    // rejected check, too many requeues), and muster must not undo that. A suspended
+    // gang keeps its quota until it holds nothing.
+    let suspend = workload.spec.suspend == Some(true);
+    let holds = workload
+        .status
+        .as_ref()
+        .and_then(|s| s.placement.as_ref())
+        .and_then(|p| p.state)
+        .is_some();
+    if crate::kueue::suspend_written(existing) != Some(suspend) && !(suspend && holds) {
+        let patch = json!({
+            "metadata": {"annotations": {crate::kueue::SUSPEND_WRITTEN: suspend.to_string()}},
+            "spec": {"active": !suspend},
+        });
+        ensure_leading(ctx);
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    Ok(None)
+}
+
+/// Whether a group charged by its members has a member larger than (or unlike) what its
+/// podSet in `existing` charges.
+fn members_outgrew_charge(workload: &Workload, ctx: &Context, existing: &kube::api::DynamicObject) -> bool {
+    let namespace = workload.namespace().unwrap_or_default();
+    let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
+    workload
+        .spec
+        .pod_groups
+        .iter()
+        .filter(|g| g.template.is_none() && !charge::made_by_job(workload, g))
+        .any(|group| {
+            let Some(largest) = charge::largest_member(&membership::external_members(&pods, group)) else {
+                return false;
+            };
+            let charged = existing.data["spec"]["podSets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == group.name.as_str());
+            let largest = crate::kueue::pod_set_template(largest);
+            charged.is_some_and(|p| charge::charge_key(&p["template"]) != charge::charge_key(&largest))
+        })
 }
 
 /// Whether a flavor of the ClusterQueue behind LocalQueue `queue` has a Kueue Topology
@@ -576,6 +918,7 @@ async fn join_claims(
             continue;
         }
         let patch = json!({"metadata": {"labels": {labels::WORKLOAD: name}}});
+        ensure_leading(ctx);
         match api.patch(&object, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => info!(workload = %name, namespace, claim = %object, "ResourceClaim joins the gang"),
             Err(e) if kube_ops::is_not_found(&e) => {
@@ -617,11 +960,15 @@ async fn create_missing(
     let uid = workload.uid().unwrap_or_default();
 
     let service_ref = ObjectRef::new(&workload.name_any()).within(namespace);
+    // The Service gives muster's own pods their hostnames; a gang of other controllers'
+    // pods has theirs (a JobSet's Service has the JobSet's name).
+    let own_pods = workload.spec.pod_groups.iter().any(|g| g.template.is_some());
     match ctx.stores.services.get(&service_ref) {
         Some(existing) => ensure_owned(existing.as_ref(), &uid, "Service")?,
+        None if !own_pods => {}
         None => {
             let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-            if create(&api, &gang.service, &uid, "Service").await? {
+            if create(&api, &gang.service, &uid, "Service", ctx).await? {
                 outcome.created_services += 1;
             }
         }
@@ -671,14 +1018,7 @@ async fn create_missing(
             }
         }
     }
-    let results = create_all(
-        &claims_api,
-        to_create,
-        &uid,
-        "ResourceClaim",
-        ctx.settings.create_parallelism,
-    )
-    .await;
+    let results = create_all(&claims_api, to_create, &uid, "ResourceClaim", ctx).await;
     tally(results, &mut outcome, |o| &mut o.created_claims)?;
 
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
@@ -690,7 +1030,7 @@ async fn create_missing(
             None => to_create.push(pod.clone()),
         }
     }
-    let results = create_all(&pods_api, to_create, &uid, "Pod", ctx.settings.create_parallelism).await;
+    let results = create_all(&pods_api, to_create, &uid, "Pod", ctx).await;
     tally(results, &mut outcome, |o| &mut o.created_pods)?;
     Ok(outcome)
 }
@@ -729,21 +1069,21 @@ async fn create_all<K>(
     objects: Vec<K>,
     uid: &str,
     kind: &'static str,
-    parallelism: usize,
+    ctx: &Context,
 ) -> Vec<Result<bool, Error>>
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     stream::iter(objects)
-        .map(|object| async move { create(api, &object, uid, kind).await })
-        .buffer_unordered(parallelism.max(1))
+        .map(|object| async move { create(api, &object, uid, kind, ctx).await })
+        .buffer_unordered(ctx.settings.create_parallelism.max(1))
         .collect()
         .await
 }
 
 /// Creates `object`; `Ok(false)` when it already exists and belongs to the Workload
 /// (a store that lags behind, or a restart).
-async fn create<K>(api: &Api<K>, object: &K, uid: &str, kind: &'static str) -> Result<bool, Error>
+async fn create<K>(api: &Api<K>, object: &K, uid: &str, kind: &'static str, ctx: &Context) -> Result<bool, Error>
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -751,6 +1091,7 @@ where
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
+    ensure_leading(ctx);
     match api.create(&params, object).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if is_namespace_terminating(&status) => Err(Error::NamespaceTerminating {
@@ -797,10 +1138,15 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         status::overlay_owned(seen.to_mut().status.get_or_insert_with(Default::default), &mine);
     }
     let workload = seen.as_ref();
-    let pods = ctx.stores.pods_of(&namespace, &name);
-    let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
+    let all_pods = ctx.stores.pods_of(&namespace, &name);
+    let refusals = membership::reported_refusals(workload, &all_pods);
+    let first = refusals
+        .first()
+        .map(|(pod, why)| format!("pod {}: {why}", pod.name_any()));
+    let refused = first.as_deref().map(|first| (refusals.len(), first));
+    let pods: Vec<&Pod> = all_pods.iter().map(Arc::as_ref).collect();
     let now = Time(Timestamp::now());
-    let desired = status::compute(workload, &pods, progress, &now);
+    let desired = status::compute(workload, &pods, progress, refused, &now);
     let current = workload.status.as_ref().map(status::owned_part);
     if current.as_ref() == Some(&desired) {
         return Ok(None);
@@ -820,6 +1166,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         map.remove("restarts");
     }
     let patch = json!({"apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "status": owned});
+    ensure_leading(ctx);
     let written = api
         .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
         .await?;
@@ -837,7 +1184,7 @@ async fn write_status(workload: &Workload, ctx: &Context, progress: &Progress) -
         && let Some(created) = &workload.metadata.creation_timestamp
     {
         let took = Timestamp::now().duration_since(created.0).unsigned_abs();
-        crate::ops::metrics::get().submit_to_running.observe(took.as_secs_f64());
+        crate::ops::metrics::get().observe_submit_to_running(workload.spec.priority_class_name.as_deref(), took);
     }
     let reason = created_reason(Some(&desired));
     if let Progress::Invalid { message } | Progress::Waiting { message, .. } = progress
@@ -873,6 +1220,7 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         .filter(|p| p.owner_references().iter().any(|r| r.uid == uid))
         .collect();
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        ensure_leading(ctx);
         kube_ops::done_if_gone(pods_api.delete(&pod.name_any(), &DeleteParams::default()).await)?;
     }
     let claims_api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -882,10 +1230,12 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let owned = |o: &&Arc<ResourceClaim>| o.owner_references().iter().any(|r| r.uid == uid);
     let claims: Vec<&Arc<ResourceClaim>> = claims.iter().filter(owned).collect();
     for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+        ensure_leading(ctx);
         kube_ops::done_if_gone(claims_api.delete(&claim.name_any(), &DeleteParams::default()).await)?;
     }
     if let Some(service) = service.filter(|s| s.metadata.deletion_timestamp.is_none()) {
         let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+        ensure_leading(ctx);
         kube_ops::done_if_gone(services.delete(&service.name_any(), &DeleteParams::default()).await)?;
     }
     if !pods.is_empty() || !claims.is_empty() {
@@ -895,10 +1245,13 @@ async fn clean_up(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
             claims: claims.len(),
         });
     }
+    // The finalizer's removal follows.
+    ensure_leading(ctx);
     Ok(Action::await_change())
 }
 
 async fn publish(ctx: &Context, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
+    ensure_leading(ctx);
     publish_event(&ctx.recorder, workload, type_, reason, action, note).await;
 }
 
@@ -941,6 +1294,12 @@ fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Ac
     {
         delay = delay.min(due.max(Duration::from_millis(100)));
     }
+    crate::ops::metrics::get()
+        .reconcile_errors
+        .get_or_create(&crate::ops::metrics::KindLabel {
+            kind: error.metric_label(),
+        })
+        .inc();
     warn!(workload = %workload.name_any(), namespace = ?workload.namespace(), error = %error, kind = error.metric_label(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

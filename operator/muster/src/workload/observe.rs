@@ -6,10 +6,11 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use muster_admission::failure::{Backoff, ExitCodes, FailureAction, FailureKind, FailureRule};
 use muster_admission::{ClaimView, Journal, Millis, Phase, PlannedPod as CorePlannedPod, PodView, Reason, Spec, State};
 use muster_api::conditions;
 use muster_api::labels;
-use muster_api::v1alpha1::{AdmissionState, PlacementStatus, PlannedPod, Workload};
+use muster_api::v1alpha1::{self, AdmissionState, PlacementStatus, PlannedPod, Workload};
 
 use crate::kube_ops;
 
@@ -59,11 +60,12 @@ fn admission_state(state: State) -> AdmissionState {
 }
 
 /// Reasons a gang being taken apart reports when it is queued again.
-const CAUSES: [Reason; 4] = [
+const CAUSES: [Reason; 5] = [
     Reason::RolledBack,
     Reason::Conflict,
     Reason::ScheduleTimeout,
     Reason::ReleaseTimeout,
+    Reason::Preempted,
 ];
 
 /// The journal of a Workload, if it has one. The cause of a teardown or a failed
@@ -159,7 +161,96 @@ pub fn spec(workload: &Workload) -> Spec {
             .and_then(|p| p.pod_groups.clone())
             .unwrap_or_default(),
         max_restarts: workload.spec.failure_policy.as_ref().map_or(0, |p| p.max_restarts),
+        failure_rules: workload
+            .spec
+            .failure_policy
+            .iter()
+            .flat_map(|p| p.rules.iter())
+            .map(failure_rule)
+            .collect(),
+        restart_backoff: workload
+            .spec
+            .failure_policy
+            .as_ref()
+            .and_then(|p| p.restart_backoff.as_ref())
+            .map(|b| Backoff {
+                initial: i64::from(b.initial_seconds) * 1000,
+                max: i64::from(b.max_seconds) * 1000,
+            }),
         ttl_seconds_after_finished: workload.spec.ttl_seconds_after_finished.map(i64::from),
+    }
+}
+
+/// A rule of the failure policy in the state machine's terms.
+fn failure_rule(rule: &v1alpha1::FailureRule) -> FailureRule {
+    FailureRule {
+        name: rule.name.clone(),
+        action: match rule.action {
+            v1alpha1::FailureAction::FailGang => FailureAction::FailGang,
+            v1alpha1::FailureAction::RestartGang => FailureAction::RestartGang,
+            v1alpha1::FailureAction::RestartGangAndIgnoreMaxRestarts => FailureAction::RestartUncounted,
+        },
+        exit_codes: rule.on_exit_codes.as_ref().map(|c| ExitCodes {
+            container: c.container_name.clone(),
+            within: c.operator == v1alpha1::ExitCodeOperator::In,
+            values: c.values.clone(),
+        }),
+        conditions: rule
+            .on_pod_conditions
+            .iter()
+            .flatten()
+            .map(|c| {
+                let status = match c.status {
+                    v1alpha1::ConditionStatus::True => "True",
+                    v1alpha1::ConditionStatus::False => "False",
+                    v1alpha1::ConditionStatus::Unknown => "Unknown",
+                };
+                (c.type_.clone(), status.to_string())
+            })
+            .collect(),
+        kinds: rule
+            .on_reasons
+            .iter()
+            .flatten()
+            .map(|r| match r {
+                v1alpha1::FailureReason::PodFailed => FailureKind::PodFailed,
+                v1alpha1::FailureReason::Evicted => FailureKind::Evicted,
+                v1alpha1::FailureReason::Preempted => FailureKind::Preempted,
+                v1alpha1::FailureReason::DeadlineExceeded => FailureKind::DeadlineExceeded,
+                v1alpha1::FailureReason::NodeLost => FailureKind::NodeLost,
+                v1alpha1::FailureReason::PodLost => FailureKind::PodLost,
+            })
+            .collect(),
+        groups: rule.pod_groups.clone().unwrap_or_default(),
+    }
+}
+
+/// `status.restartsCountTowardsMax`; a status written before it existed counted every
+/// restart.
+pub fn counted_restarts(workload: &Workload) -> i32 {
+    workload
+        .status
+        .as_ref()
+        .map_or(0, |s| s.restarts_count_towards_max.unwrap_or(s.restarts))
+}
+
+/// How a pod's failure came about, where the pod says more than that a container
+/// failed: the kubelet's or the Eviction API's eviction, kube-scheduler's preemption,
+/// its deadline.
+fn failure_kind(pod: &Pod) -> Option<FailureKind> {
+    let status = pod.status.as_ref()?;
+    let disruption = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+    match (status.reason.as_deref(), disruption.and_then(|c| c.reason.as_deref())) {
+        (_, Some("PreemptionByScheduler")) => Some(FailureKind::Preempted),
+        (Some("Evicted"), _) | (_, Some("EvictionByEvictionAPI" | "TerminationByKubelet")) => {
+            Some(FailureKind::Evicted)
+        }
+        (Some("DeadlineExceeded"), _) => Some(FailureKind::DeadlineExceeded),
+        _ => None,
     }
 }
 
@@ -200,14 +291,32 @@ pub fn pod(pod: &Pod) -> PodView {
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         deleting: pod.metadata.deletion_timestamp.is_some(),
         message: status.and_then(|s| s.reason.clone().or(s.message.clone())),
+        failure_kind: failure_kind(pod),
+        exit_codes: status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .filter_map(|c| {
+                let code = c.state.as_ref()?.terminated.as_ref()?.exit_code;
+                Some((c.name.clone(), code))
+            })
+            .collect(),
+        conditions: status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect(),
     }
 }
 
-pub fn claim(claim: &ResourceClaim) -> ClaimView {
+/// A claim as the state machine sees it; `held_elsewhere`: another gang's journal names
+/// it.
+pub fn claim(claim: &ResourceClaim, held_elsewhere: bool) -> ClaimView {
     let status = claim.status.as_ref();
     ClaimView {
         name: claim.name_any(),
         allocated: status.is_some_and(|s| s.allocation.is_some()),
+        ours: claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER),
+        held_elsewhere,
         reserved_for: status
             .and_then(|s| s.reserved_for.as_ref())
             .into_iter()
@@ -270,6 +379,36 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(self::journal(&workload), Some(journal));
+    }
+
+    /// Issue 22, defect 5: the cause of a teardown is read back from the status, a
+    /// preemption's too, so the gang reports it when it is queued again.
+    #[test]
+    fn a_teardown_reads_its_cause_back_from_the_status_preemption_too() {
+        let mut workload: Workload = serde_json::from_value(serde_json::json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "low", "namespace": "ns"},
+            "spec": {"podGroups": [{"name": "w", "replicas": 1}]},
+            "status": {
+                "placement": {"state": "TearingDown", "claims": ["low-w-0-gpus"]},
+                "conditions": [{
+                    "type": "Admitted", "status": "False", "reason": "Preempted",
+                    "message": "preempted by ns/high (priority 1000)",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }],
+            },
+        }))
+        .expect("workload");
+        let journal = journal(&workload).expect("journal");
+        assert_eq!(
+            journal.cause,
+            Some((Reason::Preempted, "preempted by ns/high (priority 1000)".to_string()))
+        );
+        // A reason that is no cause of a teardown is not taken for one.
+        if let Some(status) = workload.status.as_mut() {
+            status.conditions[0].reason = "Admitted".into();
+        }
+        assert_eq!(self::journal(&workload).expect("journal").cause, None);
     }
 
     #[test]

@@ -26,7 +26,15 @@ pub enum Progress {
 /// The part of the status the controller owns (the admission loop owns `placement` and
 /// the `Admitted` condition). Conditions keep their `lastTransitionTime` while their
 /// status does not change.
-pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Time) -> WorkloadStatus {
+/// `refused`: how many pods labelled for a template-less group are not its members, and
+/// the first of them with why.
+pub fn compute(
+    workload: &Workload,
+    pods: &[&Pod],
+    progress: &Progress,
+    refused: Option<(usize, &str)>,
+    now: &Time,
+) -> WorkloadStatus {
     let previous = workload.status.clone().unwrap_or_default();
     let generation = workload.metadata.generation;
 
@@ -131,6 +139,28 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         now,
     );
 
+    match refused {
+        Some((count, first)) => set_condition(
+            &mut owned,
+            conditions::PODS_REFUSED,
+            true,
+            conditions::REASON_NOT_MEMBERS,
+            &format!("{count} pods labelled for the gang are not its members; the first: {first}"),
+            generation,
+            now,
+        ),
+        None if owned.iter().any(|c| c.type_ == conditions::PODS_REFUSED) => set_condition(
+            &mut owned,
+            conditions::PODS_REFUSED,
+            false,
+            conditions::REASON_NONE_REFUSED,
+            "every pod labelled for the gang is one of its members",
+            generation,
+            now,
+        ),
+        None => {}
+    }
+
     WorkloadStatus {
         observed_generation: generation,
         phase: Some(phase),
@@ -140,6 +170,7 @@ pub fn compute(workload: &Workload, pods: &[&Pod], progress: &Progress, now: &Ti
         pod_groups: groups,
         placement: None,
         restarts: previous.restarts,
+        restarts_count_towards_max: previous.restarts_count_towards_max,
         nomination: None,
     }
 }
@@ -156,7 +187,7 @@ pub fn owned_part(status: &WorkloadStatus) -> WorkloadStatus {
 
 /// Whether the Workload controller owns `condition` (the admission loop owns the rest).
 fn is_owned(condition: &Condition) -> bool {
-    condition.type_ == conditions::CREATED || condition.type_ == conditions::PODS_READY
+    [conditions::CREATED, conditions::PODS_READY, conditions::PODS_REFUSED].contains(&condition.type_.as_str())
 }
 
 /// `status` with the fields the Workload controller owns taken from `mine`: what this
@@ -252,6 +283,42 @@ mod tests {
     }
 
     #[test]
+    fn refused_pods_are_counted_and_cleared() {
+        let mut w = workload();
+        let refused = compute(
+            &w,
+            &[],
+            &Progress::AllCreated,
+            Some((2, "pod x: it has no controller")),
+            &at(1),
+        );
+        let condition = refused
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::PODS_REFUSED)
+            .unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "NotMembers")
+        );
+        assert!(
+            condition
+                .message
+                .starts_with("2 pods labelled for the gang are not its members; the first: pod x")
+        );
+        w.status = Some(refused);
+        let cleared = compute(&w, &[], &Progress::AllCreated, None, &at(2));
+        assert!(
+            cleared
+                .conditions
+                .iter()
+                .any(|c| c.type_ == conditions::PODS_REFUSED && c.status == "False")
+        );
+        let never = compute(&workload(), &[], &Progress::AllCreated, None, &at(2));
+        assert!(!never.conditions.iter().any(|c| c.type_ == conditions::PODS_REFUSED));
+    }
+
+    #[test]
     fn counts_pods_per_group() {
         let pods = [
             pod("a", true, "Pending", false),
@@ -259,7 +326,7 @@ mod tests {
             pod("b", false, "Failed", false),
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let status = compute(&workload(), &refs, &Progress::AllCreated, &at(10));
+        let status = compute(&workload(), &refs, &Progress::AllCreated, None, &at(10));
         assert_eq!(status.pods, 3);
         assert_eq!(status.ready_pods, 1);
         assert_eq!(status.observed_generation, Some(3));
@@ -292,7 +359,7 @@ mod tests {
     #[test]
     fn transition_time_moves_only_when_status_changes() {
         let mut w = workload();
-        let first = compute(&w, &[], &Progress::Creating { missing: 3 }, &at(10));
+        let first = compute(&w, &[], &Progress::Creating { missing: 3 }, None, &at(10));
         w.status = Some(first);
         let second = compute(
             &w,
@@ -301,6 +368,7 @@ mod tests {
                 reason: "X",
                 message: "m".into(),
             },
+            None,
             &at(20),
         );
         assert_eq!(
@@ -317,9 +385,15 @@ mod tests {
 
     #[test]
     fn suspended_and_invalid_phases() {
-        let s = compute(&workload(), &[], &Progress::Suspended, &at(1));
+        let s = compute(&workload(), &[], &Progress::Suspended, None, &at(1));
         assert_eq!(s.phase, Some(WorkloadPhase::Suspended));
-        let s = compute(&workload(), &[], &Progress::Invalid { message: "bad".into() }, &at(1));
+        let s = compute(
+            &workload(),
+            &[],
+            &Progress::Invalid { message: "bad".into() },
+            None,
+            &at(1),
+        );
         assert_eq!(
             (s.conditions[0].reason.as_str(), s.conditions[0].message.as_str()),
             ("InvalidSpec", "bad")
@@ -348,7 +422,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            compute(&w, &[], &Progress::AllCreated, &at(1)).phase,
+            compute(&w, &[], &Progress::AllCreated, None, &at(1)).phase,
             Some(WorkloadPhase::Pending)
         );
         w.status = Some(WorkloadStatus {
@@ -357,7 +431,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            compute(&w, &[], &Progress::AllCreated, &at(1)).phase,
+            compute(&w, &[], &Progress::AllCreated, None, &at(1)).phase,
             Some(WorkloadPhase::Admitted)
         );
         let pods = [
@@ -366,7 +440,7 @@ mod tests {
             pod("b", false, "Running", true),
         ];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let s = compute(&w, &refs, &Progress::AllCreated, &at(1));
+        let s = compute(&w, &refs, &Progress::AllCreated, None, &at(1));
         assert_eq!(s.phase, Some(WorkloadPhase::Running));
         assert_eq!(s.conditions[1].status, "True");
         assert!(s.placement.is_none(), "placement belongs to the admission loop");

@@ -1,64 +1,71 @@
-//! The Kubernetes client muster uses: from a kubeconfig or the in-cluster service
-//! account, with a client-side rate limit (kube-rs has none of its own).
+//! What muster asks of the API server, counted as RBAC names it: every request by verb
+//! and resource (`muster_api_requests_total`), and every refusal or failure by code
+//! (`muster_api_errors_total`).
 
-use std::path::Path;
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use anyhow::{Context, Result};
-use kube::client::ClientBuilder;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use tower::limit::RateLimitLayer;
-use tower::util::MapRequestLayer;
+use tower::{Layer, Service};
 
-/// Requests per second and burst for every request muster makes. client-go's default of
-/// 5 QPS / 10 burst (50 in many controllers) cannot release hundreds of pods per second.
-#[derive(Clone, Copy, Debug)]
-pub struct RateLimit {
-    pub qps: f64,
-    pub burst: u32,
-}
+use crate::ops::metrics::{self, ApiErrorLabels, ApiLabels};
 
-impl Default for RateLimit {
-    fn default() -> Self {
-        RateLimit {
-            qps: 500.0,
-            burst: 1000,
-        }
+/// Counts each request, and each response that is not a success.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AccountingLayer;
+
+impl<S> Layer<S> for AccountingLayer {
+    type Service = Accounting<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Accounting { inner }
     }
 }
 
-/// A client from an explicit kubeconfig, or the usual inference (in-cluster included).
-pub async fn client(kubeconfig: Option<&Path>, context: Option<String>, limit: RateLimit) -> Result<kube::Client> {
-    let options = KubeConfigOptions {
-        context,
-        ..KubeConfigOptions::default()
-    };
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig and not running in a cluster")?,
-    };
-    // A window of `burst` requests every burst/qps seconds: `qps` on average, bursts
-    // of up to `burst`.
-    let burst = limit.burst.max(1);
-    let window = Duration::from_secs_f64(f64::from(burst) / limit.qps.max(0.001));
-    let builder = ClientBuilder::try_from(config)?
-        .with_layer(&RateLimitLayer::new(u64::from(burst), window))
-        .with_layer(&MapRequestLayer::new(count_request));
-    Ok(builder.build())
+#[derive(Clone, Debug)]
+pub struct Accounting<S> {
+    inner: S,
 }
 
-fn count_request<B>(request: http::Request<B>) -> http::Request<B> {
-    let (verb, resource) = classify(request.method(), request.uri().path(), request.uri().query());
-    crate::ops::metrics::get()
-        .api_requests
-        .get_or_create(&crate::ops::metrics::ApiLabels { verb, resource })
-        .inc();
-    request
+impl<S, B, R> Service<http::Request<B>> for Accounting<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let (verb, resource) = classify(request.method(), request.uri().path(), request.uri().query());
+        metrics::get()
+            .api_requests
+            .get_or_create(&ApiLabels {
+                verb,
+                resource: resource.clone(),
+            })
+            .inc();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let result = response.await;
+            let code = match &result {
+                Ok(response) if response.status().is_success() => None,
+                Ok(response) => Some(response.status().as_u16().to_string()),
+                Err(_) => Some("transport".to_string()),
+            };
+            if let Some(code) = code {
+                metrics::get()
+                    .api_errors
+                    .get_or_create(&ApiErrorLabels { verb, resource, code })
+                    .inc();
+            }
+            result
+        })
+    }
 }
 
 /// The RBAC verb and resource (with subresource) of an API request, as the API server's

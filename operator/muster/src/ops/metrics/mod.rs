@@ -1,5 +1,8 @@
 //! The operator's Prometheus metrics, all prefixed `muster_`. One registry per process,
-//! like the gangs it describes; served by [`crate::ops::serve`].
+//! like the gangs it describes; served by [`crate::ops::serve`]. Labels stay bounded:
+//! namespaces, reasons, states, classes and drivers, never a pod's or a Workload's name.
+
+pub mod live;
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -26,11 +29,39 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// The PriorityClass a gang names (empty: none).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PriorityLabel {
+    pub priority_class: String,
+}
+
+/// Why gangs were evicted: `Priority` (muster's own preemption for a gang of higher
+/// priority) or the reason Kueue gave.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    pub cause: String,
+}
+
+/// What kind of failure a reconcile of a Workload ended with.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiLabels {
     pub verb: &'static str,
     /// `resource[/subresource][.group]`, as in RBAC rules.
     pub resource: String,
+}
+
+/// A request the API server refused or that did not reach it: `code` is the HTTP
+/// status, or `transport`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiErrorLabels {
+    pub verb: &'static str,
+    pub resource: String,
+    pub code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,14 +75,19 @@ pub struct Metrics {
     pub plan_duration: Family<OutcomeLabel, Histogram>,
     /// Commit time of an admitted gang: from recording the plan to every pod released.
     pub commit_duration: Family<OutcomeLabel, Histogram>,
-    /// From a Workload's creation to its gang's admission (first attempt).
-    pub submit_to_admitted: Histogram,
-    /// From a Workload's creation to minCount pods of every group running (first attempt).
-    pub submit_to_running: Histogram,
+    /// From a Workload's creation to its gang's admission (first attempt), by the
+    /// PriorityClass it names.
+    pub submit_to_admitted: Family<PriorityLabel, Histogram>,
+    /// From a Workload's creation to minCount pods of every group running (first
+    /// attempt), by the PriorityClass it names.
+    pub submit_to_running: Family<PriorityLabel, Histogram>,
     /// Workloads by phase.
     pub workloads: Family<PhaseLabel, Gauge>,
     /// Gangs waiting for admission.
     pub queue_length: Gauge,
+    /// Time of one pass of the admission loop: the placed gangs' steps, planning and
+    /// committing the queue.
+    pub pass_duration: Histogram,
     /// Gangs whose claims were reserved, and the devices reserved for them.
     pub reservations: Counter,
     pub reserved_devices: Counter,
@@ -59,8 +95,8 @@ pub struct Metrics {
     pub rollbacks: Family<ReasonLabel, Counter>,
     /// Devices found taken by someone else after reserving.
     pub conflicts: Counter,
-    /// Gangs evicted whole for a gang of higher priority.
-    pub preemptions: Counter,
+    /// Gangs evicted whole, by cause.
+    pub preemptions: Family<CauseLabel, Counter>,
     /// Gang restarts, by reason.
     pub restarts: Family<ReasonLabel, Counter>,
     /// Released gangs torn down because their pods were not scheduled in time.
@@ -71,6 +107,14 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Requests to the API server, by RBAC verb and resource.
     pub api_requests: Family<ApiLabels, Counter>,
+    /// AdmissionReviews the webhook answered.
+    pub webhook_reviews: Counter,
+    /// Requests the API server refused (by status code) or that failed on the way.
+    pub api_errors: Family<ApiErrorLabels, Counter>,
+    /// Reconciles of a Workload that failed, by kind of failure.
+    pub reconcile_errors: Family<KindLabel, Counter>,
+    /// Gauges read from the caches at each scrape.
+    pub live: live::LiveGauges,
 }
 
 /// Buckets from 1 ms to about 9 minutes, doubling.
@@ -84,20 +128,25 @@ impl Metrics {
         let metrics = Metrics {
             plan_duration: Family::new_with_constructor(latency as fn() -> Histogram),
             commit_duration: Family::new_with_constructor(latency as fn() -> Histogram),
-            submit_to_admitted: latency(),
-            submit_to_running: latency(),
+            submit_to_admitted: Family::new_with_constructor(latency as fn() -> Histogram),
+            submit_to_running: Family::new_with_constructor(latency as fn() -> Histogram),
             workloads: Family::default(),
             queue_length: Gauge::default(),
+            pass_duration: latency(),
             reservations: Counter::default(),
             reserved_devices: Counter::default(),
             rollbacks: Family::default(),
             conflicts: Counter::default(),
-            preemptions: Counter::default(),
+            preemptions: Family::default(),
             restarts: Family::default(),
             schedule_timeouts: Counter::default(),
             extras_placed: Counter::default(),
             leader: Gauge::default(),
             api_requests: Family::default(),
+            webhook_reviews: Counter::default(),
+            api_errors: Family::default(),
+            reconcile_errors: Family::default(),
+            live: live::LiveGauges::default(),
             registry: Registry::default(),
         };
         let build = Family::<VersionLabel, Gauge>::default();
@@ -119,12 +168,12 @@ impl Metrics {
         );
         registry.register(
             "muster_submit_to_admitted_seconds",
-            "Time from a Workload's creation to its gang's admission",
+            "Time from a Workload's creation to its gang's admission, by PriorityClass",
             metrics.submit_to_admitted.clone(),
         );
         registry.register(
             "muster_submit_to_running_seconds",
-            "Time from a Workload's creation to minCount pods of every group running",
+            "Time from a Workload's creation to minCount pods of every group running, by PriorityClass",
             metrics.submit_to_running.clone(),
         );
         registry.register("muster_workloads", "Workloads by phase", metrics.workloads.clone());
@@ -132,6 +181,11 @@ impl Metrics {
             "muster_queue_length",
             "Gangs waiting for admission",
             metrics.queue_length.clone(),
+        );
+        registry.register(
+            "muster_admission_pass_duration_seconds",
+            "Time of one pass of the admission loop: the placed gangs' steps, then planning and committing the queue",
+            metrics.pass_duration.clone(),
         );
         registry.register(
             "muster_reservations",
@@ -155,7 +209,7 @@ impl Metrics {
         );
         registry.register(
             "muster_preemptions",
-            "Gangs evicted whole so that a gang of higher priority fits",
+            "Gangs evicted whole, by cause: Priority (for a gang of higher priority) or Kueue's eviction reason",
             metrics.preemptions.clone(),
         );
         registry.register("muster_restarts", "Gang restarts, by reason", metrics.restarts.clone());
@@ -179,6 +233,23 @@ impl Metrics {
             "Requests to the API server, by RBAC verb and resource",
             metrics.api_requests.clone(),
         );
+        registry.register(
+            "muster_webhook_reviews",
+            "AdmissionReviews the webhook answered",
+            metrics.webhook_reviews.clone(),
+        );
+        registry.register(
+            "muster_api_errors",
+            "Requests to the API server that it refused (by HTTP status code) or that failed on the way (code transport)",
+            metrics.api_errors.clone(),
+        );
+        registry.register(
+            "muster_reconcile_errors",
+            "Reconciles of a Workload that failed, by kind of failure",
+            metrics.reconcile_errors.clone(),
+        );
+        registry.register_collector(Box::new(metrics.live.clone()));
+        metrics.start_at_zero();
         Metrics { registry, ..metrics }
     }
 
@@ -200,6 +271,62 @@ pub fn get() -> &'static Metrics {
 
 pub fn seconds(duration: Duration) -> f64 {
     duration.as_secs_f64()
+}
+
+impl Metrics {
+    /// Counters of the causes that are known up front start at zero, so that a rate
+    /// over them is 0 rather than absent before the first event, and dashboards and
+    /// alerts see the series from the first scrape on.
+    fn start_at_zero(&self) {
+        use muster_api::conditions;
+        let _ = self.preemptions.get_or_create(&CauseLabel {
+            cause: "Priority".into(),
+        });
+        for reason in [
+            conditions::REASON_POD_FAILED,
+            conditions::REASON_POD_LOST,
+            conditions::REASON_NODE_LOST,
+        ] {
+            let _ = self.restarts.get_or_create(&ReasonLabel { reason: reason.into() });
+        }
+        for reason in [
+            conditions::REASON_ROLLED_BACK,
+            conditions::REASON_CONFLICT,
+            conditions::REASON_SCHEDULE_TIMEOUT,
+            conditions::REASON_RELEASE_TIMEOUT,
+        ] {
+            let _ = self.rollbacks.get_or_create(&ReasonLabel { reason: reason.into() });
+        }
+        // The client's failures, the common kind; others appear when they happen.
+        let _ = self.reconcile_errors.get_or_create(&KindLabel { kind: "kube" });
+    }
+
+    /// Observes a gang's wait from creation to admission.
+    pub fn observe_submit_to_admitted(&self, priority_class: Option<&str>, waited: Duration) {
+        self.submit_to_admitted
+            .get_or_create(&PriorityLabel {
+                priority_class: priority_class.unwrap_or_default().to_string(),
+            })
+            .observe(waited.as_secs_f64());
+    }
+
+    /// Observes a gang's time from creation to running.
+    pub fn observe_submit_to_running(&self, priority_class: Option<&str>, took: Duration) {
+        self.submit_to_running
+            .get_or_create(&PriorityLabel {
+                priority_class: priority_class.unwrap_or_default().to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts one gang evicted whole.
+    pub fn count_preemption(&self, cause: &str) {
+        self.preemptions
+            .get_or_create(&CauseLabel {
+                cause: cause.to_string(),
+            })
+            .inc();
+    }
 }
 
 #[cfg(test)]

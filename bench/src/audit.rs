@@ -1,0 +1,321 @@
+//! Who wrote what to the API server during a phase, from kube-apiserver's audit log:
+//! every write request in the phase's namespace with its client, resource, object and
+//! time. It separates what each contender writes itself from what other clients
+//! (kube-scheduler, kube-controller-manager, kwok, the benchmark) write because of it,
+//! splits a gang's writes into admission (until all its pods run) and lifecycle (finish,
+//! deallocate, delete), and counts ResourceClaim status writes per claim.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+/// Who made a request, by its User-Agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Client {
+    Muster,
+    Scheduler,
+    ControllerManager,
+    Kwok,
+    /// The benchmark itself (creating and deleting gangs) and anything else.
+    Other,
+}
+
+impl Client {
+    pub const ALL: [Client; 5] = [
+        Client::Muster,
+        Client::Scheduler,
+        Client::ControllerManager,
+        Client::Kwok,
+        Client::Other,
+    ];
+
+    pub fn of(user_agent: &str) -> Client {
+        let agent = user_agent.to_ascii_lowercase();
+        if agent.starts_with("muster/") {
+            Client::Muster
+        } else if agent.starts_with("kube-scheduler/") {
+            Client::Scheduler
+        } else if agent.starts_with("kube-controller-manager/") {
+            Client::ControllerManager
+        } else if agent.starts_with("kwok") {
+            Client::Kwok
+        } else {
+            Client::Other
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Client::Muster => "muster",
+            Client::Scheduler => "kube-scheduler",
+            Client::ControllerManager => "kube-controller-manager",
+            Client::Kwok => "kwok (kubelet)",
+            Client::Other => "benchmark and others",
+        }
+    }
+}
+
+/// One write the API server served (or refused).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Write {
+    pub at: SystemTime,
+    pub client: Client,
+    pub verb: String,
+    /// `resource[/subresource]`.
+    pub resource: String,
+    pub name: String,
+    pub code: u16,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Event {
+    stage: String,
+    verb: String,
+    #[serde(default)]
+    user_agent: String,
+    object_ref: Option<ObjectRef>,
+    response_status: Option<Status>,
+    request_received_timestamp: String,
+}
+
+#[derive(Deserialize)]
+struct ObjectRef {
+    #[serde(default)]
+    resource: String,
+    #[serde(default)]
+    subresource: String,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct Status {
+    #[serde(default)]
+    code: u16,
+}
+
+/// The end of the audit log now, to read a phase's writes from later.
+pub fn offset(log: &Path) -> u64 {
+    std::fs::metadata(log).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Writes in namespace `ns` logged after byte `from`.
+pub fn read(log: &Path, from: u64, ns: &str) -> Result<Vec<Write>> {
+    let mut file = std::fs::File::open(log).with_context(|| format!("opening {}", log.display()))?;
+    file.seek(SeekFrom::Start(from))?;
+    let mut writes = Vec::new();
+    for line in BufReader::new(file).lines() {
+        let line = line?;
+        let Ok(event) = serde_json::from_str::<Event>(&line) else {
+            continue;
+        };
+        if event.stage != "ResponseComplete" {
+            continue;
+        }
+        let Some(object) = event.object_ref.filter(|o| o.namespace == ns) else {
+            continue;
+        };
+        let Ok(at) = event.request_received_timestamp.parse::<k8s_openapi::jiff::Timestamp>() else {
+            continue;
+        };
+        let resource = if object.subresource.is_empty() {
+            object.resource
+        } else {
+            format!("{}/{}", object.resource, object.subresource)
+        };
+        writes.push(Write {
+            at: SystemTime::from(at),
+            client: Client::of(&event.user_agent),
+            verb: event.verb,
+            resource,
+            name: object.name,
+            code: event.response_status.map_or(0, |s| s.code),
+        });
+    }
+    Ok(writes)
+}
+
+/// The gang an object belongs to: the longest gang name that is the object's name or
+/// its prefix up to a `-` or `.` (pods, claims and events are named after their gang).
+pub fn gang_of<'g>(name: &str, gangs_longest_first: &'g [String]) -> Option<&'g str> {
+    gangs_longest_first
+        .iter()
+        .find(|g| {
+            name.strip_prefix(g.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('-') || rest.starts_with('.'))
+        })
+        .map(String::as_str)
+}
+
+/// Whether a write counts as part of admitting its gang or of its life after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// Until every pod of the gang runs.
+    Admission,
+    /// After: finishing, deallocating, deleting.
+    Lifecycle,
+}
+
+/// A phase's writes, counted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WriteCounts {
+    /// By client, stage and resource.
+    pub by: BTreeMap<(Client, Stage, String), u64>,
+    /// ResourceClaim status writes of each claim, over its whole life.
+    pub claim_status: BTreeMap<String, u64>,
+    /// Writes refused with 409 Conflict, by client.
+    pub conflicts: BTreeMap<Client, u64>,
+}
+
+impl WriteCounts {
+    /// Counts `writes`; `running_at` is when every pod of each gang ran (absent: never).
+    pub fn of(writes: &[Write], gangs: &[String], running_at: &BTreeMap<String, SystemTime>) -> Self {
+        let mut gangs: Vec<String> = gangs.to_vec();
+        gangs.sort_by_key(|g| std::cmp::Reverse(g.len()));
+        let mut counts = WriteCounts::default();
+        for write in writes {
+            let stage = match gang_of(&write.name, &gangs).and_then(|g| running_at.get(g)) {
+                Some(running) if write.at > *running => Stage::Lifecycle,
+                _ => Stage::Admission,
+            };
+            *counts
+                .by
+                .entry((write.client, stage, write.resource.clone()))
+                .or_default() += 1;
+            if write.resource == "resourceclaims/status" {
+                *counts.claim_status.entry(write.name.clone()).or_default() += 1;
+            }
+            if write.code == 409 {
+                *counts.conflicts.entry(write.client).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    /// Writes matching the filters (`None`: any).
+    pub fn total(&self, client: Option<Client>, stage: Option<Stage>) -> u64 {
+        self.by
+            .iter()
+            .filter(|((c, s, _), _)| client.is_none_or(|w| w == *c) && stage.is_none_or(|w| w == *s))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Mean and largest ResourceClaim status writes per claim.
+    pub fn claim_status_per_claim(&self) -> Option<(f64, u64)> {
+        let values: Vec<u64> = self.claim_status.values().copied().collect();
+        let max = values.iter().copied().max()?;
+        Some((values.iter().sum::<u64>() as f64 / values.len() as f64, max))
+    }
+}
+
+/// How long to wait for the API server to write out its batched audit events.
+pub const FLUSH: Duration = Duration::from_secs(3);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An audit line; `object` is `[resource, subresource, namespace, name]`.
+    fn line(agent: &str, verb: &str, object: [&str; 4], at: &str, code: u16) -> String {
+        let [resource, sub, ns, name] = object;
+        serde_json::json!({
+            "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata",
+            "stage": "ResponseComplete", "verb": verb, "userAgent": agent,
+            "user": {"username": "admin"},
+            "objectRef": {"resource": resource, "subresource": sub, "namespace": ns, "name": name},
+            "responseStatus": {"code": code},
+            "requestReceivedTimestamp": at, "stageTimestamp": at,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn writes_are_read_attributed_and_split_by_gang_and_time() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("muster-bench-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join("audit.log");
+        let early = "2026-01-01T00:00:01.000000Z";
+        let late = "2026-01-01T00:01:00.000000Z";
+        let before = line(
+            "kube-scheduler/v1.37.1",
+            "create",
+            ["pods", "binding", "other", "x-1"],
+            early,
+            201,
+        );
+        std::fs::write(&log, format!("{before}\n"))?;
+        let from = offset(&log);
+        let lines = [
+            line(
+                "muster/0.1.0",
+                "patch",
+                ["resourceclaims", "status", "ns", "g1-workers-0-gpus"],
+                early,
+                200,
+            ),
+            line(
+                "muster/0.1.0",
+                "patch",
+                ["resourceclaims", "status", "ns", "g1-workers-0-gpus"],
+                late,
+                200,
+            ),
+            line(
+                "kube-controller-manager/v1.37.1 (linux/amd64)",
+                "patch",
+                ["resourceclaims", "status", "ns", "g1-workers-0-gpus"],
+                late,
+                409,
+            ),
+            line(
+                "kube-scheduler/v1.37.1",
+                "create",
+                ["pods", "binding", "ns", "g1-workers-0"],
+                early,
+                201,
+            ),
+            line("kwok/v0.8.0", "patch", ["pods", "status", "ns", "g10-0"], late, 200),
+            line("", "create", ["workloads", "", "ns", "g1"], early, 201),
+            line(
+                "muster/0.1.0",
+                "patch",
+                ["pods", "", "other-ns", "g1-workers-0"],
+                early,
+                200,
+            ),
+        ];
+        std::fs::write(&log, format!("{before}\n{}\n", lines.join("\n")))?;
+        let writes = read(&log, from, "ns")?;
+        assert_eq!(writes.len(), 6, "the earlier line and other namespaces are left out");
+        let gangs = vec!["g1".to_string(), "g10".to_string()];
+        assert_eq!(gang_of("g10-0", &gangs), Some("g10"), "not g1: the longest name wins");
+        assert_eq!(gang_of("g1", &gangs), Some("g1"));
+        assert_eq!(gang_of("g1x", &gangs), None);
+        let running = BTreeMap::from([(
+            "g1".to_string(),
+            SystemTime::from("2026-01-01T00:00:30Z".parse::<k8s_openapi::jiff::Timestamp>()?),
+        )]);
+        let counts = WriteCounts::of(&writes, &gangs, &running);
+        assert_eq!(counts.total(Some(Client::Muster), Some(Stage::Admission)), 1);
+        assert_eq!(counts.total(Some(Client::Muster), Some(Stage::Lifecycle)), 1);
+        assert_eq!(counts.total(Some(Client::ControllerManager), None), 1);
+        assert_eq!(counts.total(Some(Client::Scheduler), None), 1);
+        // g10 never ran: all of its writes are admission.
+        assert_eq!(counts.total(Some(Client::Kwok), Some(Stage::Admission)), 1);
+        assert_eq!(counts.total(Some(Client::Other), None), 1);
+        assert_eq!(counts.total(None, None), 6);
+        assert_eq!(counts.claim_status["g1-workers-0-gpus"], 3);
+        assert_eq!(counts.claim_status_per_claim(), Some((3.0, 3)));
+        assert_eq!(counts.conflicts.get(&Client::ControllerManager), Some(&1));
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+}

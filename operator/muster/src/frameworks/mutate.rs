@@ -1,0 +1,305 @@
+//! What muster's admission webhook does to a labelled job object: every pod template
+//! gets the gang gate and the labels that make its pods members of the job's Workload.
+//! It refuses what can never be a gang: a shape the Workload API cannot hold, Kueue's
+//! queue label (Kueue's own job integration would take the job and suspend it; the
+//! gang queues in Kueue through its Workload, named by the annotation
+//! `muster.dev/queue-name`, whatever order the webhooks run in), and later changes of
+//! the label or of the gang's shape. Pure: the webhook turns the result into a JSON patch.
+
+use muster_api::labels;
+use serde_json::{Value, json};
+
+use crate::frameworks::derive::limits;
+use crate::frameworks::{Framework, is_gang_root, labelled};
+use crate::kueue::QUEUE_LABEL;
+
+/// The webhook's answer for one object.
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    /// Admit it as changed (equal to the input: unchanged).
+    Admit(Value),
+    /// Refuse it, saying why.
+    Refuse(String),
+}
+
+/// The operation being admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+}
+
+fn has_queue_label(object: &Value) -> bool {
+    object["metadata"]["labels"][QUEUE_LABEL].is_string()
+}
+
+/// Each pod set's replicated job and pod count: the gang's shape.
+fn shape(framework: Framework, object: &Value) -> Vec<(String, i64)> {
+    framework
+        .pod_sets(object)
+        .into_iter()
+        .map(|s| {
+            let pods = s.pods();
+            (s.replicated_job, pods)
+        })
+        .collect()
+}
+
+/// Decides on `object` (and, for an update, `old`) of `framework`.
+pub fn admit(framework: Framework, operation: Operation, object: &Value, old: Option<&Value>) -> Verdict {
+    let now = labelled(object);
+    let kind = framework.kind();
+    if operation == Operation::Update {
+        if object["metadata"]["deletionTimestamp"].is_string() {
+            return Verdict::Admit(object.clone());
+        }
+        let before = old.and_then(labelled);
+        if before != now {
+            return Verdict::Refuse(match before {
+                Some(_) => format!(
+                    "the label {} cannot be removed or changed once the {kind} exists: delete it and create it again",
+                    labels::ADOPT
+                ),
+                None => format!(
+                    "the label {} can only be set when the {kind} is created: its pods must be gated from the start",
+                    labels::ADOPT
+                ),
+            });
+        }
+    }
+    match now {
+        None => return Verdict::Admit(object.clone()),
+        Some(labels::ADOPT_VALUE) => {}
+        Some(other) => {
+            return Verdict::Refuse(format!(
+                "metadata.labels[{}]: {other:?} is not a value muster knows; set \"{}\" to run the {kind} as a gang",
+                labels::ADOPT,
+                labels::ADOPT_VALUE
+            ));
+        }
+    }
+    if !is_gang_root(framework, object) {
+        // A JobSet's Job: its pod template came from the JobSet's, changed already.
+        return Verdict::Admit(object.clone());
+    }
+    if has_queue_label(object) && (operation == Operation::Create || !old.is_some_and(has_queue_label)) {
+        return Verdict::Refuse(format!(
+            "metadata.labels[{QUEUE_LABEL}]: Kueue's own {kind} integration would take (and suspend) a {kind} with this label, beside the gang muster makes of it; to queue the gang in Kueue, name the LocalQueue in the annotation {} instead (muster's Workload then queues there)",
+            labels::QUEUE_NAME
+        ));
+    }
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    if name.is_empty() {
+        return Verdict::Refuse(format!(
+            "metadata.name: a {kind} labelled {} needs a name of its own (generateName is not supported), which its gang's Workload is named after",
+            labels::ADOPT
+        ));
+    }
+    match (operation, old) {
+        (Operation::Create, _) => {
+            let problems = limits(framework, object);
+            if !problems.is_empty() {
+                return Verdict::Refuse(problems.join("; "));
+            }
+        }
+        (Operation::Update, Some(old)) => {
+            let (before, after) = (shape(framework, old), shape(framework, object));
+            if before != after {
+                return Verdict::Refuse(format!(
+                    "the {kind} runs as one gang of a fixed shape: its pods per replicated job cannot change from {before:?} to {after:?} (elastic replicas are not supported); delete the {kind} and create it again"
+                ));
+            }
+        }
+        (Operation::Update, None) => {}
+    }
+    let mut changed = object.clone();
+    let workload = framework.workload_name(object);
+    for set in framework.pod_sets(object) {
+        // An update keeps muster's change where it was made (a later webhook may have
+        // dropped it); a template made without it (the job predates the webhook) is not
+        // changed now: its pods may run already, and the adoption controller holds it.
+        if operation == Operation::Update
+            && !old.and_then(|o| o.pointer(&set.template)).is_some_and(|t| {
+                t["spec"]["schedulingGates"]
+                    .as_array()
+                    .is_some_and(|g| g.iter().any(|g| g["name"] == labels::GANG_GATE))
+            })
+        {
+            continue;
+        }
+        let Some(template) = changed.pointer_mut(&set.template) else {
+            continue;
+        };
+        if !template.is_object() {
+            continue;
+        }
+        let metadata = entry(template, "metadata");
+        let pod_labels = entry(metadata, "labels");
+        pod_labels[labels::WORKLOAD] = json!(workload);
+        pod_labels[labels::POD_GROUP] = json!(set.group);
+        let spec = entry(template, "spec");
+        let gates = spec
+            .as_object_mut()
+            .map(|s| s.entry("schedulingGates").or_insert_with(|| json!([])));
+        if let Some(gates) = gates.and_then(Value::as_array_mut)
+            && !gates.iter().any(|g| g["name"] == labels::GANG_GATE)
+        {
+            gates.push(json!({"name": labels::GANG_GATE}));
+        }
+    }
+    Verdict::Admit(changed)
+}
+
+/// The object at `key` of `value`, made an empty object if missing or null.
+fn entry<'v>(value: &'v mut Value, key: &str) -> &'v mut Value {
+    if !value[key].is_object() {
+        value[key] = json!({});
+    }
+    &mut value[key]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jobset(labels: Value) -> Value {
+        json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "train", "labels": labels},
+            "spec": {"replicatedJobs": [
+                {"name": "workers", "template": {"spec": {"template": {"spec": {"schedulingGates": [{"name": "other"}]}}}}},
+                {"name": "launcher", "template": {"spec": {"template": {"metadata": {"labels": {"app": "x"}}, "spec": {}}}}},
+            ]},
+        })
+    }
+
+    fn admitted(verdict: Verdict) -> Value {
+        match verdict {
+            Verdict::Admit(changed) => changed,
+            Verdict::Refuse(why) => panic!("refused: {why}"),
+        }
+    }
+
+    #[test]
+    fn every_pod_template_gets_the_gate_and_the_gangs_labels() {
+        let object = jobset(json!({"muster.dev/gang": "true"}));
+        let changed = admitted(admit(Framework::JobSet, Operation::Create, &object, None));
+        let template = &changed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+        assert_eq!(
+            template["spec"]["schedulingGates"],
+            json!([{"name": "other"}, {"name": "muster.dev/gang"}])
+        );
+        assert_eq!(template["metadata"]["labels"]["muster.dev/workload"], "jobset-train");
+        assert_eq!(template["metadata"]["labels"]["muster.dev/pod-group"], "workers");
+        let launcher = &changed["spec"]["replicatedJobs"][1]["template"]["spec"]["template"];
+        assert_eq!(launcher["metadata"]["labels"]["app"], "x");
+        assert_eq!(launcher["metadata"]["labels"]["muster.dev/pod-group"], "launcher");
+        // Again: nothing more changes.
+        assert_eq!(
+            admit(Framework::JobSet, Operation::Update, &changed, Some(&changed)),
+            Verdict::Admit(changed.clone())
+        );
+        // A later webhook dropped the gate: it comes back.
+        let mut dropped = changed.clone();
+        dropped["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["schedulingGates"] =
+            json!([{"name": "other"}]);
+        assert_eq!(
+            admit(Framework::JobSet, Operation::Update, &dropped, Some(&changed)),
+            Verdict::Admit(changed.clone())
+        );
+    }
+
+    #[test]
+    fn kueues_queue_label_is_refused_whatever_ran_before() {
+        // As it comes, and as Kueue's own webhook leaves it (suspended) when it runs first.
+        let queued = jobset(json!({"muster.dev/gang": "true", "kueue.x-k8s.io/queue-name": "team"}));
+        let mut suspended = queued.clone();
+        suspended["spec"]["suspend"] = json!(true);
+        for object in [&queued, &suspended] {
+            assert!(matches!(
+                admit(Framework::JobSet, Operation::Create, object, None),
+                Verdict::Refuse(m) if m.contains("kueue.x-k8s.io/queue-name") && m.contains("muster.dev/queue-name")
+            ));
+        }
+        // Nothing strips it: an unlabelled job keeps it untouched (not muster's).
+        let plain = jobset(json!({"kueue.x-k8s.io/queue-name": "team"}));
+        assert_eq!(
+            admit(Framework::JobSet, Operation::Create, &plain, None),
+            Verdict::Admit(plain.clone())
+        );
+        // Added later: refused too.
+        let labelled = admitted(admit(
+            Framework::JobSet,
+            Operation::Create,
+            &jobset(json!({"muster.dev/gang": "true"})),
+            None,
+        ));
+        let mut later = labelled.clone();
+        later["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("team");
+        assert!(matches!(
+            admit(Framework::JobSet, Operation::Update, &later, Some(&labelled)),
+            Verdict::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn unlabelled_objects_pass_and_the_label_cannot_come_or_go_later() {
+        let plain = jobset(json!({}));
+        assert_eq!(
+            admit(Framework::JobSet, Operation::Create, &plain, None),
+            Verdict::Admit(plain.clone())
+        );
+        let labelled = jobset(json!({"muster.dev/gang": "true"}));
+        assert!(matches!(
+            admit(Framework::JobSet, Operation::Update, &labelled, Some(&plain)),
+            Verdict::Refuse(m) if m.contains("only be set when the JobSet is created")
+        ));
+        assert!(matches!(
+            admit(Framework::JobSet, Operation::Update, &plain, Some(&labelled)),
+            Verdict::Refuse(m) if m.contains("cannot be removed")
+        ));
+        assert!(matches!(
+            admit(Framework::JobSet, Operation::Create, &jobset(json!({"muster.dev/gang": "yes"})), None),
+            Verdict::Refuse(m) if m.contains("\"yes\" is not a value muster knows")
+        ));
+        let mut unnamed = labelled.clone();
+        unnamed["metadata"]["name"] = json!(null);
+        assert!(matches!(
+            admit(Framework::JobSet, Operation::Create, &unnamed, None),
+            Verdict::Refuse(m) if m.contains("generateName")
+        ));
+    }
+
+    #[test]
+    fn a_shape_the_api_cannot_hold_is_refused_and_the_shape_cannot_change() {
+        let mut huge = jobset(json!({"muster.dev/gang": "true"}));
+        huge["spec"]["replicatedJobs"][0]["replicas"] = json!(5000);
+        assert!(matches!(
+            admit(Framework::JobSet, Operation::Create, &huge, None),
+            Verdict::Refuse(m) if m.contains("5001 pods; a gang has at most 4096")
+        ));
+        let created = admitted(admit(
+            Framework::JobSet,
+            Operation::Create,
+            &jobset(json!({"muster.dev/gang": "true"})),
+            None,
+        ));
+        let mut scaled = created.clone();
+        scaled["spec"]["replicatedJobs"][0]["replicas"] = json!(3);
+        assert!(matches!(
+            admit(Framework::JobSet, Operation::Update, &scaled, Some(&created)),
+            Verdict::Refuse(m) if m.contains("fixed shape")
+        ));
+    }
+
+    #[test]
+    fn an_update_of_a_job_made_before_the_webhook_is_not_gated_now() {
+        let old = jobset(json!({"muster.dev/gang": "true"}));
+        let mut new = old.clone();
+        new["metadata"]["annotations"] = json!({"note": "x"});
+        assert_eq!(
+            admit(Framework::JobSet, Operation::Update, &new, Some(&old)),
+            Verdict::Admit(new.clone())
+        );
+    }
+}
