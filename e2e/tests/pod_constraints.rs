@@ -14,7 +14,7 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::WorkloadPhase;
 use muster_e2e::scenario::{Test, with_test};
 use muster_e2e::storage::{local_volume, static_class};
@@ -404,6 +404,124 @@ async fn a_host_port_in_use_keeps_the_gang_off_that_node() -> Result<()> {
                 .await?;
             ensure!(message.contains("host port 29500/TCP in use"), "{message}");
             pods.delete("port-holder", &DeleteParams::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// The planned node of each pod, from the Workload's `status.placement`.
+async fn planned_nodes(test: &Test, name: &str) -> Result<BTreeMap<String, String>> {
+    let workload = test.workloads().get(name).await?;
+    let placement = workload.status.and_then(|s| s.placement).context("a placement")?;
+    Ok(placement.pods.into_iter().map(|p| (p.name, p.node)).collect())
+}
+
+/// Issue 21, item 3: a constraint muster does not see (a node affinity added to a gated
+/// pod after muster made it, as a webhook would) makes kube-scheduler refuse a released
+/// pod on its planned node. The gang is taken apart within seconds, not after the
+/// schedule timeout, kube-scheduler's message is kept, and the next plan keeps the
+/// group off that node: the pods muster makes again (without the added term) run
+/// elsewhere, although the refused node still has room and would be planned first.
+#[tokio::test]
+async fn a_refusal_by_kube_scheduler_takes_the_gang_apart_at_once_and_is_not_planned_again() -> Result<()> {
+    refused_gang("refusal", None).await
+}
+
+/// The same, with the operator killed right after it recorded the refusal (the intent
+/// to take the gang apart and the node to keep off, in one write): the next operator
+/// finishes the teardown and keeps the group off the node.
+#[tokio::test]
+async fn a_refusal_recorded_before_a_crash_is_acted_on_by_the_next_operator() -> Result<()> {
+    refused_gang("refusal-crash", Some("after-released-record")).await
+}
+
+async fn refused_gang(name: &str, crash: Option<&'static str>) -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-{name}-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let mut env = vec![
+        ("MUSTER_PAUSE_POINT", "after-reserved"),
+        ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+    ];
+    env.extend(crash.map(|fault| ("MUSTER_FAULT_POINT", fault)));
+    with_test(name, &[], &env, |test| {
+        let go_on = go_on.clone();
+        Box::pin(async move {
+            let _ = std::fs::remove_file(&go_on);
+            one_gpu_template(test).await?;
+            let rack_0 = json!({RACK_LABEL: "rack-0000"});
+            test.create(workers("refused", 2, json!({}), json!({"nodeSelector": rack_0})))
+                .await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until("the commit to pause before release", Duration::from_secs(60), || {
+                let reached = operator.log().contains("pause point after-reserved reached");
+                async move { Ok(reached.then_some(())) }
+            })
+            .await?;
+            let planned = planned_nodes(test, "refused").await?;
+            let refused_pod = "refused-workers-0";
+            let refused_node = planned.get(refused_pod).context("worker 0 planned")?.clone();
+            // Behind muster's back: worker 0 may not go to its planned node.
+            test.pods()
+                .patch(
+                    refused_pod,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"affinity": {"nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+                            "matchExpressions": [{"key": HOSTNAME, "operator": "NotIn", "values": [refused_node]}],
+                        }]},
+                    }}}})),
+                )
+                .await?;
+            let released = std::time::Instant::now();
+            std::fs::write(&go_on, b"")?;
+
+            if let Some(fault) = crash {
+                let operator = test.operator.as_mut().context("operator")?;
+                operator.wait_aborted_at(fault, Duration::from_secs(60)).await?;
+                let noticed = released.elapsed();
+                ensure!(
+                    noticed < Duration::from_secs(20),
+                    "the refusal was recorded after {noticed:?}"
+                );
+                test.operator = None;
+                test.start_operator(&[], &[])?;
+            } else {
+                let note = test.wait_event("refused", "SchedulerRefused", "node affinity").await?;
+                let noticed = released.elapsed();
+                ensure!(
+                    noticed < Duration::from_secs(20),
+                    "the refusal was acted on after {noticed:?}: {note}"
+                );
+                ensure!(
+                    note.contains(refused_pod) && note.contains(&refused_node),
+                    "the note names the pod and the node: {note}"
+                );
+            }
+
+            // The gang runs again, off the refused node.
+            test.wait_phase("refused", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let placed = nodes_of(test, "refused").await?;
+            ensure!(
+                placed.values().all(|node| *node != refused_node),
+                "a worker was planned onto {refused_node} again: {placed:?}"
+            );
+            let workload = test.workloads().get("refused").await?;
+            let status = workload.status.unwrap_or_default();
+            let remembered = status
+                .scheduler_refusals
+                .iter()
+                .find(|r| r.node == refused_node)
+                .context("the refusal is remembered in the status")?;
+            ensure!(
+                remembered.pod == refused_pod
+                    && remembered.pod_group.as_deref() == Some("workers")
+                    && remembered.message.contains("node affinity"),
+                "{remembered:?}"
+            );
+            ensure!(status.restarts == 0, "a refusal is no restart: {}", status.restarts);
+            let _ = std::fs::remove_file(&go_on);
             Ok(())
         })
     })

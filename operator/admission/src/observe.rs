@@ -13,6 +13,9 @@ pub struct Settings {
     /// How long a reserved gang may wait for its planned pods to exist before its
     /// reservation is given back.
     pub release_timeout: Millis,
+    /// How long a pod must have been released before kube-scheduler's refusal of it
+    /// takes the gang apart (see [`crate::refusal`]).
+    pub refusal_grace: Millis,
 }
 
 impl Default for Settings {
@@ -20,6 +23,7 @@ impl Default for Settings {
         Settings {
             schedule_timeout: 120_000,
             release_timeout: 120_000,
+            refusal_grace: 5_000,
         }
     }
 }
@@ -97,6 +101,8 @@ pub struct PodView {
     pub exit_codes: Vec<(String, i32)>,
     /// Its conditions, `(type, status)`.
     pub conditions: Vec<(String, String)>,
+    /// kube-scheduler's `PodScheduled=False` condition, while it has not bound the pod.
+    pub unscheduled: Option<crate::refusal::Unscheduled>,
 }
 
 impl PodView {
@@ -159,6 +165,8 @@ pub struct Gang<'a> {
     /// written after the commit's conflict check (kube-scheduler decides in memory and
     /// writes later).
     pub conflicted: &'a [String],
+    /// `status.schedulerRefusals`: refusals the gang remembers.
+    pub refusals: &'a [crate::refusal::Refusal],
     pub now: Millis,
 }
 

@@ -337,6 +337,7 @@ impl Admission {
                         message: message.clone(),
                     }],
                     restarts: None,
+                    refusals: None,
                 },
             )
             .await?;
@@ -368,6 +369,7 @@ impl Admission {
                 placement: None,
                 restarts: None,
                 nomination: NominationUpdate::Clear,
+                refusals: None,
             },
         )
         .await?;
@@ -439,8 +441,13 @@ impl Admission {
         if candidates.is_empty() {
             return Ok(());
         }
+        // Victims are chosen for a plan that keeps off the nodes the gang was refused on.
+        let avoid = super::refusals::avoid(workload, &request, observe::now_millis());
         let options = PreemptionOptions {
-            plan: self.settings.plan.clone(),
+            plan: muster_engine::placement::PlanOptions {
+                avoid: std::sync::Arc::new(avoid),
+                ..self.settings.plan.clone()
+            },
             max_plan_calls: MAX_PLAN_CALLS,
         };
         let decision =
@@ -463,6 +470,7 @@ impl Admission {
                     placement: None,
                     restarts: None,
                     nomination: NominationUpdate::Set(nominated.clone()),
+                    refusals: None,
                 },
             )
             .await?;
