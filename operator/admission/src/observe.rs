@@ -102,7 +102,7 @@ pub struct PodView {
     /// Its conditions, `(type, status)`.
     pub conditions: Vec<(String, String)>,
     /// kube-scheduler's `PodScheduled=False` condition, while it has not bound the pod.
-    pub unscheduled: Option<crate::refusal::Unscheduled>,
+    pub unscheduled: Option<Unscheduled>,
 }
 
 impl PodView {
@@ -166,7 +166,7 @@ pub struct Gang<'a> {
     /// writes later).
     pub conflicted: &'a [String],
     /// `status.schedulerRefusals`: refusals the gang remembers.
-    pub refusals: &'a [crate::refusal::Refusal],
+    pub refusals: &'a [Refusal],
     pub now: Millis,
 }
 
@@ -197,4 +197,28 @@ impl Gang<'_> {
     pub fn current_pod(&self, name: &str) -> Option<&PodView> {
         self.current_pods().find(|p| p.name == name && !p.deleting)
     }
+}
+
+/// kube-scheduler's word on a released pod it has not bound: its `PodScheduled=False`
+/// condition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unscheduled {
+    pub reason: String,
+    pub message: String,
+    /// kube-scheduler nominated a node for the pod (`status.nominatedNodeName`): it is
+    /// preempting for it.
+    pub nominated: bool,
+}
+
+/// A pod refused on the node it was planned on, as remembered in the status (see
+/// [`crate::refusal`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The pod's group (`None`: the pod carried none, and only it keeps off the node).
+    pub group: Option<String>,
+    pub pod: String,
+    pub node: String,
+    pub message: String,
+    /// When muster acted on it.
+    pub at: Millis,
 }

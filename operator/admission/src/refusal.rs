@@ -12,6 +12,7 @@
 //! cluster changes, so a refusal that came from a cache behind muster's (a pod it still
 //! thinks holds the port, the CPU) is gone within that time.
 
+pub use crate::observe::{Refusal, Unscheduled};
 use crate::{Millis, PodView};
 
 /// How long a refusal keeps the pod's group off the node. kube-scheduler itself moves an
@@ -20,29 +21,6 @@ pub const MEMORY: Millis = 300_000;
 
 /// The most refusals a gang remembers (the oldest go first).
 pub const KEPT: usize = 16;
-
-/// kube-scheduler's word on a released pod it has not bound: its `PodScheduled=False`
-/// condition.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Unscheduled {
-    pub reason: String,
-    pub message: String,
-    /// kube-scheduler nominated a node for the pod (`status.nominatedNodeName`): it is
-    /// preempting for it.
-    pub nominated: bool,
-}
-
-/// A pod refused on the node it was planned on, as remembered in the status.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// The pod's group (`None`: the pod carried none, and only it keeps off the node).
-    pub group: Option<String>,
-    pub pod: String,
-    pub node: String,
-    pub message: String,
-    /// When muster acted on it.
-    pub at: Millis,
-}
 
 impl Refusal {
     /// Whether it still keeps its group off the node at `now`.
