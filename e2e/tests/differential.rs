@@ -1,5 +1,8 @@
-//! Differential fidelity: randomised single-pod DRA cases go both to muster's engine and
-//! to a real kube-scheduler, and any disagreement fails the test.
+//! Differential fidelity: randomised single-pod cases go both to muster's engine and to a
+//! real kube-scheduler, and any disagreement fails the test. A case is a DRA half (devices,
+//! classes, a claim) and a scene (`differential/scene.rs`): pods already on nodes, volumes
+//! and claims, and the pod's labels, inter-pod (anti-)affinity, topology spread, node
+//! selection, host ports and volumes.
 //!
 //! Every case publishes fresh ResourceSlices (fresh pool names) for the fleet's nodes,
 //! fresh DeviceClasses, a standalone ResourceClaim and a pod using it. Sometimes other
@@ -13,9 +16,10 @@
 //! when the engine fits it on exactly one node alone, kube-scheduler must pick that one.
 //!
 //! kube-scheduler works from informer caches. Before it gets the pods of a case, a fence
-//! pod must be bound whose device, class and claim were written after every other object
-//! of the case: each informer delivers events in order, so the scheduler then knows the
-//! whole case.
+//! pod must be bound whose device, class, claim, PersistentVolumeClaim and
+//! PersistentVolume were written after every other object of the case (and which comes
+//! after the case's pods): each informer delivers events in order, so the scheduler then
+//! knows the whole case. StorageClasses and CSINodes are written once, before any case.
 //!
 //! `MUSTER_DIFF_SEED` (decimal or 0x-hex) and `MUSTER_DIFF_CASES` override the seed and
 //! the number of cases; `MUSTER_DIFF_ONLY=<case>` runs one case of the seed (each case
@@ -26,16 +30,18 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster::snapshot::Objects;
 use muster_e2e::rng::Rng;
+use muster_e2e::storage::static_class;
 use muster_e2e::testing::{delete_namespace, namespace, shared_cluster};
+use muster_engine::claim::ClaimSpec;
 use muster_engine::key::{ClaimKey, PodKey};
 use muster_engine::placement::{self, Outcome, PlanOptions};
 use muster_engine::request::{GangRequest, GroupRequest, PodClaim, PodInstance, SharedClaim};
-use muster_engine::selector::NodeSelector;
 use muster_local_cluster::fleet::{FleetSpec, create_or_keep};
 use muster_local_cluster::wait;
 use serde_json::{Map, Value, json};
@@ -57,8 +63,11 @@ const CASE_LABEL: &str = "e2e.muster.dev/case";
 /// before the verdict is read.
 const KEEP_FINALIZER: &str = "e2e.muster.dev/keep";
 
+#[path = "differential/scene.rs"]
+mod scene;
+
 const DEFAULT_SEED: u64 = 0x6d75_7374_6572_0001;
-const DEFAULT_CASES: usize = 250;
+const DEFAULT_CASES: usize = 400;
 const NODES: usize = 4;
 /// How long kube-scheduler may take for one verdict.
 const VERDICT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -96,15 +105,19 @@ struct Case {
     slices: Vec<Value>,
     /// Claims and pods that take devices before the pod under test.
     blockers: Vec<(Value, Value)>,
-    claim: Value,
+    /// The pod's DRA claim, if it has one.
+    claim: Option<Value>,
     pod: Value,
+    scene: scene::Scene,
 }
 
 fn labels(prefix: &str) -> Value {
     json!({ CASE_LABEL: prefix })
 }
 
-fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
+/// Case `number` of `seed` on the fleet's `nodes`, in namespace `main` (with `other` the
+/// second namespace of the run).
+fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &str) -> Case {
     let mut rng = Rng::for_case(seed, number);
     let prefix = format!("c{number:04}");
 
@@ -292,11 +305,26 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
                 "metadata": {"name": name, "labels": labels(&prefix)},
                 "spec": {"devices": {"requests": requests}},
             });
-            blockers.push((blocker_claim, pod_object(&prefix, &name, &name)));
+            blockers.push((blocker_claim, pod_object(&prefix, &name, Some(&name))));
         }
     }
 
-    let pod = pod_object(&prefix, &format!("{prefix}-pod"), &claim_name);
+    let scene = scene::generate(seed, number, nodes, main, other);
+    let claim = scene.with_claim.then_some(claim);
+    let mut pod = pod_object(
+        &prefix,
+        &format!("{prefix}-pod"),
+        claim.as_ref().map(|_| claim_name.as_str()),
+    );
+    for (key, value) in &scene.labels {
+        pod["metadata"]["labels"][key] = value.clone();
+    }
+    for (key, value) in &scene.spec {
+        pod["spec"][key] = value.clone();
+    }
+    if !scene.ports.is_empty() {
+        pod["spec"]["containers"][0]["ports"] = json!(scene.ports);
+    }
     Case {
         number,
         prefix,
@@ -305,6 +333,7 @@ fn generate(seed: u64, number: usize, nodes: &[String]) -> Case {
         blockers,
         claim,
         pod,
+        scene,
     }
 }
 
@@ -584,17 +613,22 @@ fn atom(rng: &mut Rng, nodes: &[String], unguarded: u64) -> String {
     }
 }
 
-fn pod_object(prefix: &str, name: &str, claim: &str) -> Value {
-    json!({
+/// A pod of a case, with the DRA claim `claim` if given.
+fn pod_object(prefix: &str, name: &str, claim: Option<&str>) -> Value {
+    let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels(prefix), "finalizers": [KEEP_FINALIZER]},
         "spec": {
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "dev"}]}}],
-            "resourceClaims": [{"name": "dev", "resourceClaimName": claim}],
+            "containers": [{"name": "main", "image": "busybox"}],
         },
-    })
+    });
+    if let Some(claim) = claim {
+        pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "dev"}]});
+        pod["spec"]["resourceClaims"] = json!([{"name": "dev", "resourceClaimName": claim}]);
+    }
+    pod
 }
 
 // ---- verdicts ----
@@ -731,70 +765,82 @@ impl EngineView {
     }
 }
 
-fn engine_views(objects: &Objects, claim: &ResourceClaim, pod: &Pod, nodes: &[String]) -> Result<Vec<EngineView>> {
+fn engine_views(
+    objects: &Objects,
+    claim: Option<&ResourceClaim>,
+    pod: &Pod,
+    nodes: &[String],
+) -> Result<Vec<EngineView>> {
     let cluster = objects.clone().take_cluster_state()?;
-    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-    let claim_key = ClaimKey::new(&namespace, claim.metadata.name.as_deref().unwrap_or_default());
-    let pod_key = PodKey::new(&namespace, pod.metadata.name.as_deref().unwrap_or_default());
-    let spec = muster::convert::claim_spec(
-        &format!("ResourceClaim {claim_key}"),
-        &claim.spec.clone().unwrap_or_default(),
-    )?;
-    let shape = muster::convert::pod_shape(&format!("Pod {pod_key}"), &pod.spec.clone().unwrap_or_default())?;
-    let options = PlanOptions::default();
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+    let pod_key = PodKey::new(&namespace, pod_name);
+    let claim = claim
+        .map(|claim| -> Result<(ClaimKey, ClaimSpec)> {
+            let key = ClaimKey::new(&namespace, claim.metadata.name.as_deref().unwrap_or_default());
+            let spec =
+                muster::convert::claim_spec(&format!("ResourceClaim {key}"), &claim.spec.clone().unwrap_or_default())?;
+            Ok((key, spec))
+        })
+        .transpose()?;
+    let shape = muster::convert::pod_shape(&format!("Pod {pod_key}"), pod)?;
+    let volumes =
+        muster::convert::scheduling::volume_claims(&namespace, pod_name, &pod.spec.clone().unwrap_or_default());
     let mut views = Vec::new();
-    for form in [Form::Shared, Form::Own] {
-        let gang = |node: Option<&str>| {
-            let mut shape = shape.clone();
-            shape.affinity = node.map(NodeSelector::for_node);
-            let (shared, instance) = match form {
-                Form::Shared => {
-                    shape.shared = vec![0];
-                    (
-                        vec![SharedClaim {
-                            key: claim_key.clone(),
-                            spec: spec.clone(),
-                            allocation: None,
-                        }],
-                        PodInstance {
-                            key: pod_key.clone(),
-                            claims: vec![],
-                        },
-                    )
-                }
-                Form::Own => {
-                    shape.claims = vec![spec.clone()];
-                    (
-                        vec![],
-                        PodInstance {
-                            key: pod_key.clone(),
-                            claims: vec![PodClaim::unallocated(claim_key.clone())],
-                        },
-                    )
-                }
-            };
-            GangRequest {
-                name: pod_key.to_string(),
-                groups: vec![GroupRequest {
-                    name: "pod".into(),
-                    min_count: 1,
-                    shape,
-                    pods: vec![instance],
-                    topology: Default::default(),
-                }],
-                shared_claims: shared,
-                topology: Default::default(),
+    // Without a claim both forms are the same request.
+    let forms: &[Form] = if claim.is_some() {
+        &[Form::Shared, Form::Own]
+    } else {
+        &[Form::Own]
+    };
+    for &form in forms {
+        let mut shape = shape.clone();
+        let mut instance = PodInstance::new(pod_key.clone(), vec![]);
+        instance.volumes = volumes.clone();
+        let mut shared = vec![];
+        match (&claim, form) {
+            (Some((key, spec)), Form::Shared) => {
+                shape.shared = vec![0];
+                shared.push(SharedClaim {
+                    key: key.clone(),
+                    spec: spec.clone(),
+                    allocation: None,
+                });
             }
+            (Some((key, spec)), Form::Own) => {
+                shape.claims = vec![spec.clone()];
+                instance.claims = vec![PodClaim::unallocated(key.clone())];
+            }
+            (None, _) => {}
+        }
+        let gang = GangRequest {
+            name: pod_key.to_string(),
+            groups: vec![GroupRequest {
+                name: "pod".into(),
+                min_count: 1,
+                shape,
+                pods: vec![instance],
+                topology: Default::default(),
+            }],
+            shared_claims: shared,
+            topology: Default::default(),
         };
-        let whole = Engine::of(&placement::plan(&cluster, &gang(None), &options));
+        // On one node alone: every other node is held back, so the pod's own node
+        // selection (and what topology spread counts with it) stays as it is.
+        let only = |node: Option<&str>| PlanOptions {
+            excluded_nodes: std::sync::Arc::new(
+                nodes
+                    .iter()
+                    .filter(|n| Some(n.as_str()) != node && node.is_some())
+                    .cloned()
+                    .collect::<BTreeSet<_>>(),
+            ),
+            ..PlanOptions::default()
+        };
+        let whole = Engine::of(&placement::plan(&cluster, &gang, &only(None)));
         let per_node = nodes
             .iter()
-            .map(|n| {
-                (
-                    n.clone(),
-                    Engine::of(&placement::plan(&cluster, &gang(Some(n)), &options)),
-                )
-            })
+            .map(|n| (n.clone(), Engine::of(&placement::plan(&cluster, &gang, &only(Some(n))))))
             .collect();
         views.push(EngineView { form, whole, per_node });
     }
@@ -886,10 +932,15 @@ fn compare(scheduler: &Scheduler, views: &[EngineView]) -> (Vec<String>, Vec<Str
 struct Harness {
     client: kube::Client,
     ns: String,
+    /// A second namespace, for pods that inter-pod terms reach by name or by label.
+    other_ns: String,
     nodes: Vec<String>,
     node_api: Api<Node>,
     pods: Api<Pod>,
+    other_pods: Api<Pod>,
     all_pods: Api<Pod>,
+    volume_claims: Api<PersistentVolumeClaim>,
+    volumes: Api<PersistentVolume>,
     claims: Api<ResourceClaim>,
     all_claims: Api<ResourceClaim>,
     slices: Api<ResourceSlice>,
@@ -898,18 +949,31 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Result<Harness> {
+        // Four racks of one node, two blocks, two zones.
         let fleet = FleetSpec {
             nodes: NODES,
             gpus_per_node: 0,
+            nodes_per_rack: 1,
+            racks_per_block: 2,
+            blocks_per_zone: 1,
             ..FleetSpec::default()
         };
         let cluster = shared_cluster(fleet).await?;
         let client = cluster.control_plane.client().await?;
         let ns = namespace(&client, "differential").await?;
+        let other_ns = namespace(&client, "differential-other").await?;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        for (name, team) in [(&ns, "main"), (&other_ns, "other")] {
+            let team: Patch<Value> = Patch::Merge(json!({"metadata": {"labels": {scene::TEAM_LABEL: team}}}));
+            namespaces.patch(name, &PatchParams::default(), &team).await?;
+        }
         let harness = Harness {
             nodes: cluster.nodes.iter().map(|n| n.name.clone()).collect(),
             node_api: Api::all(client.clone()),
             pods: Api::namespaced(client.clone(), &ns),
+            other_pods: Api::namespaced(client.clone(), &other_ns),
+            volume_claims: Api::namespaced(client.clone(), &ns),
+            volumes: Api::all(client.clone()),
             all_pods: Api::all(client.clone()),
             claims: Api::namespaced(client.clone(), &ns),
             all_claims: Api::all(client.clone()),
@@ -917,7 +981,28 @@ impl Harness {
             classes: Api::all(client.clone()),
             client,
             ns,
+            other_ns,
         };
+        let storage_classes: Api<StorageClass> = Api::all(harness.client.clone());
+        for (name, mode) in [
+            (scene::LATE_CLASS, "WaitForFirstConsumer"),
+            (scene::NOW_CLASS, "Immediate"),
+        ] {
+            create_or_keep(&storage_classes, &static_class(name, mode)?).await?;
+        }
+        // Attach limits of the CSI driver, one per node.
+        let csi_nodes: Api<CSINode> = Api::all(harness.client.clone());
+        for (i, node) in harness.nodes.iter().enumerate() {
+            let mut driver = json!({"name": scene::CSI_DRIVER, "nodeID": node});
+            if let Some(count) = scene::attach_limit(i) {
+                driver["allocatable"] = json!({"count": count});
+            }
+            create_or_keep(
+                &csi_nodes,
+                &serde_json::from_value(json!({"metadata": {"name": node}, "spec": {"drivers": [driver]}}))?,
+            )
+            .await?;
+        }
         create_or_keep(
             &harness.classes,
             &serde_json::from_value(json!({
@@ -957,7 +1042,8 @@ impl Harness {
     }
 
     /// Deletes every object of earlier cases: claims first (kube-scheduler does not
-    /// allocate claims being deleted), then pods, slices and classes.
+    /// allocate claims being deleted), then pods, slices and classes, then volume claims
+    /// (kept while a pod uses them) and volumes.
     async fn clear(&self) -> Result<()> {
         let all = ListParams::default().labels(CASE_LABEL);
         let now = DeleteParams {
@@ -965,25 +1051,31 @@ impl Harness {
             ..DeleteParams::default()
         };
         self.claims.delete_collection(&now, &all).await?;
-        for pod in self.pods.list(&all).await?.items {
-            if pod.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
-                let name = pod.metadata.name.unwrap_or_default();
-                let keep: Patch<Value> = Patch::Merge(json!({"metadata": {"finalizers": null}}));
-                self.pods.patch(&name, &PatchParams::default(), &keep).await?;
+        for pods in [&self.pods, &self.other_pods] {
+            for pod in pods.list(&all).await?.items {
+                if pod.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+                    let name = pod.metadata.name.unwrap_or_default();
+                    let keep: Patch<Value> = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+                    pods.patch(&name, &PatchParams::default(), &keep).await?;
+                }
             }
+            pods.delete_collection(&now, &all).await?;
         }
-        self.pods.delete_collection(&now, &all).await?;
         self.slices.delete_collection(&now, &all).await?;
         self.classes.delete_collection(&now, &all).await?;
-        let pods = self.pods.clone();
-        wait::until("the pods of the last case to be gone", Duration::from_secs(60), || {
-            let pods = pods.clone();
-            async move {
-                let left = pods.list(&ListParams::default().labels(CASE_LABEL)).await?;
-                Ok(left.items.is_empty().then_some(()))
-            }
-        })
-        .await
+        for pods in [self.pods.clone(), self.other_pods.clone()] {
+            wait::until("the pods of the last case to be gone", Duration::from_secs(60), || {
+                let pods = pods.clone();
+                async move {
+                    let left = pods.list(&ListParams::default().labels(CASE_LABEL)).await?;
+                    Ok(left.items.is_empty().then_some(()))
+                }
+            })
+            .await?;
+        }
+        self.volume_claims.delete_collection(&now, &all).await?;
+        self.volumes.delete_collection(&now, &all).await?;
+        Ok(())
     }
 
     async fn create_pod(&self, pod: &Value) -> Result<()> {
@@ -1078,8 +1170,67 @@ impl Harness {
             }}]}},
         }))
         .await?;
-        self.create_pod(&pod_object(prefix, &name, &name)).await?;
+        // A volume and its claim, bound to each other: written after the case's.
+        let volume = format!("{name}-pv");
+        self.volumes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": volume, "labels": labels(prefix)},
+                    "spec": {
+                        "storageClassName": "",
+                        "capacity": {"storage": "1Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "hostPath": {"path": format!("/tmp/{volume}")},
+                        "claimRef": {"namespace": self.ns, "name": name},
+                    },
+                }))?,
+            )
+            .await?;
+        self.volume_claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": labels(prefix)},
+                    "spec": {
+                        "storageClassName": "",
+                        "volumeName": volume,
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                }))?,
+            )
+            .await?;
+        let mut pod = pod_object(prefix, &name, Some(&name));
+        pod["spec"]["volumes"] = json!([{"name": "fence", "persistentVolumeClaim": {"claimName": name}}]);
+        self.create_pod(&pod).await?;
         self.bound(&name, true).await.context("the fence pod")?;
+        Ok(())
+    }
+
+    /// Waits until the volume controller has bound the claims `names`.
+    async fn claims_bound(&self, names: &[String]) -> Result<()> {
+        for name in names {
+            let claims = self.volume_claims.clone();
+            wait::until(
+                &format!("PersistentVolumeClaim {name} to be bound"),
+                Duration::from_secs(60),
+                || {
+                    let claims = claims.clone();
+                    async move {
+                        let claim = claims.get(name).await?;
+                        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+                            && claim
+                                .metadata
+                                .annotations
+                                .as_ref()
+                                .is_some_and(|a| a.contains_key("pv.kubernetes.io/bind-completed"));
+                        Ok(bound.then_some(()))
+                    }
+                },
+            )
+            .await?;
+        }
         Ok(())
     }
 
@@ -1088,6 +1239,7 @@ impl Harness {
         self.clear().await?;
         self.slices.delete(FENCE_SLICE, &DeleteParams::default()).await?;
         self.classes.delete(ANY_CLASS, &DeleteParams::default()).await?;
+        delete_namespace(&self.client, &self.other_ns).await?;
         delete_namespace(&self.client, &self.ns).await
     }
 
@@ -1108,6 +1260,33 @@ impl Harness {
         for pod in self.all_pods.list(&all).await?.items {
             objects.add_pod(pod)?;
         }
+        for claim in self.volume_claims.list(&all).await?.items {
+            objects.volume_claims.push(muster::convert::storage::claim(&claim)?);
+        }
+        for volume in self.volumes.list(&all).await?.items {
+            objects.volumes.push(muster::convert::storage::volume(&volume)?);
+        }
+        let storage_classes: Api<StorageClass> = Api::all(self.client.clone());
+        for class in storage_classes.list(&all).await?.items {
+            let default = muster::convert::storage::is_default_class(&class);
+            objects
+                .storage_classes
+                .push((muster::convert::storage::storage_class(&class), default));
+        }
+        let csi_nodes: Api<CSINode> = Api::all(self.client.clone());
+        for node in csi_nodes.list(&all).await?.items {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            objects
+                .csi_nodes
+                .push((name, muster::convert::storage::csi_node(&node)));
+        }
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        for namespace in namespaces.list(&all).await?.items {
+            objects.namespaces.push((
+                namespace.metadata.name.unwrap_or_default(),
+                namespace.metadata.labels.unwrap_or_default(),
+            ));
+        }
         Ok(objects)
     }
 
@@ -1125,10 +1304,32 @@ impl Harness {
                 .await
                 .with_context(|| format!("creating slice {}", slice["metadata"]["name"]))?;
         }
+        for volume in &case.scene.volumes {
+            self.volumes
+                .create(&PostParams::default(), &serde_json::from_value(volume.clone())?)
+                .await
+                .with_context(|| format!("creating volume {}", volume["metadata"]["name"]))?;
+        }
+        for claim in &case.scene.claims {
+            self.volume_claims
+                .create(&PostParams::default(), &serde_json::from_value(claim.clone())?)
+                .await
+                .with_context(|| format!("creating volume claim {}", claim["metadata"]["name"]))?;
+        }
+        self.claims_bound(&case.scene.bound).await?;
+        // Pods already on nodes, before the fence pod.
+        for (pod, other) in &case.scene.residents {
+            let pods = if *other { &self.other_pods } else { &self.pods };
+            pods.create(&PostParams::default(), &serde_json::from_value(pod.clone())?)
+                .await
+                .with_context(|| format!("creating resident {}", pod["metadata"]["name"]))?;
+        }
         for (claim, _) in &case.blockers {
             self.create_claim(claim).await?;
         }
-        self.create_claim(&case.claim).await?;
+        if let Some(claim) = &case.claim {
+            self.create_claim(claim).await?;
+        }
         self.fence(case).await?;
 
         // Other pods take their devices first.
@@ -1144,12 +1345,18 @@ impl Harness {
 
         // The engine plans from what the API server has now ...
         let objects = self.objects().await?;
-        let claim_name = case.claim["metadata"]["name"].as_str().unwrap_or_default();
-        let claim = self.claims.get(claim_name).await?;
+        let claim = match &case.claim {
+            Some(claim) => Some(
+                self.claims
+                    .get(claim["metadata"]["name"].as_str().unwrap_or_default())
+                    .await?,
+            ),
+            None => None,
+        };
         let pod: Pod = serde_json::from_value(case.pod.clone())?;
         let mut pod_in_ns = pod.clone();
         pod_in_ns.metadata.namespace = Some(self.ns.clone());
-        let views = engine_views(&objects, &claim, &pod_in_ns, &self.nodes)?;
+        let views = engine_views(&objects, claim.as_ref(), &pod_in_ns, &self.nodes)?;
 
         // ... then kube-scheduler gets the pod.
         self.create_pod(&case.pod).await?;
@@ -1194,12 +1401,20 @@ impl Harness {
         for claim in self.claims.list(&selector).await?.items {
             add("ResourceClaim", "resource.k8s.io/v1", serde_json::to_value(claim)?);
         }
-        for pod in self.pods.list(&selector).await?.items {
-            let mut value = serde_json::to_value(&pod)?;
-            if let Some(status) = value.get_mut("status").and_then(Value::as_object_mut) {
-                status.retain(|k, _| k == "conditions" || k == "phase");
+        for volume in self.volumes.list(&selector).await?.items {
+            add("PersistentVolume", "v1", serde_json::to_value(volume)?);
+        }
+        for claim in self.volume_claims.list(&selector).await?.items {
+            add("PersistentVolumeClaim", "v1", serde_json::to_value(claim)?);
+        }
+        for pods in [&self.pods, &self.other_pods] {
+            for pod in pods.list(&selector).await?.items {
+                let mut value = serde_json::to_value(&pod)?;
+                if let Some(status) = value.get_mut("status").and_then(Value::as_object_mut) {
+                    status.retain(|k, _| k == "conditions" || k == "phase");
+                }
+                add("Pod", "v1", value);
             }
-            add("Pod", "v1", value);
         }
         Ok(serde_saphyr::to_string_multiple(&documents)?)
     }
@@ -1232,6 +1447,10 @@ struct Stats {
     with_blockers: usize,
     notes: usize,
     slowest: Duration,
+    /// Cases whose pod uses a scene feature (pod affinity, spread, ports, volumes), and
+    /// how many use each.
+    with_scene: usize,
+    features: BTreeMap<&'static str, usize>,
 }
 
 #[tokio::test]
@@ -1257,7 +1476,7 @@ async fn engine_and_kube_scheduler_agree_on_random_dra_cases() -> Result<()> {
     let mut failures: Vec<String> = Vec::new();
     let mut error_failures = 0;
     for &number in &numbers {
-        let case = generate(seed, number, &harness.nodes);
+        let case = generate(seed, number, &harness.nodes, &harness.ns, &harness.other_ns);
         let case_start = Instant::now();
         let report = match harness.run(&case).await {
             Ok(report) => report,
@@ -1289,6 +1508,12 @@ async fn engine_and_kube_scheduler_agree_on_random_dra_cases() -> Result<()> {
         }
         if report.blockers > 0 {
             stats.with_blockers += 1;
+        }
+        if !case.scene.features.is_empty() {
+            stats.with_scene += 1;
+        }
+        for feature in &case.scene.features {
+            *stats.features.entry(feature).or_default() += 1;
         }
         stats.notes += usize::from(!report.notes.is_empty());
 
@@ -1351,6 +1576,10 @@ async fn engine_and_kube_scheduler_agree_on_random_dra_cases() -> Result<()> {
         failures.len(),
         error_failures
     );
+    println!(
+        "differential: {} cases used scene features: {:?}",
+        stats.with_scene, stats.features
+    );
     ensure!(
         failures.is_empty(),
         "{} of {} cases disagree (seed {seed:#x}):\n{}",
@@ -1364,8 +1593,8 @@ async fn engine_and_kube_scheduler_agree_on_random_dra_cases() -> Result<()> {
 #[test]
 fn cases_are_reproducible_and_cover_every_feature() {
     let nodes: Vec<String> = (0..NODES).map(|i| format!("node-{i:05}")).collect();
-    let a = generate(7, 42, &nodes);
-    let b = generate(7, 42, &nodes);
+    let a = generate(7, 42, &nodes, "main", "other");
+    let b = generate(7, 42, &nodes, "main", "other");
     assert_eq!(
         (a.classes, a.slices, a.claim, a.pod, a.blockers),
         (b.classes, b.slices, b.claim, b.pod, b.blockers)
@@ -1393,9 +1622,15 @@ fn cases_are_reproducible_and_cover_every_feature() {
     ];
     let mut seen: BTreeMap<&str, usize> = features.iter().map(|f| (*f, 0)).collect();
     let mut with_blockers = 0;
+    let mut scenes: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut with_scene = 0;
     for number in 0..200 {
-        let case = generate(1, number, &nodes);
+        let case = generate(1, number, &nodes, "main", "other");
         with_blockers += usize::from(!case.blockers.is_empty());
+        with_scene += usize::from(!case.scene.features.is_empty());
+        for feature in &case.scene.features {
+            *scenes.entry(feature).or_default() += 1;
+        }
         let text = serde_json::to_string(&(&case.classes, &case.slices, &case.claim)).unwrap();
         for feature in features {
             *seen.get_mut(feature).unwrap() += usize::from(text.contains(feature));
@@ -1404,4 +1639,24 @@ fn cases_are_reproducible_and_cover_every_feature() {
     let missing: Vec<_> = seen.iter().filter(|(_, n)| **n == 0).map(|(f, _)| *f).collect();
     assert!(missing.is_empty(), "features no case uses: {missing:?}");
     assert!(with_blockers > 20, "{with_blockers} cases take devices first");
+    let expected = [
+        "pod affinity",
+        "pod anti-affinity",
+        "anti-affinity of residents",
+        "topology spread",
+        "minDomains",
+        "host ports",
+        "hostNetwork",
+        "bound volume",
+        "late binding",
+        "unbound immediate claim",
+        "ReadWriteOncePod in use",
+        "attach limits",
+    ];
+    let missing: Vec<_> = expected.iter().filter(|f| !scenes.contains_key(**f)).collect();
+    assert!(
+        missing.is_empty(),
+        "scene features no case uses: {missing:?} (seen {scenes:?})"
+    );
+    assert!(with_scene > 120, "{with_scene} of 200 cases use scene features");
 }

@@ -42,8 +42,14 @@ Workload owns, where the OwnerReferencesPermissionEnforcement admission plugin i
 - apiGroups: ["resource.k8s.io"]
   resources: ["deviceclasses", "resourceslices", "devicetaintrules"]
   verbs: ["list", "watch"]
+{{- /* What kube-scheduler reads besides devices, so plans keep to pod (anti-)affinity,
+topology spread, host ports and volumes: nodes, namespaces (affinity terms' namespace
+selectors), claims, volumes, storage classes and CSI attach limits. */}}
 - apiGroups: [""]
-  resources: ["nodes"]
+  resources: ["nodes", "namespaces", "persistentvolumeclaims", "persistentvolumes"]
+  verbs: ["list", "watch"]
+- apiGroups: ["storage.k8s.io"]
+  resources: ["storageclasses", "csinodes"]
   verbs: ["list", "watch"]
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]

@@ -3,9 +3,10 @@
 use std::collections::BTreeSet;
 
 use crate::failure::{self, Failure, FailureAction, FailureKind};
+use crate::refusal::{self, Refusal};
 use crate::{
-    Condition, ConditionType, Effect, EventKind, Gang, Journal, Millis, NodeHealth, Phase, Pin, PodView, Reason,
-    Record, Restarts, Settings, State, Step,
+    Condition, ConditionType, Effect, EventKind, Gang, Journal, Millis, NodeHealth, Phase, Pin, PlannedPod, PodView,
+    Reason, Record, Restarts, Settings, State, Step,
 };
 
 /// What to do next for a gang, from what is observed. A gang without a journal is
@@ -75,6 +76,7 @@ fn record(journal: Option<Journal>, conditions: Vec<Condition>) -> Effect {
         journal,
         conditions,
         restarts: None,
+        refusals: None,
     })
 }
 
@@ -403,9 +405,17 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     if let Some((reason, message, failures)) = core_failure(gang, journal) {
         return fail_or_restart(gang, journal, reason, message, &failures);
     }
-    let step = extras(gang, journal, settings);
+    let released_at = journal.released_at.unwrap_or(journal.since);
+    let (refused, refusal_due) = refused_pods(gang, settings, journal.core().map(|p| (p, released_at)));
+    if !refused.is_empty() {
+        return refused_tear_down(gang, journal, refused);
+    }
+    let mut step = extras(gang, journal, settings);
     if step.record().is_some() {
         return step;
+    }
+    if let Some(due) = refusal_due {
+        step = step.then_recheck_in(due);
     }
 
     // Waiting for the scheduler to bind every released core pod.
@@ -435,6 +445,62 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         message,
         EventKind::ScheduleTimeout,
     )
+}
+
+/// Of `planned` (each with the time it was released), the pods kube-scheduler refused on
+/// their planned node and that have been released for the grace (see [`refusal`]), as
+/// refusals made now; and how long until a refusal still within its grace is due.
+fn refused_pods<'j>(
+    gang: &Gang,
+    settings: &Settings,
+    planned: impl Iterator<Item = (&'j PlannedPod, Millis)>,
+) -> (Vec<Refusal>, Option<Millis>) {
+    let mut refused = Vec::new();
+    let mut due: Option<Millis> = None;
+    for (planned, released_at) in planned {
+        let Some(pod) = gang.current_pod(&planned.name) else {
+            continue;
+        };
+        let Some(message) = refusal::refused(pod) else {
+            continue;
+        };
+        let left = released_at + settings.refusal_grace - gang.now;
+        if left > 0 {
+            due = Some(due.map_or(left, |d| d.min(left)));
+            continue;
+        }
+        refused.push(Refusal {
+            group: pod.group.clone(),
+            pod: planned.name.clone(),
+            node: planned.node.clone(),
+            message: message.to_string(),
+            at: gang.now,
+        });
+    }
+    (refused, due)
+}
+
+/// kube-scheduler refused core pods: the gang is taken apart at once (as for a schedule
+/// timeout), and the refusals are recorded with the intent, in the same write, so that
+/// the plans after it keep each pod's group off its node.
+fn refused_tear_down(gang: &Gang, journal: &Journal, refused: Vec<Refusal>) -> Step {
+    let message = format!(
+        "{}; taking the gang apart to place it again",
+        refusal::describe(&refused)
+    );
+    let mut step = tear_down(
+        gang,
+        journal,
+        Reason::SchedulerRefused,
+        message,
+        EventKind::SchedulerRefused,
+    );
+    for effect in &mut step.effects {
+        if let Effect::Record(record) = effect {
+            record.refusals = Some(refusal::remember(gang.refusals, refused.clone(), gang.now));
+        }
+    }
+    step
 }
 
 /// The gang fails for good: what still runs stops, every claim is given back.
@@ -514,6 +580,7 @@ fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: Stri
                 total: restarts + 1,
                 counted: counted_after,
             }),
+            refusals: None,
         }),
         event(EventKind::Restarting, true, "Restart", note),
     ])
@@ -536,7 +603,14 @@ fn reservation_healthy(gang: &Gang, journal: &Journal) -> bool {
 /// is deleted, then its claims deallocated, then it leaves the journal.
 fn extras(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     let mut to_drop = BTreeSet::new();
-    let mut recheck: Option<i64> = None;
+    // Extras kube-scheduler refused: dropped at once, and remembered.
+    let released = journal
+        .pods
+        .iter()
+        .filter(|p| p.extra)
+        .filter_map(|p| Some((p, p.released_at?)));
+    let (refused, mut recheck) = refused_pods(gang, settings, released);
+    to_drop.extend(refused.iter().map(|r| r.pod.clone()));
     for extra in journal.pods.iter().filter(|p| p.extra) {
         let Some(released_at) = extra.released_at else {
             continue;
@@ -569,7 +643,13 @@ fn extras(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         for pod in dropping.pods.iter_mut().filter(|p| to_drop.contains(&p.name)) {
             pod.released_at = None;
         }
-        return Step::effects(vec![record(Some(dropping), vec![])]);
+        let remembered = (!refused.is_empty()).then(|| refusal::remember(gang.refusals, refused, gang.now));
+        return Step::effects(vec![Effect::Record(Record {
+            journal: Some(dropping),
+            conditions: vec![],
+            restarts: None,
+            refusals: remembered,
+        })]);
     }
 
     // Extras being dropped: pod first, then claims, then the journal.
@@ -709,9 +789,20 @@ fn suspending(gang: &Gang, journal: &Journal) -> Step {
 }
 
 /// Succeeded or failed: stop what still runs, give every claim back, hold nothing.
+/// A released pod kube-scheduler has not bound yet keeps the claims until it is being
+/// deleted (kube-scheduler never binds such a pod): its deletion may fail on a pod that
+/// changed meanwhile (kube-scheduler writes why it does not bind it), and bound later,
+/// it would find its claims unallocated and allocate them itself.
 fn finishing(gang: &Gang, journal: &Journal) -> Step {
     let running: Vec<&PodView> = gang.pods.iter().filter(|p| !p.phase.terminal()).collect();
     let mut effects = delete(gang, running);
+    let may_be_bound = gang
+        .pods
+        .iter()
+        .any(|p| !p.gated && p.node.is_none() && !p.deleting && !p.phase.terminal());
+    if may_be_bound {
+        return Step::effects(effects);
+    }
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => effects.extend(effect.map(|e| *e)),
         Claims::Free => effects.push(record(Some(journal.moved(State::Finished, gang.now)), vec![])),

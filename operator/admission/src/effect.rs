@@ -31,6 +31,8 @@ pub enum Reason {
     Preempted,
     /// A rule of the failure policy failed the gang at once.
     FailedByRule,
+    /// kube-scheduler refused a released pod on its planned node.
+    SchedulerRefused,
 }
 
 impl Reason {
@@ -51,11 +53,12 @@ impl Reason {
             Reason::Restarted => "Restarted",
             Reason::Preempted => "Preempted",
             Reason::FailedByRule => "FailedByRule",
+            Reason::SchedulerRefused => "SchedulerRefused",
         }
     }
 
     pub fn parse(text: &str) -> Option<Reason> {
-        const ALL: [Reason; 15] = [
+        const ALL: [Reason; 16] = [
             Reason::Reserving,
             Reason::Admitted,
             Reason::RolledBack,
@@ -71,6 +74,7 @@ impl Reason {
             Reason::Restarted,
             Reason::Preempted,
             Reason::FailedByRule,
+            Reason::SchedulerRefused,
         ];
         ALL.into_iter().find(|r| r.as_str() == text)
     }
@@ -85,12 +89,14 @@ pub struct Condition {
 }
 
 /// A write of the Workload's status, conditional on the version observed: the journal
-/// (`None` removes it: the gang is queued), conditions to set, the restart counts.
+/// (`None` removes it: the gang is queued), conditions to set, the restart counts, the
+/// refusals the gang remembers (`None` keeps them as they are).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub journal: Option<Journal>,
     pub conditions: Vec<Condition>,
     pub restarts: Option<Restarts>,
+    pub refusals: Option<Vec<crate::refusal::Refusal>>,
 }
 
 /// The gang's restarts: every one (the attempt its pods carry), and those that count
@@ -107,6 +113,7 @@ pub enum EventKind {
     Admitted,
     RolledBack,
     ScheduleTimeout,
+    SchedulerRefused,
     Restarting,
     Succeeded,
     Failed,

@@ -23,6 +23,7 @@ mod effect;
 pub mod failure;
 mod journal;
 mod observe;
+pub mod refusal;
 
 pub use decide::decide;
 pub use effect::{Condition, ConditionType, Effect, EventKind, Pin, PodRef, Reason, Record, Restarts, Step};

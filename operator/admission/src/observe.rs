@@ -13,6 +13,9 @@ pub struct Settings {
     /// How long a reserved gang may wait for its planned pods to exist before its
     /// reservation is given back.
     pub release_timeout: Millis,
+    /// How long a pod must have been released before kube-scheduler's refusal of it
+    /// takes the gang apart (see [`crate::refusal`]).
+    pub refusal_grace: Millis,
 }
 
 impl Default for Settings {
@@ -20,6 +23,7 @@ impl Default for Settings {
         Settings {
             schedule_timeout: 120_000,
             release_timeout: 120_000,
+            refusal_grace: 5_000,
         }
     }
 }
@@ -97,6 +101,8 @@ pub struct PodView {
     pub exit_codes: Vec<(String, i32)>,
     /// Its conditions, `(type, status)`.
     pub conditions: Vec<(String, String)>,
+    /// kube-scheduler's `PodScheduled=False` condition, while it has not bound the pod.
+    pub unscheduled: Option<Unscheduled>,
 }
 
 impl PodView {
@@ -159,6 +165,8 @@ pub struct Gang<'a> {
     /// written after the commit's conflict check (kube-scheduler decides in memory and
     /// writes later).
     pub conflicted: &'a [String],
+    /// `status.schedulerRefusals`: refusals the gang remembers.
+    pub refusals: &'a [Refusal],
     pub now: Millis,
 }
 
@@ -189,4 +197,28 @@ impl Gang<'_> {
     pub fn current_pod(&self, name: &str) -> Option<&PodView> {
         self.current_pods().find(|p| p.name == name && !p.deleting)
     }
+}
+
+/// kube-scheduler's word on a released pod it has not bound: its `PodScheduled=False`
+/// condition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unscheduled {
+    pub reason: String,
+    pub message: String,
+    /// kube-scheduler nominated a node for the pod (`status.nominatedNodeName`): it is
+    /// preempting for it.
+    pub nominated: bool,
+}
+
+/// A pod refused on the node it was planned on, as remembered in the status (see
+/// [`crate::refusal`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The pod's group (`None`: the pod carried none, and only it keeps off the node).
+    pub group: Option<String>,
+    pub pod: String,
+    pub node: String,
+    pub message: String,
+    /// When muster acted on it.
+    pub at: Millis,
 }

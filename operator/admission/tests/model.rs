@@ -38,6 +38,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use muster_admission::commit::{self, Placement};
 use muster_admission::failure;
+use muster_admission::refusal::{Refusal, Unscheduled};
 use muster_admission::{
     ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason, Record,
     Settings, Spec, State, decide,
@@ -91,6 +92,8 @@ struct PodObj {
     claims: Vec<String>,
     /// Devices its containers were started with.
     using: Vec<Dev>,
+    /// kube-scheduler's `PodScheduled=False` condition while it does not bind the pod.
+    unscheduled: Option<Unscheduled>,
     rv: u64,
 }
 
@@ -147,6 +150,8 @@ struct WorkloadObj {
     /// Of `restarts`, those counted against `maxRestarts`.
     counted_restarts: i32,
     finished_at: Option<i64>,
+    /// `status.schedulerRefusals`.
+    refusals: Vec<Refusal>,
     rv: u64,
 }
 
@@ -159,6 +164,9 @@ struct World {
     rv: u64,
     uids: u64,
     now: i64,
+    /// Nodes where kube-scheduler refuses gangs' pods for a reason muster does not model
+    /// (a scheduler plugin, a field a webhook added).
+    refusing: BTreeSet<String>,
 }
 
 /// A claim's allocation cleared (with `reservedFor`, as the API requires).
@@ -472,6 +480,7 @@ struct View {
 const SETTINGS: Settings = Settings {
     schedule_timeout: 20_000,
     release_timeout: 20_000,
+    refusal_grace: 1_000,
 };
 
 /// How often the schedules took the paths the model is for.
@@ -488,6 +497,7 @@ struct Stats {
     kueue_readmissions: u64,
     restarts: u64,
     deposed_writes: u64,
+    refusal_teardowns: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -503,6 +513,7 @@ impl std::ops::AddAssign for Stats {
         self.kueue_readmissions += o.kueue_readmissions;
         self.restarts += o.restarts;
         self.deposed_writes += o.deposed_writes;
+        self.refusal_teardowns += o.refusal_teardowns;
     }
 }
 
@@ -527,6 +538,10 @@ struct Sim {
     deposed_wrote: bool,
     /// Claims the operator saw holding a device another claim held too.
     seen_doubled: BTreeSet<String>,
+    /// (pod, node) pairs kube-scheduler refused.
+    refused: BTreeSet<(String, String)>,
+    /// A deposed leader's write is landing.
+    writing_deposed: bool,
     log: Vec<String>,
 }
 
@@ -595,6 +610,7 @@ impl Sim {
                     restarts: 0,
                     counted_restarts: 0,
                     finished_at: None,
+                    refusals: vec![],
                     rv,
                 },
             );
@@ -632,6 +648,8 @@ impl Sim {
             violation: None,
             deposed_wrote: false,
             seen_doubled: BTreeSet::new(),
+            refused: BTreeSet::new(),
+            writing_deposed: false,
             log: Vec::new(),
         }
     }
@@ -714,6 +732,7 @@ impl Sim {
                         deleting: false,
                         claims,
                         using: vec![],
+                        unscheduled: None,
                         rv,
                     },
                 );
@@ -736,8 +755,45 @@ impl Sim {
         if !self.world.nodes.get(&node).copied().unwrap_or(false) {
             return;
         }
+        // A constraint muster does not model comes or goes on the node.
+        if self.chaos && self.rng.chance(6) {
+            if !self.world.refusing.remove(&node) {
+                self.world.refusing.insert(node.clone());
+            }
+            let refusing = self.world.refusing.contains(&node);
+            self.note(format!("node {node} refusing={refusing}"));
+        }
+        if self.world.refusing.contains(&node) {
+            self.refused.insert((name.to_string(), node.clone()));
+            self.note(format!("kube-scheduler refuses {name} on {node}"));
+            self.write_pod(name, |p| {
+                p.unscheduled = Some(Unscheduled {
+                    reason: "Unschedulable".into(),
+                    message: format!("0/3 nodes are available: 1 node(s) refused {node}"),
+                    nominated: false,
+                })
+            });
+            return;
+        }
         if self.chaos && self.rng.chance(20) {
-            return; // not now: some other pod took the CPU
+            // Not now: kube-scheduler has not tried it yet, or preempts for it.
+            let waiting = match self.rng.below(3) {
+                0 => None,
+                1 => Some(Unscheduled {
+                    reason: "SchedulingGated".into(),
+                    message: "Scheduling is blocked due to non-empty scheduling gates".into(),
+                    nominated: false,
+                }),
+                _ => Some(Unscheduled {
+                    reason: "Unschedulable".into(),
+                    message: "0/3 nodes are available: 1 Insufficient cpu".into(),
+                    nominated: true,
+                }),
+            };
+            if pod.unscheduled.is_none() {
+                self.write_pod(name, |p| p.unscheduled = waiting);
+            }
+            return;
         }
         let mut using = Vec::new();
         for claim in &pod.claims {
@@ -759,6 +815,7 @@ impl Sim {
         p.node = Some(node);
         p.using = using;
         p.phase = Phase::Running;
+        p.unscheduled = None;
         p.rv = rv;
     }
 
@@ -1031,6 +1088,7 @@ impl Sim {
                 deleting: false,
                 claims: vec![claim],
                 using: devices,
+                unscheduled: None,
                 rv,
             },
         );
@@ -1194,6 +1252,7 @@ impl Sim {
                 failure_kind: None,
                 exit_codes: vec![],
                 conditions: vec![],
+                unscheduled: p.unscheduled.clone(),
             })
             .collect();
         let journal = w.journal.clone();
@@ -1256,6 +1315,7 @@ impl Sim {
             nodes: &nodes,
             devices_published,
             conflicted: &conflicted,
+            refusals: &w.refusals,
             now: self.world.now,
         };
         let step = decide(&gang_view, &SETTINGS);
@@ -1359,8 +1419,18 @@ impl Sim {
             }
         }
         let own: Vec<Dev> = self.op.nominated.get(gang).cloned().unwrap_or_default();
+        // Nodes kube-scheduler refused the gang's group on lately.
+        let now = self.world.now;
+        let refused: BTreeSet<String> = workloads
+            .get(gang)
+            .into_iter()
+            .flat_map(|w| &w.refusals)
+            .filter(|r| r.active(now))
+            .map(|r| r.node.clone())
+            .collect();
         let mut free: Vec<Dev> = (0..(NODES as u32 * DEVICES_PER_NODE))
             .filter(|d| self.op.cache.nodes.get(&node_of(*d)).copied().unwrap_or(false) && !taken.contains(d))
+            .filter(|d| !refused.contains(&node_of(*d)))
             .collect();
         free.sort_by_key(|d| !own.contains(d));
         free
@@ -1516,10 +1586,13 @@ impl Sim {
                         .is_some_and(|c| c.ours && c.reserved_for.iter().all(|u| own.contains(u)))
                 })
                 .collect();
+            // Devices on nodes the preemptor keeps off free nothing for it.
+            let now = self.world.now;
             let devices: Vec<Dev> = given
                 .iter()
                 .filter_map(|c| claims.get(*c)?.allocation.clone())
                 .flatten()
+                .filter(|d| !w.refusals.iter().any(|r| r.active(now) && r.node == node_of(*d)))
                 .collect();
             // The claim it shares with the victim comes back unallocated: it needs a
             // device of its own then.
@@ -1593,6 +1666,7 @@ impl Sim {
                 journal: Some(journal.clone()),
                 conditions: vec![],
                 restarts: None,
+                refusals: None,
             },
         });
         for (claim, devices) in found {
@@ -1619,6 +1693,7 @@ impl Sim {
                 journal: Some(reserved),
                 conditions: vec![],
                 restarts: None,
+                refusals: None,
             },
         });
         self.op.queue.push_back(Op::EndCommit { gang: gang.into() });
@@ -1883,6 +1958,41 @@ impl Sim {
                         ));
                     }
                 }
+                let known = self.world.workloads[&gang].refusals.clone();
+                if let Some(refusals) = &record.refusals {
+                    // Each refusal it remembers anew, kube-scheduler made: a pod that
+                    // merely waits is never taken for one.
+                    for r in refusals.iter().filter(|r| !known.contains(r)) {
+                        if !self.refused.contains(&(r.pod.clone(), r.node.clone())) {
+                            self.violated(format!(
+                                "{gang} remembers a refusal of {} on {} that kube-scheduler never made",
+                                r.pod, r.node
+                            ));
+                        }
+                    }
+                    if record.journal.as_ref().is_some_and(|j| j.state == State::TearingDown) {
+                        self.stats.refusal_teardowns += 1;
+                    }
+                }
+                // A plan (by a live leader) keeps each pod off the nodes its group was
+                // refused on lately.
+                if let Some(j) = record.journal.as_ref().filter(|_| !self.writing_deposed) {
+                    let fresh: Vec<&muster_admission::PlannedPod> = j
+                        .pods
+                        .iter()
+                        .filter(|p| expected.as_ref().is_none_or(|e| e.planned(&p.name).is_none()))
+                        .collect();
+                    let now = self.world.now;
+                    if let Some(p) = fresh
+                        .iter()
+                        .find(|p| known.iter().any(|r| r.node == p.node && r.active(now)))
+                    {
+                        self.violated(format!(
+                            "{gang} plans {} onto {}, where kube-scheduler refused its group lately",
+                            p.name, p.node
+                        ));
+                    }
+                }
                 match &record.journal {
                     // As the operator does: a gang queued again, or released, assumes
                     // nothing any more (the cache shows what it holds).
@@ -1905,6 +2015,9 @@ impl Sim {
                 if let Some(r) = record.restarts {
                     w.restarts = r.total;
                     w.counted_restarts = r.counted;
+                }
+                if let Some(refusals) = &record.refusals {
+                    w.refusals = refusals.clone();
                 }
                 if record
                     .conditions
@@ -2068,6 +2181,7 @@ impl Sim {
                             journal: Some(failed),
                             conditions: vec![],
                             restarts: None,
+                            refusals: None,
                         },
                     });
                 }
@@ -2315,8 +2429,16 @@ impl Sim {
                     if !held.is_empty() {
                         return Err(format!("queued gang {gang} holds {held:?}"));
                     }
-                    // Waiting is right only while its minimum does not fit.
-                    let free = self.world.devices().len() - allocated.len();
+                    // Waiting is right only while its minimum does not fit (off the nodes
+                    // it was refused on lately).
+                    let now = self.world.now;
+                    let free = self
+                        .world
+                        .devices()
+                        .into_iter()
+                        .filter(|d| !allocated.contains(d))
+                        .filter(|d| !w.refusals.iter().any(|r| r.active(now) && r.node == node_of(*d)))
+                        .count();
                     let shared_free = w
                         .shared
                         .as_ref()
@@ -2403,7 +2525,9 @@ impl Sim {
             self.deposed_wrote = true;
             self.stats.deposed_writes += 1;
             std::mem::swap(&mut self.op, &mut stale);
+            self.writing_deposed = true;
             self.execute(op);
+            self.writing_deposed = false;
             std::mem::swap(&mut self.op, &mut stale);
         } else {
             self.note(format!(
@@ -2460,6 +2584,7 @@ fn run(seed: u64) -> Result<(usize, usize, Stats), String> {
     for up in sim.world.nodes.values_mut() {
         *up = true;
     }
+    sim.world.refusing.clear();
     // How long each gang has been in its state since the chaos ended.
     let mut since: BTreeMap<String, (Option<State>, usize)> = BTreeMap::new();
     let mut calm = 0;

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use muster_admission::failure;
+use muster_admission::refusal::{self, Refusal, Unscheduled};
 use muster_admission::{
     ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason,
     Restarts, Settings, Spec, State, Step, decide,
@@ -11,6 +12,7 @@ use muster_admission::{
 const SETTINGS: Settings = Settings {
     schedule_timeout: 120_000,
     release_timeout: 120_000,
+    refusal_grace: 5_000,
 };
 
 fn spec(min_count: i32, managed: bool) -> Spec {
@@ -69,6 +71,7 @@ fn pod(name: &str, uid: &str, attempt: Option<i32>, gated: bool, phase: Phase, b
         failure_kind: None,
         exit_codes: vec![],
         conditions: vec![],
+        unscheduled: None,
     }
 }
 
@@ -83,6 +86,18 @@ fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
 }
 
 fn step(spec: &Spec, journal: &Journal, restarts: i32, pods: &[PodView], claims: &[ClaimView], now: i64) -> Step {
+    step_remembering(spec, journal, restarts, pods, claims, &[], now)
+}
+
+fn step_remembering(
+    spec: &Spec,
+    journal: &Journal,
+    restarts: i32,
+    pods: &[PodView],
+    claims: &[ClaimView],
+    refusals: &[Refusal],
+    now: i64,
+) -> Step {
     let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
     let gang = Gang {
         spec,
@@ -95,6 +110,7 @@ fn step(spec: &Spec, journal: &Journal, restarts: i32, pods: &[PodView], claims:
         nodes: &nodes,
         devices_published: true,
         conflicted: &[],
+        refusals,
         now,
     };
     decide(&gang, &SETTINGS)
@@ -363,6 +379,7 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
         nodes: &nodes,
         devices_published: true,
         conflicted: &[],
+        refusals: &[],
         now: 0,
     };
     let s = decide(&queued, &SETTINGS);
@@ -413,6 +430,7 @@ fn a_queued_gangs_pod_that_no_reservation_released_goes() {
         nodes: &nodes,
         devices_published: true,
         conflicted: &[],
+        refusals: &[],
         now: 0,
     };
     // Only muster's own released pod that is not running goes: not the gated one, not
@@ -450,6 +468,7 @@ fn a_released_gang_whose_device_another_claim_also_holds_gives_way() {
         nodes: &nodes,
         devices_published: true,
         conflicted: &conflicted,
+        refusals: &[],
         now: 1000,
     };
     let s = decide(&gang, &SETTINGS);
@@ -520,6 +539,7 @@ fn failed_step_on(spec: &Spec, restarts: i32, counted: i32, failed: PodView, nod
         nodes: &nodes,
         devices_published: true,
         conflicted: &[],
+        refusals: &[],
         now: 5000,
     };
     decide(&gang, &SETTINGS)
@@ -644,4 +664,183 @@ fn a_restart_waits_its_backoff_from_the_failure_holding_the_reservation() {
     let s = step(&spec, &j, 2, &[], &claims, 121_000);
     assert_eq!(recorded_state(&s), Some(Some(State::Reserved)), "{s:?}");
     assert!(deallocates(&s).is_empty(), "the reservation is reused");
+}
+
+fn unscheduled(mut pod: PodView, reason: &str, message: &str, nominated: bool) -> PodView {
+    pod.unscheduled = Some(Unscheduled {
+        reason: reason.into(),
+        message: message.into(),
+        nominated,
+    });
+    pod
+}
+
+const REFUSED: &str = "0/3 nodes are available: 1 node(s) had untolerated taint {gpu: broken}.";
+
+/// Issue 21, item 3: a released pod kube-scheduler refuses takes the gang apart within
+/// the grace, not after the schedule timeout: the intent (TearingDown, its cause quoting
+/// kube-scheduler) and the refusal to remember go in one write; the teardown's undo then
+/// runs as for any other cause, and the gang is queued saying why.
+#[test]
+fn a_refused_pod_takes_the_gang_apart_at_once_and_is_remembered_with_the_intent() {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0)), planned("g-w-1", false, Some(0))],
+        &["g-w-0-gpu", "g-w-1-gpu"],
+    );
+    let pods = [
+        unscheduled(
+            pod("g-w-0", "u0", Some(0), false, Phase::Pending, false),
+            "Unschedulable",
+            REFUSED,
+            false,
+        ),
+        pod("g-w-1", "u1", Some(0), false, Phase::Running, true),
+    ];
+    // Within the grace: only a look again when it is over.
+    let s = step(&spec(2, true), &j, 0, &pods, &[], 2_000);
+    assert_eq!(recorded_state(&s), None, "{s:?}");
+    assert_eq!(s.recheck_in, Some(3_000));
+    // Past it: taken apart, long before the 120 s schedule timeout.
+    let s = step(&spec(2, true), &j, 0, &pods, &[], 5_000);
+    assert_eq!(recorded_state(&s), Some(Some(State::TearingDown)), "{s:?}");
+    let record = s.record().expect("a record");
+    let cause = record.journal.as_ref().and_then(|j| j.cause.clone()).expect("a cause");
+    assert_eq!(cause.0, Reason::SchedulerRefused);
+    assert!(
+        cause.1.contains("untolerated taint {gpu: broken}") && cause.1.contains("g-w-0"),
+        "{}",
+        cause.1
+    );
+    let condition = &record.conditions[0];
+    assert_eq!(
+        (condition.type_, condition.status, condition.reason),
+        (ConditionType::Admitted, false, Reason::SchedulerRefused)
+    );
+    assert!(
+        condition.message.contains(REFUSED.trim_end_matches('.')),
+        "{}",
+        condition.message
+    );
+    let remembered = record.refusals.clone().expect("refusals recorded with the intent");
+    assert_eq!(remembered.len(), 1);
+    assert_eq!(
+        (
+            remembered[0].group.as_deref(),
+            remembered[0].pod.as_str(),
+            remembered[0].node.as_str(),
+            remembered[0].at
+        ),
+        (Some("w"), "g-w-0", "n1", 5_000)
+    );
+
+    // The undo: released pods go (the bound one too), then the claims, then it is queued
+    // with the cause read back.
+    let mut tearing = record.journal.clone().expect("journal");
+    tearing.since = 5_000;
+    let s = step(&spec(2, true), &tearing, 0, &pods, &[], 5_100);
+    let deleted: Vec<String> = s
+        .effects
+        .iter()
+        .flat_map(|e| match e {
+            Effect::DeletePods { pods, .. } => pods.iter().map(|p| p.name.clone()).collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(deleted, ["g-w-0", "g-w-1"]);
+    let claims = [claim("g-w-0-gpu", true, &[]), claim("g-w-1-gpu", true, &[])];
+    let s = step(&spec(2, true), &tearing, 0, &[], &claims, 5_200);
+    assert_eq!(deallocates(&s), ["g-w-0-gpu", "g-w-1-gpu"]);
+    let s = step(&spec(2, true), &tearing, 0, &[], &[], 5_300);
+    let record = s.record().expect("queued");
+    assert_eq!(record.journal, None);
+    assert_eq!(record.conditions[0].reason, Reason::SchedulerRefused);
+    assert_eq!(record.refusals, None, "the queueing write keeps what was remembered");
+}
+
+/// A pod that merely waits is no refusal: still marked SchedulingGated (kube-scheduler
+/// has not tried it yet), without the condition, or with a nominated node (it preempts
+/// for it). Such a gang waits for the schedule timeout as before.
+#[test]
+fn a_pod_that_merely_waits_is_not_taken_for_a_refusal() {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let waiting = pod("g-w-0", "u0", Some(0), false, Phase::Pending, false);
+    for pod in [
+        unscheduled(
+            waiting.clone(),
+            "SchedulingGated",
+            "Scheduling is blocked due to non-empty scheduling gates",
+            false,
+        ),
+        waiting.clone(),
+        unscheduled(waiting.clone(), "Unschedulable", REFUSED, true),
+        unscheduled(waiting.clone(), "", "", false),
+    ] {
+        let s = step(&spec(1, true), &j, 0, std::slice::from_ref(&pod), &[], 60_000);
+        assert_eq!(recorded_state(&s), None, "{pod:?}: {s:?}");
+        assert_eq!(s.recheck_in, Some(60_000), "{pod:?}");
+    }
+    // A scheduler error counts as a refusal.
+    let errored = unscheduled(waiting, "SchedulerError", "running PreBind plugin: boom", false);
+    let s = step(&spec(1, true), &j, 0, &[errored], &[], 60_000);
+    assert_eq!(recorded_state(&s), Some(Some(State::TearingDown)), "{s:?}");
+}
+
+/// An extra kube-scheduler refuses is dropped at once (the gang runs on) and remembered.
+#[test]
+fn a_refused_extra_is_dropped_at_once_and_remembered() {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0)), planned("g-w-1", true, Some(10_000))],
+        &["g-w-0-gpu", "g-w-1-gpu"],
+    );
+    let pods = [
+        pod("g-w-0", "u0", Some(0), false, Phase::Running, true),
+        unscheduled(
+            pod("g-w-1", "u1", Some(0), false, Phase::Pending, false),
+            "Unschedulable",
+            REFUSED,
+            false,
+        ),
+    ];
+    let s = step(&spec(1, true), &j, 0, &pods, &[], 12_000);
+    assert_eq!(recorded_state(&s), None, "within the extra's own grace: {s:?}");
+    let s = step(&spec(1, true), &j, 0, &pods, &[], 15_000);
+    let record = s.record().expect("a record");
+    let kept = record.journal.as_ref().expect("journal");
+    assert_eq!(kept.state, State::Released);
+    assert_eq!(kept.planned("g-w-1").and_then(|p| p.released_at), None);
+    let remembered = record.refusals.clone().expect("remembered");
+    assert_eq!(remembered[0].pod, "g-w-1");
+}
+
+/// What a gang remembers: one refusal per (group, node), the newest; none older than
+/// the memory; at most a bounded number.
+#[test]
+fn refusals_are_remembered_for_a_while_one_per_group_and_node() {
+    let at = |node: &str, at: i64| Refusal {
+        group: Some("w".into()),
+        pod: "g-w-0".into(),
+        node: node.into(),
+        message: "refused".into(),
+        at,
+    };
+    let known = vec![at("n1", 0), at("n2", 10_000)];
+    let now = refusal::MEMORY + 5_000;
+    let kept = refusal::remember(&known, vec![at("n2", now)], now);
+    assert_eq!(kept, vec![at("n2", now)], "n1 lapsed; n2 once, the newest");
+    let many: Vec<Refusal> = (0..40).map(|i| at(&format!("n{i}"), now)).collect();
+    let kept = refusal::remember(&[], many, now);
+    assert_eq!(kept.len(), refusal::KEPT);
+    assert_eq!(kept.last().map(|r| r.node.as_str()), Some("n39"));
+    // A refusal keeps its group off the node for the memory, not longer.
+    assert!(at("n1", 0).active(refusal::MEMORY - 1));
+    assert!(!at("n1", 0).active(refusal::MEMORY));
 }

@@ -73,6 +73,9 @@ pub const REASON_ROLLED_BACK: &str = "RolledBack";
 pub const REASON_CONFLICT: &str = "Conflict";
 /// Released pods were not all scheduled in time; the gang was torn down and queued.
 pub const REASON_SCHEDULE_TIMEOUT: &str = "ScheduleTimeout";
+/// kube-scheduler refused a released pod on its planned node; the gang was taken apart
+/// and queued, and its next plans keep the pod's group off that node for a while.
+pub const REASON_SCHEDULER_REFUSED: &str = "SchedulerRefused";
 /// Reserved, but the planned pods did not all appear in time; the reservation was given
 /// back and the gang queued again.
 pub const REASON_RELEASE_TIMEOUT: &str = "ReleaseTimeout";
@@ -110,6 +113,8 @@ pub const EVENT_ADMITTED: &str = "Admitted";
 pub const EVENT_ROLLED_BACK: &str = "RolledBack";
 /// A gang was torn down because its pods were not scheduled in time.
 pub const EVENT_SCHEDULE_TIMEOUT: &str = "ScheduleTimeout";
+/// A gang was taken apart because kube-scheduler refused one of its released pods.
+pub const EVENT_SCHEDULER_REFUSED: &str = "SchedulerRefused";
 /// The gang is restarted as a unit.
 pub const EVENT_RESTARTING: &str = "Restarting";
 /// The gang succeeded.

@@ -500,6 +500,30 @@ pub struct WorkloadStatus {
     /// and devices held for it until it commits. Recorded before any victim is touched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nomination: Option<NominationStatus>,
+
+    /// Released pods kube-scheduler refused on their planned node, newest last. For five
+    /// minutes after each, the gang's plans keep the pod's group off that node; older
+    /// ones are ignored and dropped at the next refusal (at most 16 are kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scheduler_refusals: Vec<SchedulerRefusal>,
+}
+
+/// A released pod kube-scheduler reported unschedulable on the node muster planned.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulerRefusal {
+    /// The pod's group; unset for a pod that carries none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_group: Option<String>,
+    /// Name of the refused pod.
+    pub pod: String,
+    /// The node it was planned on.
+    pub node: String,
+    /// kube-scheduler's message (the pod's `PodScheduled` condition).
+    #[serde(default)]
+    pub message: String,
+    /// When muster acted on the refusal.
+    pub at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
 /// A preemption under way: what the gang evicts, and where it goes once they are gone.

@@ -5,6 +5,10 @@
 //! A 1,024-node gang cannot fit in one 16-node rack: its required level is the block,
 //! with the rack preferred. A sliced gang keeps each run of 8 pods within one rack.
 //!
+//! Pod constraints: the 1,024-pod gang with anti-affinity that keeps one pod per node,
+//! and the 64-pod gang with a claim per pod that binds at the first consumer to one of
+//! 100 static volumes per zone (a block is a zone); each against the same gang without.
+//!
 //! Preemption: a full 1,000-node cluster run by 100 gangs of 10 whole nodes each, of
 //! priorities 0 to 4; a gang of priority 3 that needs a rack, or 32 nodes anywhere.
 
@@ -12,7 +16,10 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use muster_engine::cluster::ClusterState;
-use muster_engine::fixtures::{device_result, gpu_cluster, gpu_gang, gpu_pod, run_gang};
+use muster_engine::fixtures::{
+    HOSTNAME, ZONE, device_result, gpu_cluster, gpu_gang, gpu_pod, local_class, run_gang, term, volume,
+    with_volume_per_pod,
+};
 use muster_engine::key::ObjectKey;
 use muster_engine::placement::{Outcome, PlanOptions, plan};
 use muster_engine::preemption::{
@@ -26,6 +33,23 @@ const BLOCK: &str = "example.com/block";
 
 fn loaded_cluster() -> ClusterState {
     let mut cluster = gpu_cluster(NODES, 8, 16, 80);
+    // Each block is a zone, with 100 static volumes of a class that binds at the first
+    // consumer.
+    let nodes: Vec<_> = cluster.nodes().cloned().collect();
+    for mut node in nodes {
+        let zone = node.labels[BLOCK].replace("block", "zone");
+        node.labels.insert(ZONE.into(), zone);
+        cluster.upsert_node(node);
+    }
+    cluster.storage_mut().upsert_class(local_class("zonal", true));
+    for zone in 0..NODES.div_ceil(16 * 80) {
+        for i in 0..100 {
+            let zone = format!("zone-{zone:03}");
+            cluster
+                .storage_mut()
+                .upsert_volume(volume(&format!("{zone}-pv-{i:03}"), "zonal", "1Ti", ZONE, &zone));
+        }
+    }
     // Every fifth node has half its GPUs taken, as other workloads would.
     for i in (0..NODES).step_by(5) {
         let node = format!("node-{i:05}");
@@ -61,8 +85,26 @@ fn sliced_gang(pods: usize) -> GangRequest {
     gang
 }
 
+/// The 1,024-pod gang, each pod's anti-affinity keeping the gang's pods one per node.
+fn one_per_node_gang() -> GangRequest {
+    let mut gang = gpu_gang("g1024", 1024, 8, Some(BLOCK), Some(RACK));
+    let rules = &mut gang.groups[0].shape.rules;
+    rules.labels = [("app".to_string(), "g1024".to_string())].into();
+    rules.anti_affinity = vec![term(HOSTNAME, &[("app", "g1024")])];
+    gang
+}
+
+/// The 64-pod gang, each pod with a 100Gi claim of the zonal class.
+fn zonal_volumes_gang(cluster: &mut ClusterState) -> GangRequest {
+    let mut gang = gpu_gang("z64", 64, 8, Some(BLOCK), Some(RACK));
+    with_volume_per_pod(cluster, &mut gang, "zonal", "100Gi");
+    gang
+}
+
 fn bench(c: &mut Criterion) {
-    let cluster = loaded_cluster();
+    let mut cluster = loaded_cluster();
+    let zonal = zonal_volumes_gang(&mut cluster);
+    let cluster = cluster;
     let options = PlanOptions::default();
     let cases = [
         ("4 pods, rack, feasible", gpu_gang("g4", 4, 8, Some(RACK), None), true),
@@ -86,6 +128,12 @@ fn bench(c: &mut Criterion) {
             gpu_gang("g1024", 1024, 8, Some(BLOCK), Some(RACK)),
             true,
         ),
+        (
+            "1024 pods, block+rack, one per node by anti-affinity, feasible",
+            one_per_node_gang(),
+            true,
+        ),
+        ("64 pods, block+rack, a zonal volume each, feasible", zonal, true),
         (
             "1024 pods, block+rack, infeasible (1300 pods)",
             gpu_gang("g1300", 1300, 8, Some(BLOCK), Some(RACK)),
@@ -125,7 +173,7 @@ fn bench(c: &mut Criterion) {
     cold.sample_size(10);
     for (name, gang, _) in cases
         .iter()
-        .filter(|(name, _, feasible)| *feasible && !name.starts_with("64"))
+        .filter(|(name, _, feasible)| *feasible && !name.starts_with("64") && !name.contains("anti-affinity"))
     {
         cold.bench_function(*name, |b| {
             b.iter_batched(

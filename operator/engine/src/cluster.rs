@@ -15,9 +15,11 @@ use crate::claim::{DeviceId, DeviceResult, DeviceTaint, OpaqueConfig};
 use crate::device::{Attributes, Capacities};
 use crate::key::{ClaimKey, ObjectKey, PodKey};
 use crate::ledger::{DeviceLedger, holds_device};
+use crate::pod::PodTraits;
 use crate::quantity::Quantity;
 use crate::resources::Resources;
 use crate::selector::{NodeSelector, Taint};
+use crate::storage::Storage;
 
 /// A node.
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -185,7 +187,18 @@ pub struct ClusterState {
     nodes: BTreeMap<String, Arc<Node>>,
     /// Requests of pods bound or nominated to each node.
     node_usage: FxHashMap<String, Resources>,
-    pods: FxHashMap<PodKey, (String, Resources)>,
+    pods: FxHashMap<PodKey, PodEntry>,
+    /// The pods on each node, in no order.
+    pods_on_node: FxHashMap<String, Vec<PodKey>>,
+    /// Pods with required anti-affinity terms, which every plan checks.
+    anti_affinity_pods: rustc_hash::FxHashSet<PodKey>,
+    /// How many pods on nodes use each PersistentVolumeClaim.
+    claim_users: FxHashMap<ObjectKey, u32>,
+    /// PersistentVolumes planned pods took for claims not bound yet, with how many.
+    volumes_taken: FxHashMap<String, u32>,
+    /// Namespace labels, for affinity terms' namespace selectors.
+    namespaces: FxHashMap<String, BTreeMap<String, String>>,
+    storage: Storage,
     slices: BTreeMap<String, Arc<Slice>>,
     slices_by_node: FxHashMap<String, BTreeSet<String>>,
     shared_slices: BTreeSet<String>,
@@ -238,6 +251,16 @@ pub struct AssumedPod {
     pub node: String,
     /// What the pod takes from the node.
     pub requests: Resources,
+    /// What it holds against other pods: labels, anti-affinity, ports, volumes.
+    pub traits: Arc<PodTraits>,
+}
+
+/// A pod on a node: where, what it takes, and what it holds against others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEntry {
+    pub node: String,
+    pub requests: Resources,
+    pub traits: Arc<PodTraits>,
 }
 
 /// Names a plan [`ClusterState::assume`] entered: a gang's, the one for the pods
@@ -260,8 +283,8 @@ pub struct AssumedClaim {
 /// What [`ClusterState::evict`] took out of the state, for [`ClusterState::restore`].
 #[derive(Debug, Default, Clone)]
 pub struct Evicted {
-    /// Pods with their node and requests.
-    pods: Vec<(PodKey, String, Resources)>,
+    /// Pods with their node, requests and traits.
+    pods: Vec<(PodKey, PodEntry)>,
     /// Claims with the devices they held.
     claims: Vec<(ClaimKey, Vec<DeviceResult>)>,
     plans: Vec<(PlanId, AssumedPlan)>,
@@ -289,8 +312,8 @@ struct AssumedPlan {
     /// What the watch last reported about the assumed claims meanwhile (absent: no
     /// report), restored by [`ClusterState::forget`].
     observed_claims: FxHashMap<ClaimKey, Option<Vec<DeviceResult>>>,
-    /// Likewise for the assumed pods: `Some((node, requests))` bound, `None` not.
-    observed_pods: FxHashMap<PodKey, Option<(String, Resources)>>,
+    /// Likewise for the assumed pods: `Some` bound, `None` not.
+    observed_pods: FxHashMap<PodKey, Option<PodEntry>>,
 }
 
 /// A cache behind a lock: a poisoned lock only means a planner panicked mid-update,
@@ -316,6 +339,12 @@ impl Clone for ClusterState {
             nodes: self.nodes.clone(),
             node_usage: self.node_usage.clone(),
             pods: self.pods.clone(),
+            pods_on_node: self.pods_on_node.clone(),
+            anti_affinity_pods: self.anti_affinity_pods.clone(),
+            claim_users: self.claim_users.clone(),
+            volumes_taken: self.volumes_taken.clone(),
+            namespaces: self.namespaces.clone(),
+            storage: self.storage.clone(),
             slices: self.slices.clone(),
             slices_by_node: self.slices_by_node.clone(),
             shared_slices: self.shared_slices.clone(),
@@ -357,6 +386,8 @@ impl ClusterState {
         for (name, rule) in &self.taint_rules {
             empty.upsert_taint_rule(name, rule.clone());
         }
+        empty.namespaces = self.namespaces.clone();
+        empty.storage = self.storage.clone();
         empty
     }
 
@@ -397,6 +428,12 @@ impl ClusterState {
     fn bump_shared(&mut self) {
         self.versions.tick += 1;
         self.versions.shared = self.versions.tick;
+    }
+
+    /// One past the largest node id given out: per-node vectors of this length hold
+    /// every node.
+    pub(crate) fn node_id_bound(&self) -> usize {
+        self.node_ids.len()
     }
 
     /// Changes when anything that decides what fits on `node` changes.
@@ -481,26 +518,161 @@ impl ClusterState {
 
     // ---- pods ----
 
-    /// A pod bound or nominated to `node` uses `requests` there.
+    /// A pod bound or nominated to `node` uses `requests` there (and holds nothing
+    /// against other pods).
     pub fn upsert_pod(&mut self, key: &PodKey, node: &str, requests: Resources) {
+        self.place_pod(
+            key,
+            PodEntry {
+                node: node.to_string(),
+                requests,
+                traits: Arc::default(),
+            },
+        );
+    }
+
+    /// A pod bound or nominated to its node, with what it holds against other pods.
+    /// Volumes a plan took for the pod stay taken when the watch reports it on the same
+    /// node while some of its claims are not bound yet; once kube-scheduler has bound
+    /// them (before it binds the pod), the volumes they got speak for themselves.
+    pub fn place_pod(&mut self, key: &PodKey, mut entry: PodEntry) {
+        if let Some(old) = self.pods.get(key)
+            && old.node == entry.node
+            && !old.traits.volumes_taken.is_empty()
+            && entry.traits.volumes_taken.is_empty()
+            && old
+                .traits
+                .volumes
+                .iter()
+                .any(|c| self.storage.claim(c).is_none_or(|claim| !claim.is_bound()))
+        {
+            let mut traits = (*entry.traits).clone();
+            traits.volumes_taken = old.traits.volumes_taken.clone();
+            entry.traits = Arc::new(traits);
+        }
         self.remove_pod(key);
-        self.bump_node(node);
-        self.node_usage.entry(node.to_string()).or_default().add(&requests);
-        self.pods.insert(key.clone(), (node.to_string(), requests));
+        self.bump_node(&entry.node);
+        self.node_usage
+            .entry(entry.node.clone())
+            .or_default()
+            .add(&entry.requests);
+        self.pods_on_node
+            .entry(entry.node.clone())
+            .or_default()
+            .push(key.clone());
+        if !entry.traits.anti_affinity.is_empty() {
+            self.anti_affinity_pods.insert(key.clone());
+        }
+        for claim in &entry.traits.volumes {
+            *self.claim_users.entry(claim.clone()).or_default() += 1;
+        }
+        for volume in &entry.traits.volumes_taken {
+            *self.volumes_taken.entry(volume.clone()).or_default() += 1;
+        }
+        self.pods.insert(key.clone(), entry);
     }
 
     pub fn remove_pod(&mut self, key: &PodKey) {
-        if let Some((node, requests)) = self.pods.remove(key) {
-            if let Some(usage) = self.node_usage.get_mut(&node) {
-                usage.sub(&requests);
+        if let Some(entry) = self.pods.remove(key) {
+            if let Some(usage) = self.node_usage.get_mut(&entry.node) {
+                usage.sub(&entry.requests);
             }
-            self.bump_node(&node);
+            if let Some(keys) = self.pods_on_node.get_mut(&entry.node) {
+                keys.retain(|k| k != key);
+                if keys.is_empty() {
+                    self.pods_on_node.remove(&entry.node);
+                }
+            }
+            self.anti_affinity_pods.remove(key);
+            for claim in &entry.traits.volumes {
+                if let Some(users) = self.claim_users.get_mut(claim) {
+                    *users -= 1;
+                    if *users == 0 {
+                        self.claim_users.remove(claim);
+                    }
+                }
+            }
+            for volume in &entry.traits.volumes_taken {
+                if let Some(users) = self.volumes_taken.get_mut(volume) {
+                    *users -= 1;
+                    if *users == 0 {
+                        self.volumes_taken.remove(volume);
+                    }
+                }
+            }
+            self.bump_node(&entry.node);
         }
     }
 
     /// The node a pod uses resources on.
     pub fn pod_node(&self, key: &PodKey) -> Option<&str> {
-        self.pods.get(key).map(|(node, _)| node.as_str())
+        self.pods.get(key).map(|entry| entry.node.as_str())
+    }
+
+    /// A pod on a node.
+    pub fn pod(&self, key: &PodKey) -> Option<&PodEntry> {
+        self.pods.get(key)
+    }
+
+    /// Every pod on a node, in no particular order.
+    pub fn pods(&self) -> impl Iterator<Item = (&PodKey, &PodEntry)> {
+        self.pods.iter()
+    }
+
+    /// The pods on `node`, in no particular order.
+    pub fn pods_on(&self, node: &str) -> impl Iterator<Item = (&PodKey, &PodEntry)> {
+        self.pods_on_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.pods.get(key).map(|entry| (key, entry)))
+    }
+
+    /// Pods with required anti-affinity terms, in no particular order.
+    pub fn pods_with_anti_affinity(&self) -> impl Iterator<Item = (&PodKey, &PodEntry)> {
+        self.anti_affinity_pods
+            .iter()
+            .filter_map(|key| self.pods.get(key).map(|entry| (key, entry)))
+    }
+
+    /// Whether any pod on a node uses the PersistentVolumeClaim.
+    pub fn claim_in_use(&self, claim: &ObjectKey) -> bool {
+        self.claim_users.contains_key(claim)
+    }
+
+    /// Whether a planned pod took the PersistentVolume for a claim not bound yet.
+    pub fn volume_taken(&self, volume: &str) -> bool {
+        self.volumes_taken.contains_key(volume)
+    }
+
+    // ---- namespaces and storage ----
+
+    pub fn upsert_namespace(&mut self, name: &str, labels: BTreeMap<String, String>) {
+        self.namespaces.insert(name.to_string(), labels);
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) {
+        self.namespaces.remove(name);
+    }
+
+    /// A namespace's labels (none for a namespace the engine does not know).
+    pub fn namespace_labels(&self, name: &str) -> &BTreeMap<String, String> {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        self.namespaces.get(name).unwrap_or(&NONE)
+    }
+
+    /// Every namespace with its labels.
+    pub fn namespaces(&self) -> impl Iterator<Item = (&String, &BTreeMap<String, String>)> {
+        self.namespaces.iter()
+    }
+
+    /// PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSINodes.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    pub fn storage_mut(&mut self) -> &mut Storage {
+        &mut self.storage
     }
 
     // ---- slices ----
@@ -612,6 +784,18 @@ impl ClusterState {
         }
     }
 
+    /// Every taint of a device of the newest generation of its pool: its slice's and
+    /// those DeviceTaintRules put on it.
+    pub fn device_taints(&self, driver: &str, pool: &str, device: &str) -> Vec<DeviceTaint> {
+        let newest = self.pool_slices(driver, pool).map(|s| s.generation).max();
+        self.pool_slices(driver, pool)
+            .filter(|s| Some(s.generation) == newest)
+            .flat_map(|s| s.devices.iter().filter(|d| d.name == device))
+            .flat_map(|d| d.taints.iter().cloned())
+            .chain(self.rule_taints(driver, pool, device).cloned())
+            .collect()
+    }
+
     /// Taints DeviceTaintRules put on a device, besides those of its slice.
     pub(crate) fn rule_taints<'a>(
         &'a self,
@@ -676,12 +860,11 @@ impl ClusterState {
     }
 
     /// What a watch reports about a bound pod.
-    pub fn observe_pod_bound(&mut self, key: &PodKey, node: &str, requests: Resources) {
+    pub fn observe_pod_bound(&mut self, key: &PodKey, entry: PodEntry) {
         if let Some(plan) = self.assumed.values_mut().find(|p| p.pods.iter().any(|pod| pod == key)) {
-            plan.observed_pods
-                .insert(key.clone(), Some((node.to_string(), requests.clone())));
+            plan.observed_pods.insert(key.clone(), Some(entry.clone()));
         }
-        self.upsert_pod(key, node, requests);
+        self.place_pod(key, entry);
     }
 
     /// What a watch reports about a pod that is not bound (or gone): its usage is
@@ -773,8 +956,21 @@ impl ClusterState {
     /// it for [`ClusterState::forget`] and [`ClusterState::confirm`].
     pub fn assume(&mut self, plan: &PlanId, pods: &[AssumedPod], claims: &[AssumedClaim]) {
         self.forget(plan);
-        for AssumedPod { pod, node, requests } in pods {
-            self.upsert_pod(pod, node, requests.clone());
+        for AssumedPod {
+            pod,
+            node,
+            requests,
+            traits,
+        } in pods
+        {
+            self.place_pod(
+                pod,
+                PodEntry {
+                    node: node.clone(),
+                    requests: requests.clone(),
+                    traits: traits.clone(),
+                },
+            );
         }
         for AssumedClaim { claim, devices } in claims {
             self.set_claim_allocation(claim, Some(devices.clone()));
@@ -795,7 +991,7 @@ impl ClusterState {
         if let Some(mut plan) = self.assumed.remove(plan) {
             for pod in &plan.pods {
                 match plan.observed_pods.remove(pod).flatten() {
-                    Some((node, requests)) => self.upsert_pod(pod, &node, requests),
+                    Some(entry) => self.place_pod(pod, entry),
                     None => self.remove_pod(pod),
                 }
             }
@@ -851,9 +1047,9 @@ impl ClusterState {
     }
 
     fn evict_pod(&mut self, pod: &PodKey, evicted: &mut Evicted) {
-        if let Some((node, requests)) = self.pods.get(pod).cloned() {
+        if let Some(entry) = self.pods.get(pod).cloned() {
             self.remove_pod(pod);
-            evicted.pods.push((pod.clone(), node, requests));
+            evicted.pods.push((pod.clone(), entry));
         }
     }
 
@@ -867,8 +1063,8 @@ impl ClusterState {
 
     /// Puts back what [`ClusterState::evict`] took.
     pub fn restore(&mut self, evicted: Evicted) {
-        for (pod, node, requests) in evicted.pods {
-            self.upsert_pod(&pod, &node, requests);
+        for (pod, entry) in evicted.pods {
+            self.place_pod(&pod, entry);
         }
         for (claim, devices) in evicted.claims {
             self.set_claim_allocation(&claim, Some(devices));
@@ -972,6 +1168,7 @@ mod tests {
             pod: pod.into(),
             node: "n".into(),
             requests: requests.clone(),
+            traits: Arc::default(),
         }
     }
 

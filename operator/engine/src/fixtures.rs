@@ -7,13 +7,21 @@ use crate::claim::DeviceResult;
 use crate::claim::{AllocationMode, ClaimSpec, ConstraintKind, DeviceConstraint, DeviceRequest, DeviceRequestSpec};
 use crate::cluster::{ClusterState, Device, DeviceClass, Node, Slice, SliceNodes};
 use crate::device::{AttributeValue, Capacity};
-use crate::key::{ClaimKey, PodKey};
+use crate::key::{ClaimKey, ObjectKey, PodKey};
+use crate::labels::LabelSelector;
+use crate::pod::AffinityTerm;
 use crate::quantity::Quantity;
 use crate::request::{GangRequest, GroupRequest, PodShape, TopologyRequest};
 use crate::resources::Resources;
+use crate::selector::{NodeSelector, Operator, Requirement, Term};
+use crate::storage::{AccessModes, BindingMode, Pv, Pvc, StorageClass};
 
 /// The test DRA driver (and its DeviceClass).
 pub const GPU: &str = "gpu.example.com";
+/// The node label with the node's name.
+pub const HOSTNAME: &str = "kubernetes.io/hostname";
+/// The zone label.
+pub const ZONE: &str = "topology.kubernetes.io/zone";
 
 /// A node with CPU (cores), memory (GiB), pods 110, and labels.
 pub fn node(name: &str, cpu: i64, memory_gib: i64, labels: &[(&str, &str)]) -> Node {
@@ -127,6 +135,7 @@ pub fn gpu_cluster(nodes: usize, gpus: usize, nodes_per_rack: usize, racks_per_b
         let labels = [
             ("example.com/rack", format!("rack-{rack:04}")),
             ("example.com/block", format!("block-{block:03}")),
+            (HOSTNAME, name.clone()),
         ];
         let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
         cluster.upsert_node(node(&name, 64, 512, &labels));
@@ -205,4 +214,83 @@ pub fn run_gang(
         pods.push(pod);
     }
     (pods, claims)
+}
+
+/// A required (anti-)affinity term selecting pods with `labels` in the pod's own namespace.
+pub fn term(key: &str, labels: &[(&str, &str)]) -> AffinityTerm {
+    AffinityTerm {
+        selector: LabelSelector::of_labels(labels),
+        namespaces: vec![],
+        namespace_selector: None,
+        topology_key: key.into(),
+    }
+}
+
+/// A StorageClass without a provisioner that binds at the first consumer, or at once.
+pub fn local_class(name: &str, late: bool) -> StorageClass {
+    StorageClass {
+        name: name.into(),
+        provisioner: crate::storage::NO_PROVISIONER.into(),
+        binding_mode: Some(if late {
+            BindingMode::WaitForFirstConsumer
+        } else {
+            BindingMode::Immediate
+        }),
+        allowed_topologies: vec![],
+    }
+}
+
+/// An available ReadWriteOnce volume of `class` and `size` reachable from nodes with
+/// `label=value`.
+pub fn volume(name: &str, class: &str, size: &str, label: &str, value: &str) -> Pv {
+    Pv {
+        name: name.into(),
+        class: class.into(),
+        capacity: Some(Quantity::parse(size).expect("a quantity")),
+        access_modes: AccessModes::READ_WRITE_ONCE,
+        available: true,
+        node_affinity: Some(NodeSelector {
+            terms: vec![Term {
+                match_expressions: vec![Requirement::new(label, Operator::In, &[value])],
+                match_fields: vec![],
+            }],
+        }),
+        ..Pv::default()
+    }
+}
+
+/// An unbound ReadWriteOnce claim `namespace/name` of `class` for `size`.
+pub fn volume_claim(namespace: &str, name: &str, class: &str, size: &str) -> Pvc {
+    Pvc {
+        key: ObjectKey::new(namespace, name),
+        uid: format!("uid-{namespace}-{name}"),
+        class: class.into(),
+        access_modes: AccessModes::READ_WRITE_ONCE,
+        request: Some(Quantity::parse(size).expect("a quantity")),
+        ..Pvc::default()
+    }
+}
+
+/// Binds `claim` to `volume` for good, as the volume controller does.
+pub fn bind(claim: &mut Pvc, volume: &mut Pv) {
+    claim.volume_name = Some(volume.name.clone());
+    claim.bind_completed = true;
+    volume.available = false;
+    volume.claim_ref = Some(crate::storage::ClaimRef {
+        namespace: claim.key.namespace().into(),
+        name: claim.key.name().into(),
+        uid: claim.uid.clone(),
+    });
+}
+
+/// Gives every pod of the gang's groups one claim `<pod>-data` of `class` for `size`,
+/// entered into the cluster.
+pub fn with_volume_per_pod(cluster: &mut ClusterState, gang: &mut GangRequest, class: &str, size: &str) {
+    for group in &mut gang.groups {
+        for pod in &mut group.pods {
+            let claim = volume_claim(pod.key.namespace(), &format!("{}-data", pod.key.name()), class, size);
+            pod.volumes.push(claim.key.clone());
+            cluster.storage_mut().upsert_claim(claim);
+        }
+    }
 }

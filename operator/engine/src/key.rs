@@ -37,6 +37,13 @@ impl ObjectKey {
     }
 }
 
+/// An empty name in no namespace.
+impl Default for ObjectKey {
+    fn default() -> Self {
+        ObjectKey::new("", "")
+    }
+}
+
 /// Splits `namespace/name` at the first `/`, as Kubernetes does with its own keys (a
 /// namespace never holds one); a string without `/` is a name without a namespace.
 impl From<&str> for ObjectKey {

@@ -16,10 +16,13 @@ pub mod device;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod key;
+pub mod labels;
 mod ledger;
 pub mod placement;
+pub mod pod;
 pub mod pools;
 pub mod preemption;
 pub mod request;
 pub mod resources;
 pub mod selector;
+pub mod storage;

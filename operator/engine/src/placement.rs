@@ -14,10 +14,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::sync::Arc;
+
 use crate::allocator::{self, AllocationError, ClaimRef, Matcher, NoFit, NodeFit, WorkingSet};
 use crate::claim::{Allocation, AllocationMode, ClaimSpec, DeviceRequest};
 use crate::cluster::{CachedRoom, ClusterState, Node};
 use crate::key::{ClaimKey, PodKey};
+use crate::pod::PodTraits;
 use crate::pools;
 use crate::request::{GangRequest, PodShape};
 use crate::resources::Resources;
@@ -50,6 +53,24 @@ pub struct PlanOptions {
     /// one domain (to prove a gang fits there once other gangs are evicted, say).
     /// Ignored when the gang has no required label.
     pub required_value: Option<String>,
+    /// Nodes the gang, or some of its pods, must not use (where kube-scheduler refused
+    /// them before, say), with why.
+    pub avoid: Arc<Avoid>,
+}
+
+/// Nodes to keep a gang or single pods off, each with the reason explanations give.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Avoid {
+    /// No pod of the gang goes to these nodes.
+    pub nodes: BTreeMap<String, String>,
+    /// This pod does not go to these nodes.
+    pub pod_nodes: BTreeMap<PodKey, BTreeMap<String, String>>,
+}
+
+impl Avoid {
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.pod_nodes.is_empty()
+    }
 }
 
 impl Default for PlanOptions {
@@ -62,6 +83,7 @@ impl Default for PlanOptions {
             backtrack_budget: 500,
             excluded_nodes: Default::default(),
             required_value: None,
+            avoid: Default::default(),
         }
     }
 }
@@ -92,6 +114,14 @@ pub struct PodPlacement {
     pub node: String,
 }
 
+/// A static PersistentVolume the plan chose for a pod's claim that binds at the first
+/// consumer (kube-scheduler binds it when it binds the pod).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeChoice {
+    pub pod: PodKey,
+    pub volume: String,
+}
+
 /// A new allocation for a claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimAllocation {
@@ -117,6 +147,8 @@ pub struct Plan {
     pub claims: Vec<ClaimAllocation>,
     /// Pods beyond `minCount` that did not fit.
     pub unplaced: Vec<PodKey>,
+    /// Static volumes chosen for claims that bind at the first consumer, by pod.
+    pub volumes: Vec<VolumeChoice>,
 }
 
 pub use crate::cluster::{AssumedClaim, AssumedPod};
@@ -129,16 +161,28 @@ impl Plan {
             .pods
             .iter()
             .map(|p| {
-                let requests = request
-                    .groups
+                let group = request.groups.iter().find(|g| g.name == p.group);
+                let requests = group.map(|g| g.shape.requests.clone()).unwrap_or_default();
+                let volumes = group
+                    .and_then(|g| g.pods.iter().find(|i| i.key == p.pod))
+                    .map(|i| i.volumes.as_slice())
+                    .unwrap_or_default();
+                let taken = self
+                    .volumes
                     .iter()
-                    .find(|g| g.name == p.group)
-                    .map(|g| g.shape.requests.clone())
+                    .filter(|v| v.pod == p.pod)
+                    .map(|v| v.volume.clone())
+                    .collect();
+                let traits = group
+                    .map(|g| PodTraits::planned(&g.shape.rules, volumes, taken))
+                    .filter(|t| !t.is_empty())
+                    .map(Arc::new)
                     .unwrap_or_default();
                 AssumedPod {
                     pod: p.pod.clone(),
                     node: p.node.clone(),
                     requests,
+                    traits,
                 }
             })
             .collect();
@@ -248,6 +292,10 @@ struct FirstFit {
     placed: Vec<Vec<Option<String>>>,
     /// Per group: candidates where its pods no longer fit.
     full: Vec<BTreeSet<usize>>,
+    /// The gang's pods placed so far, as the pod constraints count them.
+    occupancy: Occupancy,
+    /// Why the constraints refused nodes to the pod last tried, with counts.
+    refusals: BTreeMap<String, usize>,
 }
 
 /// How first fit of one pod ended.
@@ -287,6 +335,8 @@ enum Trial {
 
 struct Candidate {
     node: std::sync::Arc<Node>,
+    /// The node's id in the cluster state.
+    id: usize,
     /// Index of the node's value of the required label in the node index.
     domain: usize,
 }
@@ -303,14 +353,22 @@ struct Planner<'a> {
     cluster: &'a ClusterState,
     gang: &'a GangRequest,
     options: &'a PlanOptions,
+    /// Inter-pod affinity, spread, host ports and volumes.
+    constraints: Constraints<'a>,
     candidates: Vec<Candidate>,
     /// Per candidate and group (row-major): room for pods of the group (an upper bound),
     /// and free matching devices (for tightest-first ordering).
     rooms: Vec<usize>,
+    /// The same rooms before the pod constraints bounded them, and the constraint that
+    /// did, for explanations.
+    raw_rooms: Vec<usize>,
+    capped_by: Vec<Option<Arc<str>>>,
     free_devices: Vec<usize>,
     index: std::sync::Arc<crate::cluster::NodeIndex>,
     /// Why nodes were left out, with counts, for explanations.
     rejections: BTreeMap<String, usize>,
+    /// Per group: why candidates (nodes other groups can use) take none of its pods.
+    group_rejections: Vec<BTreeMap<String, usize>>,
     /// The first allocator error on any candidate node: like kube-scheduler, planning
     /// fails with it.
     errors: Option<String>,
@@ -327,6 +385,8 @@ impl<'a> Planner<'a> {
         options: &'a PlanOptions,
     ) -> Result<Self, AllocationError> {
         validate(cluster, gang)?;
+        let constraints =
+            Constraints::new(cluster, gang, &options.avoid).map_err(|message| AllocationError { message })?;
         let weights = gang
             .groups
             .iter()
@@ -337,11 +397,15 @@ impl<'a> Planner<'a> {
             cluster,
             gang,
             options,
+            constraints,
             candidates: Vec::new(),
             rooms: Vec::new(),
+            raw_rooms: Vec::new(),
+            capped_by: Vec::new(),
             free_devices: Vec::new(),
             index,
             rejections: BTreeMap::new(),
+            group_rejections: vec![BTreeMap::new(); gang.groups.len()],
             errors: None,
             weights,
             backtrack_left: std::cell::Cell::new(options.backtrack_budget),
@@ -355,6 +419,15 @@ impl<'a> Planner<'a> {
 
     fn room(&self, candidate: usize, group: usize) -> usize {
         self.rooms[candidate * self.gang.groups.len() + group]
+    }
+
+    /// Records a candidate's room for the next group: bounded, before the bound, and why.
+    #[inline]
+    fn push_room(&mut self, room: usize, raw: usize, free_devices: usize, capped_by: Option<Arc<str>>) {
+        self.rooms.push(room);
+        self.raw_rooms.push(raw);
+        self.capped_by.push(capped_by);
+        self.free_devices.push(free_devices);
     }
 
     fn reject(&mut self, reason: String) {
@@ -392,6 +465,13 @@ impl<'a> Planner<'a> {
         let mut by_shape: Vec<Vec<Option<CachedRoom>>> =
             signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect();
         let groups = gang.groups.len();
+        // Why each group cannot use the node at hand; reused from node to node.
+        let mut group_why: Vec<Option<String>> = vec![None; groups];
+        let nodes = cluster.node_count() * groups;
+        self.rooms.reserve(nodes);
+        self.raw_rooms.reserve(nodes);
+        self.capped_by.reserve(nodes);
+        self.free_devices.reserve(nodes);
         let result = (|| {
             if let (Some(key), Some(value)) = (&gang.topology.required, only) {
                 let outside: usize = index
@@ -413,16 +493,36 @@ impl<'a> Planner<'a> {
                     self.reject("held for a gang that has waited longest".into());
                     continue;
                 }
+                if let Some(why) = self.options.avoid.nodes.get(&node.name) {
+                    self.reject(why.clone());
+                    continue;
+                }
                 let version = cluster.node_version(*id);
                 let start = self.rooms.len();
                 let mut why_not = None;
+                group_why.iter_mut().for_each(|why| *why = None);
                 for (g, group) in gang.groups.iter().enumerate() {
                     if let Some(key) = group_labels(group).find(|key| !node.labels.contains_key(*key)) {
                         why_not.get_or_insert_with(|| format!("no {key} label"));
-                        self.rooms.push(0);
-                        self.free_devices.push(0);
+                        group_why[g] = Some(format!("no {key} label"));
+                        self.push_room(0, 0, 0, None);
                         continue;
                     }
+                    // kube-scheduler runs the pod filters before DRA's: a node they refuse
+                    // never gets to allocate devices, so never reports an allocator error.
+                    let constrained = if self.constraints.active() && self.node_filter(&group.shape, node).is_ok() {
+                        match self.constraints.node_room(g, *id, node) {
+                            Ok(room) => Some(room),
+                            Err(reason) => {
+                                why_not.get_or_insert_with(|| reason.clone());
+                                group_why[g] = Some(reason);
+                                self.push_room(0, 0, 0, None);
+                                continue;
+                            }
+                        }
+                    } else {
+                        None
+                    };
                     let slots = &mut by_shape[g];
                     if slots.len() <= *id {
                         slots.resize(*id + 1, None);
@@ -437,21 +537,53 @@ impl<'a> Planner<'a> {
                     };
                     if let Some(reason) = &entry.rejection {
                         why_not.get_or_insert_with(|| reason.clone());
+                        group_why[g] = Some(reason.clone());
                     }
                     if let Some(error) = &entry.error {
                         self.errors.get_or_insert_with(|| error.clone());
                     }
-                    self.rooms.push(entry.room);
-                    self.free_devices.push(entry.free_devices);
+                    let (room, free_devices) = (entry.room, entry.free_devices);
+                    if room == 0 {
+                        self.push_room(0, 0, free_devices, None);
+                        continue;
+                    }
+                    if !self.constraints.active() {
+                        self.push_room(room, room, free_devices, None);
+                        continue;
+                    }
+                    match constrained.map_or_else(|| self.constraints.node_room(g, *id, node), Ok) {
+                        Ok(NodeRoom { cap, why }) if cap < room => {
+                            if cap == 0 {
+                                let reason = format!("no room left by {}", why.as_deref().unwrap_or("pod constraints"));
+                                why_not.get_or_insert_with(|| reason.clone());
+                                group_why[g] = Some(reason);
+                            }
+                            self.push_room(cap, room, free_devices, why);
+                        }
+                        Ok(_) => self.push_room(room, room, free_devices, None),
+                        Err(reason) => {
+                            why_not.get_or_insert_with(|| reason.clone());
+                            group_why[g] = Some(reason);
+                            self.push_room(0, 0, free_devices, None);
+                        }
+                    }
                 }
                 if self.rooms[start..start + groups].iter().all(|r| *r == 0) {
                     self.rooms.truncate(start);
+                    self.raw_rooms.truncate(start);
+                    self.capped_by.truncate(start);
                     self.free_devices.truncate(start);
                     self.reject(why_not.unwrap_or_else(|| "no room".into()));
                     continue;
                 }
+                for (g, why) in group_why.iter_mut().enumerate() {
+                    if let Some(why) = why.take() {
+                        *self.group_rejections[g].entry(why).or_default() += 1;
+                    }
+                }
                 self.candidates.push(Candidate {
                     node: node.clone(),
+                    id: *id,
                     domain,
                 });
             }
@@ -830,6 +962,42 @@ impl<'a> Planner<'a> {
     fn group_capacity(&self, nodes: &[usize], g: usize) -> usize {
         let topology = &self.gang.groups[g].topology;
         let within = |nodes: &[usize]| -> usize {
+            let room = self.slice_room(nodes, g);
+            match self.domain_bound(nodes, g) {
+                Some((bound, _)) => room.min(bound),
+                None => room,
+            }
+        };
+        match &topology.required {
+            None => within(nodes),
+            Some(key) => self
+                .by_label(nodes, key)
+                .into_iter()
+                .filter(|(value, _)| value.is_some())
+                .map(|(_, nodes)| within(&nodes))
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// What the constraints that span nodes allow group `g` on those of `nodes` where it
+    /// has room, with the constraint.
+    fn domain_bound(&self, nodes: &[usize], g: usize) -> Option<(usize, constraints::DomainBound<'_>)> {
+        if !self.constraints.active() {
+            return None;
+        }
+        let with_room: Vec<(usize, &Node)> = nodes
+            .iter()
+            .filter(|n| self.room(**n, g) > 0)
+            .map(|n| (self.candidates[*n].id, self.candidates[*n].node.as_ref()))
+            .collect();
+        self.constraints.domain_room(g, &with_room)
+    }
+
+    /// Room for pods of group `g` on `nodes` in whole slices of its slice level.
+    fn slice_room(&self, nodes: &[usize], g: usize) -> usize {
+        let topology = &self.gang.groups[g].topology;
+        {
             match &topology.slice {
                 None => nodes.iter().map(|n| self.room(*n, g)).sum(),
                 Some(slice) => {
@@ -846,16 +1014,6 @@ impl<'a> Planner<'a> {
                     total.min(whole + partial)
                 }
             }
-        };
-        match &topology.required {
-            None => within(nodes),
-            Some(key) => self
-                .by_label(nodes, key)
-                .into_iter()
-                .filter(|(value, _)| value.is_some())
-                .map(|(_, nodes)| within(&nodes))
-                .max()
-                .unwrap_or(0),
         }
     }
 
@@ -918,12 +1076,23 @@ impl<'a> Planner<'a> {
                 let mut order = Vec::new();
                 for bucket in buckets {
                     let mut nodes: Vec<usize> = bucket.iter().copied().filter(|n| self.room(*n, g) > 0).collect();
-                    nodes.sort_by(|a, b| {
+                    // Tightest first; with hints (preferred terms, ScheduleAnyway
+                    // spread), the preferred first.
+                    let tightest = |a: &usize, b: &usize| {
                         let key = |n: usize| (self.room(n, g), self.free_devices[n * self.gang.groups.len() + g]);
                         key(*a)
                             .cmp(&key(*b))
                             .then_with(|| self.candidates[*a].node.name.cmp(&self.candidates[*b].node.name))
-                    });
+                    };
+                    if self.constraints.has_hints() {
+                        let hints: BTreeMap<usize, i64> = nodes
+                            .iter()
+                            .map(|n| (*n, self.constraints.hint(g, &self.candidates[*n].node)))
+                            .collect();
+                        nodes.sort_by(|a, b| hints[b].cmp(&hints[a]).then_with(|| tightest(a, b)));
+                    } else {
+                        nodes.sort_by(tightest);
+                    }
                     order.extend(nodes);
                 }
                 order
@@ -947,13 +1116,17 @@ impl<'a> Planner<'a> {
             new_claims: Vec::new(),
             placed: gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect(),
             full: vec![BTreeSet::new(); gang.groups.len()],
+            occupancy: self.constraints.occupancy(),
+            refusals: BTreeMap::new(),
         };
 
-        // Big pods first: they are the hardest to fit.
+        // Big pods first: they are the hardest to fit. Groups whose affinity only pods of
+        // other groups meet come after those.
         let mut group_order: Vec<usize> = (0..gang.groups.len()).collect();
         group_order.sort_by_key(|g| {
             let shape = &gang.groups[*g].shape;
             (
+                self.constraints.follows_others(*g),
                 std::cmp::Reverse(self.weights[*g]),
                 std::cmp::Reverse(shape.requests.cpu_millis),
                 *g,
@@ -996,6 +1169,7 @@ impl<'a> Planner<'a> {
             domain,
             &state.placed,
             state.new_claims.into_iter().map(|(_, c)| c).collect(),
+            &state.occupancy,
         )))
     }
 
@@ -1067,11 +1241,12 @@ impl<'a> Planner<'a> {
                     PodFit::Nowhere => {
                         let nodes = order.iter().filter(|n| allowed(**n)).count();
                         return Ok(Fitted::Short(format!(
-                            "placed {index} of {} pods of group {} ({}); pod {} fits on none of the {nodes} candidate nodes",
+                            "placed {index} of {} pods of group {} ({}); pod {} fits on none of the {nodes} candidate nodes{}",
                             group.min_count,
                             group.name,
                             describe_shape(&group.shape),
                             group.pods[index].key,
+                            refusals_note(&state.refusals),
                         )));
                     }
                 }
@@ -1164,6 +1339,7 @@ impl<'a> Planner<'a> {
         let gang = self.gang;
         let group = &gang.groups[g];
         let pod = &group.pods[index];
+        state.refusals.clear();
         for &n in order {
             if state.full[g].contains(&n) || !allowed(n) {
                 continue;
@@ -1180,6 +1356,19 @@ impl<'a> Planner<'a> {
             if !fixed_allocations_allow(pod, node) {
                 continue;
             }
+            let chosen_volumes = match self
+                .constraints
+                .admit(&state.occupancy, g, index, self.candidates[n].id, node)
+            {
+                Ok(chosen) => chosen,
+                Err(refusal) => {
+                    if refusal.lasting {
+                        state.full[g].insert(n);
+                    }
+                    *state.refusals.entry(refusal.reason).or_default() += 1;
+                    continue;
+                }
+            };
             let shared_now: Vec<usize> = group
                 .shape
                 .shared
@@ -1250,13 +1439,21 @@ impl<'a> Planner<'a> {
             }
             state.used.entry(n).or_default().add(&group.shape.requests);
             state.placed[g][index] = Some(node.name.clone());
+            self.constraints
+                .enter(&mut state.occupancy, g, index, node, chosen_volumes);
             return Ok(PodFit::Placed);
         }
         Ok(PodFit::Nowhere)
     }
 
     /// The plan for pods placed on the nodes named (`None`: not placed).
-    fn assemble(&self, domain: &Domain<'a>, placed: &[Vec<Option<String>>], claims: Vec<ClaimAllocation>) -> Plan {
+    fn assemble(
+        &self,
+        domain: &Domain<'a>,
+        placed: &[Vec<Option<String>>],
+        claims: Vec<ClaimAllocation>,
+        occupancy: &Occupancy,
+    ) -> Plan {
         let gang = self.gang;
         let mut pods = Vec::new();
         let mut unplaced = Vec::new();
@@ -1336,7 +1533,48 @@ impl<'a> Planner<'a> {
             pods,
             claims,
             unplaced,
+            volumes: self.constraints.volume_choices(occupancy),
         }
+    }
+
+    /// Why the pod constraints leave group `g` only `room` pods in `domain`, if they do:
+    /// "3 nodes have room for 6 pods, but anti-affinity on kubernetes.io/hostname leaves 3".
+    fn constrained_note(&self, domain: &Domain<'a>, g: usize, room: usize) -> Option<String> {
+        let groups = self.gang.groups.len();
+        let raw_nodes: Vec<usize> = domain
+            .nodes
+            .iter()
+            .copied()
+            .filter(|n| self.raw_rooms[n * groups + g] > 0)
+            .collect();
+        let raw: usize = raw_nodes.iter().map(|n| self.raw_rooms[n * groups + g]).sum();
+        if raw <= room {
+            return None;
+        }
+        // A bound over the domain says more than the nodes' own.
+        let why: BTreeSet<String> = match self.domain_bound(&domain.nodes, g) {
+            Some((bound, constraint)) if bound < self.slice_room(&domain.nodes, g) => {
+                [constraint.describe(bound)].into()
+            }
+            _ => domain
+                .nodes
+                .iter()
+                .filter_map(|n| self.capped_by[n * groups + g].as_deref())
+                .map(str::to_string)
+                .collect(),
+        };
+        if why.is_empty() {
+            return None;
+        }
+        let constraints = why.into_iter().collect::<Vec<_>>().join(" and ");
+        let group = &self.gang.groups[g];
+        Some(format!(
+            "{} node{} there have room for {raw} pods, but {constraints} leaves {room} for {} pods of group {}",
+            raw_nodes.len(),
+            if raw_nodes.len() == 1 { "" } else { "s" },
+            group.min_count,
+            group.name
+        ))
     }
 
     fn explain_no_domain(&self, domains: &[Domain<'a>]) -> Vec<String> {
@@ -1359,6 +1597,10 @@ impl<'a> Planner<'a> {
                 Some(value) => format!("the best, {value}, has room for {best_room}"),
                 None => format!("there is room for {best_room}"),
             };
+            let where_ = match best.and_then(|d| self.constrained_note(d, g, best_room)) {
+                Some(note) => format!("{where_}: {note}"),
+                None => where_,
+            };
             // A group's own levels: which one failed, and what the level above offered.
             let (group_scope, level_note) = match (&group.topology.required, &group.topology.slice) {
                 (None, None) => (String::new(), String::new()),
@@ -1376,8 +1618,21 @@ impl<'a> Planner<'a> {
                     (scope, format!(" when placed so ({raw} without the group's levels)"))
                 }
             };
+            let refused = match self.group_rejections[g].values().sum::<usize>() {
+                0 => String::new(),
+                nodes => {
+                    let details: Vec<String> = self.group_rejections[g]
+                        .iter()
+                        .map(|(why, n)| format!("{n} {why}"))
+                        .collect();
+                    format!(
+                        " (of the nodes other groups can use, {nodes} take none of its pods: {})",
+                        details.join(", ")
+                    )
+                }
+            };
             reasons.push(format!(
-                "group {} needs {} pods ({}) {scope}{group_scope}, but {where_}{level_note}",
+                "group {} needs {} pods ({}) {scope}{group_scope}, but {where_}{level_note}{refused}",
                 group.name,
                 group.min_count,
                 describe_shape(&group.shape)
@@ -1396,6 +1651,17 @@ impl<'a> Planner<'a> {
         }
         reasons
     }
+}
+
+/// ", constraints refused: 12 anti-affinity on ..., 3 ..." for messages.
+fn refusals_note(refusals: &BTreeMap<String, usize>) -> String {
+    if refusals.is_empty() {
+        return String::new();
+    }
+    let mut by_count: Vec<(&String, &usize)> = refusals.iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    let parts: Vec<String> = by_count.iter().map(|(why, n)| format!("{n} {why}")).collect();
+    format!(" (refused by pod constraints: {})", parts.join(", "))
 }
 
 /// Pre-existing allocations of the pod's own claims pin it to their nodes.
@@ -1614,7 +1880,16 @@ fn check_claim(cluster: &ClusterState, key: &str, claim: &ClaimSpec) -> Result<(
     Ok(())
 }
 
+mod constraints;
 mod search;
+mod verify;
+mod volumes;
 
+pub use verify::verify;
+
+use constraints::{Constraints, NodeRoom, Occupancy};
+
+#[cfg(test)]
+mod constraint_tests;
 #[cfg(test)]
 mod tests;

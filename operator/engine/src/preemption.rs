@@ -157,7 +157,7 @@ pub enum Preemption {
     /// own plan failed).
     Fits {
         domain: Option<String>,
-        plan: Plan,
+        plan: Box<Plan>,
     },
     /// The gang may not evict anything: why.
     NotAllowed(String),
@@ -389,7 +389,7 @@ impl Search<'_> {
                 DomainResult::Evict(eviction) if eviction.victims.is_empty() => {
                     return Preemption::Fits {
                         domain: domains.values[d].clone(),
-                        plan: eviction.plan,
+                        plan: Box::new(eviction.plan),
                     };
                 }
                 DomainResult::Evict(eviction) => {

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::claim::{Allocation, ClaimSpec};
-use crate::key::{ClaimKey, PodKey};
+use crate::key::{ClaimKey, ObjectKey, PodKey};
+use crate::pod::PodRules;
 use crate::resources::Resources;
 use crate::selector::{NodeSelector, Toleration};
 
@@ -115,6 +116,8 @@ pub struct PodShape {
     pub claims: Vec<ClaimSpec>,
     /// Indices into [`GangRequest::shared_claims`] of the shared claims the pods use.
     pub shared: Vec<usize>,
+    /// Labels, inter-pod (anti-)affinity, topology spread and host ports.
+    pub rules: PodRules,
 }
 
 /// One pod of a group.
@@ -125,9 +128,21 @@ pub struct PodInstance {
     /// shape holds what each claim asks for (the same for every pod of the group), this
     /// holds which claim object it is for this pod.
     pub claims: Vec<PodClaim>,
+    /// The PersistentVolumeClaims of the pod's volumes (`namespace/name`), in the pod's
+    /// order: a claim by name, or the one made for a generic ephemeral volume.
+    pub volumes: Vec<ObjectKey>,
 }
 
 impl PodInstance {
+    /// A pod with its own claims and no volumes.
+    pub fn new(key: PodKey, claims: Vec<PodClaim>) -> Self {
+        PodInstance {
+            key,
+            claims,
+            volumes: Vec::new(),
+        }
+    }
+
     /// Whether the pod has claims of its own and every one is allocated already: it needs
     /// no devices, only room on the nodes those allocations allow.
     pub fn claims_all_allocated(&self) -> bool {
@@ -157,12 +172,12 @@ impl GroupRequest {
         let pods = (0..replicas)
             .map(|i| {
                 let pod = format!("{name}-{i}");
-                PodInstance {
-                    claims: (0..shape.claims.len())
+                PodInstance::new(
+                    PodKey::new(namespace, &pod),
+                    (0..shape.claims.len())
                         .map(|c| PodClaim::unallocated(ClaimKey::new(namespace, &format!("{pod}-claim-{c}"))))
                         .collect(),
-                    key: PodKey::new(namespace, &pod),
-                }
+                )
             })
             .collect();
         GroupRequest {

@@ -120,6 +120,7 @@ fn build(scenario: &Scenario) -> (ClusterState, Vec<PreemptionCandidate>) {
                     pod: pod.clone(),
                     node: cluster.pod_node(pod).expect("entered").to_string(),
                     requests: fixtures::gpu_pod(0, 8, 64).requests,
+                    traits: Default::default(),
                 })
                 .collect();
             let assumed_claims: Vec<AssumedClaim> = claims

@@ -5,15 +5,16 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use muster_api::Workload;
-use muster_engine::cluster::{self as model, ClusterState};
+use muster_engine::cluster::{self as model, ClusterState, PodEntry};
 use muster_engine::key::PodKey;
-use muster_engine::resources::Resources;
+use muster_engine::storage::{CsiNode, Pv, Pvc, StorageClass as Class};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
@@ -52,6 +53,14 @@ pub struct Objects {
     pub workloads: Vec<Workload>,
     /// PriorityClasses: what a Workload's `priorityClassName` is worth.
     pub priority_classes: Vec<PriorityClass>,
+    /// PersistentVolumeClaims, PersistentVolumes, StorageClasses (with whether each is
+    /// the default) and CSINodes, as the engine models them.
+    pub volume_claims: Vec<Pvc>,
+    pub volumes: Vec<Pv>,
+    pub storage_classes: Vec<(Class, bool)>,
+    pub csi_nodes: Vec<(String, CsiNode)>,
+    /// Namespaces with their labels.
+    pub namespaces: Vec<(String, BTreeMap<String, String>)>,
     /// Objects of other kinds, counted by kind.
     pub ignored: BTreeMap<String, usize>,
 }
@@ -60,8 +69,7 @@ pub struct Objects {
 #[derive(Debug, Clone)]
 pub struct PodOnNode {
     pub key: PodKey,
-    pub node: String,
-    pub requests: Resources,
+    pub entry: PodEntry,
 }
 
 /// The largest file read: well above a 5,000-node cluster with its pods as kubectl
@@ -222,6 +230,35 @@ impl Objects {
             "ResourceClaim" => self.claims.push(source.typed()?),
             "ResourceClaimTemplate" => self.templates.push(source.typed()?),
             "PriorityClass" => self.priority_classes.push(source.typed()?),
+            "PersistentVolumeClaim" => {
+                let claim: PersistentVolumeClaim = source.typed()?;
+                self.volume_claims
+                    .push(convert::storage::claim(&claim).map_err(|e| e.message)?);
+            }
+            "PersistentVolume" => {
+                let volume: PersistentVolume = source.typed()?;
+                self.volumes
+                    .push(convert::storage::volume(&volume).map_err(|e| e.message)?);
+            }
+            "StorageClass" => {
+                let class: StorageClass = source.typed()?;
+                self.storage_classes.push((
+                    convert::storage::storage_class(&class),
+                    convert::storage::is_default_class(&class),
+                ));
+            }
+            "CSINode" => {
+                let node: CSINode = source.typed()?;
+                let name = node.metadata.name.clone().unwrap_or_default();
+                self.csi_nodes.push((name, convert::storage::csi_node(&node)));
+            }
+            "Namespace" => {
+                let namespace: Namespace = source.typed()?;
+                self.namespaces.push((
+                    namespace.metadata.name.unwrap_or_default(),
+                    namespace.metadata.labels.unwrap_or_default(),
+                ));
+            }
             "Workload" => {
                 let workload: Workload = source.typed()?;
                 muster_api::validation::validate(&workload).map_err(|problems| problems.join("; "))?;
@@ -244,10 +281,9 @@ impl Objects {
 
     /// Counts what a pod uses on its node, and keeps a pod labelled as a Workload's.
     pub fn add_pod(&mut self, pod: Pod) -> Result<(), ConvertError> {
-        if let (Some(node), Some(spec)) = (convert::pod_node(&pod), pod.spec.as_ref()) {
+        if let Some(entry) = convert::pod_entry(&pod)? {
             let key = convert::pod_key(&pod);
-            let requests = convert::pod_requests(&format!("Pod {key}"), spec)?;
-            self.pods_on_nodes.push(PodOnNode { key, node, requests });
+            self.pods_on_nodes.push(PodOnNode { key, entry });
         }
         let labels = pod.metadata.labels.as_ref();
         if labels.is_some_and(|l| l.contains_key(muster_api::labels::WORKLOAD)) {
@@ -268,9 +304,24 @@ impl Objects {
         self.templates.extend(other.templates);
         self.workloads.extend(other.workloads);
         self.priority_classes.extend(other.priority_classes);
+        self.volume_claims.extend(other.volume_claims);
+        self.volumes.extend(other.volumes);
+        self.storage_classes.extend(other.storage_classes);
+        self.csi_nodes.extend(other.csi_nodes);
+        self.namespaces.extend(other.namespaces);
         for (kind, n) in other.ignored {
             *self.ignored.entry(kind).or_default() += n;
         }
+    }
+
+    /// The StorageClass a claim without a class gets: the last one read marked default
+    /// (the API server takes the newest; a file has no creation times).
+    pub fn default_storage_class(&self) -> Option<&str> {
+        self.storage_classes
+            .iter()
+            .rev()
+            .find(|(_, default)| *default)
+            .map(|(class, _)| class.name.as_str())
     }
 
     /// The engine's picture of a cluster holding these objects. Its nodes, slices and
@@ -293,7 +344,22 @@ impl Objects {
             );
         }
         for pod in std::mem::take(&mut self.pods_on_nodes) {
-            cluster.upsert_pod(&pod.key, &pod.node, pod.requests);
+            cluster.place_pod(&pod.key, pod.entry);
+        }
+        for claim in &self.volume_claims {
+            cluster.storage_mut().upsert_claim(claim.clone());
+        }
+        for volume in &self.volumes {
+            cluster.storage_mut().upsert_volume(volume.clone());
+        }
+        for (class, _) in &self.storage_classes {
+            cluster.storage_mut().upsert_class(class.clone());
+        }
+        for (node, csi) in &self.csi_nodes {
+            cluster.storage_mut().upsert_csi_node(node, csi.clone());
+        }
+        for (name, labels) in &self.namespaces {
+            cluster.upsert_namespace(name, labels.clone());
         }
         for claim in &self.claims {
             let key = convert::claim_key(claim);

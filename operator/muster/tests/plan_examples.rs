@@ -262,3 +262,41 @@ fn the_multi_level_gang_shows_every_level_and_slice() {
         "{out}"
     );
 }
+
+#[test]
+fn the_pod_constraints_example_goes_where_the_disks_are_one_worker_per_node() {
+    let (ok, out, err) = muster(&[
+        "plan",
+        "--cluster",
+        "cluster-snapshot.yaml",
+        "pod-constraints.yaml",
+        "-o",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let pods = report["workloads"][0]["pods"].as_array().expect("pods");
+    let workers: Vec<&serde_json::Value> = pods
+        .iter()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.contains("workers")))
+        .collect();
+    assert_eq!(workers.len(), 4);
+    for worker in &workers {
+        let node = worker["node"].as_str().unwrap();
+        assert_eq!(
+            worker["volumes"],
+            serde_json::json!([format!("nvme-{node}")]),
+            "{worker}"
+        );
+    }
+    let nodes: std::collections::BTreeSet<&str> = workers.iter().filter_map(|w| w["node"].as_str()).collect();
+    assert_eq!(nodes.len(), 4, "one worker per node");
+    let launcher = pods
+        .iter()
+        .find(|p| p["name"] == "finetune-launcher-0")
+        .expect("the launcher");
+    assert!(
+        ["node-00004", "node-00005", "node-00006", "node-00007"].contains(&launcher["node"].as_str().unwrap()),
+        "the launcher in the workers' rack: {launcher}"
+    );
+}

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ClaimAllocation, Domain, Placement, Plan, Planner, fixed_allocations_allow};
+use super::{ClaimAllocation, Domain, Occupancy, Placement, Plan, Planner, fixed_allocations_allow};
 use crate::allocator::{self, AllocationError, ClaimRef, NoFit, NodeFit, WorkingSet};
 use crate::claim::Allocation;
 use crate::key::PodKey;
@@ -34,11 +34,12 @@ struct NodeLoad {
     used: Resources,
 }
 
-/// Where the search stands: the load of every node it uses, and every device it holds.
-#[derive(Default)]
+/// Where the search stands: the load of every node it uses, every device it holds, and
+/// its pods as the pod constraints count them.
 struct Layout {
     loads: BTreeMap<usize, NodeLoad>,
     held: WorkingSet,
+    occupancy: Occupancy,
 }
 
 enum Attempt {
@@ -85,7 +86,11 @@ impl<'a> Planner<'a> {
             .iter()
             .flat_map(|&group| (0..gang.groups[group].min_count).map(move |index| Member { group, index }))
             .collect();
-        let mut layout = Layout::default();
+        let mut layout = Layout {
+            loads: BTreeMap::new(),
+            held: WorkingSet::default(),
+            occupancy: self.constraints.occupancy(),
+        };
         let mut chosen = vec![0; members.len()];
         let attempts = self.options.backtrack_budget;
         match self.search(&mut layout, &members, orders, &mut chosen, 0, budget)? {
@@ -144,7 +149,13 @@ impl<'a> Planner<'a> {
         let mut groups: Vec<usize> = (0..self.gang.groups.len()).collect();
         groups.sort_by_key(|&g| {
             let room: usize = orders[g].iter().map(|n| self.room(*n, g)).sum();
-            (orders[g].len(), room, std::cmp::Reverse(self.weights[g]), g)
+            (
+                self.constraints.follows_others(g),
+                orders[g].len(),
+                room,
+                std::cmp::Reverse(self.weights[g]),
+                g,
+            )
         });
         groups
     }
@@ -167,6 +178,7 @@ impl<'a> Planner<'a> {
         let alike = depth > 0
             && members[depth - 1].group == member.group
             && self.gang.groups[member.group].topology.slice.is_none()
+            && self.constraints.pods_alike(member.group)
             && self.gang.groups[member.group]
                 .pods
                 .iter()
@@ -190,7 +202,7 @@ impl<'a> Planner<'a> {
                 Attempt::Placed(before) => {
                     chosen[depth] = k;
                     match self.search(layout, members, orders, chosen, depth + 1, budget)? {
-                        SearchEnd::NotFound => restore(layout, n, before),
+                        SearchEnd::NotFound => self.restore(layout, n, member, before),
                         end => return Ok(end),
                     }
                 }
@@ -245,6 +257,15 @@ impl<'a> Planner<'a> {
         if of_group >= self.room(n, member.group) {
             return Ok(Attempt::NoRoom);
         }
+        let Ok(chosen_volumes) = self.constraints.admit(
+            &layout.occupancy,
+            member.group,
+            member.index,
+            self.candidates[n].id,
+            node,
+        ) else {
+            return Ok(Attempt::NoRoom);
+        };
         let mut members = before.members.clone();
         members.push(member);
         let refs: Vec<ClaimRef<'_>> = members.iter().flat_map(|m| self.open_claims_of(*m)).collect();
@@ -269,6 +290,8 @@ impl<'a> Planner<'a> {
         for allocation in &allocations {
             layout.held.hold(&allocation.devices);
         }
+        self.constraints
+            .enter(&mut layout.occupancy, member.group, member.index, node, chosen_volumes);
         let mut used = before.used.clone();
         used.add(&group.shape.requests);
         layout.loads.insert(
@@ -320,22 +343,30 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        self.assemble(domain, &placed, claims.into_values().collect())
+        self.assemble(domain, &placed, claims.into_values().collect(), &layout.occupancy)
     }
 }
 
-/// Takes the pod last placed on candidate `n` off it again: the node's load goes back to
-/// `before`, with its devices.
-fn restore(layout: &mut Layout, n: usize, before: NodeLoad) {
-    if let Some(current) = layout.loads.remove(&n) {
-        for allocation in &current.allocations {
-            layout.held.release(&allocation.devices);
+impl Planner<'_> {
+    /// Takes `member`, the pod last placed on candidate `n`, off it again: the node's load
+    /// goes back to `before`, with its devices.
+    fn restore(&self, layout: &mut Layout, n: usize, member: Member, before: NodeLoad) {
+        if let Some(current) = layout.loads.remove(&n) {
+            for allocation in &current.allocations {
+                layout.held.release(&allocation.devices);
+            }
         }
-    }
-    for allocation in &before.allocations {
-        layout.held.hold(&allocation.devices);
-    }
-    if !before.members.is_empty() {
-        layout.loads.insert(n, before);
+        for allocation in &before.allocations {
+            layout.held.hold(&allocation.devices);
+        }
+        if !before.members.is_empty() {
+            layout.loads.insert(n, before);
+        }
+        self.constraints.leave(
+            &mut layout.occupancy,
+            member.group,
+            member.index,
+            &self.candidates[n].node,
+        );
     }
 }

@@ -9,14 +9,14 @@ use std::collections::BTreeSet;
 const RACK: &str = "example.com/rack";
 const BLOCK: &str = "example.com/block";
 
-fn placed(outcome: &Outcome) -> &Plan {
+pub(super) fn placed(outcome: &Outcome) -> &Plan {
     match outcome {
         Outcome::Placed(plan) => plan,
         Outcome::Unschedulable(u) => panic!("expected a plan, got: {u}"),
     }
 }
 
-fn reasons(outcome: &Outcome) -> String {
+pub(super) fn reasons(outcome: &Outcome) -> String {
     match outcome {
         Outcome::Placed(plan) => panic!("expected no fit, got a plan on {:?}", plan.nodes()),
         Outcome::Unschedulable(u) => u.to_string(),

@@ -94,8 +94,11 @@ impl Admission {
                         .filter(|n| !allowed.contains(n)),
                 );
             }
+            // Off nodes kube-scheduler refused the group's pods on lately.
+            let avoid = super::refusals::avoid(workload, &extras, crate::workload::observe::now_millis());
             let options = muster_engine::placement::PlanOptions {
                 excluded_nodes: std::sync::Arc::new(excluded),
+                avoid: std::sync::Arc::new(avoid),
                 ..self.settings.plan.clone()
             };
             let request = extras.clone();
@@ -117,6 +120,7 @@ impl Admission {
                     journal: Some(grown.clone()),
                     conditions: vec![],
                     restarts: None,
+                    refusals: None,
                 },
             )
             .await?;
@@ -145,6 +149,7 @@ impl Admission {
                 journal: Some(released),
                 conditions: vec![],
                 restarts: None,
+                refusals: None,
             },
         )
         .await?;

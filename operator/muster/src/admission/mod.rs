@@ -31,6 +31,7 @@ mod perform;
 mod preempt;
 pub mod preemption_scope;
 mod queue;
+mod refusals;
 pub mod release;
 pub mod request;
 mod reserve;
@@ -147,14 +148,18 @@ pub(super) struct Waiting {
     /// there: only such a gang may hold the queue back once it has waited long (the
     /// starvation rule), and only on these nodes.
     pub(super) reach: Option<Arc<BTreeSet<String>>>,
+    /// When the first refusal that keeps it off a node lapses, if one does.
+    pub(super) lapse: Option<Instant>,
 }
 
 impl Waiting {
     /// Whether the gang is tried again now, the cluster having seen `changes` changes:
-    /// after its backoff, if the cluster changed (or at least every five minutes).
+    /// after its backoff, if the cluster changed (or at least every five minutes), or
+    /// once a refusal that kept it off a node lapsed.
     pub(super) fn due(&self, changes: u64) -> bool {
-        Instant::now() >= self.next_try
-            && (self.changes_seen != changes || self.next_try.elapsed() > Duration::from_secs(300))
+        let now = Instant::now();
+        (now >= self.next_try && (self.changes_seen != changes || self.next_try.elapsed() > Duration::from_secs(300)))
+            || self.lapse.is_some_and(|lapse| now >= lapse)
     }
 }
 
@@ -355,6 +360,7 @@ impl Admission {
         muster_admission::Settings {
             schedule_timeout: timeout,
             release_timeout: timeout,
+            ..muster_admission::Settings::default()
         }
     }
 

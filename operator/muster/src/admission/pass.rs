@@ -112,10 +112,9 @@ impl Admission {
             if let Some(waiting) = self.waiting.get(&name)
                 && !due
             {
+                let wake = waiting.lapse.map_or(waiting.next_try, |l| l.min(waiting.next_try));
                 next = next.min(
-                    waiting
-                        .next_try
-                        .saturating_duration_since(Instant::now())
+                    wake.saturating_duration_since(Instant::now())
                         .max(Duration::from_millis(100)),
                 );
                 if waiting.since.elapsed() > self.settings.starvation_after
@@ -170,7 +169,17 @@ impl Admission {
                 }
                 Err(e) => Err(e),
             };
+            let fits_nowhere = matches!(outcome, Ok(Admit::DoesNotFit { .. }));
             self.settle_attempt(&name, priority, outcome, changes, &mut held, &mut next);
+            // Kept off nodes by refusals: tried again once the first lapses, even if
+            // nothing else changes by then.
+            if fits_nowhere
+                && let Some(lapse) = super::refusals::lapses_in(&workload, crate::workload::observe::now_millis())
+                && let Some(waiting) = self.waiting.get_mut(&name)
+            {
+                waiting.lapse = Some(Instant::now() + lapse);
+                next = next.min(lapse + Duration::from_millis(100));
+            }
         }
         self.commit_batch(planned, changes, &mut held, &mut next).await;
         // Extras of running gangs keep off them too, until the next pass says again.

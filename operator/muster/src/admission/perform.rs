@@ -261,6 +261,7 @@ impl Admission {
                 .all(|r| cluster.device_published(&r.driver, &r.pool, &r.device));
             (nodes, published, conflicted, settling)
         };
+        let refusals = observe::refusals(workload);
         let gang = Gang {
             spec: &spec,
             journal: journal.as_ref(),
@@ -272,6 +273,7 @@ impl Admission {
             nodes: &nodes,
             devices_published,
             conflicted: &conflicted,
+            refusals: &refusals,
             now: observe::now_millis(),
         };
         let mut step = muster_admission::decide(&gang, &self.core_settings());
@@ -322,6 +324,7 @@ impl Admission {
                 Effect::Record(record)
                     if record.conditions.is_empty()
                         && record.restarts.is_none()
+                        && record.refusals.is_none()
                         && record.journal == observe::journal(workload) =>
                 {
                     warn!(workload = %key(workload), "the state machine asked to record the journal unchanged; skipped");
@@ -424,6 +427,9 @@ impl Admission {
                 } => {
                     if kind == EventKind::ScheduleTimeout {
                         metrics::get().schedule_timeouts.inc();
+                    }
+                    if kind == EventKind::SchedulerRefused {
+                        metrics::get().scheduler_refusals.inc();
                     }
                     let type_ = if warning { EventType::Warning } else { EventType::Normal };
                     self.event(workload, type_, event_reason(kind), action, note).await;

@@ -247,6 +247,7 @@ impl Admission {
                     pod,
                     node: p.node.clone(),
                     requests,
+                    traits: Default::default(),
                 }
             })
             .collect();
@@ -337,6 +338,7 @@ impl Admission {
                         message: message.clone(),
                     }],
                     restarts: None,
+                    refusals: None,
                 },
             )
             .await?;
@@ -368,6 +370,7 @@ impl Admission {
                 placement: None,
                 restarts: None,
                 nomination: NominationUpdate::Clear,
+                refusals: None,
             },
         )
         .await?;
@@ -442,8 +445,13 @@ impl Admission {
         if candidates.is_empty() {
             return Ok(());
         }
+        // Victims are chosen for a plan that keeps off the nodes the gang was refused on.
+        let avoid = super::refusals::avoid(workload, &request, observe::now_millis());
         let options = PreemptionOptions {
-            plan: self.settings.plan.clone(),
+            plan: muster_engine::placement::PlanOptions {
+                avoid: std::sync::Arc::new(avoid),
+                ..self.settings.plan.clone()
+            },
             max_plan_calls: MAX_PLAN_CALLS,
         };
         let decision =
@@ -466,6 +474,7 @@ impl Admission {
                     placement: None,
                     restarts: None,
                     nomination: NominationUpdate::Set(nominated.clone()),
+                    refusals: None,
                 },
             )
             .await?;

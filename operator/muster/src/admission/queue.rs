@@ -229,7 +229,9 @@ impl Admission {
             failures: 0,
             changes_seen: 0,
             reach: None,
+            lapse: None,
         });
+        entry.lapse = None;
         entry.failures += 1;
         // A commit that failed is tried again after its backoff whether or not the
         // cluster changes meanwhile: nothing else may come to wake it.
@@ -411,11 +413,15 @@ impl Admission {
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
             excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
         }
+        // Nodes kube-scheduler refused its pods on lately.
+        let avoid = super::refusals::avoid(workload, &request, crate::workload::observe::now_millis());
         // Kueue's decision differs per gang; otherwise the shape, the priority and the
         // held nodes decide the outcome.
-        // A gang's own nomination makes its view differ from the others'.
-        let shape = (self.kueue_object(workload).is_not_queued() && nomination_of(workload).is_none())
-            .then(|| format!("{priority}|{excluded:?}|{}", shape_signature(&request)));
+        // A gang's own nomination, or nodes it keeps off, make its view differ from the
+        // others'.
+        let shape =
+            (self.kueue_object(workload).is_not_queued() && nomination_of(workload).is_none() && avoid.is_empty())
+                .then(|| format!("{priority}|{excluded:?}|{}", shape_signature(&request)));
         let planned = match shape.as_ref().and_then(|s| unfit.get(s)) {
             Some((planned_gang, known)) => {
                 // The reasons name the gang that was planned: name this one instead.
@@ -429,7 +435,7 @@ impl Admission {
             }
             None => {
                 let planned = self
-                    .plan_off_runtime(workload, cluster.clone(), request.clone(), excluded)
+                    .plan_off_runtime(workload, cluster.clone(), request.clone(), excluded, avoid)
                     .await?;
                 if let Some(shape) = shape
                     && matches!(planned.outcome, Outcome::Unschedulable(_))
@@ -531,15 +537,21 @@ impl Admission {
 
     /// Plans on a snapshot of the cluster, on a blocking thread: watches go on meanwhile,
     /// and the commit's conflict check catches what they show too late. `held` nodes
-    /// are left out.
+    /// are left out, and each pod keeps off the nodes `avoid` names for it. Whether it
+    /// would fit an emptied cluster is asked without `avoid`: refusals lapse.
     pub(super) async fn plan_off_runtime(
         &self,
         workload: &Workload,
         cluster: Arc<muster_engine::cluster::ClusterState>,
         request: GangRequest,
         held: BTreeSet<String>,
+        avoid: muster_engine::placement::Avoid,
     ) -> Result<Planned, CommitError> {
-        let unlimited = self.settings.plan.clone();
+        let empty_options = self.settings.plan.clone();
+        let unlimited = PlanOptions {
+            avoid: Arc::new(avoid),
+            ..empty_options.clone()
+        };
         let options = PlanOptions {
             excluded_nodes: Arc::new(held),
             ..unlimited.clone()
@@ -558,8 +570,8 @@ impl Admission {
             let held_back = !options.excluded_nodes.is_empty()
                 && matches!(placement::plan(&cluster, &request, &unlimited), Outcome::Placed(_));
             let empty = cluster.emptied();
-            let reach = match placement::plan(&empty, &request, &unlimited) {
-                Outcome::Placed(plan) => Some(Arc::new(reach(&empty, &request, &plan, &unlimited))),
+            let reach = match placement::plan(&empty, &request, &empty_options) {
+                Outcome::Placed(plan) => Some(Arc::new(reach(&empty, &request, &plan, &empty_options))),
                 Outcome::Unschedulable(_) => None,
             };
             Planned {

@@ -205,7 +205,7 @@ pub fn gang_request(
         }
         let spec = first.spec.clone().unwrap_or_default();
         let object = format!("Workload {namespace}/{name} pod group {}", group.name);
-        let mut shape = convert::pod_shape(&object, &spec)?;
+        let mut shape = convert::pod_shape(&object, first)?;
         // Claim order as in the pod: own claims feed `claims`, the rest `shared`.
         let mut own_names: Vec<&str> = Vec::new();
         for claim in spec.resource_claims.iter().flatten() {
@@ -271,6 +271,11 @@ pub fn gang_request(
                 Ok(PodInstance {
                     key: PodKey::new(&namespace, &pod_name),
                     claims,
+                    volumes: pod
+                        .spec
+                        .as_ref()
+                        .map(|spec| convert::scheduling::volume_claims(&namespace, &pod_name, spec))
+                        .unwrap_or_default(),
                 })
             })
             .collect::<Result<Vec<_>, RequestError>>()?;
@@ -317,6 +322,10 @@ fn generated<'p>(pod: &'p Pod, claim: &str) -> Result<&'p str, RequestError> {
 /// What the engine plans with for one pod: it must be the same for every pod of a group.
 fn planning_view(pod: &Pod) -> serde_json::Value {
     let spec = pod.spec.clone().unwrap_or_default();
+    let ports: Vec<String> = convert::scheduling::host_ports(&spec)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let resources = |containers: &[k8s_openapi::api::core::v1::Container]| {
         containers
             .iter()
@@ -335,7 +344,10 @@ fn planning_view(pod: &Pod) -> serde_json::Value {
         "overhead": spec.overhead,
         "resources": spec.resources,
         "nodeSelector": spec.node_selector,
-        "affinity": spec.affinity.and_then(|a| a.node_affinity),
+        "affinity": spec.affinity,
+        "topologySpreadConstraints": spec.topology_spread_constraints,
+        "hostNetwork": spec.host_network,
+        "ports": ports,
         "tolerations": spec.tolerations,
         "claims": claims,
     })

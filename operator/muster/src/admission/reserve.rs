@@ -43,6 +43,7 @@ pub(super) fn reserving_record(journal: Journal, message: &str) -> Record {
             message: message.into(),
         }],
         restarts: None,
+        refusals: None,
     }
 }
 
@@ -300,6 +301,7 @@ impl Admission {
                     message: message.clone(),
                 }],
                 restarts: None,
+                refusals: None,
             },
         )
         .await?;

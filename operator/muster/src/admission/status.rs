@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use muster_admission::{ConditionType, EventKind, Reason, Record, State};
-use muster_api::v1alpha1::{NominationStatus, PlacementStatus, Workload};
+use muster_api::v1alpha1::{NominationStatus, PlacementStatus, SchedulerRefusal, Workload};
 use muster_api::{conditions, labels};
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
@@ -49,6 +49,8 @@ pub(crate) struct StatusUpdate {
     pub(crate) placement: Option<PlacementStatus>,
     pub(crate) restarts: Option<muster_admission::Restarts>,
     pub(crate) nomination: NominationUpdate,
+    /// `status.schedulerRefusals` (`None` keeps them).
+    pub(crate) refusals: Option<Vec<SchedulerRefusal>>,
 }
 
 /// What a status write does with `status.nomination` (a server-side apply that left it
@@ -73,6 +75,7 @@ pub(super) fn event_reason(kind: EventKind) -> &'static str {
         EventKind::Admitted => conditions::EVENT_ADMITTED,
         EventKind::RolledBack => conditions::EVENT_ROLLED_BACK,
         EventKind::ScheduleTimeout => conditions::EVENT_SCHEDULE_TIMEOUT,
+        EventKind::SchedulerRefused => conditions::EVENT_SCHEDULER_REFUSED,
         EventKind::Restarting => conditions::EVENT_RESTARTING,
         EventKind::Succeeded => conditions::EVENT_SUCCEEDED,
         EventKind::Failed => conditions::EVENT_FAILED,
@@ -109,6 +112,7 @@ impl Admission {
             } else {
                 NominationUpdate::Keep
             },
+            refusals: record.refusals.as_deref().map(observe::scheduler_refusals),
         };
         let written = self.write_status(workload, update).await?;
         let gang = key(workload);
@@ -172,6 +176,7 @@ impl Admission {
             placement: placement.cloned(),
             restarts: None,
             nomination: NominationUpdate::Keep,
+            refusals: None,
         };
         self.write_status(workload, update).await.map(|_| ())
     }
@@ -232,6 +237,12 @@ impl Admission {
             };
             if let Some(nomination) = nomination {
                 status["nomination"] = serde_json::to_value(nomination).unwrap_or_default();
+            }
+            // Kept as they are unless this write remembers a refusal: the field is this
+            // writer's, and an apply that left it out would forget them.
+            let refusals = update.refusals.as_ref().unwrap_or(&current.scheduler_refusals);
+            if !refusals.is_empty() {
+                status["schedulerRefusals"] = serde_json::to_value(refusals).unwrap_or_default();
             }
             let patch = json!({
                 "apiVersion": "muster.dev/v1alpha1",

@@ -1,7 +1,8 @@
 //! Keeps the engine's [`ClusterState`] in step with the cluster: watches on Nodes, Pods,
-//! ResourceSlices, DeviceClasses, DeviceTaintRules and ResourceClaims feed it one change
-//! at a time. No
-//! object store is kept for these kinds: the engine's compact model is the cache.
+//! ResourceSlices, DeviceClasses, DeviceTaintRules, ResourceClaims, and for the pods'
+//! volumes and inter-pod affinity PersistentVolumeClaims, PersistentVolumes,
+//! StorageClasses, CSINodes and Namespaces feed it one change at a time. No object store
+//! is kept for these kinds: the engine's compact model is the cache.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
@@ -10,13 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use muster_engine::cluster::ClusterState;
-use muster_engine::key::{ClaimKey, PodKey};
+use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tracing::warn;
@@ -25,7 +27,7 @@ use crate::convert;
 
 /// Kinds the index watches; it is ready when every one has listed (a kind the cluster
 /// does not serve counts as listed).
-const KINDS: usize = 6;
+const KINDS: usize = 11;
 
 /// The engine's cluster state, shared with the admission loop. Planners take a
 /// snapshot and work on it off the lock; a watch that changes the state meanwhile
@@ -154,11 +156,9 @@ impl Indexed for Pod {
     }
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
         let key = Indexed::key(self);
-        match (convert::pod_node(self), self.spec.as_ref()) {
-            (Some(node), Some(spec)) => {
-                cluster.observe_pod_bound(&key, &node, convert::pod_requests(&format!("Pod {key}"), spec)?)
-            }
-            _ => cluster.observe_pod_unbound(&key),
+        match convert::pod_entry(self)? {
+            Some(entry) => cluster.observe_pod_bound(&key, entry),
+            None => cluster.observe_pod_unbound(&key),
         }
         Ok(())
     }
@@ -234,6 +234,80 @@ impl Indexed for ResourceClaim {
     }
 }
 
+impl Indexed for PersistentVolumeClaim {
+    type Key = ObjectKey;
+    fn key(&self) -> ObjectKey {
+        convert::object_key(self)
+    }
+    fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
+        cluster.storage_mut().upsert_claim(convert::storage::claim(self)?);
+        Ok(())
+    }
+    fn remove(key: &ObjectKey, cluster: &mut ClusterState) {
+        cluster.storage_mut().remove_claim(key);
+    }
+}
+
+impl Indexed for PersistentVolume {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
+    fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
+        cluster.storage_mut().upsert_volume(convert::storage::volume(self)?);
+        Ok(())
+    }
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.storage_mut().remove_volume(key);
+    }
+}
+
+impl Indexed for StorageClass {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
+    fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
+        cluster
+            .storage_mut()
+            .upsert_class(convert::storage::storage_class(self));
+        Ok(())
+    }
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.storage_mut().remove_class(key);
+    }
+}
+
+impl Indexed for CSINode {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
+    fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
+        cluster
+            .storage_mut()
+            .upsert_csi_node(&self.name_any(), convert::storage::csi_node(self));
+        Ok(())
+    }
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.storage_mut().remove_csi_node(key);
+    }
+}
+
+impl Indexed for Namespace {
+    type Key = String;
+    fn key(&self) -> String {
+        self.name_any()
+    }
+    fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError> {
+        cluster.upsert_namespace(&self.name_any(), self.metadata.labels.clone().unwrap_or_default());
+        Ok(())
+    }
+    fn remove(key: &String, cluster: &mut ClusterState) {
+        cluster.remove_namespace(key);
+    }
+}
+
 /// Watches every kind until the process stops.
 pub async fn run(client: Client, index: Arc<Index>) {
     tokio::join!(
@@ -243,6 +317,11 @@ pub async fn run(client: Client, index: Arc<Index>) {
         watch::<DeviceClass>(Api::all(client.clone()), index.clone()),
         watch::<ResourceClaim>(Api::all(client.clone()), index.clone()),
         watch_taint_rules(client.clone(), index.clone()),
+        watch::<PersistentVolumeClaim>(Api::all(client.clone()), index.clone()),
+        watch::<PersistentVolume>(Api::all(client.clone()), index.clone()),
+        watch::<StorageClass>(Api::all(client.clone()), index.clone()),
+        watch::<CSINode>(Api::all(client.clone()), index.clone()),
+        watch::<Namespace>(Api::all(client.clone()), index.clone()),
     );
 }
 

@@ -58,6 +58,9 @@ pub struct PodReport {
     pub name: String,
     pub node: String,
     pub devices: Vec<DeviceReport>,
+    /// Static PersistentVolumes chosen for claims that bind at the first consumer.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -94,6 +97,24 @@ pub fn plan(
     for class in &workloads.classes {
         cluster.upsert_class(crate::convert::device_class(class));
     }
+    // Storage that comes with them too.
+    for claim in &workloads.volume_claims {
+        let mut claim = claim.clone();
+        if claim.key.namespace().is_empty() {
+            claim.key = ObjectKey::new(namespace, claim.key.name());
+        }
+        cluster.storage_mut().upsert_claim(claim);
+    }
+    for volume in &workloads.volumes {
+        cluster.storage_mut().upsert_volume(volume.clone());
+    }
+    for (class, _) in &workloads.storage_classes {
+        cluster.storage_mut().upsert_class(class.clone());
+    }
+    let default_class = workloads
+        .default_storage_class()
+        .or(snapshot.default_storage_class())
+        .map(str::to_string);
     let mut templates = std::mem::take(&mut snapshot.templates);
     templates.extend(workloads.templates.iter().cloned());
     let mut claims = std::mem::take(&mut snapshot.claims);
@@ -151,6 +172,12 @@ pub fn plan(
             }
         };
         fencing.apply(&mut request);
+        // The claims kube-controller-manager will make for the pods' ephemeral volumes.
+        for claim in ephemeral_claims(&workload, &request, default_class.as_deref())? {
+            if cluster.storage().claim(&claim.key).is_none() {
+                cluster.storage_mut().upsert_claim(claim);
+            }
+        }
         match placement::plan(&cluster, &request, &PlanOptions::default()) {
             Outcome::Unschedulable(why) => {
                 let preemption = would_preempt(&cluster, &snapshot, &claims, &classes, &workload, &request, scope);
@@ -194,6 +221,12 @@ pub fn plan(
                         name: placed.pod.name().to_string(),
                         node: placed.node.clone(),
                         devices,
+                        volumes: plan
+                            .volumes
+                            .iter()
+                            .filter(|v| v.pod == placed.pod)
+                            .map(|v| v.volume.clone())
+                            .collect(),
                     });
                 }
                 let mut topology = String::new();
@@ -247,6 +280,40 @@ pub fn plan(
         }
     }
     Ok((report, details))
+}
+
+/// The claims of the generic ephemeral volumes of a Workload's pods, as they will be
+/// made (`<pod>-<volume>`, the default StorageClass when the template names none).
+fn ephemeral_claims(
+    workload: &muster_api::Workload,
+    request: &GangRequest,
+    default_class: Option<&str>,
+) -> Result<Vec<muster_engine::storage::Pvc>, anyhow::Error> {
+    let mut claims = Vec::new();
+    for group in &workload.spec.pod_groups {
+        let Some(spec) = group.template.as_ref().and_then(|t| t.spec.as_ref()) else {
+            continue;
+        };
+        let Some(pods) = request.groups.iter().find(|g| g.name == group.name).map(|g| &g.pods) else {
+            continue;
+        };
+        for volume in spec.volumes.iter().flatten() {
+            let Some(template) = volume.ephemeral.as_ref().and_then(|e| e.volume_claim_template.as_ref()) else {
+                continue;
+            };
+            for pod in pods {
+                let key = ObjectKey::new(pod.key.namespace(), &format!("{}-{}", pod.key.name(), volume.name));
+                let object = format!("PersistentVolumeClaim {key}");
+                let class = template
+                    .spec
+                    .storage_class_name
+                    .clone()
+                    .or_else(|| default_class.map(str::to_string));
+                claims.push(convert::storage::claim_spec(&object, key, &template.spec, class)?);
+            }
+        }
+    }
+    Ok(claims)
 }
 
 /// What a PriorityClass named by `name` (or the global default) is worth, and whether
@@ -359,7 +426,16 @@ pub fn human(report: &Report, details: &Details) -> String {
         );
         let mut pods = crate::cli::table::plain(vec!["POD", "NODE", "DEVICES"]);
         for pod in &workload.pods {
-            pods.add_row(vec![pod.name.clone(), pod.node.clone(), summarize(&pod.devices)]);
+            let volumes = if pod.volumes.is_empty() {
+                String::new()
+            } else {
+                format!("; volumes: {}", pod.volumes.join(", "))
+            };
+            pods.add_row(vec![
+                pod.name.clone(),
+                pod.node.clone(),
+                format!("{}{volumes}", summarize(&pod.devices)),
+            ]);
         }
         out.push_str(&crate::cli::table::indented(&pods, "  "));
         if let Some(unplaced) = details.unplaced.get(&workload.name) {
@@ -530,6 +606,74 @@ spec:
         assert_eq!(
             by_device.workloads[0].pods[0].node, "n1",
             "muster's claims tolerate the fence"
+        );
+    }
+
+    #[test]
+    fn volumes_and_anti_affinity_from_the_snapshot_shape_the_plan() {
+        let storage = r#"
+- apiVersion: storage.k8s.io/v1
+  kind: StorageClass
+  metadata: {name: local, annotations: {storageclass.kubernetes.io/is-default-class: "true"}}
+  provisioner: kubernetes.io/no-provisioner
+  volumeBindingMode: WaitForFirstConsumer
+- apiVersion: v1
+  kind: PersistentVolume
+  metadata: {name: pv-r2}
+  spec:
+    storageClassName: local
+    capacity: {storage: 100Gi}
+    accessModes: [ReadWriteOnce]
+    nodeAffinity: {required: {nodeSelectorTerms: [{matchExpressions: [{key: rack, operator: In, values: [r2]}]}]}}
+  status: {phase: Available}
+"#;
+        let snapshot = Objects::parse("snap.yaml", &format!("{SNAPSHOT}{storage}")).unwrap();
+        let workloads = r#"
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: data}
+spec:
+  podGroups:
+  - name: w
+    replicas: 1
+    template:
+      metadata: {labels: {app: data}}
+      spec:
+        containers: [{name: c}]
+        volumes: [{name: scratch, ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 10Gi}}}}}}]
+---
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: spread}
+spec:
+  podGroups:
+  - name: w
+    replicas: 3
+    template:
+      metadata: {labels: {app: spread}}
+      spec:
+        containers: [{name: c}]
+        affinity:
+          podAntiAffinity:
+            requiredDuringSchedulingIgnoredDuringExecution:
+            - {topologyKey: rack, labelSelector: {matchLabels: {app: spread}}}
+"#;
+        let workloads = Objects::parse("w.yaml", workloads).unwrap();
+        let (report, details) = plan(snapshot, &workloads, "default", Fencing::Taint).unwrap();
+        let data = &report.workloads[0];
+        assert!(data.feasible, "{:?}", data.reason);
+        assert_eq!(
+            (data.pods[0].node.as_str(), data.pods[0].volumes.as_slice()),
+            ("n2", &["pv-r2".to_string()][..])
+        );
+        assert!(human(&report, &details).contains("volumes: pv-r2"));
+        let spread = &report.workloads[1];
+        let reason = spread.reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains(
+                "2 nodes there have room for 6 pods, but anti-affinity on rack leaves 2 for 3 pods of group w"
+            ),
+            "{reason}"
         );
     }
 

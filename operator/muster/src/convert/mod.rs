@@ -38,6 +38,9 @@ fn quantity(object: &str, field: &str, q: &KubeQuantity) -> Result<Quantity, Con
     Quantity::parse(&q.0).map_err(|e| err(object, format!("{field}: {e}")))
 }
 
+pub mod scheduling;
+pub mod storage;
+
 // ---- nodes and pods ----
 
 /// A Node as the engine sees it.
@@ -781,17 +784,38 @@ pub fn allocation_to_kube(allocation: &Allocation) -> resource::AllocationResult
     }
 }
 
-/// What a pod spec asks of a node: resources, node selector, required affinity and
-/// tolerations (claims are added by the caller).
-pub fn pod_shape(object: &str, spec: &PodSpec) -> Result<muster_engine::request::PodShape, ConvertError> {
+/// What a pod asks of a node: resources, node selector, required affinity,
+/// tolerations, and its labels, inter-pod (anti-)affinity, spread and host ports
+/// (claims are added by the caller).
+pub fn pod_shape(object: &str, pod: &Pod) -> Result<muster_engine::request::PodShape, ConvertError> {
+    let spec = pod.spec.clone().unwrap_or_default();
     Ok(muster_engine::request::PodShape {
-        requests: pod_requests(object, spec)?,
+        requests: pod_requests(object, &spec)?,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
-        affinity: required_affinity(object, spec)?,
+        affinity: required_affinity(object, &spec)?,
         tolerations: tolerations(spec.tolerations.as_deref().unwrap_or_default()),
         claims: Vec::new(),
         shared: Vec::new(),
+        rules: scheduling::pod_rules(object, pod)?,
     })
+}
+
+/// A pod bound or nominated to a node as the engine keeps it; `None` for a pod on no node.
+pub fn pod_entry(pod: &Pod) -> Result<Option<muster_engine::cluster::PodEntry>, ConvertError> {
+    let (Some(node), Some(spec)) = (pod_node(pod), pod.spec.as_ref()) else {
+        return Ok(None);
+    };
+    let object = format!("Pod {}", pod_key(pod));
+    let traits = scheduling::pod_traits(pod)?;
+    Ok(Some(muster_engine::cluster::PodEntry {
+        node,
+        requests: pod_requests(&object, spec)?,
+        traits: if traits.is_empty() {
+            Default::default()
+        } else {
+            std::sync::Arc::new(traits)
+        },
+    }))
 }
 
 #[cfg(test)]

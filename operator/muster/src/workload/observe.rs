@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use muster_admission::failure::{Backoff, ExitCodes, FailureAction, FailureKind, FailureRule};
+use muster_admission::refusal::{Refusal, Unscheduled};
 use muster_admission::{ClaimView, Journal, Millis, Phase, PlannedPod as CorePlannedPod, PodView, Reason, Spec, State};
 use muster_api::conditions;
 use muster_api::labels;
@@ -60,12 +61,13 @@ fn admission_state(state: State) -> AdmissionState {
 }
 
 /// Reasons a gang being taken apart reports when it is queued again.
-const CAUSES: [Reason; 5] = [
+const CAUSES: [Reason; 6] = [
     Reason::RolledBack,
     Reason::Conflict,
     Reason::ScheduleTimeout,
     Reason::ReleaseTimeout,
     Reason::Preempted,
+    Reason::SchedulerRefused,
 ];
 
 /// The journal of a Workload, if it has one. The cause of a teardown or a failed
@@ -314,7 +316,54 @@ pub fn pod(pod: &Pod) -> PodView {
             .flat_map(|s| s.conditions.iter().flatten())
             .map(|c| (c.type_.clone(), c.status.clone()))
             .collect(),
+        unscheduled: unscheduled(pod),
     }
+}
+
+/// kube-scheduler's `PodScheduled=False` condition of a pod, and whether it nominated a
+/// node for it.
+fn unscheduled(pod: &Pod) -> Option<Unscheduled> {
+    let status = pod.status.as_ref()?;
+    let condition = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    Some(Unscheduled {
+        reason: condition.reason.clone().unwrap_or_default(),
+        message: condition.message.clone().unwrap_or_default(),
+        nominated: status.nominated_node_name.as_deref().is_some_and(|n| !n.is_empty()),
+    })
+}
+
+/// `status.schedulerRefusals` in the state machine's terms.
+pub fn refusals(workload: &Workload) -> Vec<Refusal> {
+    workload
+        .status
+        .iter()
+        .flat_map(|s| &s.scheduler_refusals)
+        .map(|r| Refusal {
+            group: r.pod_group.clone(),
+            pod: r.pod.clone(),
+            node: r.node.clone(),
+            message: r.message.clone(),
+            at: millis(&r.at),
+        })
+        .collect()
+}
+
+/// Refusals as `status.schedulerRefusals`.
+pub fn scheduler_refusals(refusals: &[Refusal]) -> Vec<v1alpha1::SchedulerRefusal> {
+    refusals
+        .iter()
+        .map(|r| v1alpha1::SchedulerRefusal {
+            pod_group: r.group.clone(),
+            pod: r.pod.clone(),
+            node: r.node.clone(),
+            message: r.message.clone(),
+            at: time(r.at),
+        })
+        .collect()
 }
 
 /// A claim as the state machine sees it; `held_elsewhere`: another gang's journal names
@@ -437,6 +486,8 @@ mod tests {
             (Reason::SucceededPodGroups, conditions::REASON_SUCCEEDED),
             (Reason::Restarted, conditions::REASON_RESTARTED),
             (Reason::Preempted, conditions::REASON_PREEMPTED),
+            (Reason::FailedByRule, conditions::REASON_FAILED_BY_RULE),
+            (Reason::SchedulerRefused, conditions::REASON_SCHEDULER_REFUSED),
         ] {
             assert_eq!(reason.as_str(), constant);
             assert_eq!(Reason::parse(constant), Some(reason));

@@ -172,6 +172,7 @@ pub fn compute(
         restarts: previous.restarts,
         restarts_count_towards_max: previous.restarts_count_towards_max,
         nomination: None,
+        scheduler_refusals: Vec::new(),
     }
 }
 
@@ -181,6 +182,7 @@ pub fn owned_part(status: &WorkloadStatus) -> WorkloadStatus {
         conditions: status.conditions.iter().filter(|c| is_owned(c)).cloned().collect(),
         placement: None,
         nomination: None,
+        scheduler_refusals: Vec::new(),
         ..status.clone()
     }
 }

@@ -101,6 +101,9 @@ pub struct Metrics {
     pub restarts: Family<ReasonLabel, Counter>,
     /// Released gangs torn down because their pods were not scheduled in time.
     pub schedule_timeouts: Counter,
+    /// Released gangs (or extras) taken apart because kube-scheduler refused a pod on its
+    /// planned node.
+    pub scheduler_refusals: Counter,
     /// Pods beyond minCount placed after their gang started.
     pub extras_placed: Counter,
     /// 1 while this process holds the leader Lease (or runs without leader election).
@@ -140,6 +143,7 @@ impl Metrics {
             preemptions: Family::default(),
             restarts: Family::default(),
             schedule_timeouts: Counter::default(),
+            scheduler_refusals: Counter::default(),
             extras_placed: Counter::default(),
             leader: Gauge::default(),
             api_requests: Family::default(),
@@ -217,6 +221,11 @@ impl Metrics {
             "muster_schedule_timeouts",
             "Released gangs torn down because kube-scheduler did not bind every pod in time",
             metrics.schedule_timeouts.clone(),
+        );
+        registry.register(
+            "muster_scheduler_refusals",
+            "Released gangs taken apart because kube-scheduler refused a pod on its planned node",
+            metrics.scheduler_refusals.clone(),
         );
         registry.register(
             "muster_extras_placed",
