@@ -659,7 +659,14 @@ spec:
             - {topologyKey: rack, labelSelector: {matchLabels: {app: spread}}}
 "#;
         let workloads = Objects::parse("w.yaml", workloads).unwrap();
-        let (report, details) = plan(snapshot, &workloads, "default", Fencing::Taint).unwrap();
+        let (report, details) = plan(
+            snapshot,
+            &workloads,
+            "default",
+            Fencing::Taint,
+            PreemptionScope::Cluster,
+        )
+        .unwrap();
         let data = &report.workloads[0];
         assert!(data.feasible, "{:?}", data.reason);
         assert_eq!(
