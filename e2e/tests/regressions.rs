@@ -827,3 +827,110 @@ async fn issue22_4_preemption_counts_only_what_the_victim_gives_back() -> Result
     })
     .await
 }
+
+// ---- Review of issue 22 ----
+
+/// kube-controller-manager held still (SIGSTOP) until dropped: the entries of pods that
+/// are gone stay in `reservedFor` meanwhile, as they do while it lags.
+struct ControllerManagerHeld(u32);
+
+impl ControllerManagerHeld {
+    fn hold(test: &Test) -> Result<Self> {
+        let pid = test
+            .cluster
+            .control_plane
+            .pids()
+            .into_iter()
+            .find(|(name, _)| name == "kube-controller-manager")
+            .map(|(_, pid)| pid)
+            .context("kube-controller-manager's pid")?;
+        let signalled = std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()?;
+        ensure!(signalled.success(), "stopping kube-controller-manager");
+        Ok(ControllerManagerHeld(pid))
+    }
+}
+
+impl Drop for ControllerManagerHeld {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// Review of issue 22, defect 1: a gang took a pod of its own that was gone, while its
+/// uid was still in `reservedFor`, for a consumer outside it. Suspended, it let go of its
+/// own claim, left it allocated for no one, and said it held nothing (Kueue would have
+/// given its quota back while the devices stayed taken). It must hold the claim until the
+/// entry goes, then give it back.
+#[tokio::test]
+async fn issue22_review_a_gone_pod_of_the_gang_still_in_reserved_for_is_its_own() -> Result<()> {
+    with_test("gone-own-pod", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("keeper", 1, Some("rack-0000"))).await?;
+            assert_runs_as_planned(test, "keeper").await?;
+            let claim = "keeper-workers-0-gpus";
+            let (uid, _) = test.wait_pod_running("keeper-workers-0").await?;
+            let held = ControllerManagerHeld::hold(test)?;
+            test.workloads()
+                .patch(
+                    "keeper",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"suspend": true}})),
+                )
+                .await?;
+            // The pod goes (kwok ends it at once); its uid stays in reservedFor.
+            let pods = test.pods();
+            wait::until("the worker to be gone", Duration::from_secs(60), || {
+                let pods = pods.clone();
+                let uid = uid.clone();
+                async move {
+                    let pod = pods.get_opt("keeper-workers-0").await?;
+                    Ok(pod
+                        .is_none_or(|p| p.metadata.uid.as_deref() != Some(uid.as_str()))
+                        .then_some(()))
+                }
+            })
+            .await?;
+            // As long as the entry stays, the gang keeps naming its claim.
+            let api = test.workloads();
+            let claims = test.claims();
+            wait::holds(
+                "the suspended gang to keep naming its claim while its gone pod reserves it",
+                Duration::from_secs(8),
+                || {
+                    let (api, claims, uid) = (api.clone(), claims.clone(), uid.clone());
+                    async move {
+                        let named = api
+                            .get("keeper")
+                            .await?
+                            .status
+                            .and_then(|s| s.placement)
+                            .is_some_and(|p| p.claims.iter().any(|c| c == claim));
+                        let status = claims.get(claim).await?.status.unwrap_or_default();
+                        let allocated = status.allocation.is_some();
+                        let reserved = status.reserved_for.unwrap_or_default().iter().any(|r| r.uid == uid);
+                        Ok(named || !allocated || !reserved)
+                    }
+                },
+            )
+            .await?;
+            drop(held);
+            // Once kube-controller-manager takes the entry out, the claim is given back.
+            wait::until("the claim to be given back", Duration::from_secs(60), || async {
+                Ok(allocation_of(test, claim).await?.is_none().then_some(()))
+            })
+            .await?;
+            test.wait_phase("keeper", WorkloadPhase::Suspended, Duration::from_secs(60))
+                .await?;
+            ensure!(
+                test.state("keeper").await?.is_none(),
+                "the suspended gang holds nothing"
+            );
+            Ok(())
+        })
+    })
+    .await
+}

@@ -113,9 +113,13 @@ impl PodView {
 /// Ownership of a shared claim: every gang whose journal names the claim holds it,
 /// whether it allocated the claim or found it allocated. A gang that lets go of a claim
 /// clears the allocation only if it is the last holder, muster wrote the allocation, and
-/// no pod that may still run uses it; otherwise it stops naming the claim and leaves the
-/// allocation to the other holders, to the pod outside, or to the operator's collector
-/// (which clears what muster allocated once no journal names it and no pod uses it).
+/// nothing reserves it but pods of the gang that cannot use the devices; it stops naming
+/// the claim as it is only when another gang holds it, muster did not allocate it, or a
+/// consumer known to be outside the gang keeps it (see [`crate::ownership`]): then the
+/// allocation is left to the other holders, to the pod outside, or to the operator's
+/// collector (which clears what muster allocated once no journal names it and no pod
+/// uses it). A pod of the gang that is gone, and a consumer the caches cannot place,
+/// make the gang wait.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimView {
     pub name: String,
@@ -125,8 +129,8 @@ pub struct ClaimView {
     pub ours: bool,
     /// The journal of another gang names the claim: that gang holds it too.
     pub held_elsewhere: bool,
-    /// The uids of the pods in `status.reservedFor`.
-    pub reserved_for: Vec<String>,
+    /// `status.reservedFor` (see [`crate::ownership`] for whose each entry is).
+    pub reserved_for: Vec<crate::Consumer>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -38,9 +38,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use muster_admission::commit::{self, Placement};
 use muster_admission::failure;
+use muster_admission::ownership;
 use muster_admission::{
-    ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason, Record,
-    Settings, Spec, State, decide,
+    ClaimView, ConditionType, Consumer, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView,
+    Reason, Record, Settings, Spec, State, decide,
 };
 
 type Dev = u32;
@@ -158,6 +159,9 @@ struct World {
     workloads: BTreeMap<String, WorkloadObj>,
     rv: u64,
     uids: u64,
+    /// Every pod uid ever made, with its pod's name and Workload (`None`: no gang's):
+    /// what the API server knows of a `reservedFor` entry whose pod is gone.
+    uid_owners: BTreeMap<String, (String, Option<String>)>,
     now: i64,
 }
 
@@ -480,6 +484,9 @@ struct Stats {
     commits: u64,
     shared_holds: u64,
     let_go: u64,
+    /// Looks at a claim still reserved by a pod of the gang that is gone (or by a
+    /// consumer the operator's caches cannot place).
+    gone_consumers: u64,
     collected: u64,
     conflict_teardowns: u64,
     nominations: u64,
@@ -495,6 +502,7 @@ impl std::ops::AddAssign for Stats {
         self.commits += o.commits;
         self.shared_holds += o.shared_holds;
         self.let_go += o.let_go;
+        self.gone_consumers += o.gone_consumers;
         self.collected += o.collected;
         self.conflict_teardowns += o.conflict_teardowns;
         self.nominations += o.nominations;
@@ -699,6 +707,9 @@ impl Sim {
                 let uid = format!("u{}", self.world.uids);
                 let mut claims = vec![pod_claim(&name)];
                 claims.extend(w.shared.iter().cloned());
+                self.world
+                    .uid_owners
+                    .insert(uid.clone(), (name.clone(), Some(gang.clone())));
                 let rv = self.world.bump();
                 self.world.pods.insert(
                     name,
@@ -1011,6 +1022,7 @@ impl Sim {
             (claim, vec![d])
         };
         let node = devices.first().map(|d| node_of(*d));
+        self.world.uid_owners.insert(uid.clone(), (name.clone(), None));
         let rv = self.world.bump();
         let c = self.world.claims.get_mut(&claim).expect("claim");
         c.reserved_for.push(uid.clone());
@@ -1178,38 +1190,20 @@ impl Sim {
             return;
         };
         let (claims, pods_view) = (&view.claims, &view.pods);
-        let pods: Vec<PodView> = pods_view
-            .iter()
-            .filter(|(_, p)| p.workload.as_deref() == Some(gang))
-            .map(|(name, p)| PodView {
-                name: name.clone(),
-                uid: p.uid.clone(),
-                group: Some(p.group.clone()),
-                attempt: p.attempt,
-                gated: p.gated,
-                phase: p.phase,
-                node: p.node.clone(),
-                deleting: p.deleting,
-                message: None,
-                failure_kind: None,
-                exit_codes: vec![],
-                conditions: vec![],
-            })
-            .collect();
+        let pods = Self::pod_views(gang, &view);
         let journal = w.journal.clone();
         let named: BTreeSet<&String> = journal.iter().flat_map(|j| &j.claims).collect();
-        let holders = &view.holders;
         let claim_views: Vec<ClaimView> = claims
             .iter()
             .filter(|(name, c)| c.label.as_deref() == Some(gang) || named.contains(name))
-            .map(|(name, c)| ClaimView {
-                name: name.clone(),
-                allocated: c.allocation.is_some(),
-                ours: c.ours,
-                held_elsewhere: holders.get(name).is_some_and(|h| h.iter().any(|g| g != gang)),
-                reserved_for: c.reserved_for.clone(),
-            })
+            .map(|(name, c)| self.claim_view(gang, name, c, &view))
             .collect();
+        let gone = claim_views
+            .iter()
+            .flat_map(|c| &c.reserved_for)
+            .filter(|u| !u.known_outside && !pods.iter().any(|p| p.uid == u.uid))
+            .count();
+        self.stats.gone_consumers += gone as u64;
         let nodes: BTreeMap<String, NodeHealth> = self
             .op
             .cache
@@ -1341,6 +1335,57 @@ impl Sim {
         }
     }
 
+    /// A claim as gang `gang` sees it: `reservedFor` entries carry the pod's name (the
+    /// API server keeps it with the uid); one is known outside the gang when the
+    /// operator's pod cache shows that uid on a pod of no gang or of another.
+    fn claim_view(&self, gang: &str, name: &str, c: &ClaimObj, view: &View) -> ClaimView {
+        ClaimView {
+            name: name.to_string(),
+            allocated: c.allocation.is_some(),
+            ours: c.ours,
+            held_elsewhere: view.holders.get(name).is_some_and(|h| h.iter().any(|g| g != gang)),
+            reserved_for: c
+                .reserved_for
+                .iter()
+                .map(|uid| Consumer {
+                    name: self
+                        .world
+                        .uid_owners
+                        .get(uid)
+                        .map(|(n, _)| n.clone())
+                        .unwrap_or_default(),
+                    uid: uid.clone(),
+                    known_outside: view
+                        .pods
+                        .values()
+                        .any(|p| &p.uid == uid && p.workload.as_deref() != Some(gang)),
+                })
+                .collect(),
+        }
+    }
+
+    /// The pods of gang `gang` in the operator's view, as the state machine sees them.
+    fn pod_views(gang: &str, view: &View) -> Vec<PodView> {
+        view.pods
+            .iter()
+            .filter(|(_, p)| p.workload.as_deref() == Some(gang))
+            .map(|(name, p)| PodView {
+                name: name.clone(),
+                uid: p.uid.clone(),
+                group: Some(p.group.clone()),
+                attempt: p.attempt,
+                gated: p.gated,
+                phase: p.phase,
+                node: p.node.clone(),
+                deleting: p.deleting,
+                message: None,
+                failure_kind: None,
+                exit_codes: vec![],
+                conditions: vec![],
+            })
+            .collect()
+    }
+
     /// Devices gang `gang` of `priority` sees free: no claim holds them in the
     /// operator's view, no commit under way assumes them, no nomination of another gang
     /// of at least its priority holds them (a gang plans as if nominations of lower
@@ -1414,6 +1459,19 @@ impl Sim {
             && claims
                 .iter()
                 .any(|(other, c)| other != claim && c.allocation.iter().flatten().any(|d| held.contains(d)))
+        {
+            return;
+        }
+        // One muster allocated that no journal names and that no consumer known to be
+        // outside keeps: left for the collector to clear, not held again as it is.
+        if let Some((claim, Some(_))) = &shared
+            && let Some(c) = claims.get(claim).filter(|c| c.ours)
+            && !view.holders.contains_key(claim)
+            && !self
+                .claim_view(gang, claim, c, view)
+                .reserved_for
+                .iter()
+                .any(|u| u.known_outside)
         {
             return;
         }
@@ -1491,7 +1549,6 @@ impl Sim {
             }
             return;
         }
-        let (holders, pods) = (&view.holders, &view.pods);
         let mut freed: Vec<(String, Vec<Dev>, bool)> = Vec::new();
         for (name, v) in workloads {
             if name == gang || v.priority >= w.priority || v.kueue.is_some() {
@@ -1500,20 +1557,16 @@ impl Sim {
             let Some(j) = v.journal.as_ref().filter(|j| j.state == State::Released) else {
                 continue;
             };
-            let own: BTreeSet<&String> = pods
-                .values()
-                .filter(|p| p.workload.as_deref() == Some(name.as_str()))
-                .map(|p| &p.uid)
-                .collect();
+            let own = Self::pod_views(name, view);
             // Only what its teardown gives back.
             let given: Vec<&String> = j
                 .claims
                 .iter()
-                .filter(|c| holders.get(*c).is_none_or(|h| h.iter().all(|g| g == name)))
                 .filter(|c| {
-                    claims
-                        .get(*c)
-                        .is_some_and(|c| c.ours && c.reserved_for.iter().all(|u| own.contains(u)))
+                    claims.get(*c).is_some_and(|claim| {
+                        let seen = self.claim_view(name, c, claim, view);
+                        ownership::freed_by_giving_back(&seen, &own, Some(j))
+                    })
                 })
                 .collect();
             let devices: Vec<Dev> = given
@@ -1772,22 +1825,14 @@ impl Sim {
             .collect();
         let view = self.op.view();
         let holders = &view.holders;
-        let own_pods: BTreeSet<String> = view
-            .pods
-            .values()
-            .filter(|p| p.workload.as_deref() == Some(gang))
-            .map(|p| p.uid.clone())
-            .collect();
+        let own_pods = Self::pod_views(gang, &view);
         for claim in &dropped {
             let Some(c) = self.world.claims.get(claim) else {
                 continue;
             };
-            if c.allocation.is_some() {
-                let elsewhere = holders.get(claim).is_some_and(|h| h.iter().any(|g| g != gang));
-                let outside = c.reserved_for.iter().any(|u| !own_pods.contains(u));
-                if c.ours && !elsewhere && !outside {
-                    return false;
-                }
+            let fresh = self.claim_view(gang, claim, c, &view);
+            if !ownership::may_let_go(&fresh, &own_pods, expected.as_ref()) {
+                return false;
             }
         }
         // Pods the record stops releasing, as the operator sees them: each is fenced
@@ -1826,6 +1871,34 @@ impl Sim {
         }
         for (pod, _) in fenced {
             self.write_pod(&pod, |_| {});
+        }
+        for claim in &dropped {
+            // A gang lets go of an allocation muster wrote only to someone who keeps
+            // it: another gang, or a pod outside the gang (by what the API server
+            // knows of every uid, a pod that is gone included).
+            let Some(c) = self
+                .world
+                .claims
+                .get(claim)
+                .filter(|c| c.ours && c.allocation.is_some())
+            else {
+                continue;
+            };
+            let elsewhere = holders.get(claim).is_some_and(|h| h.iter().any(|g| g != gang))
+                || self.world.holders(claim).iter().any(|g| *g != gang);
+            let outside = c.reserved_for.iter().any(|u| {
+                self.world
+                    .uid_owners
+                    .get(u)
+                    .is_none_or(|(_, w)| w.as_deref() != Some(gang))
+            });
+            if !elsewhere && !outside {
+                let reserved = c.reserved_for.clone();
+                self.violated(format!(
+                    "{gang} lets go of {claim}, which muster allocated, while only its own pods reserve it \
+                     ({reserved:?}): it stays allocated for no one"
+                ));
+            }
         }
         for claim in dropped {
             let allocated = self.world.claims.get(&claim).is_some_and(|c| c.allocation.is_some());

@@ -42,7 +42,7 @@ use crate::ops::faults::FaultPoint;
 use crate::workload::observe;
 
 use super::status::{NominationUpdate, StatusUpdate};
-use super::{Admission, CommitError, conflicts, key, ownership, placement_of};
+use super::{Admission, CommitError, conflicts, key, placement_of};
 
 /// How long a nomination holds its devices while the preemptor still does not fit
 /// (its victims' pods may take their termination grace).
@@ -492,19 +492,19 @@ impl Admission {
     }
 
     /// Of the claims a victim's journal names, those its teardown gives back (see
-    /// [`ownership::given_back`]): what preemption may count as freed.
+    /// [`muster_admission::ownership::freed_by_giving_back`]): what preemption may count
+    /// as freed.
     fn claims_given_back(&self, victim: &Workload, named: &[String]) -> Vec<ClaimKey> {
         let namespace = victim.namespace().unwrap_or_default();
-        let gang = key(victim);
-        let pods: BTreeSet<String> = self.gang_pods(victim).iter().filter_map(|p| p.uid()).collect();
+        let pods: Vec<muster_admission::PodView> = self.gang_pods(victim).iter().map(|p| observe::pod(p)).collect();
+        let journal = observe::journal(victim);
         let claims = self.gang_claims(victim);
-        let holders = self.holders();
         named
             .iter()
             .filter(|name| {
                 claims.iter().find(|c| c.name_any() == **name).is_some_and(|claim| {
-                    let held_elsewhere = holders.held_elsewhere(&ObjectKey::new(&namespace, name), &gang);
-                    ownership::given_back(claim, held_elsewhere, &pods)
+                    let seen = self.claim_view(victim, claim);
+                    muster_admission::ownership::freed_by_giving_back(&seen, &pods, journal.as_ref())
                 })
             })
             .map(|c| ClaimKey::from(ObjectKey::new(&namespace, c)))

@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use muster_api::conditions;
 use muster_api::v1alpha1::Workload;
-use muster_engine::key::ObjectKey;
+use muster_engine::key::{ClaimKey, ObjectKey};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
 use tracing::{Instrument, info, info_span, warn};
@@ -123,6 +123,20 @@ pub(super) fn doubly_held_claim<'r>(
     request: &'r GangRequest,
     cluster: &muster_engine::cluster::ClusterState,
 ) -> Option<&'r muster_engine::key::ClaimKey> {
+    found_allocations(request)
+        .find(|(_, allocation)| {
+            allocation
+                .devices
+                .iter()
+                .filter(|d| d.admin_access != Some(true))
+                .any(|d| super::conflicts::doubly_held(cluster, &d.device_id(), d.share_id.is_some()))
+        })
+        .map(|(key, _)| key)
+}
+
+/// The claims of the request that are allocated already (it would hold them as they
+/// are), with their allocations.
+fn found_allocations(request: &GangRequest) -> impl Iterator<Item = (&ClaimKey, &muster_engine::claim::Allocation)> {
     let shared = request
         .shared_claims
         .iter()
@@ -133,16 +147,11 @@ pub(super) fn doubly_held_claim<'r>(
         .flat_map(|g| &g.pods)
         .flat_map(|p| &p.claims)
         .filter_map(|c| Some((&c.key, c.allocation.as_ref()?)));
-    shared
-        .chain(own)
-        .find(|(_, allocation)| {
-            allocation
-                .devices
-                .iter()
-                .filter(|d| d.admin_access != Some(true))
-                .any(|d| super::conflicts::doubly_held(cluster, &d.device_id(), d.share_id.is_some()))
-        })
-        .map(|(key, _)| key)
+    shared.chain(own)
+}
+
+fn found_claims(request: &GangRequest) -> impl Iterator<Item = &ClaimKey> {
+    found_allocations(request).map(|(key, _)| key)
 }
 
 /// A gang planned in this pass, waiting for its commit.
@@ -389,13 +398,18 @@ impl Admission {
                 "a device of ResourceClaim {claim}, which the gang would share as it is, is allocated to another \
                  claim as well; waiting until that is resolved"
             );
-            if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
-                self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, &message, None)
-                    .await?;
-            }
-            self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_SECONDS))
-                .await?;
-            return Ok(Attempt::Done(Admit::DoesNotFit { reach: None }));
+            return self.wait_on_claim(workload, &message).await;
+        }
+        // One muster allocated that no gang holds and no consumer known to be outside
+        // keeps: a gang let go of it, or the Workload that named it went. The collector
+        // clears it; held again as it is, it would keep devices that Kueue and
+        // preemption count as given back.
+        if let Some(claim) = self.leftover_claim(workload, &request) {
+            let message = format!(
+                "ResourceClaim {claim} is still allocated by muster for a gang that let go of it; waiting until it is \
+                 cleared"
+            );
+            return self.wait_on_claim(workload, &message).await;
         }
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
             excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
@@ -484,6 +498,44 @@ impl Admission {
                 })
             }
         }
+    }
+
+    /// A gang that waits on a claim it would hold as it is: it says why, and Kueue hears
+    /// "not now".
+    async fn wait_on_claim(&self, workload: &Workload, message: &str) -> Result<Attempt, CommitError> {
+        if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message) {
+            self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, message, None)
+                .await?;
+        }
+        self.answer_check(workload, "Retry", message, Some(KUEUE_RETRY_SECONDS))
+            .await?;
+        Ok(Attempt::Done(Admit::DoesNotFit { reach: None }))
+    }
+
+    /// A claim the request would hold as it is that muster allocated, that no gang's
+    /// journal names, and that no consumer known to be outside the gang reserves (see
+    /// [`muster_admission::ownership`]): what the collector is to clear.
+    fn leftover_claim(&self, workload: &Workload, request: &GangRequest) -> Option<ClaimKey> {
+        let gangs = self.gangs();
+        found_claims(request).find_map(|key| {
+            let claim = self
+                .own_claims
+                .overlay(gangs.claim(key.namespace(), key.name())?.clone());
+            // (The holders' lock is let go before `claim_view` takes it again.)
+            let held = self
+                .holders()
+                .of_claim(&ObjectKey::new(key.namespace(), key.name()))
+                .next()
+                .is_some();
+            let leftover = super::ownership::muster_allocated(&claim)
+                && !held
+                && !self
+                    .claim_view(workload, &claim)
+                    .reserved_for
+                    .iter()
+                    .any(|c| c.known_outside);
+            leftover.then(|| key.clone())
+        })
     }
 
     /// Commits a planned gang whose plan the index already assumes.
