@@ -934,3 +934,52 @@ async fn issue22_review_a_gone_pod_of_the_gang_still_in_reserved_for_is_its_own(
     })
     .await
 }
+
+/// Review of issue 22, defect 2: a gang planned a claim it found allocated onto a device
+/// that a nomination of higher priority counted on being freed: a fresh allocation could
+/// not have taken it, the hold did. The victim then left the claim to that gang, the
+/// device never came free, and the preemptor lost its nomination (and went on to evict
+/// the gang that took it). The gang must wait until the preemptor is placed.
+#[tokio::test]
+async fn issue22_review_a_found_claim_counts_against_a_nomination() -> Result<()> {
+    with_test("found-nominated", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            // Three workers and a launcher on the claim's device fill most of rack-0000;
+            // its pods take half a minute to stop.
+            let victim = sharing_claim(ranked(gang("victim", 3, Some("rack-0000")), LOW), "launcher", "scratch");
+            test.create(terminating_for(victim, 30)).await?;
+            test.wait_phase("victim", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            // The whole rack, the claim's device included: the victim must go.
+            test.create(ranked(gang("preemptor", 4, Some("rack-0000")), HIGH))
+                .await?;
+            test.wait_nomination("preemptor").await?;
+            // A gang of lower priority that would hold the claim as it is.
+            test.create(ranked(claim_sharers("sharer", 1, "scratch", None), MID))
+                .await?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(150);
+            loop {
+                let preemptor = test.workloads().get("preemptor").await?;
+                if preemptor.status.as_ref().and_then(|s| s.phase) == Some(WorkloadPhase::Running) {
+                    break;
+                }
+                ensure!(
+                    test.state("sharer").await?.is_none(),
+                    "sharer held the claim whose device the preemptor's nomination counts on"
+                );
+                ensure!(std::time::Instant::now() < deadline, "the preemptor never ran");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            assert_runs_as_planned(test, "preemptor").await?;
+            // Then the claim, given back by the victim, is allocated again for the sharer.
+            test.wait_phase("sharer", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+}

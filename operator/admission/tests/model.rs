@@ -1110,7 +1110,13 @@ impl Sim {
             }
             let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
             let expired = now - n.since > NOMINATION_LIFETIME;
-            // A device it holds taken by a claim neither its own nor a victim's.
+            // A device it holds taken by a claim neither its own nor one its victims
+            // give back (a victim's claim another gang holds too stays allocated).
+            let only_victims = |c: &String| {
+                view.holders
+                    .get(c)
+                    .is_none_or(|h| h.iter().all(|g| n.victims.contains(g)))
+            };
             let mine: BTreeSet<String> = (0..w.replicas)
                 .map(|i| pod_claim(&pod_name(gang, i)))
                 .chain(w.shared.iter().cloned())
@@ -1118,7 +1124,8 @@ impl Sim {
                     n.victims
                         .iter()
                         .filter_map(|v| workloads.get(v)?.journal.clone())
-                        .flat_map(|j| j.claims),
+                        .flat_map(|j| j.claims)
+                        .filter(only_victims),
                 )
                 .collect();
             let taken = claims
@@ -1462,6 +1469,17 @@ impl Sim {
         {
             return;
         }
+        // One whose device a nomination of at least its priority counts on: it waits,
+        // as a fresh allocation of that device would.
+        if let Some((_, Some(held))) = &shared
+            && self.op.nominated.iter().any(|(owner, devices)| {
+                owner != gang
+                    && view.workloads.get(owner).is_none_or(|o| o.priority >= w.priority)
+                    && devices.iter().any(|d| held.contains(d))
+            })
+        {
+            return;
+        }
         // One muster allocated that no journal names and that no consumer known to be
         // outside keeps: left for the collector to clear, not held again as it is.
         if let Some((claim, Some(_))) = &shared
@@ -1596,12 +1614,16 @@ impl Sim {
             return;
         }
         let mut devices: Vec<Dev> = self.free_devices(gang, w.priority, view);
-        devices.extend(
-            freed
-                .iter()
-                .filter(|(v, ..)| victims.contains(v))
-                .flat_map(|(_, d, _)| d.iter().copied()),
-        );
+        // The victims' devices in any order: the planner may count on any of them.
+        let mut given: Vec<Dev> = freed
+            .iter()
+            .filter(|(v, ..)| victims.contains(v))
+            .flat_map(|(_, d, _)| d.iter().copied())
+            .collect();
+        for i in (1..given.len()).rev() {
+            given.swap(i, self.rng.below(i as u64 + 1) as usize);
+        }
+        devices.extend(given);
         devices.truncate(needed);
         let nomination = Nomination {
             since: self.world.now,
@@ -1625,6 +1647,26 @@ impl Sim {
         claims: &BTreeMap<String, ClaimObj>,
     ) {
         self.note(format!("commit {gang}: {allocations:?}, holding {found:?}"));
+        // A claim held as it is takes its devices as an allocation does: never one a
+        // nomination of at least the gang's priority counts on.
+        let priority = self.world.workloads.get(gang).map_or(0, |w| w.priority);
+        for (claim, devices) in &found {
+            let nominated = self.world.workloads.iter().find(|(owner, w)| {
+                owner.as_str() != gang
+                    && w.priority >= priority
+                    && w.nomination
+                        .as_ref()
+                        .is_some_and(|n| n.devices.iter().any(|d| devices.contains(d)))
+            });
+            if let Some((owner, _)) = nominated
+                && !self.deposed_wrote
+            {
+                let owner = owner.clone();
+                self.violated(format!(
+                    "{gang} holds {claim} as it is, on a device {owner}'s nomination counts on"
+                ));
+            }
+        }
         self.stats.commits += 1;
         self.stats.shared_holds += found.len() as u64;
         self.op.live = Some(gang.to_string());

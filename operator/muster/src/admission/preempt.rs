@@ -262,8 +262,10 @@ impl Admission {
         self.index.update(|c| c.assume(&id, &pods, &claims));
     }
 
-    /// A nominated device some claim holds that is neither the preemptor's nor one of
-    /// its victims', if any.
+    /// A nominated device some claim holds that is neither the preemptor's nor one its
+    /// victims give back, if any. A victim's claim that a gang other than the victims
+    /// holds too (one that found it allocated and holds it as it is) stays allocated
+    /// when the victims go: it counts as taken, as a fresh allocation would.
     fn nominated_device_taken(&self, preemptor: &Workload, nominated: &NominationStatus) -> Option<DeviceId> {
         let namespace = preemptor.namespace().unwrap_or_default();
         let mut expected: BTreeSet<String> = nominated
@@ -271,15 +273,24 @@ impl Admission {
             .iter()
             .map(|c| format!("{namespace}/{}", c.name))
             .collect();
-        for victim in &nominated.victims {
-            let Some(workload) = self.current_workload(&ObjectKey::from(victim.as_str())) else {
+        let victims: BTreeSet<ObjectKey> = nominated.victims.iter().map(|v| ObjectKey::from(v.as_str())).collect();
+        let mut victim_claims = Vec::new();
+        for victim in &victims {
+            let Some(workload) = self.current_workload(victim) else {
                 continue;
             };
             let victim_namespace = workload.namespace().unwrap_or_default();
             for claim in placement_of(&workload).iter().flat_map(|p| &p.claims) {
-                expected.insert(format!("{victim_namespace}/{claim}"));
+                victim_claims.push(ObjectKey::new(&victim_namespace, claim));
             }
         }
+        let holders = self.holders();
+        for claim in victim_claims {
+            if holders.of_claim(&claim).all(|h| victims.contains(&h.gang)) {
+                expected.insert(claim.as_str().to_string());
+            }
+        }
+        drop(holders);
         let cluster = self.index.cluster();
         nominated_devices(nominated).find(|id| {
             cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1

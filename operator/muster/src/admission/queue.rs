@@ -134,6 +134,31 @@ pub(super) fn doubly_held_claim<'r>(
         .map(|(key, _)| key)
 }
 
+/// A claim the request would hold as it is whose device a nomination in `cluster` (one
+/// the gang may not plan through: its own and those of lower priority are left out of
+/// its view) holds for another claim. A fresh allocation could not take that device;
+/// holding the found claim would keep it from the preemptor as well.
+pub(super) fn nominated_found_claim<'r>(
+    request: &'r GangRequest,
+    cluster: &muster_engine::cluster::ClusterState,
+) -> Option<&'r ClaimKey> {
+    found_allocations(request)
+        .find(|(key, allocation)| {
+            allocation
+                .devices
+                .iter()
+                .filter(|d| d.admin_access != Some(true))
+                .any(|d| {
+                    cluster
+                        .exclusive_holder_names(&d.device_id())
+                        .into_iter()
+                        .filter_map(super::conflicts::nominated_claim)
+                        .any(|claim| claim != key.as_str())
+                })
+        })
+        .map(|(key, _)| key)
+}
+
 /// The claims of the request that are allocated already (it would hold them as they
 /// are), with their allocations.
 fn found_allocations(request: &GangRequest) -> impl Iterator<Item = (&ClaimKey, &muster_engine::claim::Allocation)> {
@@ -390,25 +415,8 @@ impl Admission {
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
             return Ok(Attempt::Stale);
         }
-        // A claim it would hold as it is whose device another claim holds too: the gang
-        // waits until that is resolved (the allocation's holders give way, or the
-        // collector clears it), rather than hold a conflict and give way in turn.
-        if let Some(claim) = doubly_held_claim(&request, &cluster) {
-            let message = format!(
-                "a device of ResourceClaim {claim}, which the gang would share as it is, is allocated to another \
-                 claim as well; waiting until that is resolved"
-            );
-            return self.wait_on_claim(workload, &message).await;
-        }
-        // One muster allocated that no gang holds and no consumer known to be outside
-        // keeps: a gang let go of it, or the Workload that named it went. The collector
-        // clears it; held again as it is, it would keep devices that Kueue and
-        // preemption count as given back.
-        if let Some(claim) = self.leftover_claim(workload, &request) {
-            let message = format!(
-                "ResourceClaim {claim} is still allocated by muster for a gang that let go of it; waiting until it is \
-                 cleared"
-            );
+        // A claim it would hold as it is that it may not hold now: the gang waits.
+        if let Some(message) = self.found_claims_wait(workload, &request, &cluster) {
             return self.wait_on_claim(workload, &message).await;
         }
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
@@ -498,6 +506,40 @@ impl Admission {
                 })
             }
         }
+    }
+
+    /// Why the gang may not hold a claim it would hold as it is (allocated already), if
+    /// it may not: its device is held by another claim too (the gang waits until the
+    /// holders give way or the collector clears it, rather than hold a conflict and give
+    /// way in turn); a nomination of at least its priority counts on its device (a fresh
+    /// allocation of that device would wait too); or muster allocated it and no gang
+    /// holds it nor any consumer known to be outside keeps it (a gang let go of it, or
+    /// the Workload that named it went: the collector clears it, and held again as it
+    /// is it would keep devices that Kueue and preemption count as given back).
+    pub(super) fn found_claims_wait(
+        &self,
+        workload: &Workload,
+        request: &GangRequest,
+        cluster: &muster_engine::cluster::ClusterState,
+    ) -> Option<String> {
+        if let Some(claim) = doubly_held_claim(request, cluster) {
+            return Some(format!(
+                "a device of ResourceClaim {claim}, which the gang would share as it is, is allocated to another \
+                 claim as well; waiting until that is resolved"
+            ));
+        }
+        if let Some(claim) = nominated_found_claim(request, cluster) {
+            return Some(format!(
+                "a device of ResourceClaim {claim}, which the gang would share as it is, is nominated for a gang \
+                 that preempts to fit; waiting until that gang is placed"
+            ));
+        }
+        self.leftover_claim(workload, request).map(|claim| {
+            format!(
+                "ResourceClaim {claim} is still allocated by muster for a gang that let go of it; waiting until it is \
+                 cleared"
+            )
+        })
     }
 
     /// A gang that waits on a claim it would hold as it is: it says why, and Kueue hears
