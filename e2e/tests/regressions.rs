@@ -983,3 +983,49 @@ async fn issue22_review_a_found_claim_counts_against_a_nomination() -> Result<()
     })
     .await
 }
+
+/// Review of issue 22, defect 3: a released gang's extra pods planned around the
+/// nomination of a gang of lower priority, which a gang's own plan does not (it plans as
+/// if nominations of lower priority were not there). The extras waited while the lower
+/// preemptor took the devices they could have had.
+#[tokio::test]
+async fn issue22_review_extras_plan_through_a_lower_nomination() -> Result<()> {
+    with_test("extras-nominated", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            // Three of rack-0000's four nodes, slow to stop.
+            test.create(terminating_for(ranked(gang("victim", 3, Some("rack-0000")), LOW), 15))
+                .await?;
+            assert_runs_as_planned(test, "victim").await?;
+            // The fourth node runs the elastic gang's core; its two extras wait.
+            let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), HIGH);
+            elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
+            test.create(elastic).await?;
+            test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            // A gang of lower priority than the elastic one evicts the victim and holds
+            // two of its nodes.
+            test.create(ranked(gang("preemptor", 2, Some("rack-0000")), MID))
+                .await?;
+            test.wait_nomination("preemptor").await?;
+            // Once the victim is gone, the extras take what they need.
+            let pods = test.pods();
+            wait::until("every elastic worker to run", Duration::from_secs(120), || {
+                let pods = pods.clone();
+                async move {
+                    let mut running = 0;
+                    for i in 0..3 {
+                        let pod = pods.get_opt(&format!("elastic-workers-{i}")).await?;
+                        let phase = pod.as_ref().and_then(|p| p.status.as_ref()?.phase.clone());
+                        let bound = pod.as_ref().and_then(|p| p.spec.as_ref()?.node_name.clone());
+                        running += usize::from(phase.as_deref() == Some("Running") && bound.is_some());
+                    }
+                    Ok((running == 3).then_some(()))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}

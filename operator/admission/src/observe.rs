@@ -108,6 +108,17 @@ impl PodView {
     }
 }
 
+/// A consumer in a claim's `status.reservedFor` (see [`crate::ownership`] for whose it
+/// is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Consumer {
+    pub name: String,
+    pub uid: String,
+    /// The operator's caches show this consumer, and it is not one of the gang's pods: a
+    /// pod of another gang, a pod outside muster, or something that is not a pod.
+    pub known_outside: bool,
+}
+
 /// A claim of the gang: one its pods use, or one its journal names.
 ///
 /// Ownership of a shared claim: every gang whose journal names the claim holds it,
@@ -130,7 +141,7 @@ pub struct ClaimView {
     /// The journal of another gang names the claim: that gang holds it too.
     pub held_elsewhere: bool,
     /// `status.reservedFor` (see [`crate::ownership`] for whose each entry is).
-    pub reserved_for: Vec<crate::Consumer>,
+    pub reserved_for: Vec<Consumer>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,17 +14,7 @@
 //! An own pod that is gone, or may still run, keeps the claim allocated; an unknown one
 //! does too, and never counts as someone the gang may leave the claim to.
 
-use crate::{ClaimView, Journal, PodView};
-
-/// A consumer in a claim's `status.reservedFor`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Consumer {
-    pub name: String,
-    pub uid: String,
-    /// The operator's caches show this consumer, and it is not one of the gang's pods: a
-    /// pod of another gang, a pod outside muster, or something that is not a pod.
-    pub known_outside: bool,
-}
+use crate::{ClaimView, Consumer, Journal, PodView};
 
 /// Who reserves a claim, as one gang sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
