@@ -18,11 +18,18 @@
 //! while the cluster moves on; a stalled leader's writes may land after its successor
 //! took over.
 //!
+//! When a record lands: a gang lets go of an allocation muster wrote only to another gang
+//! or to a pod outside it (never for a pod of its own that is gone while its uid is still
+//! in `reservedFor`); a claim held as it is never takes a device a nomination of at least
+//! the gang's priority counts on.
+//!
 //! After every step: no device is allocated twice (but by an intruder that allocated
 //! after the check, until the gang gives way); no pod that may still run has lost a
 //! device it was started with; no pod of a gang is released while a claim of it is not
 //! allocated. When they land: a gang is torn down for a conflict only if a device of it
-//! was allocated twice, evicted only by a nomination of higher priority that names it,
+//! was allocated twice, evicted only by a nomination of higher priority that names it
+//! (but by a deposed leader's eviction landing after its successor dropped the
+//! nomination, which is counted),
 //! and Kueue hears "Ready" only while the gang holds every claim of its journal.
 //!
 //! After the chaos, a calm phase must bring every gang to rest (running, finished,
@@ -495,6 +502,8 @@ struct Stats {
     kueue_readmissions: u64,
     restarts: u64,
     deposed_writes: u64,
+    /// Evictions a deposed leader wrote after the nomination behind them was dropped.
+    deposed_evictions: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -511,6 +520,7 @@ impl std::ops::AddAssign for Stats {
         self.kueue_readmissions += o.kueue_readmissions;
         self.restarts += o.restarts;
         self.deposed_writes += o.deposed_writes;
+        self.deposed_evictions += o.deposed_evictions;
     }
 }
 
@@ -533,6 +543,8 @@ struct Sim {
     violation: Option<String>,
     /// A deposed leader's write landed in this schedule.
     deposed_wrote: bool,
+    /// The write under way is a deposed leader's.
+    deposed_writing: bool,
     /// Claims the operator saw holding a device another claim held too.
     seen_doubled: BTreeSet<String>,
     log: Vec<String>,
@@ -639,6 +651,7 @@ impl Sim {
             chaos: true,
             violation: None,
             deposed_wrote: false,
+            deposed_writing: false,
             seen_doubled: BTreeSet::new(),
             log: Vec::new(),
         }
@@ -2242,7 +2255,12 @@ impl Sim {
                 let named = self.world.workloads.get(&preemptor).is_some_and(|p| {
                     p.priority > priority && p.nomination.as_ref().is_some_and(|n| n.victims.contains(&victim))
                 });
-                if !named {
+                // A deposed leader's eviction was decided under a nomination its successor
+                // may have dropped since (the victim's version, its only precondition, did
+                // not move): the victim is queued again for nothing, and loses nothing.
+                if !named && self.deposed_writing {
+                    self.stats.deposed_evictions += 1;
+                } else if !named {
                     self.violated(format!(
                         "{victim} is evicted without a nomination of higher priority naming it"
                     ));
@@ -2518,7 +2536,9 @@ impl Sim {
             self.deposed_wrote = true;
             self.stats.deposed_writes += 1;
             std::mem::swap(&mut self.op, &mut stale);
+            self.deposed_writing = true;
             self.execute(op);
+            self.deposed_writing = false;
             std::mem::swap(&mut self.op, &mut stale);
         } else {
             self.note(format!(
