@@ -827,3 +827,205 @@ async fn issue22_4_preemption_counts_only_what_the_victim_gives_back() -> Result
     })
     .await
 }
+
+// ---- Review of issue 22 ----
+
+/// kube-controller-manager held still (SIGSTOP) until dropped: the entries of pods that
+/// are gone stay in `reservedFor` meanwhile, as they do while it lags.
+struct ControllerManagerHeld(u32);
+
+impl ControllerManagerHeld {
+    fn hold(test: &Test) -> Result<Self> {
+        let pid = test
+            .cluster
+            .control_plane
+            .pids()
+            .into_iter()
+            .find(|(name, _)| name == "kube-controller-manager")
+            .map(|(_, pid)| pid)
+            .context("kube-controller-manager's pid")?;
+        let signalled = std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()?;
+        ensure!(signalled.success(), "stopping kube-controller-manager");
+        Ok(ControllerManagerHeld(pid))
+    }
+}
+
+impl Drop for ControllerManagerHeld {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// Review of issue 22, defect 1: a gang took a pod of its own that was gone, while its
+/// uid was still in `reservedFor`, for a consumer outside it. Suspended, it let go of its
+/// own claim, left it allocated for no one, and said it held nothing (Kueue would have
+/// given its quota back while the devices stayed taken). It must hold the claim until the
+/// entry goes, then give it back.
+#[tokio::test]
+async fn issue22_review_a_gone_pod_of_the_gang_still_in_reserved_for_is_its_own() -> Result<()> {
+    with_test("gone-own-pod", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("keeper", 1, Some("rack-0000"))).await?;
+            assert_runs_as_planned(test, "keeper").await?;
+            let claim = "keeper-workers-0-gpus";
+            let (uid, _) = test.wait_pod_running("keeper-workers-0").await?;
+            let held = ControllerManagerHeld::hold(test)?;
+            test.workloads()
+                .patch(
+                    "keeper",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"suspend": true}})),
+                )
+                .await?;
+            // The pod goes (kwok ends it at once); its uid stays in reservedFor.
+            let pods = test.pods();
+            wait::until("the worker to be gone", Duration::from_secs(60), || {
+                let pods = pods.clone();
+                let uid = uid.clone();
+                async move {
+                    let pod = pods.get_opt("keeper-workers-0").await?;
+                    Ok(pod
+                        .is_none_or(|p| p.metadata.uid.as_deref() != Some(uid.as_str()))
+                        .then_some(()))
+                }
+            })
+            .await?;
+            // As long as the entry stays, the gang keeps naming its claim.
+            let api = test.workloads();
+            let claims = test.claims();
+            wait::holds(
+                "the suspended gang to keep naming its claim while its gone pod reserves it",
+                Duration::from_secs(8),
+                || {
+                    let (api, claims, uid) = (api.clone(), claims.clone(), uid.clone());
+                    async move {
+                        let named = api
+                            .get("keeper")
+                            .await?
+                            .status
+                            .and_then(|s| s.placement)
+                            .is_some_and(|p| p.claims.iter().any(|c| c == claim));
+                        let status = claims.get(claim).await?.status.unwrap_or_default();
+                        let allocated = status.allocation.is_some();
+                        let reserved = status.reserved_for.unwrap_or_default().iter().any(|r| r.uid == uid);
+                        Ok(named || !allocated || !reserved)
+                    }
+                },
+            )
+            .await?;
+            drop(held);
+            // Once kube-controller-manager takes the entry out, the claim is given back.
+            wait::until("the claim to be given back", Duration::from_secs(60), || async {
+                Ok(allocation_of(test, claim).await?.is_none().then_some(()))
+            })
+            .await?;
+            test.wait_phase("keeper", WorkloadPhase::Suspended, Duration::from_secs(60))
+                .await?;
+            ensure!(
+                test.state("keeper").await?.is_none(),
+                "the suspended gang holds nothing"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Review of issue 22, defect 2: a gang planned a claim it found allocated onto a device
+/// that a nomination of higher priority counted on being freed: a fresh allocation could
+/// not have taken it, the hold did. The victim then left the claim to that gang, the
+/// device never came free, and the preemptor lost its nomination (and went on to evict
+/// the gang that took it). The gang must wait until the preemptor is placed.
+#[tokio::test]
+async fn issue22_review_a_found_claim_counts_against_a_nomination() -> Result<()> {
+    with_test("found-nominated", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            // Three workers and a launcher on the claim's device fill most of rack-0000;
+            // its pods take half a minute to stop.
+            let victim = sharing_claim(ranked(gang("victim", 3, Some("rack-0000")), LOW), "launcher", "scratch");
+            test.create(terminating_for(victim, 30)).await?;
+            test.wait_phase("victim", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            // The whole rack, the claim's device included: the victim must go.
+            test.create(ranked(gang("preemptor", 4, Some("rack-0000")), HIGH))
+                .await?;
+            test.wait_nomination("preemptor").await?;
+            // A gang of lower priority that would hold the claim as it is.
+            test.create(ranked(claim_sharers("sharer", 1, "scratch", None), MID))
+                .await?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(150);
+            loop {
+                let preemptor = test.workloads().get("preemptor").await?;
+                if preemptor.status.as_ref().and_then(|s| s.phase) == Some(WorkloadPhase::Running) {
+                    break;
+                }
+                ensure!(
+                    test.state("sharer").await?.is_none(),
+                    "sharer held the claim whose device the preemptor's nomination counts on"
+                );
+                ensure!(std::time::Instant::now() < deadline, "the preemptor never ran");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            assert_runs_as_planned(test, "preemptor").await?;
+            // Then the claim, given back by the victim, is allocated again for the sharer.
+            test.wait_phase("sharer", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Review of issue 22, defect 3: a released gang's extra pods planned around the
+/// nomination of a gang of lower priority, which a gang's own plan does not (it plans as
+/// if nominations of lower priority were not there). The extras waited while the lower
+/// preemptor took the devices they could have had.
+#[tokio::test]
+async fn issue22_review_extras_plan_through_a_lower_nomination() -> Result<()> {
+    with_test("extras-nominated", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            // Three of rack-0000's four nodes, slow to stop.
+            test.create(terminating_for(ranked(gang("victim", 3, Some("rack-0000")), LOW), 15))
+                .await?;
+            assert_runs_as_planned(test, "victim").await?;
+            // The fourth node runs the elastic gang's core; its two extras wait.
+            let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), HIGH);
+            elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
+            test.create(elastic).await?;
+            test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            // A gang of lower priority than the elastic one evicts the victim and holds
+            // two of its nodes.
+            test.create(ranked(gang("preemptor", 2, Some("rack-0000")), MID))
+                .await?;
+            test.wait_nomination("preemptor").await?;
+            // Once the victim is gone, the extras take what they need.
+            let pods = test.pods();
+            wait::until("every elastic worker to run", Duration::from_secs(120), || {
+                let pods = pods.clone();
+                async move {
+                    let mut running = 0;
+                    for i in 0..3 {
+                        let pod = pods.get_opt(&format!("elastic-workers-{i}")).await?;
+                        let phase = pod.as_ref().and_then(|p| p.status.as_ref()?.phase.clone());
+                        let bound = pod.as_ref().and_then(|p| p.spec.as_ref()?.node_name.clone());
+                        running += usize::from(phase.as_deref() == Some("Running") && bound.is_some());
+                    }
+                    Ok((running == 3).then_some(()))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 
 use crate::failure::{self, Failure, FailureAction, FailureKind};
+use crate::ownership;
 use crate::refusal::{self, Refusal};
 use crate::{
     Condition, ConditionType, Effect, EventKind, Gang, Journal, Millis, NodeHealth, Phase, Pin, PlannedPod, PodView,
@@ -140,15 +141,18 @@ enum Claims {
     Held(Option<Box<Effect>>),
 }
 
-/// Gives back `claims`, by the ownership rule of [`crate::ClaimView`]: a claim another
-/// gang holds, one muster did not allocate, and one a pod outside the gang uses are let
-/// go as they are; the others are deallocated once no pod of the gang that may still
-/// run (a pod being deleted may) reserves them.
+/// Gives back `claims`, by the ownership rule of [`crate::ClaimView`] and
+/// [`crate::ownership`]: a claim another gang holds, one muster did not allocate, and
+/// one a consumer known to be outside the gang keeps are let go as they are; the others
+/// are deallocated once nothing reserves them but pods of the gang that cannot use the
+/// devices. A pod of the gang that may still run (one being deleted may), one that is
+/// gone while its entry is still in `reservedFor`, and a consumer the caches cannot place
+/// keep the claim held: the gang waits.
 fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> Claims {
     let idle: Vec<String> = gang
         .pods
         .iter()
-        .filter(|p| p.phase.terminal() || (p.gated && p.node.is_none()))
+        .filter(|p| ownership::idle(p))
         .map(|p| p.uid.clone())
         .collect();
     let mut free_now = Vec::new();
@@ -160,12 +164,12 @@ fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> C
         if claim.held_elsewhere || !claim.ours {
             continue;
         }
-        let own_pod = |uid: &String| gang.pods.iter().any(|p| &p.uid == uid);
-        if claim.reserved_for.iter().any(|uid| own_pod(uid) && !idle.contains(uid)) {
+        let users = ownership::users(claim, gang.pods, gang.journal);
+        if users.own_active || users.unknown {
             held = true;
             continue;
         }
-        if claim.reserved_for.iter().any(|uid| !own_pod(uid)) {
+        if users.outside {
             continue;
         }
         held = true;

@@ -114,14 +114,29 @@ impl PodView {
     }
 }
 
+/// A consumer in a claim's `status.reservedFor` (see [`crate::ownership`] for whose it
+/// is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Consumer {
+    pub name: String,
+    pub uid: String,
+    /// The operator's caches show this consumer, and it is not one of the gang's pods: a
+    /// pod of another gang, a pod outside muster, or something that is not a pod.
+    pub known_outside: bool,
+}
+
 /// A claim of the gang: one its pods use, or one its journal names.
 ///
 /// Ownership of a shared claim: every gang whose journal names the claim holds it,
 /// whether it allocated the claim or found it allocated. A gang that lets go of a claim
 /// clears the allocation only if it is the last holder, muster wrote the allocation, and
-/// no pod that may still run uses it; otherwise it stops naming the claim and leaves the
-/// allocation to the other holders, to the pod outside, or to the operator's collector
-/// (which clears what muster allocated once no journal names it and no pod uses it).
+/// nothing reserves it but pods of the gang that cannot use the devices; it stops naming
+/// the claim as it is only when another gang holds it, muster did not allocate it, or a
+/// consumer known to be outside the gang keeps it (see [`crate::ownership`]): then the
+/// allocation is left to the other holders, to the pod outside, or to the operator's
+/// collector (which clears what muster allocated once no journal names it and no pod
+/// uses it). A pod of the gang that is gone, and a consumer the caches cannot place,
+/// make the gang wait.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimView {
     pub name: String,
@@ -131,8 +146,8 @@ pub struct ClaimView {
     pub ours: bool,
     /// The journal of another gang names the claim: that gang holds it too.
     pub held_elsewhere: bool,
-    /// The uids of the pods in `status.reservedFor`.
-    pub reserved_for: Vec<String>,
+    /// `status.reservedFor` (see [`crate::ownership`] for whose each entry is).
+    pub reserved_for: Vec<Consumer>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,11 +18,18 @@
 //! while the cluster moves on; a stalled leader's writes may land after its successor
 //! took over.
 //!
+//! When a record lands: a gang lets go of an allocation muster wrote only to another gang
+//! or to a pod outside it (never for a pod of its own that is gone while its uid is still
+//! in `reservedFor`); a claim held as it is never takes a device a nomination of at least
+//! the gang's priority counts on.
+//!
 //! After every step: no device is allocated twice (but by an intruder that allocated
 //! after the check, until the gang gives way); no pod that may still run has lost a
 //! device it was started with; no pod of a gang is released while a claim of it is not
 //! allocated. When they land: a gang is torn down for a conflict only if a device of it
-//! was allocated twice, evicted only by a nomination of higher priority that names it,
+//! was allocated twice, evicted only by a nomination of higher priority that names it
+//! (but by a deposed leader's eviction landing after its successor dropped the
+//! nomination, which is counted),
 //! and Kueue hears "Ready" only while the gang holds every claim of its journal.
 //!
 //! After the chaos, a calm phase must bring every gang to rest (running, finished,
@@ -38,10 +45,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use muster_admission::commit::{self, Placement};
 use muster_admission::failure;
+use muster_admission::ownership;
 use muster_admission::refusal::{Refusal, Unscheduled};
 use muster_admission::{
-    ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason, Record,
-    Settings, Spec, State, decide,
+    ClaimView, ConditionType, Consumer, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView,
+    Reason, Record, Settings, Spec, State, decide,
 };
 
 type Dev = u32;
@@ -163,6 +171,9 @@ struct World {
     workloads: BTreeMap<String, WorkloadObj>,
     rv: u64,
     uids: u64,
+    /// Every pod uid ever made, with its pod's name and Workload (`None`: no gang's):
+    /// what the API server knows of a `reservedFor` entry whose pod is gone.
+    uid_owners: BTreeMap<String, (String, Option<String>)>,
     now: i64,
     /// Nodes where kube-scheduler refuses gangs' pods for a reason muster does not model
     /// (a scheduler plugin, a field a webhook added).
@@ -489,6 +500,9 @@ struct Stats {
     commits: u64,
     shared_holds: u64,
     let_go: u64,
+    /// Looks at a claim still reserved by a pod of the gang that is gone (or by a
+    /// consumer the operator's caches cannot place).
+    gone_consumers: u64,
     collected: u64,
     conflict_teardowns: u64,
     nominations: u64,
@@ -498,6 +512,8 @@ struct Stats {
     restarts: u64,
     deposed_writes: u64,
     refusal_teardowns: u64,
+    /// Evictions a deposed leader wrote after the nomination behind them was dropped.
+    deposed_evictions: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -505,6 +521,7 @@ impl std::ops::AddAssign for Stats {
         self.commits += o.commits;
         self.shared_holds += o.shared_holds;
         self.let_go += o.let_go;
+        self.gone_consumers += o.gone_consumers;
         self.collected += o.collected;
         self.conflict_teardowns += o.conflict_teardowns;
         self.nominations += o.nominations;
@@ -514,6 +531,7 @@ impl std::ops::AddAssign for Stats {
         self.restarts += o.restarts;
         self.deposed_writes += o.deposed_writes;
         self.refusal_teardowns += o.refusal_teardowns;
+        self.deposed_evictions += o.deposed_evictions;
     }
 }
 
@@ -536,12 +554,12 @@ struct Sim {
     violation: Option<String>,
     /// A deposed leader's write landed in this schedule.
     deposed_wrote: bool,
+    /// The write under way is a deposed leader's.
+    deposed_writing: bool,
     /// Claims the operator saw holding a device another claim held too.
     seen_doubled: BTreeSet<String>,
     /// (pod, node) pairs kube-scheduler refused.
     refused: BTreeSet<(String, String)>,
-    /// A deposed leader's write is landing.
-    writing_deposed: bool,
     log: Vec<String>,
 }
 
@@ -647,9 +665,9 @@ impl Sim {
             chaos: true,
             violation: None,
             deposed_wrote: false,
+            deposed_writing: false,
             seen_doubled: BTreeSet::new(),
             refused: BTreeSet::new(),
-            writing_deposed: false,
             log: Vec::new(),
         }
     }
@@ -717,6 +735,9 @@ impl Sim {
                 let uid = format!("u{}", self.world.uids);
                 let mut claims = vec![pod_claim(&name)];
                 claims.extend(w.shared.iter().cloned());
+                self.world
+                    .uid_owners
+                    .insert(uid.clone(), (name.clone(), Some(gang.clone())));
                 let rv = self.world.bump();
                 self.world.pods.insert(
                     name,
@@ -1068,6 +1089,7 @@ impl Sim {
             (claim, vec![d])
         };
         let node = devices.first().map(|d| node_of(*d));
+        self.world.uid_owners.insert(uid.clone(), (name.clone(), None));
         let rv = self.world.bump();
         let c = self.world.claims.get_mut(&claim).expect("claim");
         c.reserved_for.push(uid.clone());
@@ -1156,7 +1178,13 @@ impl Sim {
             }
             let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
             let expired = now - n.since > NOMINATION_LIFETIME;
-            // A device it holds taken by a claim neither its own nor a victim's.
+            // A device it holds taken by a claim neither its own nor one its victims
+            // give back (a victim's claim another gang holds too stays allocated).
+            let only_victims = |c: &String| {
+                view.holders
+                    .get(c)
+                    .is_none_or(|h| h.iter().all(|g| n.victims.contains(g)))
+            };
             let mine: BTreeSet<String> = (0..w.replicas)
                 .map(|i| pod_claim(&pod_name(gang, i)))
                 .chain(w.shared.iter().cloned())
@@ -1164,7 +1192,8 @@ impl Sim {
                     n.victims
                         .iter()
                         .filter_map(|v| workloads.get(v)?.journal.clone())
-                        .flat_map(|j| j.claims),
+                        .flat_map(|j| j.claims)
+                        .filter(only_victims),
                 )
                 .collect();
             let taken = claims
@@ -1236,39 +1265,20 @@ impl Sim {
             return;
         };
         let (claims, pods_view) = (&view.claims, &view.pods);
-        let pods: Vec<PodView> = pods_view
-            .iter()
-            .filter(|(_, p)| p.workload.as_deref() == Some(gang))
-            .map(|(name, p)| PodView {
-                name: name.clone(),
-                uid: p.uid.clone(),
-                group: Some(p.group.clone()),
-                attempt: p.attempt,
-                gated: p.gated,
-                phase: p.phase,
-                node: p.node.clone(),
-                deleting: p.deleting,
-                message: None,
-                failure_kind: None,
-                exit_codes: vec![],
-                conditions: vec![],
-                unscheduled: p.unscheduled.clone(),
-            })
-            .collect();
+        let pods = Self::pod_views(gang, &view);
         let journal = w.journal.clone();
         let named: BTreeSet<&String> = journal.iter().flat_map(|j| &j.claims).collect();
-        let holders = &view.holders;
         let claim_views: Vec<ClaimView> = claims
             .iter()
             .filter(|(name, c)| c.label.as_deref() == Some(gang) || named.contains(name))
-            .map(|(name, c)| ClaimView {
-                name: name.clone(),
-                allocated: c.allocation.is_some(),
-                ours: c.ours,
-                held_elsewhere: holders.get(name).is_some_and(|h| h.iter().any(|g| g != gang)),
-                reserved_for: c.reserved_for.clone(),
-            })
+            .map(|(name, c)| self.claim_view(gang, name, c, &view))
             .collect();
+        let gone = claim_views
+            .iter()
+            .flat_map(|c| &c.reserved_for)
+            .filter(|u| !u.known_outside && !pods.iter().any(|p| p.uid == u.uid))
+            .count();
+        self.stats.gone_consumers += gone as u64;
         let nodes: BTreeMap<String, NodeHealth> = self
             .op
             .cache
@@ -1401,6 +1411,58 @@ impl Sim {
         }
     }
 
+    /// A claim as gang `gang` sees it: `reservedFor` entries carry the pod's name (the
+    /// API server keeps it with the uid); one is known outside the gang when the
+    /// operator's pod cache shows that uid on a pod of no gang or of another.
+    fn claim_view(&self, gang: &str, name: &str, c: &ClaimObj, view: &View) -> ClaimView {
+        ClaimView {
+            name: name.to_string(),
+            allocated: c.allocation.is_some(),
+            ours: c.ours,
+            held_elsewhere: view.holders.get(name).is_some_and(|h| h.iter().any(|g| g != gang)),
+            reserved_for: c
+                .reserved_for
+                .iter()
+                .map(|uid| Consumer {
+                    name: self
+                        .world
+                        .uid_owners
+                        .get(uid)
+                        .map(|(n, _)| n.clone())
+                        .unwrap_or_default(),
+                    uid: uid.clone(),
+                    known_outside: view
+                        .pods
+                        .values()
+                        .any(|p| &p.uid == uid && p.workload.as_deref() != Some(gang)),
+                })
+                .collect(),
+        }
+    }
+
+    /// The pods of gang `gang` in the operator's view, as the state machine sees them.
+    fn pod_views(gang: &str, view: &View) -> Vec<PodView> {
+        view.pods
+            .iter()
+            .filter(|(_, p)| p.workload.as_deref() == Some(gang))
+            .map(|(name, p)| PodView {
+                name: name.clone(),
+                uid: p.uid.clone(),
+                group: Some(p.group.clone()),
+                attempt: p.attempt,
+                gated: p.gated,
+                phase: p.phase,
+                node: p.node.clone(),
+                deleting: p.deleting,
+                message: None,
+                failure_kind: None,
+                exit_codes: vec![],
+                conditions: vec![],
+                unscheduled: p.unscheduled.clone(),
+            })
+            .collect()
+    }
+
     /// Devices gang `gang` of `priority` sees free: no claim holds them in the
     /// operator's view, no commit under way assumes them, no nomination of another gang
     /// of at least its priority holds them (a gang plans as if nominations of lower
@@ -1487,6 +1549,30 @@ impl Sim {
         {
             return;
         }
+        // One whose device a nomination of at least its priority counts on: it waits,
+        // as a fresh allocation of that device would.
+        if let Some((_, Some(held))) = &shared
+            && self.op.nominated.iter().any(|(owner, devices)| {
+                owner != gang
+                    && view.workloads.get(owner).is_none_or(|o| o.priority >= w.priority)
+                    && devices.iter().any(|d| held.contains(d))
+            })
+        {
+            return;
+        }
+        // One muster allocated that no journal names and that no consumer known to be
+        // outside keeps: left for the collector to clear, not held again as it is.
+        if let Some((claim, Some(_))) = &shared
+            && let Some(c) = claims.get(claim).filter(|c| c.ours)
+            && !view.holders.contains_key(claim)
+            && !self
+                .claim_view(gang, claim, c, view)
+                .reserved_for
+                .iter()
+                .any(|u| u.known_outside)
+        {
+            return;
+        }
         let min = w.spec.groups[0].min_count;
         let free = self.free_devices(gang, w.priority, view);
         let for_shared = usize::from(matches!(shared, Some((_, None))));
@@ -1561,7 +1647,6 @@ impl Sim {
             }
             return;
         }
-        let (holders, pods) = (&view.holders, &view.pods);
         let mut freed: Vec<(String, Vec<Dev>, bool)> = Vec::new();
         for (name, v) in workloads {
             if name == gang || v.priority >= w.priority || v.kueue.is_some() {
@@ -1570,20 +1655,16 @@ impl Sim {
             let Some(j) = v.journal.as_ref().filter(|j| j.state == State::Released) else {
                 continue;
             };
-            let own: BTreeSet<&String> = pods
-                .values()
-                .filter(|p| p.workload.as_deref() == Some(name.as_str()))
-                .map(|p| &p.uid)
-                .collect();
+            let own = Self::pod_views(name, view);
             // Only what its teardown gives back.
             let given: Vec<&String> = j
                 .claims
                 .iter()
-                .filter(|c| holders.get(*c).is_none_or(|h| h.iter().all(|g| g == name)))
                 .filter(|c| {
-                    claims
-                        .get(*c)
-                        .is_some_and(|c| c.ours && c.reserved_for.iter().all(|u| own.contains(u)))
+                    claims.get(*c).is_some_and(|claim| {
+                        let seen = self.claim_view(name, c, claim, view);
+                        ownership::freed_by_giving_back(&seen, &own, Some(j))
+                    })
                 })
                 .collect();
             // Devices on nodes the preemptor keeps off free nothing for it.
@@ -1616,12 +1697,16 @@ impl Sim {
             return;
         }
         let mut devices: Vec<Dev> = self.free_devices(gang, w.priority, view);
-        devices.extend(
-            freed
-                .iter()
-                .filter(|(v, ..)| victims.contains(v))
-                .flat_map(|(_, d, _)| d.iter().copied()),
-        );
+        // The victims' devices in any order: the planner may count on any of them.
+        let mut given: Vec<Dev> = freed
+            .iter()
+            .filter(|(v, ..)| victims.contains(v))
+            .flat_map(|(_, d, _)| d.iter().copied())
+            .collect();
+        for i in (1..given.len()).rev() {
+            given.swap(i, self.rng.below(i as u64 + 1) as usize);
+        }
+        devices.extend(given);
         devices.truncate(needed);
         let nomination = Nomination {
             since: self.world.now,
@@ -1645,6 +1730,26 @@ impl Sim {
         claims: &BTreeMap<String, ClaimObj>,
     ) {
         self.note(format!("commit {gang}: {allocations:?}, holding {found:?}"));
+        // A claim held as it is takes its devices as an allocation does: never one a
+        // nomination of at least the gang's priority counts on.
+        let priority = self.world.workloads.get(gang).map_or(0, |w| w.priority);
+        for (claim, devices) in &found {
+            let nominated = self.world.workloads.iter().find(|(owner, w)| {
+                owner.as_str() != gang
+                    && w.priority >= priority
+                    && w.nomination
+                        .as_ref()
+                        .is_some_and(|n| n.devices.iter().any(|d| devices.contains(d)))
+            });
+            if let Some((owner, _)) = nominated
+                && !self.deposed_wrote
+            {
+                let owner = owner.clone();
+                self.violated(format!(
+                    "{gang} holds {claim} as it is, on a device {owner}'s nomination counts on"
+                ));
+            }
+        }
         self.stats.commits += 1;
         self.stats.shared_holds += found.len() as u64;
         self.op.live = Some(gang.to_string());
@@ -1847,22 +1952,14 @@ impl Sim {
             .collect();
         let view = self.op.view();
         let holders = &view.holders;
-        let own_pods: BTreeSet<String> = view
-            .pods
-            .values()
-            .filter(|p| p.workload.as_deref() == Some(gang))
-            .map(|p| p.uid.clone())
-            .collect();
+        let own_pods = Self::pod_views(gang, &view);
         for claim in &dropped {
             let Some(c) = self.world.claims.get(claim) else {
                 continue;
             };
-            if c.allocation.is_some() {
-                let elsewhere = holders.get(claim).is_some_and(|h| h.iter().any(|g| g != gang));
-                let outside = c.reserved_for.iter().any(|u| !own_pods.contains(u));
-                if c.ours && !elsewhere && !outside {
-                    return false;
-                }
+            let fresh = self.claim_view(gang, claim, c, &view);
+            if !ownership::may_let_go(&fresh, &own_pods, expected.as_ref()) {
+                return false;
             }
         }
         // Pods the record stops releasing, as the operator sees them: each is fenced
@@ -1901,6 +1998,34 @@ impl Sim {
         }
         for (pod, _) in fenced {
             self.write_pod(&pod, |_| {});
+        }
+        for claim in &dropped {
+            // A gang lets go of an allocation muster wrote only to someone who keeps
+            // it: another gang, or a pod outside the gang (by what the API server
+            // knows of every uid, a pod that is gone included).
+            let Some(c) = self
+                .world
+                .claims
+                .get(claim)
+                .filter(|c| c.ours && c.allocation.is_some())
+            else {
+                continue;
+            };
+            let elsewhere = holders.get(claim).is_some_and(|h| h.iter().any(|g| g != gang))
+                || self.world.holders(claim).iter().any(|g| *g != gang);
+            let outside = c.reserved_for.iter().any(|u| {
+                self.world
+                    .uid_owners
+                    .get(u)
+                    .is_none_or(|(_, w)| w.as_deref() != Some(gang))
+            });
+            if !elsewhere && !outside {
+                let reserved = c.reserved_for.clone();
+                self.violated(format!(
+                    "{gang} lets go of {claim}, which muster allocated, while only its own pods reserve it \
+                     ({reserved:?}): it stays allocated for no one"
+                ));
+            }
         }
         for claim in dropped {
             let allocated = self.world.claims.get(&claim).is_some_and(|c| c.allocation.is_some());
@@ -1976,7 +2101,7 @@ impl Sim {
                 }
                 // A plan (by a live leader) keeps each pod off the nodes its group was
                 // refused on lately.
-                if let Some(j) = record.journal.as_ref().filter(|_| !self.writing_deposed) {
+                if let Some(j) = record.journal.as_ref().filter(|_| !self.deposed_writing) {
                     let fresh: Vec<&muster_admission::PlannedPod> = j
                         .pods
                         .iter()
@@ -2241,7 +2366,12 @@ impl Sim {
                 let named = self.world.workloads.get(&preemptor).is_some_and(|p| {
                     p.priority > priority && p.nomination.as_ref().is_some_and(|n| n.victims.contains(&victim))
                 });
-                if !named {
+                // A deposed leader's eviction was decided under a nomination its successor
+                // may have dropped since (the victim's version, its only precondition, did
+                // not move): the victim is queued again for nothing, and loses nothing.
+                if !named && self.deposed_writing {
+                    self.stats.deposed_evictions += 1;
+                } else if !named {
                     self.violated(format!(
                         "{victim} is evicted without a nomination of higher priority naming it"
                     ));
@@ -2525,9 +2655,9 @@ impl Sim {
             self.deposed_wrote = true;
             self.stats.deposed_writes += 1;
             std::mem::swap(&mut self.op, &mut stale);
-            self.writing_deposed = true;
+            self.deposed_writing = true;
             self.execute(op);
-            self.writing_deposed = false;
+            self.deposed_writing = false;
             std::mem::swap(&mut self.op, &mut stale);
         } else {
             self.note(format!(

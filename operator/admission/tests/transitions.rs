@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use muster_admission::failure;
 use muster_admission::refusal::{self, Refusal, Unscheduled};
 use muster_admission::{
-    ClaimView, ConditionType, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView, Reason,
-    Restarts, Settings, Spec, State, Step, decide,
+    ClaimView, ConditionType, Consumer, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView,
+    Reason, Restarts, Settings, Spec, State, Step, decide,
 };
 
 const SETTINGS: Settings = Settings {
@@ -75,13 +75,22 @@ fn pod(name: &str, uid: &str, attempt: Option<i32>, gated: bool, phase: Phase, b
     }
 }
 
+/// A claim muster allocated; `reserved_for` holds uids, those starting with `outside`
+/// are pods the operator knows outside the gang.
 fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
     ClaimView {
         name: name.into(),
         allocated,
         ours: true,
         held_elsewhere: false,
-        reserved_for: reserved_for.iter().map(|u| u.to_string()).collect(),
+        reserved_for: reserved_for
+            .iter()
+            .map(|u| Consumer {
+                name: format!("pod-{u}"),
+                uid: u.to_string(),
+                known_outside: u.starts_with("outside"),
+            })
+            .collect(),
     }
 }
 
@@ -163,7 +172,7 @@ fn a_claim_reserved_by_a_pod_outside_the_gang_is_left_to_it() {
         &["g-shared"],
     );
     let pods = [pod("g-w-0", "u0", Some(0), false, Phase::Succeeded, true)];
-    let claims = [claim("g-shared", true, &["u0", "someone-else"])];
+    let claims = [claim("g-shared", true, &["u0", "outside-pod"])];
     let s = step(&spec(1, true), &j, 0, &pods, &claims, 1000);
     assert!(deallocates(&s).is_empty(), "{s:?}");
     assert_eq!(
@@ -843,4 +852,70 @@ fn refusals_are_remembered_for_a_while_one_per_group_and_node() {
     // A refusal keeps its group off the node for the memory, not longer.
     assert!(at("n1", 0).active(refusal::MEMORY - 1));
     assert!(!at("n1", 0).active(refusal::MEMORY));
+}
+
+/// Review of issue 22: a pod of the gang that is gone while kube-controller-manager has
+/// not yet taken its uid out of `reservedFor` is still the gang's own, not a consumer
+/// outside it: the gang neither lets go of the claim (it would stay allocated for no
+/// one while the gang is queued again) nor clears it under the pod, but waits.
+#[test]
+fn issue22_review_a_deleted_pod_of_the_gang_is_no_consumer_outside_it() {
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    let s = step(&spec(1, true), &j, 0, &[], &claims, 1000);
+    assert_eq!(recorded_state(&s), None, "the gang keeps naming its claim: {s:?}");
+    assert!(deallocates(&s).is_empty(), "{s:?}");
+
+    // The same after a restart: the retired attempt's pod is gone, its uid stays.
+    let mut restarting = journal(
+        State::Restarting,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    restarting.retired = vec!["u0".into()];
+    let s = step(&spec(1, true), &restarting, 1, &[], &claims, 1000);
+    assert_eq!(recorded_state(&s), None, "{s:?}");
+    assert!(deallocates(&s).is_empty(), "{s:?}");
+
+    // Once the uid leaves `reservedFor`, the claim is given back, then forgotten.
+    let s = step(&spec(1, true), &j, 0, &[], &[claim("g-w-0-gpu", true, &[])], 2000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+}
+
+/// Review of issue 22: a consumer the caches cannot place (a pod not seen yet, or one
+/// that is gone) is never someone the gang may leave its claim to, nor one it may clear
+/// the claim under: the gang holds the claim until the caches tell.
+#[test]
+fn issue22_review_an_unknown_consumer_keeps_the_claim_held() {
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    for reserved in [&["stranger"][..], &["stranger", "outside-pod"][..]] {
+        let s = step(&spec(1, true), &j, 0, &[], &[claim("g-w-0-gpu", true, reserved)], 1000);
+        assert!(s.effects.is_empty(), "{reserved:?}: {s:?}");
+    }
+    // Known to be outside the gang, and nothing else: left to it.
+    let s = step(
+        &spec(1, true),
+        &j,
+        0,
+        &[],
+        &[claim("g-w-0-gpu", true, &["outside-pod"])],
+        1000,
+    );
+    assert_eq!(recorded_state(&s), Some(None), "{s:?}");
+    // A pod of the gang made again under the same name: the old entry is the gang's.
+    let mut old = claim("g-w-0-gpu", true, &["u-old"]);
+    old.reserved_for[0].name = "g-w-0".into();
+    let s = step(&spec(1, true), &j, 0, &[], &[old], 1000);
+    assert!(s.effects.is_empty(), "{s:?}");
 }

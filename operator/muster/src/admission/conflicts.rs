@@ -24,6 +24,11 @@ pub(crate) fn is_nomination_hold(claim: &str) -> bool {
     claim.contains('@')
 }
 
+/// The claim (`namespace/name`) a nomination's hold stands for, if `hold` is one.
+pub(crate) fn nominated_claim(hold: &str) -> Option<&str> {
+    hold.split_once('@').map(|(claim, _)| claim)
+}
+
 /// The device of an allocation result as the API shows it.
 pub(crate) fn result_device(result: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult) -> DeviceId {
     DeviceId {

@@ -49,8 +49,9 @@ impl Admission {
             }
         };
         let mut extras = request.clone();
-        // One snapshot for the groups' values, the excluded nodes and the plan.
-        let snapshot = self.index.snapshot();
+        // One view for the groups' values, the excluded nodes and the plan: as the gang's
+        // own plan sees the cluster, through nominations of lower priority only.
+        let snapshot = self.planning_view(&key(workload), self.priority(workload));
         for group in &mut extras.groups {
             // The value of the group's own level its planned pods have: from any of them
             // whose node is still there and labelled. Without one, the extras wait rather
@@ -81,6 +82,11 @@ impl Admission {
         }
         extras.groups.retain(|g| !g.pods.is_empty());
         extras.topology = Default::default();
+        // Claims the extras would hold as they are, checked as a gang's are.
+        if let Some(why) = self.found_claims_wait(workload, &extras, &snapshot) {
+            tracing::debug!(workload = %key(workload), why, "extras wait");
+            return Ok(());
+        }
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
             let cluster = snapshot.clone();
@@ -128,7 +134,10 @@ impl Admission {
         let (assumed_pods, assumed_claims) = plan.assumption(&extras);
         self.index
             .update(|c| c.assume(&assumption, &assumed_pods, &assumed_claims));
-        let reserved = self.reserve(&plan).await;
+        let reserved = match self.hold_found(workload, &extras, &plan).await {
+            Ok(()) => self.reserve(&plan).await,
+            Err(e) => Err(e),
+        };
         if reserved.is_ok() {
             // The allocations are the cluster's now (the watch may have shown them).
             self.index.update(|c| c.confirm(&assumption));

@@ -421,6 +421,32 @@ impl Admission {
         claims.into_iter().map(|c| self.own_claims.overlay(c)).collect()
     }
 
+    /// A claim of `workload`'s gang as the state machine sees it: whether another gang
+    /// holds it, and which `reservedFor` entries the caches show outside the gang — a
+    /// pod of another gang, a pod outside muster that the cluster index shows on a node,
+    /// a consumer that is not a pod. Any other entry is the gang's own or unknown (see
+    /// [`muster_admission::ownership`]).
+    pub(crate) fn claim_view(&self, workload: &Workload, claim: &ResourceClaim) -> muster_admission::ClaimView {
+        let namespace = workload.namespace().unwrap_or_default();
+        let name = workload.name_any();
+        let held_elsewhere = self
+            .holders()
+            .held_elsewhere(&ObjectKey::new(&namespace, &claim.name_any()), &key(workload));
+        let gangs = self.gangs();
+        let cluster = self.index.cluster();
+        crate::workload::observe::claim(claim, held_elsewhere, |consumer| {
+            if consumer.resource != "pods" || consumer.api_group.as_deref().is_some_and(|g| !g.is_empty()) {
+                return true;
+            }
+            match gangs.pod_workload(&consumer.uid) {
+                Some(workload) => workload != name,
+                None => cluster
+                    .pod_node(&muster_engine::key::PodKey::new(&namespace, &consumer.name))
+                    .is_some(),
+            }
+        })
+    }
+
     /// Which gangs hold which claims, as of this loop's last look and writes.
     pub(crate) fn holders(&self) -> std::sync::MutexGuard<'_, Holders> {
         self.holders.lock().unwrap_or_else(|p| p.into_inner())

@@ -8,8 +8,12 @@
 //!   caches, and confers nothing;
 //! - a gang that lets go of a claim clears the allocation only when it is the claim's
 //!   last holder, muster wrote the allocation (the claim carries muster's finalizer), and
-//!   no pod that may still run reserves it; otherwise it stops naming the claim and
-//!   leaves the allocation as it is;
+//!   nothing reserves it but pods of the gang that cannot use the devices; it stops
+//!   naming the claim as it is only when another gang holds it, muster did not allocate
+//!   it, or a consumer known to be outside the gang keeps it — a pod of the gang that is
+//!   gone (its entry not yet out of `reservedFor`) or a consumer the caches cannot place
+//!   makes it wait (`muster_admission::ownership`, which the state machine, the record's
+//!   fence and preemption share);
 //! - the collector clears an allocation muster wrote once no journal names the claim and
 //!   no pod that may still run reserves it.
 //!
@@ -110,35 +114,6 @@ pub(crate) fn allocated(claim: &ResourceClaim) -> bool {
     claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
 }
 
-fn reserved_for(claim: &ResourceClaim) -> impl Iterator<Item = &str> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.reserved_for.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|r| r.uid.as_str())
-}
-
-/// A pod that is not one of `gang_pods` (uids) reserves the claim.
-pub(crate) fn used_outside(claim: &ResourceClaim, gang_pods: &BTreeSet<String>) -> bool {
-    reserved_for(claim).any(|uid| !gang_pods.contains(uid))
-}
-
-/// Whether a gang may stop naming `claim` while it is still allocated: muster did not
-/// allocate it, another gang holds it, or a pod outside the gang uses it. Otherwise the
-/// gang must give it back (deallocate it) first.
-pub(crate) fn may_let_go_allocated(claim: &ResourceClaim, held_elsewhere: bool, gang_pods: &BTreeSet<String>) -> bool {
-    !muster_allocated(claim) || held_elsewhere || used_outside(claim, gang_pods)
-}
-
-/// Whether taking the gang apart gives `claim`'s devices back: muster allocated it, no
-/// other gang holds it and no pod outside the gang uses it (what preemption may count
-/// as freed).
-pub(crate) fn given_back(claim: &ResourceClaim, held_elsewhere: bool, gang_pods: &BTreeSet<String>) -> bool {
-    allocated(claim) && muster_allocated(claim) && !held_elsewhere && !used_outside(claim, gang_pods)
-}
-
 /// What the collector does with a claim carrying muster's finalizer.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Collect {
@@ -212,10 +187,6 @@ mod tests {
         .expect("claim")
     }
 
-    fn uids(list: &[&str]) -> BTreeSet<String> {
-        list.iter().map(|u| u.to_string()).collect()
-    }
-
     #[test]
     fn every_gang_whose_journal_names_a_claim_holds_it() {
         let a = workload("a", "Released", &["scratch", "a-0-gpu"], false);
@@ -229,33 +200,6 @@ mod tests {
         // a lets go of it.
         holders.follow(&workload("a", "Released", &["a-0-gpu"], false));
         assert!(!holders.held_elsewhere(&scratch, &ObjectKey::new("ns", "b")));
-    }
-
-    #[test]
-    fn a_gang_lets_go_of_an_allocated_claim_only_when_someone_else_keeps_it() {
-        let gang = uids(&["u0"]);
-        // Its own, used by no one else: it must be given back first.
-        assert!(!may_let_go_allocated(
-            &claim("c", "g", true, true, &["u0"]),
-            false,
-            &gang
-        ));
-        assert!(may_let_go_allocated(&claim("c", "g", true, true, &["u0"]), true, &gang));
-        assert!(may_let_go_allocated(
-            &claim("c", "g", true, true, &["outsider"]),
-            false,
-            &gang
-        ));
-        assert!(may_let_go_allocated(&claim("c", "g", false, true, &[]), false, &gang));
-        // What preemption may count as freed.
-        assert!(given_back(&claim("c", "g", true, true, &["u0"]), false, &gang));
-        assert!(!given_back(
-            &claim("c", "g", true, true, &["u0", "outsider"]),
-            false,
-            &gang
-        ));
-        assert!(!given_back(&claim("c", "g", true, true, &[]), true, &gang));
-        assert!(!given_back(&claim("c", "g", false, true, &[]), false, &gang));
     }
 
     #[test]

@@ -198,18 +198,7 @@ impl Admission {
         let pods = self.gang_pods(workload);
         let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
         let claims = self.gang_claims(workload);
-        let gang = key(workload);
-        let namespace = workload.namespace().unwrap_or_default();
-        let claim_views: Vec<ClaimView> = {
-            let holders = self.holders();
-            claims
-                .iter()
-                .map(|c| {
-                    let held_elsewhere = holders.held_elsewhere(&ObjectKey::new(&namespace, &c.name_any()), &gang);
-                    observe::claim(c, held_elsewhere)
-                })
-                .collect()
-        };
+        let claim_views: Vec<ClaimView> = claims.iter().map(|c| self.claim_view(workload, c)).collect();
         let in_journal = |claim: &ResourceClaim| {
             journal
                 .iter()
@@ -444,8 +433,9 @@ impl Admission {
 
     /// Claims a record stops naming (every one, when the gang is queued again): a fresh
     /// read must show each unallocated, or allocated for someone the gang may leave it to
-    /// (see [`ownership::may_let_go_allocated`]), so that a cache behind an allocation
-    /// never lets one leak. Each unallocated one is then fenced: its resourceVersion
+    /// (see [`muster_admission::ownership::may_let_go`]: never a pod of the gang that is
+    /// gone, nor one the caches cannot place), so that a cache behind an allocation never
+    /// lets one leak. Each unallocated one is then fenced: its resourceVersion
     /// moves, so an allocation a deposed leader prepared against an older version (it
     /// reads a claim before its last Lease check) fails instead of landing after the gang
     /// let go.
@@ -458,15 +448,15 @@ impl Admission {
         let kept: BTreeSet<&str> = next.iter().flat_map(|j| &j.claims).map(String::as_str).collect();
         let named = placement_of(workload).map(|p| p.claims.clone()).unwrap_or_default();
         let gang = key(workload);
-        let namespace = workload.namespace().unwrap_or_default();
-        let gang_pods: BTreeSet<String> = self.gang_pods(workload).iter().filter_map(|p| p.uid()).collect();
+        let pods: Vec<PodView> = self.gang_pods(workload).iter().map(|p| observe::pod(p)).collect();
+        let journal = observe::journal(workload);
         for name in named.iter().filter(|c| !kept.contains(c.as_str())) {
             let Some(claim) = api.get_opt(name).await? else {
                 continue;
             };
             if ownership::allocated(&claim) {
-                let held_elsewhere = self.holders().held_elsewhere(&ObjectKey::new(&namespace, name), &gang);
-                if ownership::may_let_go_allocated(&claim, held_elsewhere, &gang_pods) {
+                let seen = self.claim_view(workload, &claim);
+                if muster_admission::ownership::may_let_go(&seen, &pods, journal.as_ref()) {
                     continue;
                 }
                 return Err(CommitError::Conflict(format!(

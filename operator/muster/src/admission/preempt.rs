@@ -43,7 +43,7 @@ use crate::ops::faults::FaultPoint;
 use crate::workload::observe;
 
 use super::status::{NominationUpdate, StatusUpdate};
-use super::{Admission, CommitError, conflicts, key, ownership, placement_of};
+use super::{Admission, CommitError, conflicts, key, placement_of};
 
 /// How long a nomination holds its devices while the preemptor still does not fit
 /// (its victims' pods may take their termination grace).
@@ -264,8 +264,10 @@ impl Admission {
         self.index.update(|c| c.assume(&id, &pods, &claims));
     }
 
-    /// A nominated device some claim holds that is neither the preemptor's nor one of
-    /// its victims', if any.
+    /// A nominated device some claim holds that is neither the preemptor's nor one its
+    /// victims give back, if any. A victim's claim that a gang other than the victims
+    /// holds too (one that found it allocated and holds it as it is) stays allocated
+    /// when the victims go: it counts as taken, as a fresh allocation would.
     fn nominated_device_taken(&self, preemptor: &Workload, nominated: &NominationStatus) -> Option<DeviceId> {
         let namespace = preemptor.namespace().unwrap_or_default();
         let mut expected: BTreeSet<String> = nominated
@@ -273,15 +275,24 @@ impl Admission {
             .iter()
             .map(|c| format!("{namespace}/{}", c.name))
             .collect();
-        for victim in &nominated.victims {
-            let Some(workload) = self.current_workload(&ObjectKey::from(victim.as_str())) else {
+        let victims: BTreeSet<ObjectKey> = nominated.victims.iter().map(|v| ObjectKey::from(v.as_str())).collect();
+        let mut victim_claims = Vec::new();
+        for victim in &victims {
+            let Some(workload) = self.current_workload(victim) else {
                 continue;
             };
             let victim_namespace = workload.namespace().unwrap_or_default();
             for claim in placement_of(&workload).iter().flat_map(|p| &p.claims) {
-                expected.insert(format!("{victim_namespace}/{claim}"));
+                victim_claims.push(ObjectKey::new(&victim_namespace, claim));
             }
         }
+        let holders = self.holders();
+        for claim in victim_claims {
+            if holders.of_claim(&claim).all(|h| victims.contains(&h.gang)) {
+                expected.insert(claim.as_str().to_string());
+            }
+        }
+        drop(holders);
         let cluster = self.index.cluster();
         nominated_devices(nominated).find(|id| {
             cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1
@@ -505,19 +516,19 @@ impl Admission {
     }
 
     /// Of the claims a victim's journal names, those its teardown gives back (see
-    /// [`ownership::given_back`]): what preemption may count as freed.
+    /// [`muster_admission::ownership::freed_by_giving_back`]): what preemption may count
+    /// as freed.
     fn claims_given_back(&self, victim: &Workload, named: &[String]) -> Vec<ClaimKey> {
         let namespace = victim.namespace().unwrap_or_default();
-        let gang = key(victim);
-        let pods: BTreeSet<String> = self.gang_pods(victim).iter().filter_map(|p| p.uid()).collect();
+        let pods: Vec<muster_admission::PodView> = self.gang_pods(victim).iter().map(|p| observe::pod(p)).collect();
+        let journal = observe::journal(victim);
         let claims = self.gang_claims(victim);
-        let holders = self.holders();
         named
             .iter()
             .filter(|name| {
                 claims.iter().find(|c| c.name_any() == **name).is_some_and(|claim| {
-                    let held_elsewhere = holders.held_elsewhere(&ObjectKey::new(&namespace, name), &gang);
-                    ownership::given_back(claim, held_elsewhere, &pods)
+                    let seen = self.claim_view(victim, claim);
+                    muster_admission::ownership::freed_by_giving_back(&seen, &pods, journal.as_ref())
                 })
             })
             .map(|c| ClaimKey::from(ObjectKey::new(&namespace, c)))

@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use muster_api::conditions;
 use muster_api::v1alpha1::Workload;
-use muster_engine::key::ObjectKey;
+use muster_engine::key::{ClaimKey, ObjectKey};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
 use tracing::{Instrument, info, info_span, warn};
@@ -126,6 +126,45 @@ pub(super) fn doubly_held_claim<'r>(
     request: &'r GangRequest,
     cluster: &muster_engine::cluster::ClusterState,
 ) -> Option<&'r muster_engine::key::ClaimKey> {
+    found_allocations(request)
+        .find(|(_, allocation)| {
+            allocation
+                .devices
+                .iter()
+                .filter(|d| d.admin_access != Some(true))
+                .any(|d| super::conflicts::doubly_held(cluster, &d.device_id(), d.share_id.is_some()))
+        })
+        .map(|(key, _)| key)
+}
+
+/// A claim the request would hold as it is whose device a nomination in `cluster` (one
+/// the gang may not plan through: its own and those of lower priority are left out of
+/// its view) holds for another claim. A fresh allocation could not take that device;
+/// holding the found claim would keep it from the preemptor as well.
+pub(super) fn nominated_found_claim<'r>(
+    request: &'r GangRequest,
+    cluster: &muster_engine::cluster::ClusterState,
+) -> Option<&'r ClaimKey> {
+    found_allocations(request)
+        .find(|(key, allocation)| {
+            allocation
+                .devices
+                .iter()
+                .filter(|d| d.admin_access != Some(true))
+                .any(|d| {
+                    cluster
+                        .exclusive_holder_names(&d.device_id())
+                        .into_iter()
+                        .filter_map(super::conflicts::nominated_claim)
+                        .any(|claim| claim != key.as_str())
+                })
+        })
+        .map(|(key, _)| key)
+}
+
+/// The claims of the request that are allocated already (it would hold them as they
+/// are), with their allocations.
+fn found_allocations(request: &GangRequest) -> impl Iterator<Item = (&ClaimKey, &muster_engine::claim::Allocation)> {
     let shared = request
         .shared_claims
         .iter()
@@ -136,16 +175,11 @@ pub(super) fn doubly_held_claim<'r>(
         .flat_map(|g| &g.pods)
         .flat_map(|p| &p.claims)
         .filter_map(|c| Some((&c.key, c.allocation.as_ref()?)));
-    shared
-        .chain(own)
-        .find(|(_, allocation)| {
-            allocation
-                .devices
-                .iter()
-                .filter(|d| d.admin_access != Some(true))
-                .any(|d| super::conflicts::doubly_held(cluster, &d.device_id(), d.share_id.is_some()))
-        })
-        .map(|(key, _)| key)
+    shared.chain(own)
+}
+
+fn found_claims(request: &GangRequest) -> impl Iterator<Item = &ClaimKey> {
+    found_allocations(request).map(|(key, _)| key)
 }
 
 /// A gang planned in this pass, waiting for its commit.
@@ -394,21 +428,9 @@ impl Admission {
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
             return Ok(Attempt::Stale);
         }
-        // A claim it would hold as it is whose device another claim holds too: the gang
-        // waits until that is resolved (the allocation's holders give way, or the
-        // collector clears it), rather than hold a conflict and give way in turn.
-        if let Some(claim) = doubly_held_claim(&request, &cluster) {
-            let message = format!(
-                "a device of ResourceClaim {claim}, which the gang would share as it is, is allocated to another \
-                 claim as well; waiting until that is resolved"
-            );
-            if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
-                self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, &message, None)
-                    .await?;
-            }
-            self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_SECONDS))
-                .await?;
-            return Ok(Attempt::Done(Admit::DoesNotFit { reach: None }));
+        // A claim it would hold as it is that it may not hold now: the gang waits.
+        if let Some(message) = self.found_claims_wait(workload, &request, &cluster) {
+            return self.wait_on_claim(workload, &message).await;
         }
         if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
             excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
@@ -505,6 +527,78 @@ impl Admission {
                 })
             }
         }
+    }
+
+    /// Why the gang may not hold a claim it would hold as it is (allocated already), if
+    /// it may not: its device is held by another claim too (the gang waits until the
+    /// holders give way or the collector clears it, rather than hold a conflict and give
+    /// way in turn); a nomination of at least its priority counts on its device (a fresh
+    /// allocation of that device would wait too); or muster allocated it and no gang
+    /// holds it nor any consumer known to be outside keeps it (a gang let go of it, or
+    /// the Workload that named it went: the collector clears it, and held again as it
+    /// is it would keep devices that Kueue and preemption count as given back).
+    pub(super) fn found_claims_wait(
+        &self,
+        workload: &Workload,
+        request: &GangRequest,
+        cluster: &muster_engine::cluster::ClusterState,
+    ) -> Option<String> {
+        if let Some(claim) = doubly_held_claim(request, cluster) {
+            return Some(format!(
+                "a device of ResourceClaim {claim}, which the gang would share as it is, is allocated to another \
+                 claim as well; waiting until that is resolved"
+            ));
+        }
+        if let Some(claim) = nominated_found_claim(request, cluster) {
+            return Some(format!(
+                "a device of ResourceClaim {claim}, which the gang would share as it is, is nominated for a gang \
+                 that preempts to fit; waiting until that gang is placed"
+            ));
+        }
+        self.leftover_claim(workload, request).map(|claim| {
+            format!(
+                "ResourceClaim {claim} is still allocated by muster for a gang that let go of it; waiting until it is \
+                 cleared"
+            )
+        })
+    }
+
+    /// A gang that waits on a claim it would hold as it is: it says why, and Kueue hears
+    /// "not now".
+    async fn wait_on_claim(&self, workload: &Workload, message: &str) -> Result<Attempt, CommitError> {
+        if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message) {
+            self.set_admitted(workload, false, conditions::REASON_UNSCHEDULABLE, message, None)
+                .await?;
+        }
+        self.answer_check(workload, "Retry", message, Some(KUEUE_RETRY_SECONDS))
+            .await?;
+        Ok(Attempt::Done(Admit::DoesNotFit { reach: None }))
+    }
+
+    /// A claim the request would hold as it is that muster allocated, that no gang's
+    /// journal names, and that no consumer known to be outside the gang reserves (see
+    /// [`muster_admission::ownership`]): what the collector is to clear.
+    fn leftover_claim(&self, workload: &Workload, request: &GangRequest) -> Option<ClaimKey> {
+        let gangs = self.gangs();
+        found_claims(request).find_map(|key| {
+            let claim = self
+                .own_claims
+                .overlay(gangs.claim(key.namespace(), key.name())?.clone());
+            // (The holders' lock is let go before `claim_view` takes it again.)
+            let held = self
+                .holders()
+                .of_claim(&ObjectKey::new(key.namespace(), key.name()))
+                .next()
+                .is_some();
+            let leftover = super::ownership::muster_allocated(&claim)
+                && !held
+                && !self
+                    .claim_view(workload, &claim)
+                    .reserved_for
+                    .iter()
+                    .any(|c| c.known_outside);
+            leftover.then(|| key.clone())
+        })
     }
 
     /// Commits a planned gang whose plan the index already assumes.

@@ -325,17 +325,27 @@ impl Admission {
         Ok(())
     }
 
-    /// The claims the gang found allocated and holds from now on: each must still be
-    /// allocated as the plan saw it, and is fenced (its version moves), so that a
-    /// deallocation a deposed leader prepared against an older version cannot land.
-    async fn hold_found(
+    /// The claims the gang found allocated and holds from now on (those its journal does
+    /// not name yet: an extras commit's gang holds its shared claims already): each must
+    /// still be allocated as the plan saw it, and is fenced (its version moves), so that
+    /// a deallocation a deposed leader prepared against an older version cannot land.
+    pub(super) async fn hold_found(
         &self,
         workload: &Workload,
         request: &GangRequest,
         plan: &Plan,
     ) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
         let gang = key(workload);
-        for found in found_allocated(request, plan) {
+        let held: BTreeSet<&str> = super::placement_of(workload)
+            .iter()
+            .filter(|p| p.state.is_some())
+            .flat_map(|p| &p.claims)
+            .map(String::as_str)
+            .collect();
+        for found in found_allocated(request, plan)
+            .into_iter()
+            .filter(|f| !held.contains(f.name()))
+        {
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), found.namespace());
             let name = found.name();
             let fail = |e: CommitError| (e, Vec::new());

@@ -24,6 +24,8 @@ pub struct GangIndex {
     /// The same claims by `(namespace, name)`: a gang's journal may name a claim that
     /// carries another Workload's label.
     by_name: HashMap<(String, String), Arc<ResourceClaim>>,
+    /// The Workload of each gang pod, by the pod's uid: whose a `reservedFor` entry is.
+    pod_workloads: HashMap<String, String>,
 }
 
 fn group<K: Resource>(objects: Vec<Arc<K>>) -> HashMap<GangKey, Vec<Arc<K>>> {
@@ -50,8 +52,17 @@ impl GangIndex {
             by_name.insert((namespace.clone(), name), claim.clone());
             namespace_claims.entry(namespace).or_default().push(claim.clone());
         }
+        let pods = stores.pods.state();
+        let pod_workloads = pods
+            .iter()
+            .filter_map(|p| {
+                let workload = p.meta().labels.as_ref()?.get(labels::WORKLOAD)?;
+                Some((p.meta().uid.clone()?, workload.clone()))
+            })
+            .collect();
         GangIndex {
-            pods: group(stores.pods.state()),
+            pods: group(pods),
+            pod_workloads,
             claims: group(claims),
             namespace_claims,
             by_name,
@@ -61,6 +72,12 @@ impl GangIndex {
     /// The claim `namespace/name`, whichever Workload's label it carries.
     pub fn claim(&self, namespace: &str, name: &str) -> Option<&Arc<ResourceClaim>> {
         self.by_name.get(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// The Workload whose label the gang pod with this uid carries (a pod's namespace is
+    /// its claims').
+    pub fn pod_workload(&self, uid: &str) -> Option<&str> {
+        self.pod_workloads.get(uid).map(String::as_str)
     }
 
     pub fn namespace_claims(&self, namespace: &str) -> &[Arc<ResourceClaim>] {

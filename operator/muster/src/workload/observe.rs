@@ -2,13 +2,15 @@
 //! core's terms, and the journal (`status.placement`) converted both ways.
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use muster_admission::failure::{Backoff, ExitCodes, FailureAction, FailureKind, FailureRule};
 use muster_admission::refusal::{Refusal, Unscheduled};
-use muster_admission::{ClaimView, Journal, Millis, Phase, PlannedPod as CorePlannedPod, PodView, Reason, Spec, State};
+use muster_admission::{
+    ClaimView, Consumer, Journal, Millis, Phase, PlannedPod as CorePlannedPod, PodView, Reason, Spec, State,
+};
 use muster_api::conditions;
 use muster_api::labels;
 use muster_api::v1alpha1::{self, AdmissionState, PlacementStatus, PlannedPod, Workload};
@@ -367,8 +369,13 @@ pub fn scheduler_refusals(refusals: &[Refusal]) -> Vec<v1alpha1::SchedulerRefusa
 }
 
 /// A claim as the state machine sees it; `held_elsewhere`: another gang's journal names
-/// it.
-pub fn claim(claim: &ResourceClaim, held_elsewhere: bool) -> ClaimView {
+/// it; `known_outside`: whether the caches show a `reservedFor` entry as a consumer
+/// outside the gang (see [`muster_admission::ownership`]).
+pub fn claim(
+    claim: &ResourceClaim,
+    held_elsewhere: bool,
+    known_outside: impl Fn(&ResourceClaimConsumerReference) -> bool,
+) -> ClaimView {
     let status = claim.status.as_ref();
     ClaimView {
         name: claim.name_any(),
@@ -379,7 +386,11 @@ pub fn claim(claim: &ResourceClaim, held_elsewhere: bool) -> ClaimView {
             .and_then(|s| s.reserved_for.as_ref())
             .into_iter()
             .flatten()
-            .map(|r| r.uid.clone())
+            .map(|r| Consumer {
+                name: r.name.clone(),
+                uid: r.uid.clone(),
+                known_outside: known_outside(r),
+            })
             .collect(),
     }
 }
