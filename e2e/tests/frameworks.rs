@@ -1064,6 +1064,9 @@ async fn a_job_outside_the_webhooks_namespaces_is_left_alone_and_one_it_never_sa
                     &kube::api::Patch::Merge(&label(Some("true"))),
                 )
                 .await?;
+            // The API server matches a webhook's namespaceSelector against its own cache of
+            // namespaces, which may lag the patch on a busy machine.
+            tokio::time::sleep(Duration::from_secs(2)).await;
             create_job(test, indexed_job("outside", 1, json!({"spec": {"suspend": true}}))).await?;
             let workloads = test.workloads();
             wait::holds(

@@ -468,7 +468,14 @@ fn refused_pods<'j>(
         let Some(message) = refusal::refused(pod) else {
             continue;
         };
-        let left = released_at + settings.refusal_grace - gang.now;
+        // The grace runs from the later of the release and the first sight of the
+        // refusal: one that comes late (after a failed bind, say) gets its own.
+        let since = pod
+            .unscheduled
+            .as_ref()
+            .and_then(|u| u.since)
+            .map_or(released_at, |s| s.max(released_at));
+        let left = since + settings.refusal_grace - gang.now;
         if left > 0 {
             due = Some(due.map_or(left, |d| d.min(left)));
             continue;

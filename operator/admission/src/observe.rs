@@ -13,8 +13,8 @@ pub struct Settings {
     /// How long a reserved gang may wait for its planned pods to exist before its
     /// reservation is given back.
     pub release_timeout: Millis,
-    /// How long a pod must have been released before kube-scheduler's refusal of it
-    /// takes the gang apart (see [`crate::refusal`]).
+    /// How long a refusal must have stood, and the pod been released, before
+    /// kube-scheduler's refusal of it takes the gang apart (see [`crate::refusal`]).
     pub refusal_grace: Millis,
 }
 
@@ -23,7 +23,7 @@ impl Default for Settings {
         Settings {
             schedule_timeout: 120_000,
             release_timeout: 120_000,
-            refusal_grace: 5_000,
+            refusal_grace: 15_000,
         }
     }
 }
@@ -223,6 +223,9 @@ pub struct Unscheduled {
     /// kube-scheduler nominated a node for the pod (`status.nominatedNodeName`): it is
     /// preempting for it.
     pub nominated: bool,
+    /// When the operator first saw the pod in this state (its process's memory: after a
+    /// restart the wait starts again), if it knows.
+    pub since: Option<Millis>,
 }
 
 /// A pod refused on the node it was planned on, as remembered in the status (see

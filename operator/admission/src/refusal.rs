@@ -2,15 +2,18 @@
 //! and remembering the node each was refused on, so that the next plans keep the pod's
 //! group off it for a while.
 //!
-//! A refusal is a `PodScheduled=False` condition with reason `Unschedulable` or
-//! `SchedulerError` on a released, unbound pod for which kube-scheduler has not nominated
-//! a node. A pod still marked `SchedulingGated` (the API server sets that at creation and
-//! it stays until kube-scheduler first tries the pod), one without the condition, and one
-//! with a nominated node (kube-scheduler preempts for it and binds it once the victims
-//! are gone) merely wait. A refusal is acted on only once the pod has been released for
-//! [`crate::Settings::refusal_grace`]: kube-scheduler retries a pod it refused when the
-//! cluster changes, so a refusal that came from a cache behind muster's (a pod it still
-//! thinks holds the port, the CPU) is gone within that time.
+//! A refusal is a `PodScheduled=False` condition with reason `Unschedulable` on a
+//! released, unbound pod for which kube-scheduler has not nominated a node. A pod still
+//! marked `SchedulingGated` (the API server sets that at creation and it stays until
+//! kube-scheduler first tries the pod), one without the condition, one with a nominated
+//! node (kube-scheduler preempts for it and binds it once the victims are gone) and one
+//! with `SchedulerError` (a failed API call or plugin error, which kube-scheduler retries
+//! from its backoff queue) merely wait, up to the schedule timeout. A refusal is acted on
+//! only once it has stood, and the pod been released, for
+//! [`crate::Settings::refusal_grace`] (15 s by default, more than kube-scheduler's longest
+//! backoff of 10 s): kube-scheduler retries a pod it refused when the cluster changes, so
+//! a refusal that came from a cache behind muster's (a pod it still thinks holds the port,
+//! a peer of an affinity term not bound yet) is gone within that time.
 
 pub use crate::observe::{Refusal, Unscheduled};
 use crate::{Millis, PodView};
@@ -35,7 +38,7 @@ pub fn refused(pod: &PodView) -> Option<&str> {
         return None;
     }
     let unscheduled = pod.unscheduled.as_ref()?;
-    let refusal = matches!(unscheduled.reason.as_str(), "Unschedulable" | "SchedulerError");
+    let refusal = unscheduled.reason == "Unschedulable";
     (refusal && !unscheduled.nominated).then_some(unscheduled.message.as_str())
 }
 

@@ -792,6 +792,7 @@ impl Sim {
                     reason: "Unschedulable".into(),
                     message: format!("0/3 nodes are available: 1 node(s) refused {node}"),
                     nominated: false,
+                    since: None,
                 })
             });
             return;
@@ -804,11 +805,13 @@ impl Sim {
                     reason: "SchedulingGated".into(),
                     message: "Scheduling is blocked due to non-empty scheduling gates".into(),
                     nominated: false,
+                    since: None,
                 }),
                 _ => Some(Unscheduled {
                     reason: "Unschedulable".into(),
                     message: "0/3 nodes are available: 1 Insufficient cpu".into(),
                     nominated: true,
+                    since: None,
                 }),
             };
             if pod.unscheduled.is_none() {

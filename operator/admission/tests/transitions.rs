@@ -680,6 +680,7 @@ fn unscheduled(mut pod: PodView, reason: &str, message: &str, nominated: bool) -
         reason: reason.into(),
         message: message.into(),
         nominated,
+        since: None,
     });
     pod
 }
@@ -795,9 +796,18 @@ fn a_pod_that_merely_waits_is_not_taken_for_a_refusal() {
         assert_eq!(recorded_state(&s), None, "{pod:?}: {s:?}");
         assert_eq!(s.recheck_in, Some(60_000), "{pod:?}");
     }
-    // A scheduler error counts as a refusal.
-    let errored = unscheduled(waiting, "SchedulerError", "running PreBind plugin: boom", false);
+    // A scheduler error (a failed API call, a plugin error) is retried by kube-scheduler:
+    // the gang waits for the schedule timeout.
+    let errored = unscheduled(waiting.clone(), "SchedulerError", "running PreBind plugin: boom", false);
     let s = step(&spec(1, true), &j, 0, &[errored], &[], 60_000);
+    assert_eq!(recorded_state(&s), None, "{s:?}");
+    // A refusal first seen late gets its own grace, counted from when it was seen.
+    let mut late = unscheduled(waiting, "Unschedulable", REFUSED, false);
+    late.unscheduled.as_mut().unwrap().since = Some(58_000);
+    let s = step(&spec(1, true), &j, 0, std::slice::from_ref(&late), &[], 60_000);
+    assert_eq!(recorded_state(&s), None, "{s:?}");
+    assert_eq!(s.recheck_in, Some(3_000), "{s:?}");
+    let s = step(&spec(1, true), &j, 0, &[late], &[], 63_000);
     assert_eq!(recorded_state(&s), Some(Some(State::TearingDown)), "{s:?}");
 }
 
@@ -866,7 +876,10 @@ fn issue22_review_a_deleted_pod_of_the_gang_is_no_consumer_outside_it() {
         vec![planned("g-w-0", false, Some(0))],
         &["g-w-0-gpu"],
     );
-    let claims = [claim("g-w-0-gpu", true, &["u0"])];
+    // The entry names the gang's planned pod (gone from the caches), not a stranger.
+    let mut own = claim("g-w-0-gpu", true, &["u0"]);
+    own.reserved_for[0].name = "g-w-0".into();
+    let claims = [own];
     let s = step(&spec(1, true), &j, 0, &[], &claims, 1000);
     assert_eq!(recorded_state(&s), None, "the gang keeps naming its claim: {s:?}");
     assert!(deallocates(&s).is_empty(), "{s:?}");

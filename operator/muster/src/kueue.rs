@@ -568,35 +568,35 @@ fn status_patch(object: &DynamicObject, status: Value) -> Value {
     json!({"metadata": {"resourceVersion": object.resource_version()}, "status": status})
 }
 
-/// `PodsReady` as Kueue's waitForPodsReady reads it: True once `ready` (every pod the
-/// gang needs runs and is ready), False while it waits. `None`: already so.
+/// `PodsReady` as Kueue's waitForPodsReady reads it, with the reasons Kueue's own job
+/// integrations give: True once `ready` (every pod the gang needs runs and is ready),
+/// `Started` the first time and `Recovered` after a recovery; False while it waits,
+/// `WaitForStart` before it first ran and `WaitForRecovery` from the moment it stopped
+/// running until it runs again — a reason that sticks, since Kueue times `WaitForStart`
+/// from the admission and would evict a gang admitted long ago at once. `None`: already
+/// so.
 pub fn pods_ready_patch(object: &DynamicObject, ready: bool, now: &str) -> Option<Value> {
     let generation = object.metadata.generation;
+    let current = conditions(object);
+    let previous = current.iter().find(|c| c["type"] == "PodsReady");
+    let reason_was = |reasons: &[&str]| previous.is_some_and(|c| reasons.iter().any(|r| c["reason"] == *r));
     let new = if ready {
-        condition(
-            "PodsReady",
-            true,
-            "Started",
-            "All pods reached readiness",
-            generation,
-            now,
-        )
-    } else {
-        let reason = if condition_true(&conditions(object), "PodsReady").is_some() {
-            "WaitForRecovery"
+        let reason = if reason_was(&["WaitForRecovery", "Recovered"]) {
+            "Recovered"
         } else {
-            "WaitForStart"
+            "Started"
         };
-        condition(
-            "PodsReady",
-            false,
-            reason,
-            "Not all pods are ready or succeeded",
-            generation,
-            now,
-        )
+        condition("PodsReady", true, reason, "All pods reached readiness", generation, now)
+    } else {
+        let recovering = condition_true(&current, "PodsReady").is_some() || reason_was(&["WaitForRecovery"]);
+        let (reason, message) = if recovering {
+            ("WaitForRecovery", "At least one pod has failed, waiting for recovery")
+        } else {
+            ("WaitForStart", "Not all pods are ready or succeeded")
+        };
+        condition("PodsReady", false, reason, message, generation, now)
     };
-    let conditions = with_condition(&conditions(object), new)?;
+    let conditions = with_condition(&current, new)?;
     Some(status_patch(object, json!({"conditions": conditions})))
 }
 
@@ -893,5 +893,14 @@ mod tests {
         let started = object(json!({"status": {"conditions": ready["status"]["conditions"].clone()}}));
         let lost = pods_ready_patch(&started, false, "t4").unwrap();
         assert_eq!(lost["status"]["conditions"][0]["reason"], "WaitForRecovery");
+        // Still not ready on the next pass: the reason sticks (Kueue would time
+        // WaitForStart from the admission, long past, and evict at once).
+        let recovering = object(json!({"status": {"conditions": lost["status"]["conditions"].clone()}}));
+        assert!(
+            pods_ready_patch(&recovering, false, "t5").is_none(),
+            "unchanged: no write"
+        );
+        let recovered = pods_ready_patch(&recovering, true, "t6").unwrap();
+        assert_eq!(recovered["status"]["conditions"][0]["reason"], "Recovered");
     }
 }

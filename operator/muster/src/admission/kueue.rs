@@ -349,11 +349,17 @@ impl Admission {
         }
 
         // Every claim reserved: muster's check is ready, and Kueue admits the gang; but
-        // only for a placement inside Kueue's current decision. A running gang that got a
-        // new Kueue Workload (its label added, or the old one recreated) may have been
-        // placed outside the flavors or domains Kueue charges now: Retry makes Kueue
-        // evict it, and muster places it again inside them.
-        if matches!(journal, Some(State::Reserved | State::Released))
+        // only for a placement inside Kueue's current decision. A gang placed before this
+        // Kueue Workload asked (its label added, or the old one recreated) may lie outside
+        // the flavors or domains Kueue charges now: Retry makes Kueue evict it, and muster
+        // places it again inside them. Judged only while the check is not Ready yet: once
+        // Ready, a node label that flaps or a flavor edited later never evicts a running
+        // gang (Kueue itself never judges a placement again after admission).
+        let deciding = verdict
+            .our_check(&self.our_checks())
+            .is_some_and(|(_, state)| state != "Ready");
+        if deciding
+            && matches!(journal, Some(State::Reserved | State::Released))
             && let Some(placement) = placement_of(workload)
             && let Some(outside) = self.placed_outside_kueue(workload, placement)
         {

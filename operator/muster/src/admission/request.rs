@@ -49,10 +49,14 @@ pub enum RequestError {
 
 impl RequestError {
     /// Whether the Workload itself is wrong, for good: its spec cannot change, so no
-    /// change of the cluster mends it. A missing template may still be created, and pods
-    /// of a group that differ (a rollout under way) may become alike again.
+    /// change of the cluster mends it. A missing template may still be created, pods of a
+    /// group that differ (a rollout under way) may become alike again.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, RequestError::Spec(_) | RequestError::Convert(_))
+        // A conversion error can come from objects other than the spec (a claim named by
+        // `resourceClaimName`, a member pod, a template that may be made again), and some
+        // spec errors from the cluster (two DeviceClasses mapping one extended resource
+        // during a driver rollout): only the spec's own errors are for good.
+        matches!(self, RequestError::Spec(e) if !e.is_cluster_problem())
     }
 
     /// Whether the gang only waits for an object to appear, rather than being wrong.

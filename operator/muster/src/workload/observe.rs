@@ -330,12 +330,72 @@ fn unscheduled(pod: &Pod) -> Option<Unscheduled> {
         .conditions
         .iter()
         .flatten()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    let uid = pod.uid().unwrap_or_default();
+    let Some(condition) = condition else {
+        first_seen::forget(&uid);
+        return None;
+    };
+    let reason = condition.reason.clone().unwrap_or_default();
+    let nominated = status.nominated_node_name.as_deref().is_some_and(|n| !n.is_empty());
+    // The condition's transition time does not move from SchedulingGated to
+    // Unschedulable (both False): when this state began is what this process saw.
+    let since = first_seen::since(&uid, &format!("{reason}/{nominated}"), now_millis());
     Some(Unscheduled {
-        reason: condition.reason.clone().unwrap_or_default(),
+        reason,
         message: condition.message.clone().unwrap_or_default(),
-        nominated: status.nominated_node_name.as_deref().is_some_and(|n| !n.is_empty()),
+        nominated,
+        since: Some(since),
     })
+}
+
+/// When this process first saw each pod in its current not-scheduled state, by uid.
+mod first_seen {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    use muster_admission::Millis;
+
+    /// Beyond this many pods, states older than [`STALE`] are dropped.
+    const BOUND: usize = 8192;
+    const STALE: Millis = 600_000;
+
+    fn states() -> &'static Mutex<HashMap<String, (String, Millis)>> {
+        static STATES: OnceLock<Mutex<HashMap<String, (String, Millis)>>> = OnceLock::new();
+        STATES.get_or_init(Default::default)
+    }
+
+    /// When the pod `uid` was first seen in `state` (now, if it just entered it).
+    pub fn since(uid: &str, state: &str, now: Millis) -> Millis {
+        let mut states = states().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((known, at)) = states.get(uid)
+            && known == state
+        {
+            return *at;
+        }
+        if states.len() >= BOUND {
+            states.retain(|_, (_, at)| now - *at < STALE);
+        }
+        states.insert(uid.to_string(), (state.to_string(), now));
+        now
+    }
+
+    /// The pod `uid` is scheduled, or its state is unknown: nothing to remember.
+    pub fn forget(uid: &str) {
+        states().lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn a_state_keeps_its_first_sight_until_it_changes() {
+            assert_eq!(super::since("u-first-seen", "Unschedulable/false", 1_000), 1_000);
+            assert_eq!(super::since("u-first-seen", "Unschedulable/false", 9_000), 1_000);
+            assert_eq!(super::since("u-first-seen", "Unschedulable/true", 9_500), 9_500);
+            super::forget("u-first-seen");
+            assert_eq!(super::since("u-first-seen", "Unschedulable/true", 12_000), 12_000);
+        }
+    }
 }
 
 /// `status.schedulerRefusals` in the state machine's terms.
