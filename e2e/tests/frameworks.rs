@@ -1065,8 +1065,31 @@ async fn a_job_outside_the_webhooks_namespaces_is_left_alone_and_one_it_never_sa
                 )
                 .await?;
             // The API server matches a webhook's namespaceSelector against its own cache of
-            // namespaces, which may lag the patch on a busy machine.
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            // namespaces, which may lag the patch: a dry run (which passes the mutating
+            // webhooks) shows when the webhook leaves the namespace alone.
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let probe: Job = serde_json::from_value(indexed_job("outside", 1, json!({"spec": {"suspend": true}})))?;
+            wait::until(
+                "the webhook to leave the namespace out",
+                Duration::from_secs(30),
+                || {
+                    let (jobs, probe) = (jobs.clone(), probe.clone());
+                    async move {
+                        let dry = PostParams {
+                            dry_run: true,
+                            ..PostParams::default()
+                        };
+                        let made = jobs.create(&dry, &probe).await?;
+                        let gated = made
+                            .spec
+                            .and_then(|s| s.template.spec)
+                            .and_then(|s| s.scheduling_gates)
+                            .is_some_and(|g| g.iter().any(|g| g.name == "muster.dev/gang"));
+                        Ok((!gated).then_some(()))
+                    }
+                },
+            )
+            .await?;
             create_job(test, indexed_job("outside", 1, json!({"spec": {"suspend": true}}))).await?;
             let workloads = test.workloads();
             wait::holds(
