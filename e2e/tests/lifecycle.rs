@@ -593,3 +593,137 @@ async fn a_jobs_pods_join_a_template_less_workload_and_run_as_one_gang() -> Resu
     })
     .await
 }
+
+/// Counts, per claim of the namespace, the writes that changed its status, as a watch
+/// started at `start` sees them (a watch delivers every change).
+struct ClaimStatusWrites {
+    counts: std::sync::Arc<std::sync::Mutex<BTreeMap<String, usize>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl ClaimStatusWrites {
+    fn start(test: &Test) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let counts = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let seen = counts.clone();
+        let events = watcher(test.claims(), watcher::Config::default());
+        let watch = tokio::spawn(async move {
+            let mut last: BTreeMap<String, Value> = BTreeMap::new();
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                let (Ok(watcher::Event::Apply(claim)) | Ok(watcher::Event::InitApply(claim))) = event else {
+                    continue;
+                };
+                let status = serde_json::to_value(&claim.status).unwrap_or_default();
+                let name = claim.name_any();
+                if last.get(&name).is_some_and(|s| *s != status) {
+                    *seen.lock().unwrap().entry(name.clone()).or_insert(0) += 1;
+                }
+                last.insert(name, status);
+            }
+        });
+        ClaimStatusWrites { counts, watch }
+    }
+
+    fn of(&self, claim: &str) -> usize {
+        self.counts.lock().unwrap().get(claim).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for ClaimStatusWrites {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+/// Issue 23: muster writes a claim's allocation and its pod's reservation in one write,
+/// so kube-scheduler writes nothing to it; and a claim whose pod succeeded is not
+/// rewritten by kube-controller-manager in a loop (it drops the ended pod and reserves it
+/// again, kubernetes#141274) until the whole gang ends:
+/// - a gang that never restarts onto its reservation lets kube-controller-manager
+///   deallocate the claim in the write that drops the pod (delete-protection);
+/// - one that may restart keeps that to muster, which gives the claim back as soon as it
+///   sees the pod succeeded, while the gang runs on.
+#[tokio::test]
+async fn a_claim_is_written_once_to_reserve_and_given_back_when_its_pod_succeeds() -> Result<()> {
+    with_test("claim-writes", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("once", 1, None)).await?;
+            test.create(with_policy(
+                gang("again", 1, None),
+                json!({"failurePolicy": {"maxRestarts": 1}}),
+            ))
+            .await?;
+            for (gang, protected) in [("once", true), ("again", false)] {
+                assert_runs_as_planned(test, gang).await?;
+                let pod = test.pods().get(&format!("{gang}-workers-0")).await?;
+                let claim = test.claims().get(&format!("{gang}-workers-0-gpus")).await?;
+                let reserved: Vec<String> = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.reserved_for.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| r.uid)
+                    .collect();
+                ensure!(reserved == [pod.uid().context("uid")?], "{reserved:?}");
+                let status_writers: Vec<String> = claim
+                    .metadata
+                    .managed_fields
+                    .iter()
+                    .flatten()
+                    .filter(|f| f.subresource.as_deref() == Some("status"))
+                    .filter_map(|f| f.manager.clone())
+                    .collect();
+                ensure!(
+                    status_writers == [labels::ADMISSION_FIELD_MANAGER],
+                    "only muster wrote the status of {}: {status_writers:?}",
+                    claim.name_any()
+                );
+                let finalizers = claim.finalizers();
+                ensure!(
+                    finalizers.iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER) == protected,
+                    "{gang}: {finalizers:?}"
+                );
+            }
+            let writes = ClaimStatusWrites::start(test);
+            // Let the watch list what is there before the pods end.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            test.exit_pod("once-workers-0", 0).await?;
+            test.exit_pod("again-workers-0", 0).await?;
+            for gang in ["once", "again"] {
+                let claim = format!("{gang}-workers-0-gpus");
+                wait::until(
+                    &format!("{claim} to be given back"),
+                    Duration::from_secs(30),
+                    || async { Ok((!allocations(&test.claims()).await?.contains_key(&claim)).then_some(())) },
+                )
+                .await?;
+            }
+            // Given back once: nothing rewrites them afterwards.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let (once, again) = (writes.of("once-workers-0-gpus"), writes.of("again-workers-0-gpus"));
+            eprintln!("status writes from the pod's end: protected {once}, restartable {again}");
+            ensure!(
+                once <= 2,
+                "kube-controller-manager drops the ended pod and deallocates in one write: {once} writes"
+            );
+            // Bounded by how soon muster's loop sees the pod's end (at most ten passes a
+            // second); before, the loop ran until the whole gang ended (thousands).
+            ensure!(
+                again <= 200,
+                "the restartable gang's spent claim was written {again} times from its pod's end"
+            );
+            for gang in ["once", "again"] {
+                let state = test.state(gang).await?;
+                ensure!(
+                    state == Some(AdmissionState::Released),
+                    "{gang} runs on, its launcher running: {state:?}"
+                );
+            }
+            Ok(())
+        })
+    })
+    .await
+}

@@ -184,6 +184,35 @@ fn give_back<'c>(gang: &Gang, claims: impl IntoIterator<Item = &'c String>) -> C
     Claims::Held(Some(Box::new(Effect::Deallocate { claims: free_now, idle })))
 }
 
+/// Gives back, while the gang runs on, the claims whose every pod of the gang has
+/// succeeded: kube-controller-manager rewrites the `reservedFor` of an allocated claim in
+/// a loop while one of its pods has ended and is still there (kubernetes#141274), so such
+/// a claim is not kept until the whole gang ends. Only a claim [`give_back`] would clear
+/// (muster's, no other holder, no other user); a restart after this places the gang
+/// again, as its reservation is no longer whole.
+fn give_back_spent(gang: &Gang, journal: &Journal) -> Option<Effect> {
+    let succeeded = |uid: &String| {
+        gang.pods
+            .iter()
+            .any(|p| &p.uid == uid && p.phase == Phase::Succeeded && !p.gated)
+    };
+    let spent: Vec<&String> = journal
+        .claims
+        .iter()
+        .filter(|name| {
+            gang.claim(name)
+                .is_some_and(|c| c.allocated && !c.used_by.is_empty() && c.used_by.iter().all(succeeded))
+        })
+        .collect();
+    if spent.is_empty() {
+        return None;
+    }
+    match give_back(gang, spent) {
+        Claims::Held(effect) => effect.map(|e| *e),
+        Claims::Free => None,
+    }
+}
+
 fn held(effect: Option<Box<Effect>>) -> Step {
     Step::effects(effect.map(|e| *e).into_iter().collect())
 }
@@ -418,6 +447,7 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     if step.record().is_some() {
         return step;
     }
+    step.effects.extend(give_back_spent(gang, journal));
     if let Some(due) = refusal_due {
         step = step.then_recheck_in(due);
     }

@@ -60,6 +60,19 @@ impl Spec {
     pub fn has_external_groups(&self) -> bool {
         self.groups.iter().any(|g| !g.managed)
     }
+
+    /// Whether a failure may restart the gang onto the reservation it holds: only muster's
+    /// own pods restart that way, and only where a restart can happen at all (restarts
+    /// allowed, or a rule that restarts without counting). Such a gang keeps its claims
+    /// allocated while its pods end or go; any other lets them go with their pods.
+    pub fn may_restart_onto_reservation(&self) -> bool {
+        !self.has_external_groups()
+            && (self.max_restarts > 0
+                || self
+                    .failure_rules
+                    .iter()
+                    .any(|r| r.action != crate::failure::FailureAction::FailGang))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +161,8 @@ pub struct ClaimView {
     pub held_elsewhere: bool,
     /// `status.reservedFor` (see [`crate::ownership`] for whose each entry is).
     pub reserved_for: Vec<Consumer>,
+    /// Uids of the gang's pods whose spec names the claim.
+    pub used_by: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1423,6 +1423,12 @@ impl Sim {
             allocated: c.allocation.is_some(),
             ours: c.ours,
             held_elsewhere: view.holders.get(name).is_some_and(|h| h.iter().any(|g| g != gang)),
+            used_by: view
+                .pods
+                .values()
+                .filter(|p| p.workload.as_deref() == Some(gang) && p.claims.iter().any(|n| n == name))
+                .map(|p| p.uid.clone())
+                .collect(),
             reserved_for: c
                 .reserved_for
                 .iter()

@@ -83,6 +83,7 @@ fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
         allocated,
         ours: true,
         held_elsewhere: false,
+        used_by: Vec::new(),
         reserved_for: reserved_for
             .iter()
             .map(|u| Consumer {
@@ -161,6 +162,47 @@ fn an_extra_released_long_after_the_gang_does_not_tear_it_down() {
     let kept = record.journal.as_ref().expect("journal");
     assert_eq!(kept.state, State::Released);
     assert_eq!(kept.planned("g-w-1").and_then(|p| p.released_at), None);
+}
+
+/// Issue 23: a claim whose pods have all succeeded is given back while the gang runs on
+/// (kube-controller-manager rewrites an allocated claim of an ended pod in a loop), one
+/// still used by a running pod, shared with a pod outside, or not muster's, is not.
+#[test]
+fn a_claim_whose_pods_all_succeeded_is_given_back_while_the_gang_runs_on() {
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0)), planned("g-w-1", false, Some(0))],
+        &["g-w-0-gpu", "g-w-1-gpu", "g-shared", "g-outside", "g-foreign"],
+    );
+    let pods = [
+        pod("g-w-0", "u0", Some(0), false, Phase::Succeeded, true),
+        pod("g-w-1", "u1", Some(0), false, Phase::Running, true),
+    ];
+    let used = |mut c: ClaimView, by: &[&str]| {
+        c.used_by = by.iter().map(|u| u.to_string()).collect();
+        c
+    };
+    let mut foreign = used(claim("g-foreign", true, &["u0"]), &["u0"]);
+    foreign.ours = false;
+    let claims = [
+        used(claim("g-w-0-gpu", true, &["u0"]), &["u0"]),
+        used(claim("g-w-1-gpu", true, &["u1"]), &["u1"]),
+        used(claim("g-shared", true, &["u0", "u1"]), &["u0", "u1"]),
+        used(claim("g-outside", true, &["u0", "outside-pod"]), &["u0"]),
+        foreign,
+    ];
+    let s = step(&spec(2, true), &j, 0, &pods, &claims, 1000);
+    assert_eq!(recorded_state(&s), None, "the gang runs on: {s:?}");
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+    // The storm's other half: kube-controller-manager has just taken the ended pod out.
+    let claims = [used(claim("g-w-0-gpu", true, &[]), &["u0"])];
+    let s = step(&spec(2, true), &j, 0, &pods, &claims, 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+    // Given back: nothing more to do.
+    let claims = [used(claim("g-w-0-gpu", false, &[]), &["u0"])];
+    let s = step(&spec(2, true), &j, 0, &pods, &claims, 1000);
+    assert!(deallocates(&s).is_empty(), "{s:?}");
 }
 
 #[test]

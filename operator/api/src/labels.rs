@@ -19,6 +19,11 @@ pub const ADMISSION_FIELD_MANAGER: &str = "muster-admission";
 /// Finalizer on every claim muster may allocate: muster clears the allocation before the
 /// claim goes (kube-controller-manager only deallocates claims it protects itself).
 pub const CLAIM_FINALIZER: &str = "muster.dev/allocation";
+/// kube-controller-manager's finalizer on claims it deallocates itself: once the last
+/// pod in `reservedFor` ends or goes, it clears the allocation in the same write that
+/// takes the pod out. muster sets it on the claims of gangs that never restart onto
+/// their reservation, and keeps it off the others' (see docs/architecture.md).
+pub const DELETE_PROTECTION_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 /// Annotation moved on a claim a gang lets go of, so that an allocation prepared
 /// against an older version of the claim (by a deposed leader) cannot land.
 pub const CLAIM_RELEASED_AT: &str = "muster.dev/released-at";

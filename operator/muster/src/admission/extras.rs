@@ -135,7 +135,7 @@ impl Admission {
         self.index
             .update(|c| c.assume(&assumption, &assumed_pods, &assumed_claims));
         let reserved = match self.hold_found(workload, &extras, &plan).await {
-            Ok(()) => self.reserve(&plan).await,
+            Ok(()) => self.reserve(workload, &plan).await,
             Err(e) => Err(e),
         };
         if reserved.is_ok() {

@@ -21,6 +21,7 @@
 //! allocations back; `status` writes the loop's part of a Workload's status; `extras`,
 //! `release`, `fencing` and `kueue` are the steps they share.
 
+mod claim_writes;
 mod conflicts;
 pub mod extras;
 pub mod fencing;
@@ -432,9 +433,16 @@ impl Admission {
         let held_elsewhere = self
             .holders()
             .held_elsewhere(&ObjectKey::new(&namespace, &claim.name_any()), &key(workload));
+        let claim_name = claim.name_any();
+        let used_by = self
+            .gang_pods(workload)
+            .iter()
+            .filter(|p| claim_writes::names_claim(p, &claim_name))
+            .filter_map(|p| p.uid())
+            .collect();
         let gangs = self.gangs();
         let cluster = self.index.cluster();
-        crate::workload::observe::claim(claim, held_elsewhere, |consumer| {
+        crate::workload::observe::claim(claim, held_elsewhere, used_by, |consumer| {
             if consumer.resource != "pods" || consumer.api_group.as_deref().is_some_and(|g| !g.is_empty()) {
                 return true;
             }

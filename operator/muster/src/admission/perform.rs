@@ -362,9 +362,19 @@ impl Admission {
                         journal.as_ref().is_some_and(|j| j.planned(pod).is_some())
                     })
                     .await?;
-                    for name in names {
-                        self.ensure_leading();
-                        if let Some(claim) = deallocate(&claims, &name, None, &idle, &|| self.ensure_leading()).await? {
+                    // Each claim on its own: they go in parallel, `--write-parallelism` at
+                    // a time, and one that fails does not hold back the others.
+                    let leading = || self.ensure_leading();
+                    let given_back: Vec<Result<Option<ResourceClaim>, kube::Error>> = stream::iter(&names)
+                        .map(|name| {
+                            self.ensure_leading();
+                            deallocate(&claims, name, None, &idle, &leading)
+                        })
+                        .buffer_unordered(self.settings.write_parallelism.max(1))
+                        .collect()
+                        .await;
+                    for result in given_back {
+                        if let Some(claim) = result? {
                             self.own_claims.remember(claim);
                         }
                     }

@@ -26,7 +26,7 @@ use crate::ops::metrics::{self};
 use crate::workload::observe::{self};
 
 use super::preempt::nomination_of;
-use super::{Admission, CommitError, conflicts, key, now, ownership, version};
+use super::{Admission, CommitError, claim_writes, conflicts, key, now, ownership, version};
 pub use crate::ops::faults::{FailWrite, FaultPoint};
 
 /// How long the commit's conflict check waits for the claim watch before it lists.
@@ -135,12 +135,21 @@ pub(super) fn deallocation(claim: &ResourceClaim) -> serde_json::Value {
     })
 }
 
+/// How often a deallocation reads the claim again and retries at once when the claim
+/// changed between its read and its write, before it leaves the claim to the next pass.
+const DEALLOCATION_ATTEMPTS: usize = 4;
+
 /// Clears a claim's allocation after a fresh read, unless a pod other than those in
 /// `finished` reserves it: a pod that may still run keeps its devices. With `uid`, only
 /// that object is touched: a claim made again under the same name is another gang's.
 /// Returns the claim as it is now (`None`: gone, or not the object meant). `leading` runs
 /// between the read and the write, so a leader deposed before it cannot clear an
 /// allocation its successor made.
+///
+/// The write tests what it was decided on (see [`claim_writes::deallocation`]) instead of
+/// the resourceVersion, so writes of others that change nothing it relies on do not make
+/// it fail; when the claim did change, it is read and judged again at once. The last
+/// attempt falls back to a write conditioned on the resourceVersion.
 pub(crate) async fn deallocate(
     api: &Api<ResourceClaim>,
     name: &str,
@@ -148,30 +157,47 @@ pub(crate) async fn deallocate(
     finished: &[String],
     leading: &(dyn Fn() + Sync),
 ) -> Result<Option<ResourceClaim>, kube::Error> {
-    let Some(claim) = api.get_opt(name).await? else {
-        return Ok(None);
-    };
-    if uid.is_some_and(|uid| claim.metadata.uid.as_deref() != Some(uid)) {
-        return Ok(None);
+    let mut last = None;
+    for attempt in 1..=DEALLOCATION_ATTEMPTS {
+        let Some(claim) = api.get_opt(name).await? else {
+            return Ok(None);
+        };
+        if uid.is_some_and(|uid| claim.metadata.uid.as_deref() != Some(uid)) {
+            return Ok(None);
+        }
+        let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
+            return Ok(Some(claim));
+        };
+        let in_use = status.reserved_for.iter().flatten().any(|r| !finished.contains(&r.uid));
+        if in_use {
+            return Ok(Some(claim));
+        }
+        let tested = claim_writes::deallocation(&claim)
+            .filter(|_| attempt < DEALLOCATION_ATTEMPTS)
+            .map(serde_json::from_value::<json_patch::Patch>)
+            .transpose()
+            .map_err(kube::Error::SerdeError)?;
+        leading();
+        let written = match tested {
+            Some(patch) => {
+                api.patch_status(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                    .await
+            }
+            None => {
+                api.patch_status(name, &PatchParams::default(), &Patch::Merge(&deallocation(&claim)))
+                    .await
+            }
+        };
+        match written {
+            Ok(claim) => return Ok(Some(claim)),
+            // Changed between the read and the write: read and judge it again.
+            Err(e) if kube_ops::is_test_failed(&e) || kube_ops::is_conflict(&e) => last = Some(claim),
+            Err(e) if kube_ops::is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
     }
-    let Some(status) = claim.status.as_ref().filter(|s| s.allocation.is_some()) else {
-        return Ok(Some(claim));
-    };
-    let in_use = status.reserved_for.iter().flatten().any(|r| !finished.contains(&r.uid));
-    if in_use {
-        return Ok(Some(claim));
-    }
-    leading();
-    match api
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&deallocation(&claim)))
-        .await
-    {
-        Ok(claim) => Ok(Some(claim)),
-        // Changed meanwhile: looked at again in the next pass.
-        Err(e) if kube_ops::is_conflict(&e) => Ok(Some(claim)),
-        Err(e) if kube_ops::is_not_found(&e) => Ok(None),
-        Err(e) => Err(e),
-    }
+    // Still changing: looked at again in the next pass.
+    Ok(last)
 }
 
 /// Undoes an allocation this loop wrote, only while the claim is as the write left it.
@@ -235,7 +261,7 @@ impl Admission {
 
         let reserved = async {
             self.hold_found(workload, request, plan).await?;
-            self.reserve(plan).await
+            self.reserve(workload, plan).await
         };
         if let Err(e) = reserved
             .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
@@ -379,12 +405,24 @@ impl Admission {
                     "ResourceClaim {found}, which {gang} shares, was allocated again meanwhile"
                 ))));
             }
-            let fence = json!({
+            let mut fence = json!({
                 "metadata": {
                     "resourceVersion": current.resource_version(),
                     "annotations": {labels::CLAIM_HELD_AT: observe::now_millis().to_string()},
                 },
             });
+            // A claim of muster's that kube-controller-manager would deallocate when the
+            // pods of the gang that allocated it end: held by this gang too, it is
+            // muster's to give back when its last holder lets go (see `commit_finalizers`).
+            let finalizers = current.finalizers();
+            let protected = finalizers.iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER);
+            if ownership::muster_allocated(&current) && protected {
+                let kept: Vec<&String> = finalizers
+                    .iter()
+                    .filter(|f| *f != labels::DELETE_PROTECTION_FINALIZER)
+                    .collect();
+                fence["metadata"]["finalizers"] = json!(kept);
+            }
             let params = PatchParams {
                 field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
                 ..PatchParams::default()
@@ -407,11 +445,20 @@ impl Admission {
         self.own_pods.remember(pod);
     }
 
-    /// Allocates every planned claim, each only if it is still unallocated, then checks
-    /// that no other claim holds any of the devices. On error, the claims written so
-    /// far come back with it.
-    pub(crate) async fn reserve(&self, plan: &Plan) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
+    /// Allocates every planned claim, each only if it is still unallocated, and reserves
+    /// it for the gang's planned pods that name it in the same write (see
+    /// [`claim_writes::planned_consumers`]); then checks that no other claim holds any of
+    /// the devices. On error, the claims written so far come back with it.
+    pub(crate) async fn reserve(
+        &self,
+        workload: &Workload,
+        plan: &Plan,
+    ) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
         let timestamp = now();
+        let planned: BTreeSet<&str> = plan.pods.iter().map(|p| p.pod.name()).collect();
+        let protect = !observe::spec(workload).may_restart_onto_reservation();
+        let consumers = claim_writes::planned_consumers(&self.gang_pods(workload), &planned);
+        let gangs = self.gangs();
         let written = std::sync::Mutex::new(Vec::new());
         let result = self
             .write_all(&plan.claims, FaultPoint::AfterFirstClaim, |claim| {
@@ -419,28 +466,15 @@ impl Admission {
                 let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
                 let mut allocation = convert::allocation_to_kube(&claim.allocation);
                 allocation.allocation_timestamp = Some(timestamp.clone());
+                let reserved_for = consumers.get(name).cloned();
+                let cached = gangs
+                    .claim(namespace, name)
+                    .map(|c| (*self.own_claims.overlay(c.clone())).clone());
                 let written = &written;
                 async move {
-                    // Read, then check the Lease, then write against what was read: a
-                    // leader deposed after its check writes against a version older
-                    // than the successor's fence (see `fence_dropped_claims`).
-                    self.ensure_leading();
-                    let current = kube_ops::add_finalizer(&api, api.get(name).await?, labels::CLAIM_FINALIZER).await?;
-                    self.ensure_leading();
-                    if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
-                        return Err(CommitError::Conflict(format!(
-                            "ResourceClaim {name} was allocated by someone else meanwhile"
-                        )));
-                    }
-                    let patch = json!({
-                        "metadata": {"resourceVersion": current.resource_version()},
-                        "status": {"allocation": allocation},
-                    });
-                    let params = PatchParams {
-                        field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
-                        ..PatchParams::default()
-                    };
-                    let claim = api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
+                    let claim = self
+                        .allocate(&api, name, cached, allocation, reserved_for, protect)
+                        .await?;
                     self.own_claims.remember(claim.clone());
                     written.lock().unwrap_or_else(|p| p.into_inner()).push(claim);
                     Ok(())
@@ -456,6 +490,75 @@ impl Admission {
         match self.check_conflicts(plan, newest).await {
             Ok(()) => Ok(()),
             Err(e) => Err((e, written)),
+        }
+    }
+
+    /// Writes one claim's allocation and reservation, conditioned on the version seen:
+    /// first as the cache shows the claim (no read on the way), and if that was behind,
+    /// once more after a fresh read. The Lease is checked between the look and each write,
+    /// so a leader deposed after its check writes against a version older than its
+    /// successor's fence (see `fence_dropped_claims`) and fails.
+    async fn allocate(
+        &self,
+        api: &Api<ResourceClaim>,
+        name: &str,
+        cached: Option<ResourceClaim>,
+        allocation: k8s_openapi::api::resource::v1::AllocationResult,
+        reserved_for: Option<Vec<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>>,
+        protect: bool,
+    ) -> Result<ResourceClaim, CommitError> {
+        let params = PatchParams {
+            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let mut seen = cached;
+        let mut fresh = false;
+        loop {
+            let current = match seen.take() {
+                Some(cached) => cached,
+                None => {
+                    fresh = true;
+                    self.ensure_leading();
+                    api.get(name).await?
+                }
+            };
+            let retry = |e: &kube::Error| !fresh && kube_ops::is_conflict(e);
+            self.ensure_leading();
+            let current = match claim_writes::commit_finalizers(current.finalizers(), protect) {
+                None => current,
+                Some(finalizers) => {
+                    let patch = json!({
+                        "metadata": {"finalizers": finalizers, "resourceVersion": current.resource_version()},
+                    });
+                    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+                        Ok(current) => current,
+                        Err(e) if retry(&e) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            };
+            if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+                if !fresh {
+                    continue;
+                }
+                return Err(CommitError::Conflict(format!(
+                    "ResourceClaim {name} was allocated by someone else meanwhile"
+                )));
+            }
+            let mut status = json!({"allocation": allocation});
+            if let Some(consumers) = &reserved_for {
+                status["reservedFor"] = json!(consumers);
+            }
+            let patch = json!({
+                "metadata": {"resourceVersion": current.resource_version()},
+                "status": status,
+            });
+            self.ensure_leading();
+            match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
+                Ok(claim) => return Ok(claim),
+                Err(e) if retry(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 

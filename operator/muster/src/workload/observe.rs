@@ -434,6 +434,7 @@ pub fn scheduler_refusals(refusals: &[Refusal]) -> Vec<v1alpha1::SchedulerRefusa
 pub fn claim(
     claim: &ResourceClaim,
     held_elsewhere: bool,
+    used_by: Vec<String>,
     known_outside: impl Fn(&ResourceClaimConsumerReference) -> bool,
 ) -> ClaimView {
     let status = claim.status.as_ref();
@@ -442,6 +443,7 @@ pub fn claim(
         allocated: status.is_some_and(|s| s.allocation.is_some()),
         ours: claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER),
         held_elsewhere,
+        used_by,
         reserved_for: status
             .and_then(|s| s.reserved_for.as_ref())
             .into_iter()

@@ -1,0 +1,265 @@
+//! The shapes of muster's writes to a claim's status: the allocation together with the
+//! reservation for the gang's pods, and the deallocation guarded by content tests
+//! instead of a resourceVersion.
+//!
+//! Why these shapes (see docs/architecture.md, "A claim's writes"):
+//! - kube-scheduler's PreBind writes `reservedFor` for every claim of a pod that does not
+//!   list the pod yet. Writing the planned pods in the allocation's own write leaves it
+//!   nothing to write.
+//! - kube-controller-manager rewrites `reservedFor` of an allocated claim while one of its
+//!   pods has ended and is still there (it drops the pod, then reserves for it again,
+//!   kubernetes#141274). A deallocation conditioned on the resourceVersion loses to every
+//!   one of those writes; one that tests the uid, the allocation it judged and the
+//!   `reservedFor` it read is applied by the API server to the newest object, fails only
+//!   when what it was decided on changed, and is tried again at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use muster_api::labels::{CLAIM_FINALIZER, DELETE_PROTECTION_FINALIZER};
+
+use crate::workload::membership::generated_claim;
+
+/// At most this many entries fit in `reservedFor` (the API server's limit).
+pub const RESERVED_FOR_MAX: usize = 256;
+
+/// The `reservedFor` entries of each claim the pods named in `planned` use: every such
+/// pod that exists and is not being deleted, by the claim it names (directly, or the one
+/// kube-controller-manager generated from its template). A claim whose consumers would
+/// not fit in `reservedFor` gets none here: kube-scheduler reserves it pod by pod and
+/// refuses the pods beyond the limit, as it does without muster.
+pub fn planned_consumers(
+    pods: &[Arc<Pod>],
+    planned: &BTreeSet<&str>,
+) -> BTreeMap<String, Vec<ResourceClaimConsumerReference>> {
+    let mut consumers: BTreeMap<String, Vec<ResourceClaimConsumerReference>> = BTreeMap::new();
+    for pod in pods {
+        let name = pod.name_any();
+        let Some(uid) = pod.uid() else { continue };
+        if !planned.contains(name.as_str()) || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        for claim in claim_names(pod) {
+            let list = consumers.entry(claim.to_string()).or_default();
+            if !list.iter().any(|c| c.uid == uid) {
+                list.push(ResourceClaimConsumerReference {
+                    api_group: None,
+                    resource: "pods".into(),
+                    name: name.clone(),
+                    uid: uid.clone(),
+                });
+            }
+        }
+    }
+    consumers.retain(|_, list| list.len() <= RESERVED_FOR_MAX);
+    consumers
+}
+
+/// The finalizers a claim a gang allocates must carry, if `current` is not that already:
+/// muster's always; kube-controller-manager's delete-protection exactly when `protect`
+/// (see [`muster_admission::Spec::may_restart_onto_reservation`]), so that it deallocates
+/// the claim in the very write that drops its last ended pod, instead of dropping and
+/// reserving the pod again in a loop.
+pub fn commit_finalizers(current: &[String], protect: bool) -> Option<Vec<String>> {
+    let mut wanted: Vec<String> = current
+        .iter()
+        .filter(|f| protect || *f != DELETE_PROTECTION_FINALIZER)
+        .cloned()
+        .collect();
+    for finalizer in [CLAIM_FINALIZER, DELETE_PROTECTION_FINALIZER] {
+        let needed = finalizer == CLAIM_FINALIZER || protect;
+        if needed && !wanted.iter().any(|f| f == finalizer) {
+            wanted.push(finalizer.to_string());
+        }
+    }
+    (wanted != current).then_some(wanted)
+}
+
+/// The claims `pod` names: directly, or the one kube-controller-manager generated from
+/// its template (once it has).
+pub fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
+    let entries = pod.spec.iter().flat_map(|s| s.resource_claims.iter().flatten());
+    entries.filter_map(|entry| match &entry.resource_claim_name {
+        Some(claim) => Some(claim.as_str()),
+        None => generated_claim(pod, &entry.name),
+    })
+}
+
+/// Whether `pod` names the claim `claim`.
+pub fn names_claim(pod: &Pod, claim: &str) -> bool {
+    claim_names(pod).any(|c| c == claim)
+}
+
+/// The JSON patch that clears `claim`'s allocation and `reservedFor` as read: it tests the
+/// object's uid, the allocation's timestamp and `reservedFor` exactly as read, so it fails
+/// (422) if the claim was made again, allocated again, or reserved for anyone else
+/// meanwhile. (The devices are not tested: a field this client does not know would make
+/// the test fail for ever.) `None` if the claim as read is not allocated.
+pub fn deallocation(claim: &ResourceClaim) -> Option<Value> {
+    let status = claim.status.as_ref()?;
+    let allocation = status.allocation.as_ref()?;
+    let mut operations = Vec::new();
+    if let Some(uid) = claim.uid() {
+        operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
+    let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
+    operations.push(json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp}));
+    let reserved = status.reserved_for.as_ref().filter(|r| !r.is_empty());
+    let reserved_value = serde_json::to_value(reserved).ok()?;
+    operations.push(json!({"op": "test", "path": "/status/reservedFor", "value": reserved_value}));
+    operations.push(json!({"op": "remove", "path": "/status/allocation"}));
+    if reserved.is_some() {
+        operations.push(json!({"op": "remove", "path": "/status/reservedFor"}));
+    }
+    Some(Value::Array(operations))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str, claims: Value, statuses: Value) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": uid},
+                "spec": {"containers": [], "resourceClaims": claims},
+                "status": {"resourceClaimStatuses": statuses},
+            }))
+            .expect("pod"),
+        )
+    }
+
+    #[test]
+    fn each_claim_lists_the_planned_pods_that_name_it() {
+        let pods = vec![
+            pod(
+                "w-0",
+                "u0",
+                json!([{"name": "gpus", "resourceClaimName": "w-0-gpus"}, {"name": "s", "resourceClaimName": "shared"}]),
+                json!([]),
+            ),
+            pod(
+                "w-1",
+                "u1",
+                json!([{"name": "gpus", "resourceClaimTemplateName": "t"}, {"name": "s", "resourceClaimName": "shared"}]),
+                json!([{"name": "gpus", "resourceClaimName": "w-1-gpus-abcde"}]),
+            ),
+            // Not in the plan: not listed.
+            pod(
+                "w-2",
+                "u2",
+                json!([{"name": "s", "resourceClaimName": "shared"}]),
+                json!([]),
+            ),
+            // A template whose claim is not made yet: nothing to list.
+            pod(
+                "w-3",
+                "u3",
+                json!([{"name": "gpus", "resourceClaimTemplateName": "t"}]),
+                json!([]),
+            ),
+        ];
+        let planned = BTreeSet::from(["w-0", "w-1", "w-3"]);
+        let consumers = planned_consumers(&pods, &planned);
+        let names = |claim: &str| -> Vec<(String, String)> {
+            consumers[claim]
+                .iter()
+                .map(|c| (c.name.clone(), c.uid.clone()))
+                .collect()
+        };
+        assert_eq!(consumers.len(), 3, "{consumers:?}");
+        assert_eq!(names("w-0-gpus"), [("w-0".to_string(), "u0".to_string())]);
+        assert_eq!(names("w-1-gpus-abcde"), [("w-1".to_string(), "u1".to_string())]);
+        assert_eq!(
+            names("shared"),
+            [
+                ("w-0".to_string(), "u0".to_string()),
+                ("w-1".to_string(), "u1".to_string())
+            ]
+        );
+        let entry = serde_json::to_value(&consumers["w-0-gpus"][0]).expect("json");
+        assert_eq!(
+            entry,
+            json!({"resource": "pods", "name": "w-0", "uid": "u0"}),
+            "no apiGroup"
+        );
+    }
+
+    #[test]
+    fn a_claim_with_more_consumers_than_reserved_for_holds_gets_none() {
+        let pods: Vec<Arc<Pod>> = (0..=RESERVED_FOR_MAX)
+            .map(|i| {
+                pod(
+                    &format!("w-{i}"),
+                    &format!("u{i}"),
+                    json!([{"name": "s", "resourceClaimName": "big"}]),
+                    json!([]),
+                )
+            })
+            .collect();
+        let names: Vec<String> = (0..=RESERVED_FOR_MAX).map(|i| format!("w-{i}")).collect();
+        let planned: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        assert!(planned_consumers(&pods, &planned).is_empty());
+    }
+
+    #[test]
+    fn a_committed_claim_carries_delete_protection_exactly_when_asked() {
+        let list = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            commit_finalizers(&[], true),
+            Some(list(&[CLAIM_FINALIZER, DELETE_PROTECTION_FINALIZER]))
+        );
+        assert_eq!(commit_finalizers(&[], false), Some(list(&[CLAIM_FINALIZER])));
+        assert_eq!(commit_finalizers(&list(&[CLAIM_FINALIZER]), false), None);
+        assert_eq!(
+            commit_finalizers(&list(&["other", DELETE_PROTECTION_FINALIZER, CLAIM_FINALIZER]), false),
+            Some(list(&["other", CLAIM_FINALIZER])),
+            "another's finalizer stays; delete-protection goes"
+        );
+        assert_eq!(
+            commit_finalizers(&list(&[DELETE_PROTECTION_FINALIZER, CLAIM_FINALIZER]), true),
+            None
+        );
+    }
+
+    #[test]
+    fn a_deallocation_tests_what_it_was_decided_on() {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "cu"},
+            "spec": {"devices": {}},
+            "status": {
+                "allocation": {
+                    "allocationTimestamp": "2026-11-24T18:00:00Z",
+                    "devices": {"results": [{"request": "gpu", "driver": "d", "pool": "p", "device": "g0"}]},
+                },
+                "reservedFor": [{"resource": "pods", "name": "w-0", "uid": "u0"}],
+            },
+        }))
+        .expect("claim");
+        assert_eq!(
+            deallocation(&claim),
+            Some(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "cu"},
+                {"op": "test", "path": "/status/allocation/allocationTimestamp", "value": "2026-11-24T18:00:00Z"},
+                {"op": "test", "path": "/status/reservedFor",
+                 "value": [{"resource": "pods", "name": "w-0", "uid": "u0"}]},
+                {"op": "remove", "path": "/status/allocation"},
+                {"op": "remove", "path": "/status/reservedFor"},
+            ]))
+        );
+        let mut unreserved = claim.clone();
+        unreserved.status.as_mut().expect("status").reserved_for = Some(vec![]);
+        let patch = deallocation(&unreserved).expect("allocated");
+        let operations = patch.as_array().expect("array");
+        assert!(operations.contains(&json!({"op": "test", "path": "/status/reservedFor", "value": null})));
+        assert!(!operations.contains(&json!({"op": "remove", "path": "/status/reservedFor"})));
+        let mut free = claim;
+        free.status.as_mut().expect("status").allocation = None;
+        assert_eq!(deallocation(&free), None);
+    }
+}
