@@ -517,7 +517,7 @@ pub async fn allocations(claims: &Api<ResourceClaim>) -> Result<BTreeMap<String,
 }
 
 /// The gang runs as planned: every pod on its planned node, every claim allocated on
-/// that node, reserved for its pod by kube-scheduler, all in one rack.
+/// that node and reserved for its pod, all in one rack.
 pub async fn assert_runs_as_planned(test: &Test, name: &str) -> Result<Workload> {
     let workload = test
         .wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
