@@ -78,6 +78,46 @@ async fn pods_get_ranks_and_the_coordinator_address() -> Result<()> {
     .await
 }
 
+/// Issue 23: the headless Service is made only where rendezvous by name needs it; a gang
+/// that does without runs the same, with one object fewer to write.
+#[tokio::test]
+async fn a_gang_without_dns_hostnames_runs_without_a_service() -> Result<()> {
+    with_test("no-service", &[], &[], |test| {
+        Box::pin(async move {
+            let network = json!({"network": {"enableDNSHostnames": false}});
+            test.create(with_policy(gang("plain", 1, None), network)).await?;
+            test.create(gang("named", 1, None)).await?;
+            assert_runs_as_planned(test, "plain").await?;
+            assert_runs_as_planned(test, "named").await?;
+            let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(test.client.clone(), &test.ns);
+            ensure!(services.get_opt("plain").await?.is_none(), "no Service for plain");
+            ensure!(services.get_opt("named").await?.is_some(), "a Service by default");
+            let pod = test.pods().get("plain-workers-0").await?;
+            let spec = pod.spec.context("spec")?;
+            ensure!(spec.subdomain.is_none(), "{:?}", spec.subdomain);
+            let env: Vec<String> = spec.containers[0]
+                .env
+                .iter()
+                .flatten()
+                .map(|e| e.name.clone())
+                .collect();
+            ensure!(!env.iter().any(|e| e == "MASTER_ADDR"), "{env:?}");
+            // The spec cannot be changed afterwards.
+            let change = test
+                .workloads()
+                .patch(
+                    "plain",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"network": {"enableDNSHostnames": true}}})),
+                )
+                .await;
+            ensure!(change.is_err(), "network is immutable");
+            Ok(())
+        })
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_gang_succeeds_when_its_success_groups_do_and_expires_after_its_ttl() -> Result<()> {
     with_test("success", &[], &[], |test| {

@@ -104,6 +104,32 @@ pub struct WorkloadSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: Option<i32>,
+
+    /// How the gang's pods find each other. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("network is immutable; delete and recreate the Workload to change it"))]
+    pub network: Option<Network>,
+}
+
+/// How the pods muster makes find each other.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Network {
+    /// Whether muster makes the headless Service named after the Workload, which gives
+    /// every pod it makes the hostname `<workload>-<group>-<index>.<workload>` and lets
+    /// `MUSTER_COORDINATOR_ADDRESS` / `MASTER_ADDR` name pod 0 of the first group. Default
+    /// true. Set false for a gang that needs no rendezvous by name (independent workers,
+    /// or its own discovery): no Service is made and the coordinator variables are not
+    /// set. Gangs of other controllers' pods never get one (their controller names them).
+    #[serde(default, rename = "enableDNSHostnames", skip_serializing_if = "Option::is_none")]
+    pub enable_dns_hostnames: Option<bool>,
+}
+
+impl WorkloadSpec {
+    /// Whether the gang's pods get hostnames under a headless Service (see [`Network`]).
+    pub fn dns_hostnames(&self) -> bool {
+        self.network.as_ref().and_then(|n| n.enable_dns_hostnames) != Some(false)
+    }
 }
 
 /// Topology constraints for the whole gang, as node label keys.

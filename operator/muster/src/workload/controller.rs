@@ -960,18 +960,19 @@ async fn create_missing(
     let uid = workload.uid().unwrap_or_default();
 
     let service_ref = ObjectRef::new(&workload.name_any()).within(namespace);
-    // The Service gives muster's own pods their hostnames; a gang of other controllers'
-    // pods has theirs (a JobSet's Service has the JobSet's name).
+    // The Service gives muster's own pods their hostnames, unless the spec does without
+    // them; a gang of other controllers' pods has theirs (a JobSet's Service has the
+    // JobSet's name).
     let own_pods = workload.spec.pod_groups.iter().any(|g| g.template.is_some());
-    match ctx.stores.services.get(&service_ref) {
-        Some(existing) => ensure_owned(existing.as_ref(), &uid, "Service")?,
-        None if !own_pods => {}
-        None => {
+    match (ctx.stores.services.get(&service_ref), &gang.service) {
+        (Some(existing), _) => ensure_owned(existing.as_ref(), &uid, "Service")?,
+        (None, Some(service)) if own_pods => {
             let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-            if create(&api, &gang.service, &uid, "Service", ctx).await? {
+            if create(&api, service, &uid, "Service", ctx).await? {
                 outcome.created_services += 1;
             }
         }
+        (None, _) => {}
     }
 
     // Claims before pods, so a pod never refers to a claim muster has not created yet.

@@ -100,7 +100,8 @@ impl GangClaim {
 /// Everything muster creates for one Workload.
 #[derive(Debug, Clone)]
 pub struct Gang {
-    pub service: Service,
+    /// The headless Service, unless `spec.network.enableDNSHostnames` is false.
+    pub service: Option<Service>,
     pub claims: Vec<GangClaim>,
     pub pods: Vec<Pod>,
 }
@@ -223,7 +224,10 @@ pub fn build(workload: &Workload, extended: &ExtendedResources) -> Result<Gang, 
     }
 
     Ok(Gang {
-        service: build_service(name, namespace, owner),
+        service: workload
+            .spec
+            .dns_hostnames()
+            .then(|| build_service(name, namespace, owner)),
         claims,
         pods,
     })
@@ -295,7 +299,9 @@ fn build_pod(
         });
     }
     spec.hostname = Some(pod_name.clone());
-    spec.subdomain = Some(name.to_string());
+    if workload.spec.dns_hostnames() {
+        spec.subdomain = Some(name.to_string());
+    }
     if let Some(class) = &workload.spec.priority_class_name {
         spec.priority_class_name = Some(class.clone());
     }
@@ -681,11 +687,36 @@ spec:
     #[test]
     fn service_is_headless_and_selects_the_gang() {
         let gang = build(&workload(TRAINING), &ExtendedResources::default()).unwrap();
-        let spec = gang.service.spec.unwrap();
-        assert_eq!(gang.service.metadata.name.as_deref(), Some("llama"));
+        let service = gang.service.expect("a Service by default");
+        let spec = service.spec.unwrap();
+        assert_eq!(service.metadata.name.as_deref(), Some("llama"));
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.selector.unwrap()[labels::WORKLOAD], "llama");
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
+    }
+
+    #[test]
+    fn without_dns_hostnames_there_is_no_service_subdomain_or_coordinator_address() {
+        let mut w = workload(TRAINING);
+        w.spec.network = Some(muster_api::v1alpha1::Network {
+            enable_dns_hostnames: Some(false),
+        });
+        let gang = build(&w, &ExtendedResources::default()).unwrap();
+        assert!(gang.service.is_none());
+        let spec = gang.pods[0].spec.as_ref().unwrap();
+        assert_eq!(spec.subdomain, None);
+        assert_eq!(spec.hostname.as_deref(), Some("llama-launcher-0"));
+        let env: Vec<&str> = spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert!(env.contains(&"MUSTER_RANK") && env.contains(&"MASTER_PORT"), "{env:?}");
+        assert!(
+            !env.contains(&"MASTER_ADDR") && !env.contains(&"MUSTER_COORDINATOR_ADDRESS"),
+            "{env:?}"
+        );
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub fn environment(workload: &Workload, group_index: usize, index: i32) -> Vec<E
         value: Some(value),
         value_from: None,
     };
-    vec![
+    let mut vars = vec![
         var("MUSTER_WORKLOAD", name.clone()),
         var(
             "MUSTER_NAMESPACE",
@@ -64,12 +64,16 @@ pub fn environment(workload: &Workload, group_index: usize, index: i32) -> Vec<E
         var("MUSTER_GROUP_SIZE", group.replicas.to_string()),
         var("MUSTER_RANK", rank.to_string()),
         var("MUSTER_WORLD_SIZE", world.to_string()),
-        var("MUSTER_COORDINATOR_ADDRESS", coordinator.clone()),
         var("MUSTER_COORDINATOR_PORT", port.clone()),
-        var("MASTER_ADDR", coordinator),
         var("MASTER_PORT", port),
         var("MUSTER_ATTEMPT", attempt),
-    ]
+    ];
+    // Without the headless Service no hostname resolves: no address to give.
+    if workload.spec.dns_hostnames() {
+        vars.push(var("MUSTER_COORDINATOR_ADDRESS", coordinator.clone()));
+        vars.push(var("MASTER_ADDR", coordinator));
+    }
+    vars
 }
 
 /// Adds `env` to every container and init container, keeping variables they set.
