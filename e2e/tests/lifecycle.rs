@@ -261,6 +261,87 @@ async fn a_lost_node_restarts_the_gang_elsewhere() -> Result<()> {
     .await
 }
 
+/// Issue 21, item 4: a restart goes back onto its reservation only where the pods can
+/// run. A node tainted `NoExecute` (as the node lifecycle controller taints a NotReady
+/// one) is not gone, yet kube-scheduler would refuse the pinned pod: the gang is placed
+/// again at once instead of waiting for that refusal.
+#[tokio::test]
+async fn a_restart_does_not_go_back_onto_a_node_tainted_no_execute() -> Result<()> {
+    with_test("tainted-restart", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(with_policy(
+                gang("wary", 2, None),
+                json!({"failurePolicy": {"maxRestarts": 1}}),
+            ))
+            .await?;
+            let before = assert_runs_as_planned(test, "wary").await?;
+            let placement = before.status.and_then(|s| s.placement).context("placement")?;
+            let tainted = worker_node(&placement)?;
+            let nodes: Api<Node> = Api::all(test.client.clone());
+            let taints = nodes
+                .get(&tainted)
+                .await?
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default();
+            let mut with_maintenance = serde_json::to_value(&taints)?;
+            with_maintenance
+                .as_array_mut()
+                .context("taints")?
+                .push(json!({"key": "example.com/maintenance", "value": "true", "effect": "NoExecute"}));
+            nodes
+                .patch(
+                    &tainted,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"taints": with_maintenance}})),
+                )
+                .await?;
+            let result = async {
+                // The taint evicts the pod on it; should it not yet, its failure restarts
+                // the gang the same way.
+                let on_tainted = test
+                    .gang_pods("wary")
+                    .await?
+                    .into_iter()
+                    .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(tainted.as_str()));
+                if let Some(pod) = on_tainted {
+                    let _ = test.exit_pod(&pod.name_any(), 1).await;
+                }
+                wait_restarts(test, "wary", 1).await?;
+                let after = assert_runs_as_planned(test, "wary").await?;
+                let status = after.status.context("status")?;
+                let placement = status.placement.context("placement")?;
+                ensure!(
+                    !placement.nodes.contains(&tainted),
+                    "placed again away from {tainted}: {:?}",
+                    placement.nodes
+                );
+                ensure!(
+                    status.scheduler_refusals.is_empty(),
+                    "no refusal was waited for: {:?}",
+                    status.scheduler_refusals
+                );
+                let restarted = test
+                    .wait_event("wary", conditions::EVENT_RESTARTING, "after placing the gang again")
+                    .await;
+                ensure!(restarted.is_ok(), "the restart placed the gang again: {restarted:?}");
+                Ok(())
+            }
+            .await;
+            // The node as it was, for the other tests.
+            nodes
+                .patch(
+                    &tainted,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"taints": taints}})),
+                )
+                .await?;
+            result
+        })
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_gang_fails_after_max_restarts_and_gives_everything_back() -> Result<()> {
     with_test("max-restarts", &[], &[], |test| {

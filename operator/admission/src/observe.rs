@@ -189,7 +189,8 @@ pub struct Gang<'a> {
     pub claims: &'a [ClaimView],
     /// Health of the nodes the journal names; a node not listed is gone.
     pub nodes: &'a BTreeMap<String, NodeHealth>,
-    /// Every device the gang's claims hold is still published by its driver.
+    /// Every device the gang's claims hold is still published by its driver and carries
+    /// no `NoExecute` taint its allocation does not tolerate.
     pub devices_published: bool,
     /// The gang's claims that hold a device some other claim holds too: an allocation
     /// written after the commit's conflict check (kube-scheduler decides in memory and

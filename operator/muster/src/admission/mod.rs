@@ -35,6 +35,7 @@ mod queue;
 mod refusals;
 pub mod release;
 pub mod request;
+mod reservation_health;
 mod reserve;
 mod status;
 

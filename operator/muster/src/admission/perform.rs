@@ -29,7 +29,7 @@ use crate::workload::observe::{self};
 
 use super::reserve::deallocate;
 use super::status::event_reason;
-use super::{Admission, CommitError, conflicts, key, ownership, placement_of, release};
+use super::{Admission, CommitError, conflicts, key, ownership, placement_of, release, reservation_health};
 pub use crate::ops::faults::{FailWrite, FaultPoint};
 
 /// How long a double allocation of a released gang's device must last before the gang
@@ -213,15 +213,23 @@ impl Admission {
                 .map(String::as_str)
                 .chain(pod_views.iter().filter_map(|p| p.node.as_deref()))
                 .collect();
+            let fence: Vec<_> = self
+                .settings
+                .fencing
+                .tolerates_node_fence()
+                .then(super::fencing::node_fence_toleration)
+                .into_iter()
+                .collect();
+            let tolerations = reservation_health::group_tolerations(workload, &fence);
+            let groups = journal
+                .as_ref()
+                .map(|j| reservation_health::groups_by_node(workload, j))
+                .unwrap_or_default();
             let nodes: BTreeMap<String, NodeHealth> = names
                 .into_iter()
                 .filter_map(|n| {
                     let node = cluster.node(n)?;
-                    let health = if node.unschedulable {
-                        NodeHealth::Unschedulable
-                    } else {
-                        NodeHealth::Ready
-                    };
+                    let health = reservation_health::node_health(node, groups.get(n), &tolerations);
                     Some((n.to_string(), health))
                 })
                 .collect();
@@ -247,7 +255,7 @@ impl Admission {
                 .filter(|c| in_journal(c))
                 .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
                 .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
-                .all(|r| cluster.device_published(&r.driver, &r.pool, &r.device));
+                .all(|r| reservation_health::device_usable(&cluster, r));
             (nodes, published, conflicted, settling)
         };
         let refusals = observe::refusals(workload);

@@ -502,7 +502,7 @@ pub fn device_class(class: &resource::DeviceClass) -> model::DeviceClass {
     }
 }
 
-fn device_toleration(t: &resource::DeviceToleration) -> DeviceToleration {
+pub fn device_toleration(t: &resource::DeviceToleration) -> DeviceToleration {
     DeviceToleration {
         key: t.key.clone(),
         operator: if t.operator.as_deref() == Some("Exists") {

@@ -1,0 +1,204 @@
+//! Whether a gang's reservation can still take its pods: what a restart onto the same
+//! nodes and devices checks before it reuses them (the state machine's `NodeHealth` and
+//! `devices_published`). kube-scheduler would refuse a pod pinned to a node whose taints
+//! it does not tolerate (the node lifecycle controller taints a NotReady or unreachable
+//! node `NoExecute`), and the device taint controller evicts a pod from a device with a
+//! `NoExecute` taint its allocation does not tolerate: going back onto either only waits
+//! for a refusal or an eviction.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
+use muster_admission::{Journal, NodeHealth};
+use muster_api::v1alpha1::Workload;
+use muster_engine::claim::TaintEffect;
+use muster_engine::cluster::{ClusterState, Node};
+use muster_engine::selector::{Toleration, tolerates_all};
+
+use crate::convert;
+
+/// The tolerations of each pod group's template, with `extra` (the node fence's, which
+/// released pods get) added; groups without a template have none here.
+pub fn group_tolerations(workload: &Workload, extra: &[Toleration]) -> BTreeMap<String, Vec<Toleration>> {
+    workload
+        .spec
+        .pod_groups
+        .iter()
+        .filter_map(|g| {
+            let template = g.template.as_ref()?;
+            let own = template
+                .spec
+                .as_ref()
+                .and_then(|s| s.tolerations.as_deref())
+                .map(convert::tolerations)
+                .unwrap_or_default();
+            Some((g.name.clone(), own.into_iter().chain(extra.iter().cloned()).collect()))
+        })
+        .collect()
+}
+
+/// The groups whose planned pods the journal puts on each node, from the pods' names
+/// (`<workload>-<group>-<index>`; the longest group name that fits wins).
+pub fn groups_by_node(workload: &Workload, journal: &Journal) -> BTreeMap<String, BTreeSet<String>> {
+    let name = workload.metadata.name.clone().unwrap_or_default();
+    let mut by_node: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for planned in &journal.pods {
+        let group = workload
+            .spec
+            .pod_groups
+            .iter()
+            .filter(|g| {
+                let prefix = format!("{name}-{}-", g.name);
+                planned
+                    .name
+                    .strip_prefix(prefix.as_str())
+                    .is_some_and(|index| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .max_by_key(|g| g.name.len());
+        if let Some(group) = group {
+            by_node
+                .entry(planned.node.clone())
+                .or_default()
+                .insert(group.name.clone());
+        }
+    }
+    by_node
+}
+
+/// A node the gang's pods may go back onto: not cordoned, and every taint that keeps
+/// pods off (`NoSchedule`, `NoExecute`) tolerated by each group planned there.
+pub fn node_health(
+    node: &Node,
+    groups: Option<&BTreeSet<String>>,
+    tolerations: &BTreeMap<String, Vec<Toleration>>,
+) -> NodeHealth {
+    if node.unschedulable {
+        return NodeHealth::Unschedulable;
+    }
+    let tolerated = groups.into_iter().flatten().all(|group| {
+        let none = Vec::new();
+        tolerates_all(tolerations.get(group).unwrap_or(&none), &node.taints)
+    });
+    if tolerated {
+        NodeHealth::Ready
+    } else {
+        NodeHealth::Unschedulable
+    }
+}
+
+/// The device of an allocation result is still published by its driver, and carries no
+/// `NoExecute` taint the result does not tolerate.
+pub fn device_usable(cluster: &ClusterState, result: &DeviceRequestAllocationResult) -> bool {
+    if !cluster.device_published(&result.driver, &result.pool, &result.device) {
+        return false;
+    }
+    let tolerations: Vec<_> = result
+        .tolerations
+        .iter()
+        .flatten()
+        .map(convert::device_toleration)
+        .collect();
+    cluster
+        .device_taints(&result.driver, &result.pool, &result.device)
+        .iter()
+        .filter(|t| t.effect == TaintEffect::NoExecute)
+        .all(|taint| tolerations.iter().any(|t| t.tolerates(taint)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muster_admission::{PlannedPod, State};
+    use muster_engine::selector::{NodeTaintEffect, Taint};
+    use serde_json::json;
+
+    fn workload() -> Workload {
+        serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "w", "namespace": "ns"},
+            "spec": {"podGroups": [
+                {"name": "a", "replicas": 1, "template": {"spec": {"containers": [],
+                    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]}}},
+                {"name": "a-1", "replicas": 1, "template": {"spec": {"containers": []}}},
+            ]},
+        }))
+        .expect("workload")
+    }
+
+    fn journal(pods: &[(&str, &str)]) -> Journal {
+        Journal {
+            state: State::Restarting,
+            since: 0,
+            pods: pods
+                .iter()
+                .map(|(name, node)| PlannedPod {
+                    name: name.to_string(),
+                    node: node.to_string(),
+                    extra: false,
+                    released_at: None,
+                    claims: vec![],
+                })
+                .collect(),
+            claims: vec![],
+            released_at: None,
+            reuse_reservation: true,
+            retired: vec![],
+            cause: None,
+            topology_value: None,
+            nodes: vec![],
+            devices: 0,
+        }
+    }
+
+    fn node(taints: &[(&str, NodeTaintEffect)]) -> Node {
+        Node {
+            name: "n".into(),
+            labels: BTreeMap::new(),
+            taints: taints
+                .iter()
+                .map(|(key, effect)| Taint {
+                    key: key.to_string(),
+                    value: String::new(),
+                    effect: *effect,
+                })
+                .collect(),
+            unschedulable: false,
+            allocatable: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_node_is_healthy_for_a_restart_only_if_every_group_planned_there_tolerates_its_taints() {
+        let w = workload();
+        let by_node = groups_by_node(&w, &journal(&[("w-a-0", "n1"), ("w-a-1-0", "n2")]));
+        assert_eq!(by_node["n1"], BTreeSet::from(["a".to_string()]));
+        assert_eq!(
+            by_node["n2"],
+            BTreeSet::from(["a-1".to_string()]),
+            "the longest group that fits"
+        );
+        let tolerations = group_tolerations(&w, &[]);
+        let gpu = node(&[("gpu", NodeTaintEffect::NoSchedule)]);
+        assert_eq!(node_health(&gpu, by_node.get("n1"), &tolerations), NodeHealth::Ready);
+        assert_eq!(
+            node_health(&gpu, by_node.get("n2"), &tolerations),
+            NodeHealth::Unschedulable
+        );
+        let not_ready = node(&[("node.kubernetes.io/not-ready", NodeTaintEffect::NoExecute)]);
+        assert_eq!(
+            node_health(&not_ready, by_node.get("n1"), &tolerations),
+            NodeHealth::Unschedulable
+        );
+        let preferred = node(&[("x", NodeTaintEffect::PreferNoSchedule)]);
+        assert_eq!(
+            node_health(&preferred, by_node.get("n2"), &tolerations),
+            NodeHealth::Ready
+        );
+        let mut cordoned = node(&[]);
+        cordoned.unschedulable = true;
+        assert_eq!(
+            node_health(&cordoned, by_node.get("n1"), &tolerations),
+            NodeHealth::Unschedulable
+        );
+    }
+}
