@@ -833,7 +833,7 @@ async fn a_claim_is_written_once_to_reserve_and_given_back_when_its_pod_succeeds
             // Bounded by how soon muster's loop sees the pod's end (at most ten passes a
             // second); before, the loop ran until the whole gang ended (thousands).
             ensure!(
-                again <= 200,
+                again <= 120,
                 "the restartable gang's spent claim was written {again} times from its pod's end"
             );
             for gang in ["once", "again"] {

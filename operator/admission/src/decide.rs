@@ -199,9 +199,15 @@ fn give_back_spent(gang: &Gang, journal: &Journal) -> Option<Effect> {
     let spent: Vec<&String> = journal
         .claims
         .iter()
+        // kube-controller-manager deallocates a protected claim itself when it takes the
+        // ended pod out; muster does only if nothing is left for it to take out.
         .filter(|name| {
-            gang.claim(name)
-                .is_some_and(|c| c.allocated && !c.used_by.is_empty() && c.used_by.iter().all(succeeded))
+            gang.claim(name).is_some_and(|c| {
+                c.allocated
+                    && !c.used_by.is_empty()
+                    && c.used_by.iter().all(succeeded)
+                    && (!c.protected || c.reserved_for.is_empty())
+            })
         })
         .collect();
     if spent.is_empty() {
@@ -627,15 +633,16 @@ fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: Stri
     ])
 }
 
-/// The planned nodes exist and are schedulable, and every claim still holds its
-/// devices, which their drivers still publish.
+/// The planned nodes exist and can take the pods, and every claim still holds its
+/// devices, which their drivers still publish, and none goes with the pods that are
+/// retired (delete-protection: the spec allowed no restart when it was committed).
 fn reservation_healthy(gang: &Gang, journal: &Journal) -> bool {
     journal.nodes.iter().all(|n| gang.node(n) == NodeHealth::Ready)
         && gang.devices_published
         && journal
             .claims
             .iter()
-            .all(|c| gang.claim(c).is_some_and(|c| c.allocated))
+            .all(|c| gang.claim(c).is_some_and(|c| c.allocated && !c.protected))
 }
 
 /// Extras of a running gang: an extra that failed, was lost or replaced, or was not

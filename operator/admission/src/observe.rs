@@ -66,12 +66,12 @@ impl Spec {
     /// allowed, or a rule that restarts without counting). Such a gang keeps its claims
     /// allocated while its pods end or go; any other lets them go with their pods.
     pub fn may_restart_onto_reservation(&self) -> bool {
-        !self.has_external_groups()
-            && (self.max_restarts > 0
-                || self
-                    .failure_rules
-                    .iter()
-                    .any(|r| r.action != crate::failure::FailureAction::FailGang))
+        let restarts = self.max_restarts > 0
+            || self
+                .failure_rules
+                .iter()
+                .any(|r| r.action == crate::failure::FailureAction::RestartUncounted);
+        !self.has_external_groups() && restarts
     }
 }
 
@@ -163,6 +163,9 @@ pub struct ClaimView {
     pub reserved_for: Vec<Consumer>,
     /// Uids of the gang's pods whose spec names the claim.
     pub used_by: Vec<String>,
+    /// It carries kube-controller-manager's delete-protection: its allocation goes with
+    /// the last pod in `reservedFor`, so no restart may count on it.
+    pub protected: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1429,6 +1429,7 @@ impl Sim {
                 .filter(|p| p.workload.as_deref() == Some(gang) && p.claims.iter().any(|n| n == name))
                 .map(|p| p.uid.clone())
                 .collect(),
+            protected: false,
             reserved_for: c
                 .reserved_for
                 .iter()

@@ -84,6 +84,7 @@ fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
         ours: true,
         held_elsewhere: false,
         used_by: Vec::new(),
+        protected: false,
         reserved_for: reserved_for
             .iter()
             .map(|u| Consumer {
@@ -203,6 +204,79 @@ fn a_claim_whose_pods_all_succeeded_is_given_back_while_the_gang_runs_on() {
     let claims = [used(claim("g-w-0-gpu", false, &[]), &["u0"])];
     let s = step(&spec(2, true), &j, 0, &pods, &claims, 1000);
     assert!(deallocates(&s).is_empty(), "{s:?}");
+}
+
+/// Issue 23 review: a claim with kube-controller-manager's delete-protection goes with
+/// its pods: a restart never counts on it (the spec may have allowed restarts only after
+/// the commit), and muster leaves its deallocation to kube-controller-manager while an
+/// ended pod is still listed for it to take out.
+#[test]
+fn a_protected_claim_is_neither_restarted_onto_nor_raced_for() {
+    let mut restartable = spec(1, true);
+    restartable.max_restarts = 2;
+    assert!(restartable.may_restart_onto_reservation());
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let failed = pod("g-w-0", "u0", Some(0), false, Phase::Failed, true);
+    let mut protected = claim("g-w-0-gpu", true, &["u0"]);
+    protected.protected = true;
+    let s = step(
+        &restartable,
+        &j,
+        0,
+        std::slice::from_ref(&failed),
+        std::slice::from_ref(&protected),
+        1000,
+    );
+    let restarting = s.record().and_then(|r| r.journal.as_ref()).expect("a restart");
+    assert_eq!(restarting.state, State::Restarting);
+    assert!(!restarting.reuse_reservation, "the claim goes with the failed pod");
+    let unprotected = claim("g-w-0-gpu", true, &["u0"]);
+    let s = step(&restartable, &j, 0, std::slice::from_ref(&failed), &[unprotected], 1000);
+    let restarting = s.record().and_then(|r| r.journal.as_ref()).expect("a restart");
+    assert!(restarting.reuse_reservation);
+
+    // Spent: listed, it is kube-controller-manager's to deallocate; unlisted, muster's.
+    let two = journal(
+        State::Released,
+        0,
+        vec![planned("g-w-0", false, Some(0)), planned("g-w-1", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    let pods = [
+        pod("g-w-0", "u0", Some(0), false, Phase::Succeeded, true),
+        pod("g-w-1", "u1", Some(0), false, Phase::Running, true),
+    ];
+    protected.used_by = vec!["u0".into()];
+    let s = step(&spec(2, true), &two, 0, &pods, std::slice::from_ref(&protected), 1000);
+    assert!(deallocates(&s).is_empty(), "{s:?}");
+    protected.reserved_for.clear();
+    let s = step(&spec(2, true), &two, 0, &pods, &[protected], 1000);
+    assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
+}
+
+/// Restarts are possible at all only with restarts allowed or a rule that does not count.
+#[test]
+fn only_a_gang_that_can_restart_restarts_onto_its_reservation() {
+    let mut s = spec(1, true);
+    s.max_restarts = 0;
+    assert!(!s.may_restart_onto_reservation(), "maxRestarts 0");
+    s.failure_rules = vec![rule(failure::FailureAction::RestartGang)];
+    assert!(
+        !s.may_restart_onto_reservation(),
+        "a counted restart with none allowed fails"
+    );
+    s.failure_rules = vec![rule(failure::FailureAction::RestartUncounted)];
+    assert!(s.may_restart_onto_reservation());
+    s.failure_rules.clear();
+    s.max_restarts = 1;
+    assert!(s.may_restart_onto_reservation());
+    s.groups[0].managed = false;
+    assert!(!s.may_restart_onto_reservation(), "another controller's pods");
 }
 
 #[test]

@@ -21,7 +21,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReferen
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use muster_api::labels::{CLAIM_FINALIZER, DELETE_PROTECTION_FINALIZER};
+use muster_api::labels::{CLAIM_FINALIZER, CLAIM_HELD_AT, DELETE_PROTECTION_FINALIZER};
 
 use crate::workload::membership::generated_claim;
 
@@ -80,6 +80,35 @@ pub fn commit_finalizers(current: &[String], protect: bool) -> Option<Vec<String
     (wanted != current).then_some(wanted)
 }
 
+/// The JSON patch that adds `consumer` to the `reservedFor` of `claim`, a claim that
+/// kube-controller-manager deallocates with its last listed pod (delete-protection),
+/// before that pod is released: listed at the commit under another uid (the pod was made
+/// again since), its entry goes and the allocation with it, and kube-scheduler would then
+/// allocate the claim itself. The patch tests the uid and the allocation's timestamp as
+/// read, so it fails (422) once the claim was deallocated; `None` if the claim as read is
+/// not allocated, or lists the consumer already.
+pub fn reservation_addition(claim: &ResourceClaim, consumer: &ResourceClaimConsumerReference) -> Option<Value> {
+    let status = claim.status.as_ref()?;
+    let allocation = status.allocation.as_ref()?;
+    let listed = status.reserved_for.iter().flatten();
+    if listed.clone().any(|c| c.uid == consumer.uid) {
+        return None;
+    }
+    let mut operations = Vec::new();
+    if let Some(uid) = claim.uid() {
+        operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
+    let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
+    operations.push(json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp}));
+    if listed.count() == 0 {
+        operations.push(json!({"op": "test", "path": "/status/reservedFor", "value": null}));
+        operations.push(json!({"op": "add", "path": "/status/reservedFor", "value": [consumer]}));
+    } else {
+        operations.push(json!({"op": "add", "path": "/status/reservedFor/-", "value": consumer}));
+    }
+    Some(Value::Array(operations))
+}
+
 /// The claims `pod` names: directly, or the one kube-controller-manager generated from
 /// its template (once it has).
 pub fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
@@ -90,22 +119,49 @@ pub fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
     })
 }
 
+/// The uids of `pods` that name each claim, by claim name.
+pub fn claim_users(pods: &[Arc<Pod>]) -> BTreeMap<String, Vec<String>> {
+    let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pod in pods {
+        let Some(uid) = pod.uid() else { continue };
+        for claim in claim_names(pod) {
+            users.entry(claim.to_string()).or_default().push(uid.clone());
+        }
+    }
+    users
+}
+
 /// Whether `pod` names the claim `claim`.
 pub fn names_claim(pod: &Pod, claim: &str) -> bool {
     claim_names(pod).any(|c| c == claim)
 }
 
 /// The JSON patch that clears `claim`'s allocation and `reservedFor` as read: it tests the
-/// object's uid, the allocation's timestamp and `reservedFor` exactly as read, so it fails
-/// (422) if the claim was made again, allocated again, or reserved for anyone else
-/// meanwhile. (The devices are not tested: a field this client does not know would make
-/// the test fail for ever.) `None` if the claim as read is not allocated.
+/// object's uid, the allocation's timestamp, `reservedFor` exactly as read and the fence a
+/// gang that holds the claim as found moved (`muster.dev/held-at`), so it fails (422) if
+/// the claim was made again, allocated again, reserved for anyone else or taken on by
+/// another gang meanwhile: a deallocation a deposed leader prepared cannot land after its
+/// successor let a gang hold the claim. (The devices are not tested: a field this client
+/// does not know would make the test fail for ever.) `None` if the claim as read is not
+/// allocated.
 pub fn deallocation(claim: &ResourceClaim) -> Option<Value> {
     let status = claim.status.as_ref()?;
     let allocation = status.allocation.as_ref()?;
     let mut operations = Vec::new();
     if let Some(uid) = claim.uid() {
         operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
+    // A path through a map that is not there fails a test: test the map itself then.
+    match &claim.metadata.annotations {
+        None => operations.push(json!({"op": "test", "path": "/metadata/annotations", "value": null})),
+        Some(annotations) => {
+            let held_at = annotations.get(CLAIM_HELD_AT);
+            let path = format!(
+                "/metadata/annotations/{}",
+                CLAIM_HELD_AT.replace('~', "~0").replace('/', "~1")
+            );
+            operations.push(json!({"op": "test", "path": path, "value": held_at}));
+        }
     }
     let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
     operations.push(json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp}));
@@ -208,6 +264,46 @@ mod tests {
     }
 
     #[test]
+    fn a_released_pod_is_added_to_a_protected_claim_it_is_not_listed_in() {
+        let mut claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "cu"},
+            "spec": {"devices": {}},
+            "status": {
+                "allocation": {"allocationTimestamp": "2026-11-24T18:00:00Z", "devices": {}},
+                "reservedFor": [{"resource": "pods", "name": "w-0", "uid": "old"}],
+            },
+        }))
+        .expect("claim");
+        let new = ResourceClaimConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: "w-0".into(),
+            uid: "new".into(),
+        };
+        assert_eq!(
+            reservation_addition(&claim, &new),
+            Some(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "cu"},
+                {"op": "test", "path": "/status/allocation/allocationTimestamp", "value": "2026-11-24T18:00:00Z"},
+                {"op": "add", "path": "/status/reservedFor/-", "value": {"resource": "pods", "name": "w-0", "uid": "new"}},
+            ]))
+        );
+        claim.status.as_mut().expect("status").reserved_for = None;
+        let patch = reservation_addition(&claim, &new).expect("a patch");
+        assert!(
+            patch
+                .as_array()
+                .expect("array")
+                .contains(&json!({"op": "test", "path": "/status/reservedFor", "value": null}))
+        );
+        claim.status.as_mut().expect("status").reserved_for = Some(vec![new.clone()]);
+        assert_eq!(reservation_addition(&claim, &new), None, "listed already");
+        claim.status.as_mut().expect("status").allocation = None;
+        claim.status.as_mut().expect("status").reserved_for = None;
+        assert_eq!(reservation_addition(&claim, &new), None, "not allocated");
+    }
+
+    #[test]
     fn a_committed_claim_carries_delete_protection_exactly_when_asked() {
         let list = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
@@ -245,6 +341,7 @@ mod tests {
             deallocation(&claim),
             Some(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "cu"},
+                {"op": "test", "path": "/metadata/annotations", "value": null},
                 {"op": "test", "path": "/status/allocation/allocationTimestamp", "value": "2026-11-24T18:00:00Z"},
                 {"op": "test", "path": "/status/reservedFor",
                  "value": [{"resource": "pods", "name": "w-0", "uid": "u0"}]},
@@ -258,6 +355,16 @@ mod tests {
         let operations = patch.as_array().expect("array");
         assert!(operations.contains(&json!({"op": "test", "path": "/status/reservedFor", "value": null})));
         assert!(!operations.contains(&json!({"op": "remove", "path": "/status/reservedFor"})));
+        let mut held = claim.clone();
+        held.metadata.annotations = Some([(CLAIM_HELD_AT.to_string(), "17".to_string())].into());
+        let patch = deallocation(&held).expect("allocated");
+        assert!(
+            patch
+                .as_array()
+                .expect("array")
+                .contains(&json!({"op": "test", "path": "/metadata/annotations/muster.dev~1held-at", "value": "17"})),
+            "{patch}"
+        );
         let mut free = claim;
         free.status.as_mut().expect("status").allocation = None;
         assert_eq!(deallocation(&free), None);

@@ -429,11 +429,6 @@ impl Admission {
     /// a consumer that is not a pod. Any other entry is the gang's own or unknown (see
     /// [`muster_admission::ownership`]).
     pub(crate) fn claim_view(&self, workload: &Workload, claim: &ResourceClaim) -> muster_admission::ClaimView {
-        let namespace = workload.namespace().unwrap_or_default();
-        let name = workload.name_any();
-        let held_elsewhere = self
-            .holders()
-            .held_elsewhere(&ObjectKey::new(&namespace, &claim.name_any()), &key(workload));
         let claim_name = claim.name_any();
         let used_by = self
             .gang_pods(workload)
@@ -441,6 +436,21 @@ impl Admission {
             .filter(|p| claim_writes::names_claim(p, &claim_name))
             .filter_map(|p| p.uid())
             .collect();
+        self.claim_view_used_by(workload, claim, used_by)
+    }
+
+    /// [`Self::claim_view`], with the uids of the gang's pods that name the claim known.
+    pub(crate) fn claim_view_used_by(
+        &self,
+        workload: &Workload,
+        claim: &ResourceClaim,
+        used_by: Vec<String>,
+    ) -> muster_admission::ClaimView {
+        let namespace = workload.namespace().unwrap_or_default();
+        let name = workload.name_any();
+        let held_elsewhere = self
+            .holders()
+            .held_elsewhere(&ObjectKey::new(&namespace, &claim.name_any()), &key(workload));
         let gangs = self.gangs();
         let cluster = self.index.cluster();
         crate::workload::observe::claim(claim, held_elsewhere, used_by, |consumer| {

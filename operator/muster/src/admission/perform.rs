@@ -29,7 +29,9 @@ use crate::workload::observe::{self};
 
 use super::reserve::deallocate;
 use super::status::event_reason;
-use super::{Admission, CommitError, conflicts, key, ownership, placement_of, release, reservation_health};
+use super::{
+    Admission, CommitError, claim_writes, conflicts, key, ownership, placement_of, release, reservation_health,
+};
 pub use crate::ops::faults::{FailWrite, FaultPoint};
 
 /// How long a double allocation of a released gang's device must last before the gang
@@ -198,7 +200,11 @@ impl Admission {
         let pods = self.gang_pods(workload);
         let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
         let claims = self.gang_claims(workload);
-        let claim_views: Vec<ClaimView> = claims.iter().map(|c| self.claim_view(workload, c)).collect();
+        let mut users = claim_writes::claim_users(&pods);
+        let claim_views: Vec<ClaimView> = claims
+            .iter()
+            .map(|c| self.claim_view_used_by(workload, c, users.remove(&c.name_any()).unwrap_or_default()))
+            .collect();
         let in_journal = |claim: &ResourceClaim| {
             journal
                 .iter()
@@ -381,10 +387,17 @@ impl Admission {
                         .buffer_unordered(self.settings.write_parallelism.max(1))
                         .collect()
                         .await;
+                    // Every write that landed is remembered before the first failure is told.
+                    let mut failed = None;
                     for result in given_back {
-                        if let Some(claim) = result? {
-                            self.own_claims.remember(claim);
+                        match result {
+                            Ok(Some(claim)) => self.own_claims.remember(claim),
+                            Ok(None) => {}
+                            Err(e) => failed = failed.or(Some(e)),
                         }
+                    }
+                    if let Some(e) = failed {
+                        return Err(e.into());
                     }
                 }
                 // Reserved for a gang Kueue has not admitted yet: the pods wait until
@@ -393,6 +406,7 @@ impl Admission {
                     tracing::debug!(workload = %key(workload), "reserved; waiting for Kueue to admit before releasing");
                 }
                 Effect::Release { pods: pins } => {
+                    self.list_released_pods(workload, &pins).await?;
                     let released = self
                         .write_all(&pins, FaultPoint::AfterFirstRelease, |pin| {
                             let api = pods.clone();
@@ -580,6 +594,77 @@ impl Admission {
             }
         }
         Ok(())
+    }
+
+    /// Before pods are released, every claim with delete-protection they name lists them
+    /// in `reservedFor` (see [`claim_writes::reservation_addition`]): a pod made again
+    /// since the commit would otherwise lose its claim to kube-controller-manager when
+    /// the old pod's entry goes. A claim that lost its allocation meanwhile stops the
+    /// release; the next look sees it and places the gang again.
+    async fn list_released_pods(&self, workload: &Workload, pins: &[muster_admission::Pin]) -> Result<(), CommitError> {
+        let pods = self.gang_pods(workload);
+        let claims: BTreeMap<String, Arc<ResourceClaim>> = self
+            .gang_claims(workload)
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect();
+        let mut additions = Vec::new();
+        for pin in pins {
+            let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str())) else {
+                continue;
+            };
+            let consumer = k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+                api_group: None,
+                resource: "pods".into(),
+                name: pin.pod.name.clone(),
+                uid: pin.pod.uid.clone(),
+            };
+            for name in claim_writes::claim_names(pod) {
+                let Some(claim) = claims.get(name) else { continue };
+                let protected = claim
+                    .finalizers()
+                    .iter()
+                    .any(|f| f == labels::DELETE_PROTECTION_FINALIZER);
+                if let Some(patch) = claim_writes::reservation_addition(claim, &consumer).filter(|_| protected) {
+                    additions.push((name.to_string(), pin.pod.name.clone(), patch));
+                }
+            }
+        }
+        if additions.is_empty() {
+            return Ok(());
+        }
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        let results: Vec<Result<ResourceClaim, CommitError>> = stream::iter(additions)
+            .map(|(claim, pod, patch)| {
+                let api = api.clone();
+                async move {
+                    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+                    self.ensure_leading();
+                    match api
+                        .patch_status(&claim, &PatchParams::default(), &Patch::Json::<()>(patch))
+                        .await
+                    {
+                        Ok(written) => Ok(written),
+                        Err(e) if kube_ops::is_test_failed(&e) || kube_ops::is_not_found(&e) => {
+                            Err(CommitError::Conflict(format!(
+                                "claim {claim} changed before pod {pod} was released; looking again"
+                            )))
+                        }
+                        Err(e) => Err(e.into()),
+                    }
+                }
+            })
+            .buffer_unordered(self.settings.write_parallelism.max(1))
+            .collect()
+            .await;
+        let mut failed = None;
+        for result in results {
+            match result {
+                Ok(claim) => self.own_claims.remember(claim),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// A state machine's fault point: aborts (or pauses) at its first write only, so a

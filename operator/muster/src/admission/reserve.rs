@@ -3,6 +3,7 @@
 //! once a gang no longer needs them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -441,6 +442,32 @@ impl Admission {
         Ok(())
     }
 
+    /// Moves the version of a pod still behind the gate, against the version seen, so that
+    /// a release a deposed leader prepared cannot land after the pod's claims are given
+    /// back. `false`: the pod changed meanwhile (looked at again next pass).
+    async fn fence_gated_pod(&self, pod: &Pod) -> Result<bool, kube::Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let fence = json!({
+            "metadata": {
+                "resourceVersion": pod.resource_version(),
+                "annotations": {labels::POD_RELEASE_FENCED_AT: observe::now_millis().to_string()},
+            },
+        });
+        let params = PatchParams {
+            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        self.ensure_leading();
+        match api.patch(&pod.name_any(), &params, &Patch::Merge(&fence)).await {
+            Ok(fenced) => {
+                self.own_pods.remember(fenced);
+                Ok(true)
+            }
+            Err(e) if kube_ops::is_not_found(&e) || kube_ops::is_conflict(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     pub(crate) fn remember_pod(&self, pod: Pod) {
         self.own_pods.remember(pod);
     }
@@ -523,6 +550,16 @@ impl Admission {
                 }
             };
             let retry = |e: &kube::Error| !fresh && kube_ops::is_conflict(e);
+            // Allocated already: nothing of the claim is muster's to touch (not even its
+            // finalizers, which say who deallocates it).
+            if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+                if !fresh {
+                    continue;
+                }
+                return Err(CommitError::Conflict(format!(
+                    "ResourceClaim {name} was allocated by someone else meanwhile"
+                )));
+            }
             self.ensure_leading();
             let current = match claim_writes::commit_finalizers(current.finalizers(), protect) {
                 None => current,
@@ -537,14 +574,6 @@ impl Admission {
                     }
                 }
             };
-            if current.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
-                if !fresh {
-                    continue;
-                }
-                return Err(CommitError::Conflict(format!(
-                    "ResourceClaim {name} was allocated by someone else meanwhile"
-                )));
-            }
             let mut status = json!({"allocation": allocation});
             if let Some(consumers) = &reserved_for {
                 status["reservedFor"] = json!(consumers);
@@ -663,6 +692,16 @@ impl Admission {
             })
             .filter_map(|p| p.uid())
             .collect();
+        // Pods still behind the gate use no device (the commit lists a gang's pods in
+        // `reservedFor` before their release): fenced first, they count as idle.
+        let gated: BTreeMap<String, Arc<Pod>> = self
+            .stores
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| crate::workload::status::is_gated(p) && p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
+            .filter_map(|p| Some((p.uid()?, p)))
+            .collect();
         let workloads: BTreeSet<ObjectKey> = self.current_workloads().iter().map(|w| key(w)).collect();
         for claim in self.stores.claims.state() {
             let claim = self.own_claims.overlay(claim);
@@ -678,19 +717,32 @@ impl Admission {
                 continue;
             }
             // A pod that may still run keeps it: look again once the cache says otherwise.
-            let in_use = claim
+            let reserved: Vec<&String> = claim
                 .status
                 .as_ref()
                 .and_then(|s| s.reserved_for.as_ref())
-                .is_some_and(|r| r.iter().any(|c| !finished.contains(&c.uid)));
-            if in_use {
+                .into_iter()
+                .flatten()
+                .map(|c| &c.uid)
+                .collect();
+            if reserved
+                .iter()
+                .any(|uid| !finished.contains(uid) && !gated.contains_key(*uid))
+            {
                 continue;
             }
             self.ensure_leading();
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
             let result = async {
+                let mut idle = finished.clone();
+                for uid in reserved.iter().filter(|uid| gated.contains_key(**uid)) {
+                    if !self.fence_gated_pod(&gated[*uid]).await? {
+                        return Ok(());
+                    }
+                    idle.push((*uid).clone());
+                }
                 let uid = claim.metadata.uid.as_deref();
-                match deallocate(&api, &claim.name_any(), uid, &finished, &|| self.ensure_leading()).await? {
+                match deallocate(&api, &claim.name_any(), uid, &idle, &|| self.ensure_leading()).await? {
                     Some(current) if current.status.as_ref().is_none_or(|s| s.allocation.is_none()) => {
                         self.own_claims.remember(current.clone());
                         self.ensure_leading();

@@ -444,6 +444,10 @@ pub fn claim(
         ours: claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER),
         held_elsewhere,
         used_by,
+        protected: claim
+            .finalizers()
+            .iter()
+            .any(|f| f == labels::DELETE_PROTECTION_FINALIZER),
         reserved_for: status
             .and_then(|s| s.reserved_for.as_ref())
             .into_iter()
