@@ -162,7 +162,11 @@ async fn a_nomination_survives_a_crash_between_eviction_and_commit() -> Result<(
     with_test("preempt-crash", &[], &[], |test| {
         Box::pin(async move {
             priority_classes(test).await?;
-            test.create(ranked("low", 4, LOW)).await?;
+            // A victim that may restart keeps the deallocation of its claims to muster
+            // (the fault point is muster's deallocation; see docs/architecture.md).
+            let mut low = ranked("low", 4, LOW);
+            low["spec"]["failurePolicy"] = json!({"maxRestarts": 1});
+            test.create(low).await?;
             assert_runs_as_planned(test, "low").await?;
             let freed = devices_of(test, "low").await?;
             // A small gang of low's priority that any freed node would take.
