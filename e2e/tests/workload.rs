@@ -247,11 +247,9 @@ async fn workload_yields_gated_pods_claims_and_service() -> Result<()> {
             claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(),
             "nothing is allocated"
         );
-        // A gang that cannot restart (no maxRestarts) leaves the deallocation of its claims
-        // to kube-controller-manager, with their pods.
         assert_eq!(
             claim.metadata.finalizers.clone().unwrap_or_default(),
-            ["muster.dev/allocation", "resource.kubernetes.io/delete-protection"]
+            ["muster.dev/allocation"]
         );
         let owner = &claim.metadata.owner_references.as_ref().context("owner")?[0];
         assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Workload", "llama"));

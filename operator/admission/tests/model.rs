@@ -121,6 +121,9 @@ struct ClaimObj {
     doubled: bool,
     /// muster's allocation passed its commit's conflict check.
     checked: bool,
+    /// kube-controller-manager's delete-protection: it deallocates the claim when its own
+    /// sync takes the last pod out of `reservedFor`.
+    protected: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -289,6 +292,9 @@ enum Op {
         claim: String,
         devices: Vec<Dev>,
         expect_rv: u64,
+        /// The gang's pods that name it, as the cache shows them: reserved in the same
+        /// write.
+        reserved: Vec<String>,
     },
     /// A claim the gang found allocated and holds from its commit on: still as planned,
     /// and fenced (its version moves).
@@ -514,6 +520,8 @@ struct Stats {
     refusal_teardowns: u64,
     /// Evictions a deposed leader wrote after the nomination behind them was dropped.
     deposed_evictions: u64,
+    /// Protected claims kube-controller-manager deallocated with their last pod.
+    controller_deallocations: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -532,6 +540,7 @@ impl std::ops::AddAssign for Stats {
         self.deposed_writes += o.deposed_writes;
         self.refusal_teardowns += o.refusal_teardowns;
         self.deposed_evictions += o.deposed_evictions;
+        self.controller_deallocations += o.controller_deallocations;
     }
 }
 
@@ -583,6 +592,7 @@ impl Sim {
                     late: false,
                     doubled: false,
                     checked: false,
+                    protected: false,
                 },
             );
         }
@@ -645,6 +655,7 @@ impl Sim {
                         late: false,
                         doubled: false,
                         checked: false,
+                        protected: false,
                     },
                 );
             }
@@ -843,13 +854,15 @@ impl Sim {
         p.rv = rv;
     }
 
-    /// kube-controller-manager: pods that are gone or done leave `reservedFor`.
+    /// kube-controller-manager: pods that are gone or done (ended, or being deleted before
+    /// they were bound) leave `reservedFor`; a protected claim whose last pod this takes
+    /// out is deallocated in the same write.
     fn kcm(&mut self) {
         let live: BTreeSet<String> = self
             .world
             .pods
             .values()
-            .filter(|p| !p.phase.terminal())
+            .filter(|p| !(p.phase.terminal() || p.deleting && p.node.is_none()))
             .map(|p| p.uid.clone())
             .collect();
         let names: Vec<String> = self.world.claims.keys().cloned().collect();
@@ -860,6 +873,12 @@ impl Sim {
                 let c = self.world.claims.get_mut(&name).expect("claim");
                 c.reserved_for.retain(|u| live.contains(u));
                 c.rv = rv;
+                if c.reserved_for.is_empty() && c.protected && c.allocation.is_some() {
+                    deallocate(c);
+                    c.protected = false;
+                    self.stats.controller_deallocations += 1;
+                    self.note(format!("kube-controller-manager deallocates {name}"));
+                }
             }
         }
     }
@@ -1087,6 +1106,7 @@ impl Sim {
                     late,
                     doubled: false,
                     checked: false,
+                    protected: false,
                 },
             );
             (claim, vec![d])
@@ -1247,14 +1267,35 @@ impl Sim {
             .filter(|p| p.phase.terminal())
             .map(|p| p.uid.clone())
             .collect();
+        let gated: BTreeMap<&String, (&String, u64)> = view
+            .pods
+            .iter()
+            .filter(|(_, p)| p.gated && p.node.is_none())
+            .map(|(name, p)| (&p.uid, (name, p.rv)))
+            .collect();
         for (name, c) in claims {
             if !c.ours || c.allocation.is_none() || holders.contains_key(name) {
                 continue;
             }
-            if c.reserved_for.iter().all(|u| finished.contains(u)) {
+            if c.reserved_for
+                .iter()
+                .all(|u| finished.contains(u) || gated.contains_key(u))
+            {
+                // Pods still behind the gate use nothing: fenced first, they count as idle.
+                let fenced: Vec<(String, u64)> = c
+                    .reserved_for
+                    .iter()
+                    .filter_map(|u| gated.get(u))
+                    .map(|(pod, rv)| ((*pod).clone(), *rv))
+                    .collect();
+                let mut idle = finished.clone();
+                idle.extend(c.reserved_for.iter().filter(|u| gated.contains_key(u)).cloned());
+                if !fenced.is_empty() {
+                    self.op.queue.push_back(Op::FencePods { pods: fenced });
+                }
                 self.op.queue.push_back(Op::Collect {
                     claim: name.clone(),
-                    finished: finished.clone(),
+                    finished: idle,
                 });
             }
         }
@@ -1429,7 +1470,7 @@ impl Sim {
                 .filter(|p| p.workload.as_deref() == Some(gang) && p.claims.iter().any(|n| n == name))
                 .map(|p| p.uid.clone())
                 .collect(),
-            protected: false,
+            protected: c.protected,
             reserved_for: c
                 .reserved_for
                 .iter()
@@ -1794,10 +1835,19 @@ impl Sim {
         }
         for (claim, devices) in allocations {
             let expect_rv = claims.get(&claim).map_or(0, |c| c.rv);
+            let reserved = self
+                .op
+                .cache
+                .pods
+                .values()
+                .filter(|p| p.workload.as_deref() == Some(gang) && !p.deleting && p.claims.contains(&claim))
+                .map(|p| p.uid.clone())
+                .collect();
             self.op.queue.push_back(Op::Allocate {
                 claim,
                 devices,
                 expect_rv,
+                reserved,
             });
         }
         self.op.queue.push_back(Op::Check { planned });
@@ -2231,6 +2281,32 @@ impl Sim {
                 if self.world.pods.get(&pod).is_none_or(|p| p.uid != uid) {
                     return false;
                 }
+                // A gang that can never restart onto its reservation: each claim of the
+                // pod muster allocated and no other gang holds lists it, then is protected
+                // (writes before the release); a protected claim lists it too. One that
+                // lost its allocation stops the release.
+                let protect = !self.world.workloads[&gang].spec.may_restart_onto_reservation();
+                for claim in self.world.pods[&pod].claims.clone() {
+                    let held_elsewhere = self.world.workloads.iter().any(|(other, w)| {
+                        other != &gang && w.journal.as_ref().is_some_and(|j| j.claims.contains(&claim))
+                    });
+                    let Some(c) = self.world.claims.get(&claim) else {
+                        continue;
+                    };
+                    let to_protect = (protect || c.protected) && c.ours && !held_elsewhere;
+                    if !to_protect {
+                        continue;
+                    }
+                    if c.allocation.is_none() {
+                        return false;
+                    }
+                    self.write_claim(&claim, |c| {
+                        if !c.reserved_for.contains(&uid) {
+                            c.reserved_for.push(uid.clone());
+                        }
+                        c.protected = true;
+                    });
+                }
                 if self.world.workloads[&gang].kueue.as_ref().is_some_and(|k| !k.admitted) {
                     self.violated(format!("{pod} is released before Kueue admitted {gang}"));
                 }
@@ -2247,6 +2323,7 @@ impl Sim {
                 claim,
                 devices,
                 expect_rv,
+                reserved,
             } => {
                 let Some(c) = self.world.claims.get(&claim) else {
                     return false;
@@ -2256,6 +2333,8 @@ impl Sim {
                 }
                 self.write_claim(&claim, |c| {
                     c.allocation = Some(devices);
+                    c.reserved_for = reserved;
+                    c.protected = false;
                     c.ours = true;
                     c.doubled = false;
                     c.checked = false;
@@ -2275,7 +2354,8 @@ impl Sim {
                 if c.rv != expect_rv || c.allocation.as_ref() != Some(&devices) {
                     return false;
                 }
-                self.write_claim(&claim, |_| {});
+                // Held by a second gang, a claim of muster's is muster's to give back.
+                self.write_claim(&claim, |c| c.protected &= !c.ours);
                 true
             }
             Op::Check { planned } => {
@@ -2792,6 +2872,10 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
     println!(
         "model: {schedules} schedules, {steps} steps, 0 violations, in {:.1}s\nmodel: {stats:?}",
         started.elapsed().as_secs_f64()
+    );
+    assert!(
+        schedules < 1000 || stats.controller_deallocations > 0,
+        "the schedules reach kube-controller-manager's deallocation of protected claims: {stats:?}"
     );
 }
 

@@ -60,11 +60,14 @@ pub fn planned_consumers(
     consumers
 }
 
-/// The finalizers a claim a gang allocates must carry, if `current` is not that already:
-/// muster's always; kube-controller-manager's delete-protection exactly when `protect`
-/// (see [`muster_admission::Spec::may_restart_onto_reservation`]), so that it deallocates
-/// the claim in the very write that drops its last ended pod, instead of dropping and
-/// reserving the pod again in a loop.
+/// The finalizers a claim must carry, if `current` is not that already: muster's always;
+/// kube-controller-manager's delete-protection exactly when `protect`. A claim is
+/// committed unprotected, and protected when the pods of a gang that can never restart
+/// onto its reservation are released (see
+/// [`muster_admission::Spec::may_restart_onto_reservation`]): kube-controller-manager then
+/// deallocates it in the very write that drops its last ended pod, instead of dropping
+/// and reserving the pod again in a loop; before the release, a gated pod made again
+/// would take the allocation with its old entry.
 pub fn commit_finalizers(current: &[String], protect: bool) -> Option<Vec<String>> {
     let mut wanted: Vec<String> = current
         .iter()
@@ -80,18 +83,24 @@ pub fn commit_finalizers(current: &[String], protect: bool) -> Option<Vec<String
     (wanted != current).then_some(wanted)
 }
 
-/// The JSON patch that adds `consumer` to the `reservedFor` of `claim`, a claim that
-/// kube-controller-manager deallocates with its last listed pod (delete-protection),
-/// before that pod is released: listed at the commit under another uid (the pod was made
-/// again since), its entry goes and the allocation with it, and kube-scheduler would then
-/// allocate the claim itself. The patch tests the uid and the allocation's timestamp as
-/// read, so it fails (422) once the claim was deallocated; `None` if the claim as read is
-/// not allocated, or lists the consumer already.
-pub fn reservation_addition(claim: &ResourceClaim, consumer: &ResourceClaimConsumerReference) -> Option<Value> {
+/// The JSON patch that adds `consumers` to the `reservedFor` of `claim` where they are not
+/// listed yet: before a claim is given delete-protection at its pods' release, every pod
+/// released onto it is listed (a pod made again since the commit is listed under its old
+/// uid, whose entry kube-controller-manager takes out, and the allocation with it once
+/// protected). The patch tests the uid and the allocation's timestamp as read, so it
+/// fails (422) once the claim was deallocated; `None` if the claim as read is not
+/// allocated, or lists every consumer already.
+pub fn reservation_addition(claim: &ResourceClaim, consumers: &[ResourceClaimConsumerReference]) -> Option<Value> {
     let status = claim.status.as_ref()?;
     let allocation = status.allocation.as_ref()?;
-    let listed = status.reserved_for.iter().flatten();
-    if listed.clone().any(|c| c.uid == consumer.uid) {
+    let listed: Vec<&ResourceClaimConsumerReference> = status.reserved_for.iter().flatten().collect();
+    let mut missing: Vec<&ResourceClaimConsumerReference> = Vec::new();
+    for consumer in consumers {
+        if !listed.iter().chain(&missing).any(|c| c.uid == consumer.uid) {
+            missing.push(consumer);
+        }
+    }
+    if missing.is_empty() {
         return None;
     }
     let mut operations = Vec::new();
@@ -100,11 +109,13 @@ pub fn reservation_addition(claim: &ResourceClaim, consumer: &ResourceClaimConsu
     }
     let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
     operations.push(json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp}));
-    if listed.count() == 0 {
+    if listed.is_empty() {
         operations.push(json!({"op": "test", "path": "/status/reservedFor", "value": null}));
-        operations.push(json!({"op": "add", "path": "/status/reservedFor", "value": [consumer]}));
+        operations.push(json!({"op": "add", "path": "/status/reservedFor", "value": missing}));
     } else {
-        operations.push(json!({"op": "add", "path": "/status/reservedFor/-", "value": consumer}));
+        for consumer in missing {
+            operations.push(json!({"op": "add", "path": "/status/reservedFor/-", "value": consumer}));
+        }
     }
     Some(Value::Array(operations))
 }
@@ -281,7 +292,7 @@ mod tests {
             uid: "new".into(),
         };
         assert_eq!(
-            reservation_addition(&claim, &new),
+            reservation_addition(&claim, std::slice::from_ref(&new)),
             Some(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "cu"},
                 {"op": "test", "path": "/status/allocation/allocationTimestamp", "value": "2026-11-24T18:00:00Z"},
@@ -289,7 +300,15 @@ mod tests {
             ]))
         );
         claim.status.as_mut().expect("status").reserved_for = None;
-        let patch = reservation_addition(&claim, &new).expect("a patch");
+        let patch = reservation_addition(&claim, &[new.clone(), new.clone()]).expect("a patch");
+        assert!(
+            patch
+                .as_array()
+                .expect("array")
+                .contains(&json!({"op": "add", "path": "/status/reservedFor",
+                "value": [{"resource": "pods", "name": "w-0", "uid": "new"}]})),
+            "each consumer once: {patch}"
+        );
         assert!(
             patch
                 .as_array()
@@ -297,10 +316,18 @@ mod tests {
                 .contains(&json!({"op": "test", "path": "/status/reservedFor", "value": null}))
         );
         claim.status.as_mut().expect("status").reserved_for = Some(vec![new.clone()]);
-        assert_eq!(reservation_addition(&claim, &new), None, "listed already");
+        assert_eq!(
+            reservation_addition(&claim, std::slice::from_ref(&new)),
+            None,
+            "listed already"
+        );
         claim.status.as_mut().expect("status").allocation = None;
         claim.status.as_mut().expect("status").reserved_for = None;
-        assert_eq!(reservation_addition(&claim, &new), None, "not allocated");
+        assert_eq!(
+            reservation_addition(&claim, std::slice::from_ref(&new)),
+            None,
+            "not allocated"
+        );
     }
 
     #[test]

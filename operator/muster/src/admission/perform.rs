@@ -564,94 +564,129 @@ impl Admission {
         workload: &Workload,
         pick: impl Fn(&str) -> bool,
     ) -> Result<(), CommitError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        let params = PatchParams {
-            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
         for pod in self.gang_pods(workload) {
             let name = pod.name_any();
             if !crate::workload::status::is_gated(&pod) || !pick(&name) {
                 continue;
             }
-            let fence = json!({
-                "metadata": {
-                    "resourceVersion": pod.resource_version(),
-                    "annotations": {labels::POD_RELEASE_FENCED_AT: observe::now_millis().to_string()},
-                },
-            });
-            self.ensure_leading();
-            match api.patch(&name, &params, &Patch::Merge(&fence)).await {
-                Ok(fenced) => self.own_pods.remember(fenced),
-                Err(e) if kube_ops::is_not_found(&e) => {}
-                Err(e) if kube_ops::is_conflict(&e) => {
-                    return Err(CommitError::Conflict(format!(
-                        "pod {name} changed while {} stopped releasing it; looking again",
-                        key(workload)
-                    )));
-                }
-                Err(e) => return Err(e.into()),
+            if !self.fence_gated_pod(&pod).await? {
+                return Err(CommitError::Conflict(format!(
+                    "pod {name} changed while {} stopped releasing it; looking again",
+                    key(workload)
+                )));
             }
         }
         Ok(())
     }
 
-    /// Before pods are released, every claim with delete-protection they name lists them
-    /// in `reservedFor` (see [`claim_writes::reservation_addition`]): a pod made again
-    /// since the commit would otherwise lose its claim to kube-controller-manager when
-    /// the old pod's entry goes. A claim that lost its allocation meanwhile stops the
-    /// release; the next look sees it and places the gang again.
+    /// Before pods are released onto the claims of a gang that can never restart onto its
+    /// reservation, each such claim lists them in `reservedFor` (see
+    /// [`claim_writes::reservation_addition`]) and then gets delete-protection, so that
+    /// kube-controller-manager deallocates it with its last pod (see
+    /// [`claim_writes::commit_finalizers`]). Only a claim muster allocated that no other
+    /// gang holds (one protected already, too, whatever the gang's policy); one with more
+    /// consumers than `reservedFor` holds stays unprotected. A claim that lost its
+    /// allocation meanwhile stops the release; the next look sees it and places the gang
+    /// again.
     async fn list_released_pods(&self, workload: &Workload, pins: &[muster_admission::Pin]) -> Result<(), CommitError> {
+        let protect = !observe::spec(workload).may_restart_onto_reservation();
         let pods = self.gang_pods(workload);
         let claims: BTreeMap<String, Arc<ResourceClaim>> = self
             .gang_claims(workload)
             .into_iter()
             .map(|c| (c.name_any(), c))
             .collect();
-        let mut additions = Vec::new();
+        // Per claim: whether it is to be protected, and the pods released onto it.
+        type Consumers = Vec<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>;
+        let mut consumers: BTreeMap<String, (bool, Consumers)> = BTreeMap::new();
         for pin in pins {
             let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str())) else {
                 continue;
             };
-            let consumer = k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: pin.pod.name.clone(),
-                uid: pin.pod.uid.clone(),
-            };
             for name in claim_writes::claim_names(pod) {
                 let Some(claim) = claims.get(name) else { continue };
+                // Only claims of muster's that no other gang holds: a claim another
+                // allocator made is left as it is (entries added there would outlive a
+                // gang that lets go of it without deallocating it).
                 let protected = claim
                     .finalizers()
                     .iter()
                     .any(|f| f == labels::DELETE_PROTECTION_FINALIZER);
-                if let Some(patch) = claim_writes::reservation_addition(claim, &consumer).filter(|_| protected) {
-                    additions.push((name.to_string(), pin.pod.name.clone(), patch));
+                let to_protect = (protect || protected)
+                    && ownership::muster_allocated(claim)
+                    && !self.claim_view_used_by(workload, claim, Vec::new()).held_elsewhere;
+                if to_protect {
+                    let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));
+                    entry
+                        .1
+                        .push(k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+                            api_group: None,
+                            resource: "pods".into(),
+                            name: pin.pod.name.clone(),
+                            uid: pin.pod.uid.clone(),
+                        });
                 }
             }
         }
-        if additions.is_empty() {
+        // A claim whose consumers would not fit in `reservedFor` is left to kube-scheduler,
+        // which refuses the pods beyond the limit (as the commit leaves it).
+        consumers.retain(|name, (_, pods)| {
+            let listed = claims[name].status.as_ref().and_then(|s| s.reserved_for.as_ref());
+            let listed: Vec<&str> = listed.into_iter().flatten().map(|c| c.uid.as_str()).collect();
+            let missing = pods.iter().filter(|p| !listed.contains(&p.uid.as_str())).count();
+            listed.len() + missing <= claim_writes::RESERVED_FOR_MAX
+        });
+        if consumers.is_empty() {
             return Ok(());
         }
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        let results: Vec<Result<ResourceClaim, CommitError>> = stream::iter(additions)
-            .map(|(claim, pod, patch)| {
+        let results: Vec<Result<Option<ResourceClaim>, CommitError>> = stream::iter(consumers)
+            .map(|(name, (to_protect, consumers))| {
                 let api = api.clone();
+                let claim = claims[&name].clone();
                 async move {
-                    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
-                    self.ensure_leading();
-                    match api
-                        .patch_status(&claim, &PatchParams::default(), &Patch::Json::<()>(patch))
-                        .await
-                    {
-                        Ok(written) => Ok(written),
-                        Err(e) if kube_ops::is_test_failed(&e) || kube_ops::is_not_found(&e) => {
-                            Err(CommitError::Conflict(format!(
-                                "claim {claim} changed before pod {pod} was released; looking again"
-                            )))
+                    let mut current = None;
+                    if let Some(patch) = claim_writes::reservation_addition(&claim, &consumers) {
+                        let patch: json_patch::Patch =
+                            serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+                        self.ensure_leading();
+                        match api
+                            .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                            .await
+                        {
+                            Ok(written) => current = Some(written),
+                            Err(e) if kube_ops::is_test_failed(&e) || kube_ops::is_not_found(&e) => {
+                                return Err(CommitError::Conflict(format!(
+                                    "claim {name} changed before its pods were released; looking again"
+                                )));
+                            }
+                            Err(e) => return Err(e.into()),
                         }
-                        Err(e) => Err(e.into()),
+                    } else if claim.status.as_ref().is_none_or(|s| s.allocation.is_none()) {
+                        return Err(CommitError::Conflict(format!(
+                            "claim {name} lost its allocation before its pods were released; looking again"
+                        )));
                     }
+                    let seen = current.as_ref().unwrap_or(&claim);
+                    let finalizers = claim_writes::commit_finalizers(seen.finalizers(), true).filter(|_| to_protect);
+                    if let Some(finalizers) = finalizers {
+                        // Against the version just written or seen: a claim changed since
+                        // is looked at again.
+                        let patch = json!({
+                            "metadata": {"finalizers": finalizers, "resourceVersion": seen.resource_version()},
+                        });
+                        self.ensure_leading();
+                        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                            Ok(written) => current = Some(written),
+                            Err(e) if kube_ops::is_conflict(&e) || kube_ops::is_not_found(&e) => {
+                                return Err(CommitError::Conflict(format!(
+                                    "claim {name} changed before its pods were released; looking again"
+                                )));
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Ok(current)
                 }
             })
             .buffer_unordered(self.settings.write_parallelism.max(1))
@@ -660,7 +695,8 @@ impl Admission {
         let mut failed = None;
         for result in results {
             match result {
-                Ok(claim) => self.own_claims.remember(claim),
+                Ok(Some(claim)) => self.own_claims.remember(claim),
+                Ok(None) => {}
                 Err(e) => failed = failed.or(Some(e)),
             }
         }

@@ -445,7 +445,7 @@ impl Admission {
     /// Moves the version of a pod still behind the gate, against the version seen, so that
     /// a release a deposed leader prepared cannot land after the pod's claims are given
     /// back. `false`: the pod changed meanwhile (looked at again next pass).
-    async fn fence_gated_pod(&self, pod: &Pod) -> Result<bool, kube::Error> {
+    pub(super) async fn fence_gated_pod(&self, pod: &Pod) -> Result<bool, kube::Error> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let fence = json!({
             "metadata": {
@@ -483,7 +483,6 @@ impl Admission {
     ) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
         let timestamp = now();
         let planned: BTreeSet<&str> = plan.pods.iter().map(|p| p.pod.name()).collect();
-        let protect = !observe::spec(workload).may_restart_onto_reservation();
         let consumers = claim_writes::planned_consumers(&self.gang_pods(workload), &planned);
         let gangs = self.gangs();
         let written = std::sync::Mutex::new(Vec::new());
@@ -499,9 +498,7 @@ impl Admission {
                     .map(|c| (*self.own_claims.overlay(c.clone())).clone());
                 let written = &written;
                 async move {
-                    let claim = self
-                        .allocate(&api, name, cached, allocation, reserved_for, protect)
-                        .await?;
+                    let claim = self.allocate(&api, name, cached, allocation, reserved_for).await?;
                     self.own_claims.remember(claim.clone());
                     written.lock().unwrap_or_else(|p| p.into_inner()).push(claim);
                     Ok(())
@@ -532,7 +529,6 @@ impl Admission {
         cached: Option<ResourceClaim>,
         allocation: k8s_openapi::api::resource::v1::AllocationResult,
         reserved_for: Option<Vec<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>>,
-        protect: bool,
     ) -> Result<ResourceClaim, CommitError> {
         let params = PatchParams {
             field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
@@ -561,7 +557,8 @@ impl Admission {
                 )));
             }
             self.ensure_leading();
-            let current = match claim_writes::commit_finalizers(current.finalizers(), protect) {
+            // Unprotected until its pods are released (see `list_released_pods`).
+            let current = match claim_writes::commit_finalizers(current.finalizers(), false) {
                 None => current,
                 Some(finalizers) => {
                     let patch = json!({
@@ -702,6 +699,7 @@ impl Admission {
             .filter(|p| crate::workload::status::is_gated(p) && p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
             .filter_map(|p| Some((p.uid()?, p)))
             .collect();
+        let mut fenced: BTreeSet<String> = BTreeSet::new();
         let workloads: BTreeSet<ObjectKey> = self.current_workloads().iter().map(|w| key(w)).collect();
         for claim in self.stores.claims.state() {
             let claim = self.own_claims.overlay(claim);
@@ -736,8 +734,15 @@ impl Admission {
             let result = async {
                 let mut idle = finished.clone();
                 for uid in reserved.iter().filter(|uid| gated.contains_key(**uid)) {
-                    if !self.fence_gated_pod(&gated[*uid]).await? {
-                        return Ok(());
+                    // Once a pass: a pod naming several claims is fenced for all of them.
+                    if !fenced.contains(*uid) {
+                        if !self
+                            .fence_gated_pod(&self.own_pods.overlay(gated[*uid].clone()))
+                            .await?
+                        {
+                            return Ok(());
+                        }
+                        fenced.insert((*uid).clone());
                     }
                     idle.push((*uid).clone());
                 }

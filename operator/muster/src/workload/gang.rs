@@ -406,12 +406,9 @@ fn made_claim(
     if let Some(group) = &claim.pod_group {
         claim_labels.insert(labels::POD_GROUP.into(), group.clone());
     }
-    // Made with the finalizers its commit would give it, so the commit has no metadata
-    // to write (see `admission::claim_writes::commit_finalizers`).
-    let mut finalizers = vec![labels::CLAIM_FINALIZER.to_string()];
-    if !crate::workload::observe::spec(workload).may_restart_onto_reservation() {
-        finalizers.push(labels::DELETE_PROTECTION_FINALIZER.to_string());
-    }
+    // Made with the finalizer its commit would give it, so the commit has no metadata to
+    // write (see `admission::claim_writes::commit_finalizers`).
+    let finalizers = vec![labels::CLAIM_FINALIZER.to_string()];
     Ok(ResourceClaim {
         metadata: ObjectMeta {
             name: Some(claim.object_name.clone()),
@@ -667,11 +664,7 @@ spec:
             ("w", extended::CLAIM, "workers")
         );
         assert_eq!(extended::recorded(&object.metadata).unwrap(), recorded);
-        assert_eq!(
-            object.metadata.finalizers.unwrap(),
-            [labels::CLAIM_FINALIZER, labels::DELETE_PROTECTION_FINALIZER],
-            "a gang that cannot restart (no maxRestarts) leaves deallocation with its pods"
-        );
+        assert_eq!(object.metadata.finalizers.unwrap(), [labels::CLAIM_FINALIZER]);
         assert_eq!(object.metadata.owner_references.unwrap()[0].kind, "Workload");
         let exactly = object.spec.unwrap().devices.unwrap().requests.unwrap()[0]
             .exactly
