@@ -96,6 +96,8 @@ impl Admission {
         // Within a pass the cluster only fills up: a gang shaped like one that did not
         // fit does not fit either, and is not planned again.
         let mut unfit: HashMap<String, (String, Planned)> = HashMap::new();
+        // The gangs this pass planned and found no room for, with their priority.
+        let mut passed_over: Vec<(i32, Arc<Workload>)> = Vec::new();
         for ((priority, _, name, workload), due) in queue.into_iter().zip(due) {
             // The cache may not show this pass's own commits yet.
             if self
@@ -126,6 +128,14 @@ impl Admission {
             }
             let outcome = match self.try_plan(&workload, priority, &held, &mut unfit).await {
                 Ok(Attempt::Placed { request, plan }) => {
+                    // Room can appear while a pass runs (kube-controller-manager frees a
+                    // protected claim when its pod ends): a gang of higher priority this
+                    // pass passed over may fit now, and goes first, in the next pass.
+                    if self.index.changes() != changes && self.one_passed_over_fits(&passed_over, priority, &held).await
+                    {
+                        next = Duration::ZERO;
+                        break;
+                    }
                     // The gangs planned after this one must see its devices and pods as
                     // taken.
                     let (pods, claims) = plan.assumption(&request);
@@ -170,6 +180,9 @@ impl Admission {
                 Err(e) => Err(e),
             };
             let fits_nowhere = matches!(outcome, Ok(Admit::DoesNotFit { .. }));
+            if fits_nowhere {
+                passed_over.push((priority, workload.clone()));
+            }
             self.settle_attempt(&name, priority, outcome, changes, &mut held, &mut next);
             // Kept off nodes by refusals: tried again once the first lapses, even if
             // nothing else changes by then.
@@ -185,6 +198,23 @@ impl Admission {
         // Extras of running gangs keep off them too, until the next pass says again.
         self.held = held;
         next
+    }
+}
+
+impl Admission {
+    /// Whether a gang of higher priority than `priority` that this pass found no room for
+    /// fits the cluster as it is now (planned again, with no shortcut by shape).
+    async fn one_passed_over_fits(&self, passed_over: &[(i32, Arc<Workload>)], priority: i32, held: &Held) -> bool {
+        for (higher, workload) in passed_over.iter().filter(|(p, _)| *p > priority) {
+            let mut fresh = HashMap::new();
+            if matches!(
+                self.try_plan(workload, *higher, held, &mut fresh).await,
+                Ok(Attempt::Placed { .. })
+            ) {
+                return true;
+            }
+        }
+        false
     }
 }
 
