@@ -339,6 +339,7 @@ impl Admission {
                     pods: targets,
                     immediately,
                 } => {
+                    self.unprotect_claims(workload).await?;
                     let seen = self.gang_pods(workload);
                     for target in targets {
                         // The pod as it was when the deletion was decided: a leader
@@ -701,6 +702,50 @@ impl Admission {
             }
         }
         failed.map_or(Ok(()), Err)
+    }
+
+    /// Before muster deletes pods of a gang, its claims lose delete-protection: muster
+    /// gives them back itself once the pods are gone, as the state machine orders it,
+    /// rather than kube-controller-manager freeing each as its pod goes, at moments the
+    /// admission loop's priority order does not see (a victim's devices would go to
+    /// whichever gang plans first after the event). Protection is for pods that end by
+    /// themselves.
+    async fn unprotect_claims(&self, workload: &Workload) -> Result<(), CommitError> {
+        let named: BTreeSet<String> = placement_of(workload)
+            .map(|p| p.claims.iter().cloned().collect())
+            .unwrap_or_default();
+        let protected: Vec<Arc<ResourceClaim>> = self
+            .gang_claims(workload)
+            .into_iter()
+            .filter(|c| named.contains(&c.name_any()) && ownership::muster_allocated(c))
+            .filter(|c| c.finalizers().iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER))
+            .collect();
+        if protected.is_empty() {
+            return Ok(());
+        }
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        let results: Vec<Result<(), kube::Error>> = stream::iter(&protected)
+            .map(|claim| {
+                self.ensure_leading();
+                kube_ops::remove_finalizer(&api, claim.as_ref(), labels::DELETE_PROTECTION_FINALIZER)
+            })
+            .buffer_unordered(self.settings.write_parallelism.max(1))
+            .collect()
+            .await;
+        for result in results {
+            match result {
+                Ok(()) => {}
+                // Changed meanwhile (the finalizer moved or went): looked at again.
+                Err(e) if kube_ops::is_test_failed(&e) => {
+                    return Err(CommitError::Conflict(format!(
+                        "a claim of {} changed while its protection was taken off; looking again",
+                        key(workload)
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// A state machine's fault point: aborts (or pauses) at its first write only, so a
