@@ -2,8 +2,9 @@
 //! every write request in the phase's namespace with its client, resource, object and
 //! time. It separates what each contender writes itself from what other clients
 //! (kube-scheduler, kube-controller-manager, kwok, the benchmark) write because of it,
-//! splits a gang's writes into admission (until all its pods run) and lifecycle (finish,
-//! deallocate, delete), and counts ResourceClaim status writes per claim.
+//! splits a gang's writes into admission (until its first pod ends or it is deleted) and
+//! lifecycle (finish, deallocate, delete), and counts ResourceClaim status writes per
+//! claim by writer.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
@@ -157,40 +158,57 @@ pub fn gang_of<'g>(name: &str, gangs_longest_first: &'g [String]) -> Option<&'g 
 /// Whether a write counts as part of admitting its gang or of its life after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
-    /// Until every pod of the gang runs.
+    /// Getting the gang running, and holding it while it runs: until its first pod
+    /// ends or it is deleted (the pod's own end, written by kwok, lands here too, being
+    /// what the benchmark sees it by).
     Admission,
-    /// After: finishing, deallocating, deleting.
+    /// After: finishing, deallocating, deleting, restarting after a failure.
     Lifecycle,
 }
 
-/// A phase's writes, counted.
+/// A phase's writes, counted. Only writes to the gangs' own objects count (pods and
+/// their bindings and status, claims, Workloads, PodGroups, Services, events named after
+/// them): the API server's idle background (node leases and status) is not in the phase's
+/// namespace, and what is in it but belongs to no gang (claim templates, the benchmark's
+/// sync markers) is counted apart in `unattributed`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WriteCounts {
     /// By client, stage and resource.
     pub by: BTreeMap<(Client, Stage, String), u64>,
-    /// ResourceClaim status writes of each claim, over its whole life.
-    pub claim_status: BTreeMap<String, u64>,
+    /// ResourceClaim status writes of each claim over its whole life, by client and
+    /// stage; every claim written at all is here, with no status write if it had none.
+    pub claim_status: BTreeMap<String, BTreeMap<(Client, Stage), u64>>,
     /// Writes refused with 409 Conflict, by client.
     pub conflicts: BTreeMap<Client, u64>,
+    /// Writes in the namespace to objects of no gang.
+    pub unattributed: u64,
 }
 
 impl WriteCounts {
-    /// Counts `writes`; `running_at` is when every pod of each gang ran (absent: never).
-    pub fn of(writes: &[Write], gangs: &[String], running_at: &BTreeMap<String, SystemTime>) -> Self {
+    /// Counts `writes`; `lifecycle_from` is when each gang's lifecycle began: its first
+    /// pod ended or it was deleted (absent: never).
+    pub fn of(writes: &[Write], gangs: &[String], lifecycle_from: &BTreeMap<String, SystemTime>) -> Self {
         let mut gangs: Vec<String> = gangs.to_vec();
         gangs.sort_by_key(|g| std::cmp::Reverse(g.len()));
         let mut counts = WriteCounts::default();
         for write in writes {
-            let stage = match gang_of(&write.name, &gangs).and_then(|g| running_at.get(g)) {
-                Some(running) if write.at > *running => Stage::Lifecycle,
+            let Some(gang) = gang_of(&write.name, &gangs) else {
+                counts.unattributed += 1;
+                continue;
+            };
+            let stage = match lifecycle_from.get(gang) {
+                Some(from) if write.at >= *from => Stage::Lifecycle,
                 _ => Stage::Admission,
             };
             *counts
                 .by
                 .entry((write.client, stage, write.resource.clone()))
                 .or_default() += 1;
-            if write.resource == "resourceclaims/status" {
-                *counts.claim_status.entry(write.name.clone()).or_default() += 1;
+            if write.resource.starts_with("resourceclaims") {
+                let claim = counts.claim_status.entry(write.name.clone()).or_default();
+                if write.resource == "resourceclaims/status" {
+                    *claim.entry((write.client, stage)).or_default() += 1;
+                }
             }
             if write.code == 409 {
                 *counts.conflicts.entry(write.client).or_default() += 1;
@@ -208,11 +226,58 @@ impl WriteCounts {
             .sum()
     }
 
-    /// Mean and largest ResourceClaim status writes per claim.
-    pub fn claim_status_per_claim(&self) -> Option<(f64, u64)> {
-        let values: Vec<u64> = self.claim_status.values().copied().collect();
+    /// Mean and largest number of ResourceClaim status writes per claim, counting the
+    /// writes `which` picks by client and stage, over every claim of the phase.
+    pub fn claim_status_per_claim(&self, which: impl Fn(Client, Stage) -> bool) -> Option<(f64, u64)> {
+        let values: Vec<u64> = self
+            .claim_status
+            .values()
+            .map(|by| by.iter().filter(|((c, s), _)| which(*c, *s)).map(|(_, n)| n).sum())
+            .collect();
         let max = values.iter().copied().max()?;
         Some((values.iter().sum::<u64>() as f64 / values.len() as f64, max))
+    }
+
+    /// [`Self::claim_status_per_claim`] over every client and stage.
+    pub fn claim_status_per_claim_all(&self) -> Option<(f64, u64)> {
+        self.claim_status_per_claim(|_, _| true)
+    }
+}
+
+/// Who writes a claim's status, as the report splits them: muster, the two controllers
+/// that reserve and release claims, and everyone else (kwok, the benchmark).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimWriter {
+    Muster,
+    ControllerManager,
+    Scheduler,
+    Others,
+}
+
+impl ClaimWriter {
+    pub const ALL: [ClaimWriter; 4] = [
+        ClaimWriter::Muster,
+        ClaimWriter::ControllerManager,
+        ClaimWriter::Scheduler,
+        ClaimWriter::Others,
+    ];
+
+    pub fn of(client: Client) -> Self {
+        match client {
+            Client::Muster => ClaimWriter::Muster,
+            Client::ControllerManager => ClaimWriter::ControllerManager,
+            Client::Scheduler => ClaimWriter::Scheduler,
+            Client::Kwok | Client::Other => ClaimWriter::Others,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ClaimWriter::Muster => "muster",
+            ClaimWriter::ControllerManager => "kube-controller-manager",
+            ClaimWriter::Scheduler => "kube-scheduler",
+            ClaimWriter::Others => "others",
+        }
     }
 }
 
@@ -284,6 +349,15 @@ mod tests {
             ),
             line("kwok/v0.8.0", "patch", ["pods", "status", "ns", "g10-0"], late, 200),
             line("", "create", ["workloads", "", "ns", "g1"], early, 201),
+            // A claim of g10 that nobody wrote the status of, and an object of no gang.
+            line(
+                "kube-controller-manager/v1.37.1 (linux/amd64)",
+                "create",
+                ["resourceclaims", "", "ns", "g10-0-gpus-abcde"],
+                early,
+                201,
+            ),
+            line("", "create", ["resourceclaimtemplates", "", "ns", "gpus-2"], early, 201),
             line(
                 "muster/0.1.0",
                 "patch",
@@ -294,7 +368,7 @@ mod tests {
         ];
         std::fs::write(&log, format!("{before}\n{}\n", lines.join("\n")))?;
         let writes = read(&log, from, "ns")?;
-        assert_eq!(writes.len(), 6, "the earlier line and other namespaces are left out");
+        assert_eq!(writes.len(), 8, "the earlier line and other namespaces are left out");
         let gangs = vec!["g1".to_string(), "g10".to_string()];
         assert_eq!(gang_of("g10-0", &gangs), Some("g10"), "not g1: the longest name wins");
         assert_eq!(gang_of("g1", &gangs), Some("g1"));
@@ -306,14 +380,32 @@ mod tests {
         let counts = WriteCounts::of(&writes, &gangs, &running);
         assert_eq!(counts.total(Some(Client::Muster), Some(Stage::Admission)), 1);
         assert_eq!(counts.total(Some(Client::Muster), Some(Stage::Lifecycle)), 1);
-        assert_eq!(counts.total(Some(Client::ControllerManager), None), 1);
+        assert_eq!(counts.total(Some(Client::ControllerManager), None), 2);
         assert_eq!(counts.total(Some(Client::Scheduler), None), 1);
         // g10 never ran: all of its writes are admission.
         assert_eq!(counts.total(Some(Client::Kwok), Some(Stage::Admission)), 1);
         assert_eq!(counts.total(Some(Client::Other), None), 1);
-        assert_eq!(counts.total(None, None), 6);
-        assert_eq!(counts.claim_status["g1-workers-0-gpus"], 3);
-        assert_eq!(counts.claim_status_per_claim(), Some((3.0, 3)));
+        assert_eq!(counts.total(None, None), 7, "the template belongs to no gang");
+        assert_eq!(counts.unattributed, 1);
+        assert_eq!(
+            counts.claim_status["g1-workers-0-gpus"],
+            BTreeMap::from([
+                ((Client::Muster, Stage::Admission), 1),
+                ((Client::Muster, Stage::Lifecycle), 1),
+                ((Client::ControllerManager, Stage::Lifecycle), 1),
+            ])
+        );
+        assert!(counts.claim_status["g10-0-gpus-abcde"].is_empty());
+        // Two claims: three status writes and none.
+        assert_eq!(counts.claim_status_per_claim_all(), Some((1.5, 3)));
+        assert_eq!(
+            counts.claim_status_per_claim(|c, s| c == Client::Muster && s == Stage::Lifecycle),
+            Some((0.5, 1))
+        );
+        assert_eq!(
+            counts.claim_status_per_claim(|c, _| ClaimWriter::of(c) == ClaimWriter::ControllerManager),
+            Some((0.5, 1))
+        );
         assert_eq!(counts.conflicts.get(&Client::ControllerManager), Some(&1));
         std::fs::remove_dir_all(&dir)?;
         Ok(())

@@ -8,6 +8,20 @@ use muster_bench::contender::Contender;
 use muster_bench::report;
 use muster_bench::spec::{ScenarioId, Size};
 
+/// Ceiling on ResourceClaim status writes per claim of muster's gangs over the claim's
+/// whole life (mean over the phase's claims, every writer), in the scenarios whose pods
+/// finish (S3, S5), where kube-controller-manager and muster fight over the claims of
+/// finished pods (issue 23). Measured before muster writes allocation and `reservedFor`
+/// in one write and deallocates promptly: 109 (most 684) in S3 and 26 (most 44) in S5;
+/// the storm varies from run to run, hence the room. Tighten it once that change lands
+/// (the goal is ≤ 3).
+const MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM: f64 = 250.0;
+/// Ceiling on muster's own writes per pod bound while admitting its gangs and holding
+/// them (until a gang's first pod ends or it is deleted), in S1's 4-pod gangs. Measured
+/// before the three-round-trip commit of issue 23: 6.25. Tighten it once that lands
+/// (the goal is ≤ 4).
+const MUSTER_ADMISSION_WRITES_PER_POD: f64 = 8.0;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()> {
     let config = muster_bench::Config {
@@ -83,15 +97,39 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
                 result.unreserved_running
             );
         }
-        if result.contender == Contender::Muster
-            && matches!(result.scenario, ScenarioId::S1 | ScenarioId::S2 | ScenarioId::S6)
-        {
+        // Every pod is bound wherever the scenario lets every gang in: everywhere for
+        // muster, and for the baselines all but plain kube-scheduler's contended runs.
+        let plain_contended =
+            result.contender == Contender::Plain && matches!(result.scenario, ScenarioId::S3 | ScenarioId::S5);
+        if !plain_contended {
             let pods: usize = result.gangs.iter().map(|g| g.pods).sum();
             ensure!(
                 result.pods_bound >= pods,
                 "{what}: {} of {pods} pods bound",
                 result.pods_bound
             );
+        }
+        let claim_writes = result.writes.claim_status_per_claim_all();
+        let admission_writes = result.writes_per_pod(Some(Client::Muster), Some(Stage::Admission));
+        eprintln!(
+            "  {what}: claim status writes per claim (mean, most) {claim_writes:?}, muster's admission writes per pod {admission_writes:.2}"
+        );
+        if result.contender == Contender::Muster {
+            if matches!(result.scenario, ScenarioId::S3 | ScenarioId::S5) {
+                let (mean, _) = claim_writes.unwrap_or_default();
+                ensure!(
+                    claim_writes.is_some() && mean <= MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM,
+                    "{what}: {mean:.2} claim status writes per claim, more than {MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM}: {:?}",
+                    result.writes.claim_status
+                );
+            }
+            if result.scenario == ScenarioId::S1 {
+                ensure!(
+                    admission_writes <= MUSTER_ADMISSION_WRITES_PER_POD,
+                    "{what}: muster wrote {admission_writes:.2} times per pod to admit its gangs, more than {MUSTER_ADMISSION_WRITES_PER_POD}: {:?}",
+                    result.writes.by
+                );
+            }
         }
         if result.scenario == ScenarioId::S6 {
             ensure!(
