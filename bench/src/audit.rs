@@ -176,7 +176,9 @@ pub struct WriteCounts {
     /// By client, stage and resource.
     pub by: BTreeMap<(Client, Stage, String), u64>,
     /// ResourceClaim status writes of each claim over its whole life, by client and
-    /// stage; every claim written at all is here, with no status write if it had none.
+    /// stage; every claim written at all is here, with no status write if it had none
+    /// (kube-controller-manager makes a new claim from the template for a pod that has
+    /// ended, which it does not check, and deletes it at once: it is never allocated).
     pub claim_status: BTreeMap<String, BTreeMap<(Client, Stage), u64>>,
     /// Writes refused with 409 Conflict, by client.
     pub conflicts: BTreeMap<Client, u64>,
@@ -227,15 +229,27 @@ impl WriteCounts {
     }
 
     /// Mean and largest number of ResourceClaim status writes per claim, counting the
-    /// writes `which` picks by client and stage, over every claim of the phase.
+    /// writes `which` picks by client and stage, over every claim whose status was
+    /// written at all (the claims that were allocated; see [`Self::claims_never_written`]).
     pub fn claim_status_per_claim(&self, which: impl Fn(Client, Stage) -> bool) -> Option<(f64, u64)> {
         let values: Vec<u64> = self
             .claim_status
             .values()
+            .filter(|by| !by.is_empty())
             .map(|by| by.iter().filter(|((c, s), _)| which(*c, *s)).map(|(_, n)| n).sum())
             .collect();
         let max = values.iter().copied().max()?;
         Some((values.iter().sum::<u64>() as f64 / values.len() as f64, max))
+    }
+
+    /// Claims whose status was written, which [`Self::claim_status_per_claim`] averages over.
+    pub fn claims_written(&self) -> usize {
+        self.claim_status.values().filter(|by| !by.is_empty()).count()
+    }
+
+    /// Claims created and deleted with no status write in between.
+    pub fn claims_never_written(&self) -> usize {
+        self.claim_status.len() - self.claims_written()
     }
 
     /// [`Self::claim_status_per_claim`] over every client and stage.
@@ -396,15 +410,16 @@ mod tests {
             ])
         );
         assert!(counts.claim_status["g10-0-gpus-abcde"].is_empty());
-        // Two claims: three status writes and none.
-        assert_eq!(counts.claim_status_per_claim_all(), Some((1.5, 3)));
+        // The claim never written is no claim the gang used: one claim, three writes.
+        assert_eq!((counts.claims_written(), counts.claims_never_written()), (1, 1));
+        assert_eq!(counts.claim_status_per_claim_all(), Some((3.0, 3)));
         assert_eq!(
             counts.claim_status_per_claim(|c, s| c == Client::Muster && s == Stage::Lifecycle),
-            Some((0.5, 1))
+            Some((1.0, 1))
         );
         assert_eq!(
-            counts.claim_status_per_claim(|c, _| ClaimWriter::of(c) == ClaimWriter::ControllerManager),
-            Some((0.5, 1))
+            counts.claim_status_per_claim(|c, _| ClaimWriter::of(c) == ClaimWriter::Scheduler),
+            Some((0.0, 0))
         );
         assert_eq!(counts.conflicts.get(&Client::ControllerManager), Some(&1));
         std::fs::remove_dir_all(&dir)?;

@@ -640,7 +640,7 @@ fn writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
 fn claim_writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
     let _ = writeln!(
         out,
-        "ResourceClaim status writes per claim over its whole life (creation to deletion), from the audit log, by writer: the mean per claim, and in brackets the most any one claim had; admission / lifecycle as above. Every claim of the phase counts, also those a writer never touched.\n"
+        "ResourceClaim status writes per claim over its whole life (creation to deletion), from the audit log, by writer: the mean per claim, and in brackets the most any one claim had; admission / lifecycle as above. Every claim whose status anyone wrote counts, also for the writers that never touched it; claims never written are counted apart: kube-controller-manager makes a pod whose claim it deleted at the pod's end a new one from the template (it does not check that the pod has ended), and deletes it unused.\n"
     );
     let columns: [(&str, ClaimWriter, Option<Stage>); 6] = [
         ("muster, admission", ClaimWriter::Muster, Some(Stage::Admission)),
@@ -661,7 +661,7 @@ fn claim_writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
     let header: Vec<&str> = columns.iter().map(|c| c.0).collect();
     let _ = writeln!(
         out,
-        "| contender | claims per run | {} | all writers: mean (lowest–highest repeat), most |",
+        "| contender | claims per run (never written) | {} | all writers: mean (lowest–highest repeat), most |",
         header.join(" | ")
     );
     let _ = writeln!(out, "|---|---|{}---|", "---|".repeat(columns.len()));
@@ -691,9 +691,10 @@ fn claim_writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
             .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {}, {} |",
+            "| {} | {} ({}) | {} | {}, {} |",
             contender.label(),
-            number(s.per_phase(|p| p.writes.claim_status.len() as f64), 0),
+            number(s.per_phase(|p| p.writes.claims_written() as f64), 0),
+            number(s.per_phase(|p| p.writes.claims_never_written() as f64), 0),
             cells.join(" | "),
             spread(s.spread(|p| p.writes.claim_status_per_claim_all().map(|c| c.0)), 2),
             number(s.most(|p| p.writes.claim_status_per_claim_all().map(|c| c.1 as f64)), 0),

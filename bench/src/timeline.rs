@@ -100,7 +100,18 @@ impl Timeline {
             name: pod.metadata.name.clone().unwrap_or_default(),
             ..PodRecord::default()
         });
-        for claim in pod.spec.iter().flat_map(|s| s.resource_claims.iter().flatten()) {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+        // The claims a pod runs with are those named before it ends: once it has ended,
+        // kube-controller-manager may make it a new claim from the template (it does not
+        // check that the pod has ended) and delete that at once, a claim the pod never
+        // used and nobody reserves.
+        let ended = matches!(phase, "Succeeded" | "Failed");
+        for claim in pod
+            .spec
+            .iter()
+            .flat_map(|s| s.resource_claims.iter().flatten())
+            .filter(|_| !ended)
+        {
             let generated = || {
                 pod.status
                     .as_ref()?
@@ -116,7 +127,6 @@ impl Timeline {
             }
         }
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
         let mut moved = false;
         let gated = pod
             .spec
@@ -505,6 +515,26 @@ mod tests {
         assert!(
             explained.contains("uid pod-uid") && explained.contains("rv 11"),
             "{explained}"
+        );
+    }
+
+    #[test]
+    fn a_claim_made_for_a_pod_after_it_ended_is_not_one_it_ran_with() {
+        let mut timeline = timeline();
+        let now = Instant::now();
+        timeline.observe_pod(&pod("Running"), now);
+        timeline.observe_claim(&claim("g1-0-gpus-abcde", "11", &["pod-uid"]), now);
+        // The pod ends; its claim goes, and kube-controller-manager makes it another
+        // from the template, names it in the pod's status and deletes it.
+        let mut ended = pod("Succeeded");
+        ended.status.as_mut().unwrap().resource_claim_statuses.as_mut().unwrap()[0].resource_claim_name =
+            Some("g1-0-gpus-fghij".into());
+        timeline.observe_pod(&ended, now);
+        timeline.observe_claim(&claim("g1-0-gpus-fghij", "20", &[]), now);
+        assert_eq!(timeline.unreserved_running(), Some(Vec::new()));
+        assert_eq!(
+            timeline.pods["pod-uid"].claims,
+            BTreeSet::from(["g1-0-gpus-abcde".to_string()])
         );
     }
 
