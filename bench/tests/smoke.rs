@@ -12,13 +12,14 @@ use muster_bench::spec::{ScenarioId, Size};
 /// whole life (mean over the phase's claims, every writer), in the scenarios whose pods
 /// finish (S3, S5), where kube-controller-manager and muster fight over the claims of
 /// finished pods (issue 23). Measured before muster writes allocation and `reservedFor`
-/// in one write and deallocates promptly, in two smoke runs: S3 109 and 185 (most 684
-/// and 697, nearly all kube-controller-manager's), S5 26 and 18. The storm varies from
-/// run to run, hence the room. Tighten it once that change lands (the goal is ≤ 3).
-const MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM: f64 = 500.0;
+/// in one write and deallocates promptly, in three smoke runs: S3 109, 185 and 234 (one
+/// claim had 2,411; nearly all kube-controller-manager's), S5 26, 18 and 23. The storm
+/// varies widely from run to run, hence the room. Tighten it once that change lands (the
+/// goal is ≤ 3; the baselines measure 2).
+const MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM: f64 = 1000.0;
 /// Ceiling on muster's own writes per pod bound while admitting its gangs and holding
 /// them (until a gang's first pod ends or it is deleted), in S1's 4-pod gangs. Measured
-/// before the three-round-trip commit of issue 23: 6.25 in two smoke runs (S3 6.1, S5
+/// before the three-round-trip commit of issue 23: 6.25 in three smoke runs (S3 6.1, S5
 /// 7.0, S6 6.3). Tighten it once that lands (the goal is ≤ 4).
 const MUSTER_ADMISSION_WRITES_PER_POD: f64 = 8.0;
 
@@ -147,6 +148,10 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
         );
     }
     let markdown = report::markdown(&run, "plot.svg");
+    // To read the smoke run's report: MUSTER_BENCH_SMOKE_REPORT=<file>.
+    if let Some(path) = std::env::var_os("MUSTER_BENCH_SMOKE_REPORT") {
+        std::fs::write(path, &markdown)?;
+    }
     for id in ScenarioId::ALL {
         ensure!(
             markdown.contains(&format!("## {}", id.title())),
