@@ -194,11 +194,15 @@ impl WriteCounts {
         gangs.sort_by_key(|g| std::cmp::Reverse(g.len()));
         let mut counts = WriteCounts::default();
         for write in writes {
-            let Some(gang) = gang_of(&write.name, &gangs) else {
+            // A create by generateName (kube-controller-manager's claims from templates)
+            // is logged without a name; only gang objects are made that way here, and
+            // before their gang's life ends, as a rule.
+            let gang = gang_of(&write.name, &gangs);
+            if gang.is_none() && !write.name.is_empty() {
                 counts.unattributed += 1;
                 continue;
-            };
-            let stage = match lifecycle_from.get(gang) {
+            }
+            let stage = match gang.and_then(|g| lifecycle_from.get(g)) {
                 Some(from) if write.at >= *from => Stage::Lifecycle,
                 _ => Stage::Admission,
             };
@@ -206,7 +210,7 @@ impl WriteCounts {
                 .by
                 .entry((write.client, stage, write.resource.clone()))
                 .or_default() += 1;
-            if write.resource.starts_with("resourceclaims") {
+            if write.resource.starts_with("resourceclaims") && !write.name.is_empty() {
                 let claim = counts.claim_status.entry(write.name.clone()).or_default();
                 if write.resource == "resourceclaims/status" {
                     *claim.entry((write.client, stage)).or_default() += 1;
@@ -372,6 +376,14 @@ mod tests {
                 201,
             ),
             line("", "create", ["resourceclaimtemplates", "", "ns", "gpus-2"], early, 201),
+            // A claim made from a template by generateName: logged without a name.
+            line(
+                "kube-controller-manager/v1.37.1 (linux/amd64)",
+                "create",
+                ["resourceclaims", "", "ns", ""],
+                late,
+                201,
+            ),
             line(
                 "muster/0.1.0",
                 "patch",
@@ -382,7 +394,7 @@ mod tests {
         ];
         std::fs::write(&log, format!("{before}\n{}\n", lines.join("\n")))?;
         let writes = read(&log, from, "ns")?;
-        assert_eq!(writes.len(), 8, "the earlier line and other namespaces are left out");
+        assert_eq!(writes.len(), 9, "the earlier line and other namespaces are left out");
         let gangs = vec!["g1".to_string(), "g10".to_string()];
         assert_eq!(gang_of("g10-0", &gangs), Some("g10"), "not g1: the longest name wins");
         assert_eq!(gang_of("g1", &gangs), Some("g1"));
@@ -394,12 +406,17 @@ mod tests {
         let counts = WriteCounts::of(&writes, &gangs, &running);
         assert_eq!(counts.total(Some(Client::Muster), Some(Stage::Admission)), 1);
         assert_eq!(counts.total(Some(Client::Muster), Some(Stage::Lifecycle)), 1);
-        assert_eq!(counts.total(Some(Client::ControllerManager), None), 2);
+        assert_eq!(counts.total(Some(Client::ControllerManager), None), 3);
+        assert_eq!(
+            counts.total(Some(Client::ControllerManager), Some(Stage::Admission)),
+            2,
+            "a create without a name is admission"
+        );
         assert_eq!(counts.total(Some(Client::Scheduler), None), 1);
         // g10 never ran: all of its writes are admission.
         assert_eq!(counts.total(Some(Client::Kwok), Some(Stage::Admission)), 1);
         assert_eq!(counts.total(Some(Client::Other), None), 1);
-        assert_eq!(counts.total(None, None), 7, "the template belongs to no gang");
+        assert_eq!(counts.total(None, None), 8, "the template belongs to no gang");
         assert_eq!(counts.unattributed, 1);
         assert_eq!(
             counts.claim_status["g1-workers-0-gpus"],
