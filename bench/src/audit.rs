@@ -196,9 +196,11 @@ impl WriteCounts {
         for write in writes {
             // A create by generateName (kube-controller-manager's claims from templates)
             // is logged without a name; only gang objects are made that way here, and
-            // before their gang's life ends, as a rule.
+            // before their gang's life ends, as a rule. Other writes without a name are
+            // the namespace controller's deletecollection of every kind at the end.
             let gang = gang_of(&write.name, &gangs);
-            if gang.is_none() && !write.name.is_empty() {
+            let generated = write.name.is_empty() && write.verb == "create";
+            if gang.is_none() && !generated {
                 counts.unattributed += 1;
                 continue;
             }
@@ -384,6 +386,14 @@ mod tests {
                 late,
                 201,
             ),
+            // The namespace's deletion: no gang's object.
+            line(
+                "kube-controller-manager/v1.37.1 (linux/amd64)",
+                "deletecollection",
+                ["pods", "", "ns", ""],
+                late,
+                200,
+            ),
             line(
                 "muster/0.1.0",
                 "patch",
@@ -394,7 +404,7 @@ mod tests {
         ];
         std::fs::write(&log, format!("{before}\n{}\n", lines.join("\n")))?;
         let writes = read(&log, from, "ns")?;
-        assert_eq!(writes.len(), 9, "the earlier line and other namespaces are left out");
+        assert_eq!(writes.len(), 10, "the earlier line and other namespaces are left out");
         let gangs = vec!["g1".to_string(), "g10".to_string()];
         assert_eq!(gang_of("g10-0", &gangs), Some("g10"), "not g1: the longest name wins");
         assert_eq!(gang_of("g1", &gangs), Some("g1"));
@@ -416,8 +426,12 @@ mod tests {
         // g10 never ran: all of its writes are admission.
         assert_eq!(counts.total(Some(Client::Kwok), Some(Stage::Admission)), 1);
         assert_eq!(counts.total(Some(Client::Other), None), 1);
-        assert_eq!(counts.total(None, None), 8, "the template belongs to no gang");
-        assert_eq!(counts.unattributed, 1);
+        assert_eq!(
+            counts.total(None, None),
+            8,
+            "the template and the namespace's deletecollection belong to no gang"
+        );
+        assert_eq!(counts.unattributed, 2);
         assert_eq!(
             counts.claim_status["g1-workers-0-gpus"],
             BTreeMap::from([
