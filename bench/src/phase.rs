@@ -189,6 +189,7 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
         muster_writes = operator_writes(operator).await.ok();
     }
     drop(recorder);
+    let cleanup_wall = std::time::SystemTime::now();
     let cleanup = delete_namespace_and_wait(client, &ns).await;
     if let Some(operator) = operator {
         operator.stop();
@@ -200,22 +201,36 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
     let audited = crate::audit::read(stage.audit_log, audit_from, &ns)?;
     let mut result = summarize(scenario, contender, repeat, &driven, stage.racks);
     let gangs: Vec<String> = scenario.gangs.iter().map(|g| g.name.clone()).collect();
-    let running_at: BTreeMap<String, std::time::SystemTime> = scenario
+    // A gang's lifecycle begins when its first pod ends, or at the latest when the
+    // namespace's deletion takes what is left.
+    let lifecycle_from: BTreeMap<String, std::time::SystemTime> = scenario
         .gangs
         .iter()
-        .filter_map(|gang| {
-            let running = nth_earliest(
-                driven.timeline.pods_of(&gang.name).filter_map(|p| p.running).collect(),
-                gang.pods,
-            )?;
-            Some((
-                gang.name.clone(),
-                driven.start_wall + running.saturating_duration_since(driven.start),
-            ))
+        .map(|gang| {
+            let first_end = driven
+                .timeline
+                .pods_of(&gang.name)
+                .filter_map(|p| p.finished)
+                .min()
+                .map(|end| driven.start_wall + end.saturating_duration_since(driven.start));
+            let from = first_end.map_or(cleanup_wall, |end| end.min(cleanup_wall));
+            (gang.name.clone(), from)
         })
         .collect();
-    result.writes = crate::audit::WriteCounts::of(&audited, &gangs, &running_at);
-    result.unreserved_running = driven.timeline.unreserved_running();
+    result.writes = crate::audit::WriteCounts::of(&audited, &gangs, &lifecycle_from);
+    result.unreserved_running = match driven.timeline.unreserved_running() {
+        Some(missing) => missing,
+        None => {
+            eprintln!(
+                "  the claim watch started over {} time(s): reservations not checked in this phase",
+                driven.timeline.claim_relists()
+            );
+            Vec::new()
+        }
+    };
+    for missing in &result.unreserved_running {
+        eprintln!("{}", explain_unreserved(missing, &driven, &audited));
+    }
     result.cpu_seconds = cpu_seconds;
     result.muster_peak_rss_mib = muster_peak_rss_mib;
     result.apiserver_writes = cost::delta(&writes_before, &writes_after);
@@ -344,7 +359,17 @@ async fn drive(
     for deletion in deletions {
         deletion.await??;
     }
+    // A pod's Running can arrive on the pod watch before its claim's reservation on the
+    // claim watch: the reservations are judged only once the claim watch has caught up.
+    let early = recorder.timeline.lock().unwrap().unreserved_running();
+    recorder.sync(client, ns).await?;
     let timeline = recorder.timeline.lock().unwrap().clone();
+    if let (Some(early), Some(now)) = (early, timeline.unreserved_running()) {
+        let late: Vec<&String> = early.iter().filter(|m| !now.contains(m)).collect();
+        if !late.is_empty() {
+            eprintln!("  reservations seen only once the claim watch caught up: {late:?}");
+        }
+    }
     Ok(Driven {
         timeline,
         start,
@@ -354,6 +379,33 @@ async fn drive(
         stalled,
         recovery,
     })
+}
+
+/// Everything seen of an unreserved running pod (`pod/claim`) and its claim: the
+/// recorder's states of the claim, and every write the audit log has of either, in
+/// milliseconds after the phase's start. A reservation the API server served but the
+/// watch never delivered is the recorder's fault; one never written is the scheduler's.
+fn explain_unreserved(missing: &str, driven: &Driven, audited: &[crate::audit::Write]) -> String {
+    let (pod, claim) = missing.split_once('/').unwrap_or((missing, ""));
+    let mut out = format!(
+        "  {missing} ran unreserved; the recorder saw:\n{}  the audit log has:\n",
+        driven.timeline.explain(pod, claim, driven.start)
+    );
+    for write in audited.iter().filter(|w| w.name == pod || w.name == claim) {
+        let ms = write
+            .at
+            .duration_since(driven.start_wall)
+            .map_or_else(|e| -(e.duration().as_millis() as i128), |d| d.as_millis() as i128);
+        out.push_str(&format!(
+            "  {ms} ms {} {} {} {} -> {}\n",
+            write.client.label(),
+            write.verb,
+            write.resource,
+            write.name,
+            write.code
+        ));
+    }
+    out
 }
 
 fn running_pods(timeline: &Timeline, gang: &GangSpec) -> usize {

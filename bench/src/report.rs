@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::audit::{Client, Stage};
+use crate::audit::{ClaimWriter, Client, Stage};
 use crate::contender::Contender;
 use crate::phase::PhaseResult;
 use crate::plot::{Series, cdf_svg};
@@ -70,6 +70,11 @@ impl<'a> Summary<'a> {
 
     fn running(&self) -> Vec<f64> {
         self.pooled(|g| g.all_running)
+    }
+
+    /// The highest value of any repeat.
+    fn most(&self, value: impl Fn(&PhaseResult) -> Option<f64>) -> Option<f64> {
+        self.phases.iter().filter_map(|p| value(p)).reduce(f64::max)
     }
 
     fn gangs_per_phase(&self) -> usize {
@@ -159,7 +164,7 @@ pub fn markdown(run: &Run, plot_file: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "- **pods/s**: pods bound from the first create to the last pod bound. **writes/pod**: create, update, patch and delete requests on the phase's objects (pods and their bindings and status, claims and their status, Workloads, PodGroups, Services, events) in the audit log, from every client, per pod bound; the API server's background (node leases and status) is left out. **admission / lifecycle**: a write until every pod of its gang runs, or after (finishing, deallocating, deleting, the namespace's deletion at the end)."
+        "- **pods/s**: pods bound from the first create to the last pod bound. **writes/pod**: create, update, patch and delete requests on the gangs' own objects (pods and their bindings and status, claims and their status, Workloads, PodGroups, Services, events, each named after its gang, and the claims kube-controller-manager makes from templates, which the audit log shows without a name) in the audit log, from every client, per pod bound. Only gang objects count: the API server's idle background (node leases and status) is outside the phase's namespace, and what in it belongs to no gang (claim templates, the benchmark's sync markers, the namespace controller's deletecollection of every kind at the end) is left out. **admission / lifecycle**: a write to a gang's object before its first pod ends or it is deleted (getting it running and holding it while it runs, muster recording Running included; so is kwok's write that ends that first pod), or after (finishing, deallocating, deleting, restarting after a failure, the namespace's deletion at the end)."
     );
     let _ = writeln!(
         out,
@@ -265,7 +270,7 @@ fn headline(out: &mut String, run: &Run) {
                         a.zip(b).map(|(a, b)| a <= b),
                     );
                     let per_claim =
-                        |s: &Summary| s.per_phase(|p| p.writes.claim_status_per_claim().map_or(0.0, |c| c.0));
+                        |s: &Summary| s.per_phase(|p| p.writes.claim_status_per_claim_all().map_or(0.0, |c| c.0));
                     let a = per_claim(&ours);
                     row(
                         "claim status writes per claim over its life",
@@ -453,8 +458,8 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
             spread(s.spread(|p| Some(p.pods_per_second)), 1),
             number(s.per_phase(|p| p.partial() as f64), 1),
             number(s.per_phase(|p| p.deadlocked() as f64), 1),
-            number(s.per_phase(|p| p.makespan), 1),
-            number(s.per_phase(|p| p.gpu_utilisation), 2),
+            spread(s.spread(|p| Some(p.makespan)), 1),
+            spread(s.spread(|p| Some(p.gpu_utilisation)), 2),
             number(cpu("muster").filter(|_| contender == Contender::Muster), 1),
             number(cpu("kube-scheduler"), 1),
             number(cpu("kube-apiserver"), 1),
@@ -469,6 +474,7 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
     }
     let _ = writeln!(out);
     writes_table(out, run, scenario);
+    claim_writes_table(out, run, scenario);
     match scenario.id {
         ScenarioId::S6 => {
             let _ = writeln!(
@@ -618,15 +624,80 @@ fn writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
             cells.join(" | "),
             spread(s.spread(|p| Some(p.gang_writes_per_pod())), 1),
             number(
-                s.per_phase(|p| p.writes.claim_status_per_claim().map_or(0.0, |c| c.0)),
+                s.per_phase(|p| p.writes.claim_status_per_claim_all().map_or(0.0, |c| c.0)),
                 2
             ),
-            number(
-                s.per_phase(|p| p.writes.claim_status_per_claim().map_or(0.0, |c| c.1 as f64)),
-                0
-            ),
+            number(s.most(|p| p.writes.claim_status_per_claim_all().map(|c| c.1 as f64)), 0),
             number(s.per_phase(|p| p.writes.conflicts.values().sum::<u64>() as f64), 0),
             number(s.per_phase(|p| p.unreserved_running.len() as f64), 0),
+        );
+    }
+    let _ = writeln!(out);
+}
+
+/// ResourceClaim status writes per claim over the claim's whole life, by who wrote them
+/// and, for muster and kube-controller-manager, whether during admission or after.
+fn claim_writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
+    let _ = writeln!(
+        out,
+        "ResourceClaim status writes per claim over its whole life (creation to deletion), from the audit log, by writer: the mean per claim, and in brackets the most any one claim had; admission / lifecycle as above. Every claim whose status anyone wrote counts, also for the writers that never touched it; claims never written are counted apart: kube-controller-manager makes a pod whose claim it deleted at the pod's end a new one from the template (it does not check that the pod has ended), and deletes it unused.\n"
+    );
+    let columns: [(&str, ClaimWriter, Option<Stage>); 6] = [
+        ("muster, admission", ClaimWriter::Muster, Some(Stage::Admission)),
+        ("muster, lifecycle", ClaimWriter::Muster, Some(Stage::Lifecycle)),
+        (
+            "kube-controller-manager, admission",
+            ClaimWriter::ControllerManager,
+            Some(Stage::Admission),
+        ),
+        (
+            "kube-controller-manager, lifecycle",
+            ClaimWriter::ControllerManager,
+            Some(Stage::Lifecycle),
+        ),
+        ("kube-scheduler", ClaimWriter::Scheduler, None),
+        ("others", ClaimWriter::Others, None),
+    ];
+    let header: Vec<&str> = columns.iter().map(|c| c.0).collect();
+    let _ = writeln!(
+        out,
+        "| contender | claims per run (never written) | {} | all writers: mean (lowest–highest repeat), most |",
+        header.join(" | ")
+    );
+    let _ = writeln!(out, "|---|---|{}---|", "---|".repeat(columns.len()));
+    for contender in Contender::ALL {
+        let s = Summary::of(run, scenario.id, contender);
+        if s.is_empty() {
+            continue;
+        }
+        let per_claim = |which: &dyn Fn(Client, Stage) -> bool| {
+            format!(
+                "{} ({})",
+                number(
+                    s.per_phase(|p| p.writes.claim_status_per_claim(which).map_or(0.0, |c| c.0)),
+                    2
+                ),
+                number(
+                    s.most(|p| p.writes.claim_status_per_claim(which).map(|c| c.1 as f64)),
+                    0
+                )
+            )
+        };
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|(_, writer, stage)| {
+                per_claim(&|c: Client, st: Stage| ClaimWriter::of(c) == *writer && stage.is_none_or(|w| w == st))
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} ({}) | {} | {}, {} |",
+            contender.label(),
+            number(s.per_phase(|p| p.writes.claims_written() as f64), 0),
+            number(s.per_phase(|p| p.writes.claims_never_written() as f64), 0),
+            cells.join(" | "),
+            spread(s.spread(|p| p.writes.claim_status_per_claim_all().map(|c| c.0)), 2),
+            number(s.most(|p| p.writes.claim_status_per_claim_all().map(|c| c.1 as f64)), 0),
         );
     }
     let _ = writeln!(out);

@@ -3,10 +3,25 @@
 //! needs; it asserts no timings.
 
 use anyhow::{Result, ensure};
-use muster_bench::audit::{Client, Stage};
+use muster_bench::audit::{ClaimWriter, Client, Stage};
 use muster_bench::contender::Contender;
 use muster_bench::report;
 use muster_bench::spec::{ScenarioId, Size};
+
+/// Ceiling on ResourceClaim status writes per claim of muster's gangs over the claim's
+/// whole life (mean over the phase's claims, every writer), in the scenarios whose pods
+/// finish (S3, S5), where kube-controller-manager and muster fight over the claims of
+/// finished pods (issue 23). Measured before muster writes allocation and `reservedFor`
+/// in one write and deallocates promptly, in three smoke runs: S3 109, 185 and 234 (one
+/// claim had 2,411; nearly all kube-controller-manager's), S5 26, 18 and 23. The storm
+/// varies widely from run to run, hence the room. Tighten it once that change lands (the
+/// goal is ≤ 3; the baselines measure 2).
+const MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM: f64 = 1000.0;
+/// Ceiling on muster's own writes per pod bound while admitting its gangs and holding
+/// them (until a gang's first pod ends or it is deleted), in S1's 4-pod gangs. Measured
+/// before the three-round-trip commit of issue 23: 6.25 in three smoke runs (S3 6.1, S5
+/// 7.0, S6 6.3). Tighten it once that lands (the goal is ≤ 4).
+const MUSTER_ADMISSION_WRITES_PER_POD: f64 = 8.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()> {
@@ -67,31 +82,59 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
             "{what}: no writes attributed: {:?}",
             result.writes
         );
-        // Every pod muster released ran in reservedFor of each of its claims. For the
-        // baselines, where kube-scheduler writes the reservation, it is reported, not
-        // asserted: the recorder has seen a reservation of theirs go unseen now and then
-        // with no gap in its claim watch, a cause not found yet.
-        if result.contender == Contender::Muster {
-            ensure!(
-                result.unreserved_running.is_empty(),
-                "{what}: pods ran without their claims' reservation: {:?}",
-                result.unreserved_running
-            );
-        } else if !result.unreserved_running.is_empty() {
-            eprintln!(
-                "  {what}: the recorder saw no reservation for {:?}",
-                result.unreserved_running
-            );
-        }
-        if result.contender == Contender::Muster
-            && matches!(result.scenario, ScenarioId::S1 | ScenarioId::S2 | ScenarioId::S6)
-        {
+        // Every pod that ran is in reservedFor of each claim it ran with, whoever
+        // wrote the reservation (muster's fence or kube-scheduler's PreBind).
+        ensure!(
+            result.unreserved_running.is_empty(),
+            "{what}: pods ran without their claims' reservation: {:?}",
+            result.unreserved_running
+        );
+        // Every pod is bound wherever the scenario lets every gang in: everywhere for
+        // muster, and for the baselines all but plain kube-scheduler's contended runs.
+        let plain_contended =
+            result.contender == Contender::Plain && matches!(result.scenario, ScenarioId::S3 | ScenarioId::S5);
+        if !plain_contended {
             let pods: usize = result.gangs.iter().map(|g| g.pods).sum();
             ensure!(
                 result.pods_bound >= pods,
                 "{what}: {} of {pods} pods bound",
                 result.pods_bound
             );
+        }
+        let claim_writes = result.writes.claim_status_per_claim_all();
+        let admission_writes = result.writes_per_pod(Some(Client::Muster), Some(Stage::Admission));
+        let by_writer: Vec<String> = ClaimWriter::ALL
+            .iter()
+            .flat_map(|writer| [(writer, Stage::Admission), (writer, Stage::Lifecycle)])
+            .filter_map(|(writer, stage)| {
+                let (mean, most) = result
+                    .writes
+                    .claim_status_per_claim(|c, s| ClaimWriter::of(c) == *writer && s == stage)?;
+                (most > 0).then(|| format!("{} {stage:?} {mean:.2} (most {most})", writer.label()))
+            })
+            .collect();
+        eprintln!(
+            "  {what}: claim status writes per claim (mean, most) {claim_writes:?} of {} claims ({} never written): {}; muster's admission writes per pod {admission_writes:.2}",
+            result.writes.claims_written(),
+            result.writes.claims_never_written(),
+            by_writer.join(", ")
+        );
+        if result.contender == Contender::Muster {
+            if matches!(result.scenario, ScenarioId::S3 | ScenarioId::S5) {
+                let (mean, _) = claim_writes.unwrap_or_default();
+                ensure!(
+                    claim_writes.is_some() && mean <= MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM,
+                    "{what}: {mean:.2} claim status writes per claim, more than {MUSTER_CLAIM_STATUS_WRITES_PER_CLAIM}: {:?}",
+                    result.writes.claim_status
+                );
+            }
+            if result.scenario == ScenarioId::S1 {
+                ensure!(
+                    admission_writes <= MUSTER_ADMISSION_WRITES_PER_POD,
+                    "{what}: muster wrote {admission_writes:.2} times per pod to admit its gangs, more than {MUSTER_ADMISSION_WRITES_PER_POD}: {:?}",
+                    result.writes.by
+                );
+            }
         }
         if result.scenario == ScenarioId::S6 {
             ensure!(
@@ -105,6 +148,10 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
         );
     }
     let markdown = report::markdown(&run, "plot.svg");
+    // To read the smoke run's report: MUSTER_BENCH_SMOKE_REPORT=<file>.
+    if let Some(path) = std::env::var_os("MUSTER_BENCH_SMOKE_REPORT") {
+        std::fs::write(path, &markdown)?;
+    }
     for id in ScenarioId::ALL {
         ensure!(
             markdown.contains(&format!("## {}", id.title())),
