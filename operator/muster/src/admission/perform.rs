@@ -388,18 +388,7 @@ impl Admission {
                         .buffer_unordered(self.settings.write_parallelism.max(1))
                         .collect()
                         .await;
-                    // Every write that landed is remembered before the first failure is told.
-                    let mut failed = None;
-                    for result in given_back {
-                        match result {
-                            Ok(Some(claim)) => self.own_claims.remember(claim),
-                            Ok(None) => {}
-                            Err(e) => failed = failed.or(Some(e)),
-                        }
-                    }
-                    if let Some(e) = failed {
-                        return Err(e.into());
-                    }
+                    self.remember_claims(given_back)?;
                 }
                 // Reserved for a gang Kueue has not admitted yet: the pods wait until
                 // Kueue reads muster's answer to its check.
@@ -693,6 +682,15 @@ impl Admission {
             .buffer_unordered(self.settings.write_parallelism.max(1))
             .collect()
             .await;
+        self.remember_claims(results)
+    }
+
+    /// Remembers every claim a batch of parallel writes left, then tells the first
+    /// failure, if any: what landed is known before the error is.
+    fn remember_claims<E>(&self, results: Vec<Result<Option<ResourceClaim>, E>>) -> Result<(), CommitError>
+    where
+        CommitError: From<E>,
+    {
         let mut failed = None;
         for result in results {
             match result {
@@ -701,7 +699,7 @@ impl Admission {
                 Err(e) => failed = failed.or(Some(e)),
             }
         }
-        failed.map_or(Ok(()), Err)
+        failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// Before muster deletes pods of a gang, its claims lose delete-protection: muster
