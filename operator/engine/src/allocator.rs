@@ -55,6 +55,9 @@ pub enum NoFit {
 #[derive(Clone, Debug, Default)]
 pub struct WorkingSet {
     held: DeviceLedger,
+    /// While set, only these devices may be taken (a pod going back onto the devices it
+    /// had): every other device counts as taken.
+    only: Option<Arc<BTreeSet<DeviceId>>>,
 }
 
 impl WorkingSet {
@@ -70,6 +73,15 @@ impl WorkingSet {
         for result in results {
             self.held.release(result);
         }
+    }
+
+    /// Confines what may be taken to `devices` (`None`: any free device).
+    pub fn confine(&mut self, devices: Option<Arc<BTreeSet<DeviceId>>>) {
+        self.only = devices;
+    }
+
+    fn permits(&self, id: &DeviceId) -> bool {
+        self.only.as_ref().is_none_or(|only| only.contains(id))
     }
 
     fn allocated(&self, cluster: &ClusterState, id: &DeviceId) -> bool {
@@ -797,6 +809,9 @@ impl<'a> Search<'a> {
                 data.spec.capacity.clone(),
             )
         };
+        if !self.usage.permits(&id) {
+            return Ok(false);
+        }
         let multiple = device.allow_multiple_allocations;
         if !multiple && admin && self.allocating_for_claim(&id, r.claim) {
             return Ok(false);

@@ -56,6 +56,9 @@ pub struct PlanOptions {
     /// Nodes the gang, or some of its pods, must not use (where kube-scheduler refused
     /// them before, say), with why.
     pub avoid: Arc<Avoid>,
+    /// Pods to put back where their predecessors were, if all of them fit there: tried
+    /// before any fresh plan.
+    pub previous: Arc<PreviousPlaces>,
 }
 
 /// Nodes to keep a gang or single pods off, each with the reason explanations give.
@@ -84,6 +87,7 @@ impl Default for PlanOptions {
             excluded_nodes: Default::default(),
             required_value: None,
             avoid: Default::default(),
+            previous: Default::default(),
         }
     }
 }
@@ -788,6 +792,9 @@ impl<'a> Planner<'a> {
                 Placement::BudgetSpent { pod } => unschedulable(vec![budget_spent_on(&pod)]),
                 Placement::SearchExhausted(reason) => unschedulable(vec![reason]),
             });
+        }
+        if let Some(plan) = self.place_as_before()? {
+            return Ok(Outcome::Placed(plan));
         }
         let mut domains = self.domains();
         if domains.is_empty() {
@@ -1881,6 +1888,7 @@ fn check_claim(cluster: &ClusterState, key: &str, claim: &ClaimSpec) -> Result<(
 }
 
 mod constraints;
+mod previous;
 mod search;
 mod verify;
 mod volumes;
@@ -1888,6 +1896,7 @@ mod volumes;
 pub use verify::verify;
 
 use constraints::{Constraints, NodeRoom, Occupancy};
+pub use previous::{PreviousPlace, PreviousPlaces};
 
 #[cfg(test)]
 mod constraint_tests;

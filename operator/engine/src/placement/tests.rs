@@ -821,3 +821,114 @@ fn extras_of_a_group_without_required_pods_keep_to_one_value() {
     assert_eq!(plan_.pods.len(), 1, "one extra fits in one rack: {plan_:?}");
     assert_eq!(plan_.unplaced.len(), 1);
 }
+
+/// The places a plan gave its pods, for the same pods under `gang`'s keys.
+fn places_of(plan: &Plan, gang: &GangRequest) -> PreviousPlaces {
+    let claims_of = |pod: &PodKey| -> BTreeSet<DeviceId> {
+        let instance = gang
+            .groups
+            .iter()
+            .flat_map(|g| &g.pods)
+            .find(|p| p.key == *pod)
+            .unwrap();
+        plan.claims
+            .iter()
+            .filter(|c| instance.claims.iter().any(|own| own.key == c.claim))
+            .flat_map(|c| c.allocation.devices.iter().map(DeviceResult::device_id))
+            .collect()
+    };
+    plan.pods
+        .iter()
+        .map(|p| {
+            let place = PreviousPlace {
+                node: p.node.clone(),
+                devices: claims_of(&p.pod),
+            };
+            (p.pod.clone(), place)
+        })
+        .collect()
+}
+
+#[test]
+fn replacements_go_back_onto_their_predecessors_devices_when_they_are_free() {
+    // 4 nodes, 8 GPUs each; pods of 4 GPUs, so a fresh plan would pack the first node.
+    let mut cluster = gpu_cluster(4, 8, 2, 2);
+    let gang = gpu_gang("g", 2, 4, Some(RACK), None);
+    // The predecessors ran on node 3 and node 2, on their last GPUs.
+    let mut previous = PreviousPlaces::new();
+    for (pod, node) in gang.groups[0].pods.iter().zip(["node-00003", "node-00002"]) {
+        let devices = (4..8)
+            .map(|i| DeviceId {
+                driver: "gpu.example.com".into(),
+                pool: node.into(),
+                device: format!("gpu-{i}"),
+            })
+            .collect();
+        previous.insert(
+            pod.key.clone(),
+            PreviousPlace {
+                node: node.into(),
+                devices,
+            },
+        );
+    }
+    let options = PlanOptions {
+        previous: Arc::new(previous.clone()),
+        ..PlanOptions::default()
+    };
+    let back = placed(&plan(&cluster, &gang, &options)).clone();
+    assert_eq!(
+        places_of(&back, &gang),
+        previous,
+        "each pod back on its node and devices"
+    );
+    assert_eq!(back.topology_value.as_deref(), Some("rack-0001"));
+
+    // Without the places, the same gang is packed as usual.
+    let fresh = placed(&plan_fresh(&cluster, &gang)).clone();
+    assert_ne!(places_of(&fresh, &gang), previous);
+
+    // One device of a predecessor taken meanwhile: planned afresh, never half back.
+    cluster.set_claim_allocation(
+        &"other/taken".into(),
+        Some(vec![device_result("x", "node-00002", "gpu-5")]),
+    );
+    let afresh = placed(&plan(&cluster, &gang, &options)).clone();
+    assert!(
+        all_devices(&afresh)
+            .iter()
+            .all(|d| !(d.pool == "node-00002" && d.device == "gpu-5")),
+        "the taken device is not given twice"
+    );
+    assert_ne!(places_of(&afresh, &gang), previous);
+}
+
+#[test]
+fn replacements_are_not_put_back_across_a_required_level_that_changed() {
+    let mut cluster = gpu_cluster(4, 8, 2, 2);
+    let gang = gpu_gang("g", 2, 8, Some(RACK), None);
+    let first = placed(&plan_fresh(&cluster, &gang)).clone();
+    let previous = places_of(&first, &gang);
+    assert_ne!(first.pods[0].node, first.pods[1].node);
+    // The second node moved to another rack while its pod was away.
+    let moved = first.pods[1].node.clone();
+    let mut node = cluster.node(&moved).unwrap().clone();
+    node.labels.insert(RACK.into(), "rack-9999".into());
+    cluster.upsert_node(node);
+    let options = PlanOptions {
+        previous: Arc::new(previous.clone()),
+        ..PlanOptions::default()
+    };
+    let again = placed(&plan(&cluster, &gang, &options)).clone();
+    let values: BTreeSet<_> = again
+        .pods
+        .iter()
+        .map(|p| cluster.node(&p.node).unwrap().labels.get(RACK).cloned())
+        .collect();
+    assert_eq!(values.len(), 1, "one rack: {:?}", again.pods);
+    assert_ne!(places_of(&again, &gang), previous);
+}
+
+fn plan_fresh(cluster: &ClusterState, gang: &GangRequest) -> Outcome {
+    plan(cluster, gang, &PlanOptions::default())
+}
