@@ -26,6 +26,7 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
         // An unchecked reservation is undone as such (it releases no pod); a suspended
         // gang then stays out of the queue.
         State::Reserving => undo_reserving(gang, journal),
+        _ if gang.spec.job_ended.is_some() => job_ended(gang, journal),
         _ if gang.spec.suspend => Step::effects(vec![record(
             Some(journal.moved(State::Suspending, gang.now)),
             vec![admitted(
@@ -48,6 +49,26 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
         State::TearingDown => tearing_down(gang, journal),
         State::Restarting => restarting(gang, journal),
     }
+}
+
+/// The pods' controller says their job ended: the gang ends as it says, and what still
+/// runs stops and every claim is given back, as for any end.
+fn job_ended(gang: &Gang, journal: &Journal) -> Step {
+    let Some(end) = &gang.spec.job_ended else {
+        return Step::idle();
+    };
+    let (type_, reason, kind) = if end.succeeded {
+        (ConditionType::Succeeded, Reason::JobCompleted, EventKind::Succeeded)
+    } else {
+        (ConditionType::Failed, Reason::JobFailed, EventKind::Failed)
+    };
+    Step::effects(vec![
+        record(
+            Some(journal.moved(State::Finishing, gang.now)),
+            vec![condition(type_, true, reason, end.message.clone())],
+        ),
+        event(kind, !end.succeeded, "Finish", end.message.clone()),
+    ])
 }
 
 /// muster's own pods labelled with an attempt before the current one (made while the
@@ -326,7 +347,9 @@ fn first(names: &[&str]) -> String {
 }
 
 /// Every pod of the success groups succeeded (at least minCount, none still running).
-fn succeeded(gang: &Gang) -> Option<String> {
+/// Where the pods' controller replaces failed pods, a failed pod that left the journal
+/// was replaced and no longer counts.
+fn succeeded(gang: &Gang, journal: &Journal) -> Option<String> {
     let groups: Vec<&str> = if gang.spec.success_groups.is_empty() {
         gang.spec.groups.iter().map(|g| g.name.as_str()).collect()
     } else {
@@ -338,9 +361,12 @@ fn succeeded(gang: &Gang) -> Option<String> {
         .iter()
         .filter(|g| groups.contains(&g.name.as_str()))
         .all(|g| {
+            let replaced = |p: &PodView| {
+                gang.spec.restarted_by_pod_controller && p.phase == Phase::Failed && journal.planned(&p.name).is_none()
+            };
             let members: Vec<&PodView> = gang
                 .current_pods()
-                .filter(|p| p.group.as_deref() == Some(g.name.as_str()))
+                .filter(|p| p.group.as_deref() == Some(g.name.as_str()) && !replaced(p))
                 .collect();
             let done = members.iter().filter(|p| p.phase == Phase::Succeeded).count();
             let settled = members
@@ -426,7 +452,7 @@ fn core_failure(gang: &Gang, journal: &Journal) -> Option<(Reason, String, Vec<F
 
 /// A released gang: success, failure and restarts, extras, and the scheduler's pace.
 fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
-    if let Some(message) = succeeded(gang) {
+    if let Some(message) = succeeded(gang, journal) {
         let finishing = journal.moved(State::Finishing, gang.now);
         return Step::effects(vec![
             record(
@@ -441,11 +467,14 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
             event(EventKind::Succeeded, false, "Finish", message),
         ]);
     }
-    if let Some((reason, message, failures)) = core_failure(gang, journal) {
+    if gang.spec.restarted_by_pod_controller {
+        if let Some(step) = vacate(gang, journal) {
+            return step;
+        }
+    } else if let Some((reason, message, failures)) = core_failure(gang, journal) {
         return fail_or_restart(gang, journal, reason, message, &failures);
     }
-    let released_at = journal.released_at.unwrap_or(journal.since);
-    let (refused, refusal_due) = refused_pods(gang, settings, journal.core().map(|p| (p, released_at)));
+    let (refused, refusal_due) = refused_pods(gang, settings, in_place(gang, journal));
     if !refused.is_empty() {
         return refused_tear_down(gang, journal, refused);
     }
@@ -458,19 +487,21 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         step = step.then_recheck_in(due);
     }
 
-    // Waiting for the scheduler to bind every released core pod.
-    let unbound: Vec<&str> = journal
-        .core()
-        .filter(|p| gang.current_pod(&p.name).is_some_and(|pod| pod.node.is_none()))
-        .map(|p| p.name.as_str())
+    // Waiting for the scheduler to bind every released core pod, each from its own
+    // release (a replacement placed into a running gang comes later than the gang).
+    let unbound: Vec<(&str, Millis)> = in_place(gang, journal)
+        .filter(|(p, _)| gang.current_pod(&p.name).is_some_and(|pod| pod.node.is_none()))
+        .map(|(p, released_at)| (p.name.as_str(), released_at))
         .collect();
-    if unbound.is_empty() {
+    let Some(latest) = unbound.iter().map(|(_, at)| *at).max() else {
         return step;
-    }
-    let waited = gang.now - journal.released_at.unwrap_or(journal.since);
+    };
+    let earliest = unbound.iter().map(|(_, at)| *at).min().unwrap_or(latest);
+    let waited = gang.now - earliest;
     if waited < settings.schedule_timeout {
         return step.then_recheck_in(settings.schedule_timeout - waited);
     }
+    let unbound: Vec<&str> = unbound.into_iter().map(|(name, _)| name).collect();
     let message = format!(
         "{} of {} released pods were not scheduled within {}s ({}); tearing the gang down to place it again",
         unbound.len(),
@@ -485,6 +516,102 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         message,
         EventKind::ScheduleTimeout,
     )
+}
+
+/// The core pods in place, each with when it was released: every core pod, save those
+/// leaving a place their controller fills again (see [`vacate`]).
+fn in_place<'j>(gang: &Gang, journal: &'j Journal) -> impl Iterator<Item = (&'j PlannedPod, Millis)> {
+    let gang_release = journal.released_at.unwrap_or(journal.since);
+    let vacating = gang.spec.restarted_by_pod_controller;
+    journal.core().filter_map(move |p| match p.released_at {
+        Some(at) => Some((p, at.max(gang_release))),
+        None if vacating => None,
+        None => Some((p, gang_release)),
+    })
+}
+
+/// `failurePolicy.restartedBy: PodController`: the pods' controller replaces a core pod
+/// that failed or went, and muster restarts nothing and deletes nothing. The pod's place
+/// is vacated in steps, each recorded:
+/// 1. its entry is marked as leaving (`released_at` cleared), with an event;
+/// 2. once every leaving pod has ended or gone, the claims no pod still in place uses are
+///    given back (kube-controller-manager clears the protected ones with their pod);
+/// 3. the leaving entries and those claims leave the journal.
+///
+/// The controller's replacements then wait at the gate like extras, and the admission
+/// loop places all of a group's missing core pods at once, back onto the nodes and
+/// devices their predecessors had where these are free.
+fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
+    let pod_of = |planned: &PlannedPod| gang.current_pods().find(|p| p.name == planned.name);
+    let gone = |planned: &PlannedPod| match pod_of(planned) {
+        None => true,
+        Some(p) => {
+            p.gated
+                || p.deleting
+                || p.phase == Phase::Failed
+                || p.node.as_deref().is_some_and(|n| gang.node(n) == NodeHealth::Gone)
+        }
+    };
+    let newly: Vec<&str> = journal
+        .core()
+        .filter(|p| p.released_at.is_some() && gone(p))
+        .map(|p| p.name.as_str())
+        .collect();
+    if !newly.is_empty() {
+        let mut leaving = journal.clone();
+        for pod in leaving.pods.iter_mut().filter(|p| newly.contains(&p.name.as_str())) {
+            pod.released_at = None;
+        }
+        let message = format!(
+            "{} core pods failed or went ({}); their controller replaces them, and muster gives back what they held and places the replacements, onto the same nodes and devices where these are free",
+            newly.len(),
+            first(&newly)
+        );
+        return Some(Step::effects(vec![
+            record(Some(leaving), vec![]),
+            event(EventKind::Restarting, true, "Vacate", message),
+        ]));
+    }
+    let leaving: Vec<&PlannedPod> = journal.core().filter(|p| p.released_at.is_none()).collect();
+    if leaving.is_empty() {
+        return None;
+    }
+    // A pod still stopping still uses its devices.
+    if leaving
+        .iter()
+        .any(|p| pod_of(p).is_some_and(|pod| !pod.gated && !pod.phase.terminal()))
+    {
+        return None;
+    }
+    let staying: BTreeSet<&str> = journal
+        .pods
+        .iter()
+        .filter(|p| p.extra || p.released_at.is_some())
+        .filter_map(|p| pod_of(p).map(|pod| pod.uid.as_str()))
+        .collect();
+    let extras_own: BTreeSet<&String> = journal.pods.iter().filter(|p| p.extra).flat_map(|p| &p.claims).collect();
+    let orphaned: Vec<&String> = journal
+        .claims
+        .iter()
+        .filter(|c| !extras_own.contains(c))
+        .filter(|c| {
+            gang.claim(c)
+                .is_none_or(|view| !view.used_by.iter().any(|u| staying.contains(u.as_str())))
+        })
+        .collect();
+    match give_back(gang, orphaned.iter().copied()) {
+        Claims::Held(effect) => Some(held(effect)),
+        Claims::Free => {
+            let mut kept = journal.clone();
+            kept.pods.retain(|p| p.extra || p.released_at.is_some());
+            kept.claims.retain(|c| !orphaned.contains(&c));
+            let mut nodes: Vec<String> = kept.pods.iter().map(|p| p.node.clone()).collect();
+            nodes.sort();
+            nodes.dedup();
+            kept.nodes = nodes;
+            Some(Step::effects(vec![record(Some(kept), vec![])]))
+        }
+    }
 }
 
 /// Of `planned` (each with the time it was released), the pods kube-scheduler refused on

@@ -33,6 +33,13 @@ pub enum Reason {
     FailedByRule,
     /// kube-scheduler refused a released pod on its planned node.
     SchedulerRefused,
+    /// A core pod failed or went, and its controller replaces it (`restartedBy:
+    /// PodController`).
+    PodReplaced,
+    /// The pods' controller says their job completed.
+    JobCompleted,
+    /// The pods' controller says their job failed.
+    JobFailed,
 }
 
 impl Reason {
@@ -54,11 +61,14 @@ impl Reason {
             Reason::Preempted => "Preempted",
             Reason::FailedByRule => "FailedByRule",
             Reason::SchedulerRefused => "SchedulerRefused",
+            Reason::PodReplaced => "PodReplaced",
+            Reason::JobCompleted => "JobCompleted",
+            Reason::JobFailed => "JobFailed",
         }
     }
 
     pub fn parse(text: &str) -> Option<Reason> {
-        const ALL: [Reason; 16] = [
+        const ALL: [Reason; 19] = [
             Reason::Reserving,
             Reason::Admitted,
             Reason::RolledBack,
@@ -75,6 +85,9 @@ impl Reason {
             Reason::Preempted,
             Reason::FailedByRule,
             Reason::SchedulerRefused,
+            Reason::PodReplaced,
+            Reason::JobCompleted,
+            Reason::JobFailed,
         ];
         ALL.into_iter().find(|r| r.as_str() == text)
     }

@@ -29,7 +29,7 @@ pub mod refusal;
 pub use decide::decide;
 pub use effect::{Condition, ConditionType, Effect, EventKind, Pin, PodRef, Reason, Record, Restarts, Step};
 pub use journal::{Journal, PlannedPod, State};
-pub use observe::{ClaimView, Consumer, Gang, GroupSpec, NodeHealth, Phase, PodView, Settings, Spec};
+pub use observe::{ClaimView, Consumer, Gang, GroupSpec, JobEnd, NodeHealth, Phase, PodView, Settings, Spec};
 
 /// Wall-clock time in milliseconds since the Unix epoch, as recorded in the journal.
 pub type Millis = i64;

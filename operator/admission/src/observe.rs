@@ -41,6 +41,18 @@ pub struct Spec {
     /// `failurePolicy.restartBackoff`.
     pub restart_backoff: Option<crate::failure::Backoff>,
     pub ttl_seconds_after_finished: Option<i64>,
+    /// `failurePolicy.restartedBy: PodController`: the pods' controller replaces failed
+    /// and lost pods; muster never restarts the gang (see [`crate::decide`]).
+    pub restarted_by_pod_controller: bool,
+    /// How the pods' controller says their job ended, once it did.
+    pub job_ended: Option<JobEnd>,
+}
+
+/// The end of the job whose pods make up the gang, as its controller reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobEnd {
+    pub succeeded: bool,
+    pub message: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -623,6 +623,8 @@ impl Sim {
                     max: 4000,
                 }),
                 ttl_seconds_after_finished: None,
+                restarted_by_pod_controller: false,
+                job_ended: None,
             };
             let rv = world.bump();
             world.workloads.insert(

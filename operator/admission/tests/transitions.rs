@@ -28,6 +28,8 @@ fn spec(min_count: i32, managed: bool) -> Spec {
         failure_rules: vec![],
         restart_backoff: None,
         ttl_seconds_after_finished: None,
+        restarted_by_pod_controller: false,
+        job_ended: None,
     }
 }
 
@@ -1047,4 +1049,126 @@ fn issue22_review_an_unknown_consumer_keeps_the_claim_held() {
     old.reserved_for[0].name = "g-w-0".into();
     let s = step(&spec(1, true), &j, 0, &[], &[old], 1000);
     assert!(s.effects.is_empty(), "{s:?}");
+}
+
+fn replaced_by_controller(min_count: i32) -> Spec {
+    Spec {
+        groups: vec![GroupSpec {
+            name: "w".into(),
+            min_count,
+            managed: false,
+        }],
+        max_restarts: 0,
+        restarted_by_pod_controller: true,
+        ..spec(min_count, false)
+    }
+}
+
+fn deletes(step: &Step) -> usize {
+    step.effects
+        .iter()
+        .filter(|e| matches!(e, Effect::DeletePods { .. }))
+        .count()
+}
+
+/// Issue 20: where the pods' controller restarts them, a failed core pod neither
+/// restarts nor fails the gang, and muster deletes nothing: the pod's place is vacated
+/// (recorded), its claims are given back once it ended, and then it leaves the journal,
+/// while the other pods run on.
+#[test]
+fn a_failed_pod_that_its_controller_replaces_leaves_its_place_and_nothing_is_deleted() {
+    let spec = replaced_by_controller(2);
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("job-0", false, Some(0)), planned("job-1", false, Some(0))],
+        &["job-0-gpu", "job-1-gpu"],
+    );
+    let pods = [
+        pod("job-0", "u0", None, false, Phase::Failed, true),
+        pod("job-1", "u1", None, false, Phase::Running, true),
+    ];
+    let used = |mut c: ClaimView, by: &str| {
+        c.used_by = vec![by.to_string()];
+        c
+    };
+    let claims = [
+        used(claim("job-0-gpu", true, &["u0"]), "u0"),
+        used(claim("job-1-gpu", true, &["u1"]), "u1"),
+    ];
+    // 1. The place is marked as leaving; nothing is deleted, the gang stays Released.
+    let s = step(&spec, &j, 0, &pods, &claims, 1000);
+    assert_eq!(deletes(&s), 0, "{s:?}");
+    let leaving = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!(leaving.state, State::Released);
+    assert_eq!(leaving.planned("job-0").and_then(|p| p.released_at), None);
+    assert_eq!(leaving.planned("job-1").and_then(|p| p.released_at), Some(0));
+    // 2. The failed pod's claim is given back, the running pod's is not.
+    let s = step(&spec, &leaving, 0, &pods, &claims, 2000);
+    assert_eq!(deletes(&s), 0, "{s:?}");
+    assert_eq!(deallocates(&s), vec!["job-0-gpu".to_string()]);
+    // 3. Once it is free, the entry and its claim leave the journal.
+    let claims = [
+        used(claim("job-0-gpu", false, &[]), "u0"),
+        used(claim("job-1-gpu", true, &["u1"]), "u1"),
+    ];
+    let s = step(&spec, &leaving, 0, &pods, &claims, 3000);
+    let kept = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!(kept.state, State::Released);
+    assert_eq!(kept.pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["job-1"]);
+    assert_eq!(kept.claims, ["job-1-gpu"]);
+    // 4. Then the gang just runs; the replaced failed pod does not stop its success.
+    let done = [
+        pod("job-0", "u0", None, false, Phase::Failed, true),
+        pod("job-1", "u1", None, false, Phase::Succeeded, true),
+        pod("job-0-again", "u2", None, false, Phase::Succeeded, true),
+    ];
+    let mut refilled = kept.clone();
+    refilled.pods.push(planned("job-0-again", false, Some(4000)));
+    let s = step(&spec, &refilled, 0, &done, &[], 5000);
+    assert_eq!(recorded_state(&s), Some(Some(State::Finishing)), "{s:?}");
+}
+
+/// Issue 20: all pods gone at once (a JobSet restarting its Jobs): each place is
+/// vacated only after its pod is gone, and a pod still stopping keeps its claim.
+#[test]
+fn pods_being_deleted_by_their_controller_keep_their_places_until_they_are_gone() {
+    let spec = replaced_by_controller(1);
+    let j = journal(State::Released, 0, vec![planned("js-0", false, Some(0))], &["js-0-gpu"]);
+    let mut stopping = pod("js-0", "u0", None, false, Phase::Running, true);
+    stopping.deleting = true;
+    let mut c = claim("js-0-gpu", true, &["u0"]);
+    c.used_by = vec!["u0".into()];
+    let s = step(&spec, &j, 0, std::slice::from_ref(&stopping), std::slice::from_ref(&c), 1000);
+    let leaving = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!(deletes(&s), 0);
+    let s = step(&spec, &leaving, 0, std::slice::from_ref(&stopping), std::slice::from_ref(&c), 2000);
+    assert!(s.record().is_none() && deallocates(&s).is_empty(), "still stopping: {s:?}");
+    // Gone, its claim deleted with it: the place is free.
+    let s = step(&spec, &leaving, 0, &[], &[], 3000);
+    let kept = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert!(kept.pods.is_empty() && kept.claims.is_empty(), "{kept:?}");
+    assert_eq!(kept.state, State::Released);
+}
+
+/// Issue 20: the job's own end ends the gang, as the job says.
+#[test]
+fn the_end_its_controller_reports_ends_the_gang() {
+    let mut spec = replaced_by_controller(1);
+    spec.job_ended = Some(muster_admission::JobEnd {
+        succeeded: false,
+        message: "the JobSet failed: reached max restarts".into(),
+    });
+    let j = journal(State::Released, 0, vec![planned("js-0", false, Some(0))], &[]);
+    let pods = [pod("js-0", "u0", None, false, Phase::Running, true)];
+    let s = step(&spec, &j, 0, &pods, &[], 1000);
+    let record = s.record().expect("a record");
+    assert_eq!(record.journal.as_ref().map(|j| j.state), Some(State::Finishing));
+    assert!(
+        record
+            .conditions
+            .iter()
+            .any(|c| c.reason == Reason::JobFailed && c.message.contains("max restarts")),
+        "{record:?}"
+    );
 }

@@ -299,6 +299,9 @@ pub struct SharedResourceClaim {
 /// Gang restart behaviour.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.restartedBy) || self.restartedBy != 'PodController' || (self.maxRestarts == 0 && !has(self.rules) && !has(self.restartBackoff))").message("failurePolicy.restartedBy PodController leaves restarts to the pods' controller: maxRestarts, rules and restartBackoff do not apply"),
+)]
 pub struct FailurePolicy {
     /// How many restarts that count (see `rules`) the gang may make as a unit after a pod
     /// fails or its node is lost, before the Workload fails. Default 0.
@@ -317,6 +320,25 @@ pub struct FailurePolicy {
     /// up to a cap. Unset: the next attempt starts as soon as the failed one is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_backoff: Option<RestartBackoff>,
+    /// Who restarts the gang after a core pod fails or is lost. `Muster` (unset): muster
+    /// restarts the gang as a unit, under `maxRestarts` and `rules`. `PodController`: the
+    /// controller that made the pods (a Job, a JobSet) replaces them by its own policy;
+    /// muster deletes nothing, gives back what the failed or lost pod held, and puts its
+    /// replacements back onto the same nodes and devices where these are still free (all
+    /// of a group's missing core pods at once). The gang then ends when its pods succeed
+    /// or when its job says it ended. Only for Workloads whose groups are all
+    /// template-less.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_by: Option<RestartedBy>,
+}
+
+/// Who restarts a gang's pods after a failure (`failurePolicy.restartedBy`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum RestartedBy {
+    /// muster restarts the gang as a unit.
+    Muster,
+    /// The pods' own controller replaces them; muster places the replacements.
+    PodController,
 }
 
 /// One rule of the failure policy. Every criterion it sets must match the failed pod.

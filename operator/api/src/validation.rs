@@ -130,6 +130,13 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
     }
     if let Some(policy) = &spec.failure_policy {
         problems.extend(failure_policy_problems(policy));
+        if policy.restarted_by == Some(crate::v1alpha1::RestartedBy::PodController)
+            && spec.pod_groups.iter().any(|g| g.template.is_some())
+        {
+            problems.push(
+                "spec.failurePolicy.restartedBy: PodController needs every pod group to be template-less (muster makes the pods of a group with a template)".into(),
+            );
+        }
         if policy.rules.iter().any(|r| names_unknown_group(&r.pod_groups)) {
             problems.push("failurePolicy.rules[].podGroups may only name pod groups of this Workload".into());
         }
@@ -141,6 +148,11 @@ fn failure_policy_problems(policy: &FailurePolicy) -> Vec<String> {
     let mut problems = Vec::new();
     if !(0..=1000).contains(&policy.max_restarts) {
         problems.push("spec.failurePolicy.maxRestarts: must be between 0 and 1000".into());
+    }
+    if policy.restarted_by == Some(crate::v1alpha1::RestartedBy::PodController)
+        && (policy.max_restarts != 0 || !policy.rules.is_empty() || policy.restart_backoff.is_some())
+    {
+        problems.push("failurePolicy.restartedBy PodController leaves restarts to the pods' controller: maxRestarts, rules and restartBackoff do not apply".into());
     }
     if policy.rules.len() > 16 {
         problems.push("spec.failurePolicy.rules: at most 16 rules are allowed".into());
