@@ -474,13 +474,119 @@ async fn a_jobset_restart_runs_its_new_pods_as_the_gang_again() -> Result<()> {
             let nodes = |devices: &BTreeMap<String, Vec<(String, String)>>| -> BTreeSet<Vec<(String, String)>> {
                 devices.values().cloned().collect()
             };
-            // Compared and reported: the new pods' devices against the old ones'.
-            eprintln!(
-                "devices before the restart: {:?}; after: {:?}; same: {}",
+            // The new pods went back onto the old pods' nodes and devices.
+            ensure!(
+                nodes(&before) == nodes(&after),
+                "devices before the restart: {:?}; after: {:?}",
                 nodes(&before),
-                nodes(&after),
-                nodes(&before) == nodes(&after)
+                nodes(&after)
             );
+            // JobSet restarted it: muster did not count a restart of its own.
+            let workload = test.workloads().get("jobset-again").await?;
+            let restarts = workload.status.as_ref().map_or(0, |s| s.restarts);
+            ensure!(restarts == 0, "muster restarted the gang itself {restarts} times");
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// The devices of `pod`'s claims, as (pool, device).
+async fn pod_devices(test: &Test, pod: &Pod) -> Result<Vec<(String, String)>> {
+    let mut devices = Vec::new();
+    for status in pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.clone())
+        .unwrap_or_default()
+    {
+        let name = status.resource_claim_name.context("generated claim")?;
+        let claim = test.claims().get(&name).await?;
+        let allocation = claim
+            .status
+            .and_then(|s| s.allocation)
+            .with_context(|| format!("{name} allocated"))?;
+        devices.extend(
+            allocation
+                .devices
+                .and_then(|d| d.results)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| (r.pool, r.device)),
+        );
+    }
+    Ok(devices)
+}
+
+fn completion_index(pod: &Pod) -> Option<String> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get("batch.kubernetes.io/job-completion-index")
+        .cloned()
+}
+
+/// Issue 20: restarts stay the framework's. A Job replaces its failed pod (backoffLimit):
+/// muster neither restarts nor deletes the gang's other pods, and the replacement goes
+/// back onto the failed pod's devices.
+#[tokio::test]
+async fn a_jobs_failed_pod_is_replaced_by_the_job_onto_its_devices_while_the_others_run_on() -> Result<()> {
+    with_frameworks("job-replace", |test| {
+        Box::pin(async move {
+            create_job(test, indexed_job("replace", 3, json!({}))).await?;
+            runs_as_one_gang(test, "job-replace", 3).await?;
+            let pods = test.gang_pods("job-replace").await?;
+            let victim = pods
+                .iter()
+                .find(|p| completion_index(p).as_deref() == Some("1"))
+                .context("the pod of index 1")?
+                .clone();
+            let victim_devices = pod_devices(test, &victim).await?;
+            ensure!(!victim_devices.is_empty(), "the pod has devices");
+            let others: BTreeSet<String> = pods
+                .iter()
+                .filter(|p| p.metadata.uid != victim.metadata.uid)
+                .filter_map(|p| p.metadata.uid.clone())
+                .collect();
+            test.exit_pod(victim.metadata.name.as_deref().unwrap_or_default(), 1)
+                .await?;
+            let api = test.pods();
+            let victim_uid = victim.metadata.uid.clone().unwrap_or_default();
+            let replacement = wait::until("the Job's replacement to run", Duration::from_secs(120), || {
+                let (api, victim_uid) = (api.clone(), victim_uid.clone());
+                async move {
+                    let list = api
+                        .list(&ListParams::default().labels("muster.dev/workload=job-replace"))
+                        .await?
+                        .items;
+                    Ok(list.into_iter().find(|p| {
+                        completion_index(p).as_deref() == Some("1")
+                            && p.metadata.uid.as_deref() != Some(victim_uid.as_str())
+                            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    }))
+                }
+            })
+            .await?;
+            // The other pods are the same pods, still running.
+            let running: BTreeSet<String> = test
+                .gang_pods("job-replace")
+                .await?
+                .into_iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .filter_map(|p| p.metadata.uid)
+                .collect();
+            ensure!(
+                others.is_subset(&running),
+                "muster took the gang apart: {others:?} not all in {running:?}"
+            );
+            let devices = pod_devices(test, &replacement).await?;
+            ensure!(
+                devices == victim_devices,
+                "the replacement runs on {devices:?}, its predecessor ran on {victim_devices:?}"
+            );
+            let workload = test.workloads().get("job-replace").await?;
+            let status = workload.status.unwrap_or_default();
+            ensure!(status.restarts == 0, "muster restarted the gang itself");
             Ok(())
         })
     })

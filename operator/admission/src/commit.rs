@@ -73,7 +73,10 @@ pub fn failed(journal: &Journal, reason: Reason, message: String) -> Journal {
 }
 
 /// Extras placed while the gang runs, recorded (not yet released) before their claims
-/// are written. If their commit stops, [`crate::decide`] drops them.
+/// are written. If their commit stops, [`crate::decide`] drops them. Core pods among
+/// them (replacements for places their controller vacated, `restartedBy: PodController`)
+/// are recorded as extras until [`extras_released`], so that a commit that stops drops
+/// them as it drops extras.
 pub fn with_extras(journal: &Journal, extras: &Placement) -> Journal {
     let mut grown = journal.clone();
     grown.pods.extend(extras.pods.iter().map(|p| PlannedPod {
@@ -96,11 +99,16 @@ pub fn with_extras(journal: &Journal, extras: &Placement) -> Journal {
 }
 
 /// Extras whose claims are allocated and checked, about to be released.
+/// Replacements of core pods (placed as core) become core pods of the gang here.
 pub fn extras_released(journal: &Journal, extras: &Placement, now: Millis) -> Journal {
     let mut released = journal.clone();
     for pod in released.pods.iter_mut() {
-        if extras.pods.iter().any(|p| p.name == pod.name) {
+        if let Some(placed) = extras.pods.iter().find(|p| p.name == pod.name) {
             pod.released_at = Some(now);
+            if !placed.extra {
+                pod.extra = false;
+                pod.claims.clear();
+            }
         }
     }
     released

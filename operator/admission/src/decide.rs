@@ -589,7 +589,12 @@ fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
         .filter(|p| p.extra || p.released_at.is_some())
         .filter_map(|p| pod_of(p).map(|pod| pod.uid.as_str()))
         .collect();
-    let extras_own: BTreeSet<&String> = journal.pods.iter().filter(|p| p.extra).flat_map(|p| &p.claims).collect();
+    let extras_own: BTreeSet<&String> = journal
+        .pods
+        .iter()
+        .filter(|p| p.extra)
+        .flat_map(|p| &p.claims)
+        .collect();
     let orphaned: Vec<&String> = journal
         .claims
         .iter()

@@ -1139,11 +1139,28 @@ fn pods_being_deleted_by_their_controller_keep_their_places_until_they_are_gone(
     stopping.deleting = true;
     let mut c = claim("js-0-gpu", true, &["u0"]);
     c.used_by = vec!["u0".into()];
-    let s = step(&spec, &j, 0, std::slice::from_ref(&stopping), std::slice::from_ref(&c), 1000);
+    let s = step(
+        &spec,
+        &j,
+        0,
+        std::slice::from_ref(&stopping),
+        std::slice::from_ref(&c),
+        1000,
+    );
     let leaving = s.record().and_then(|r| r.journal.clone()).expect("a journal");
     assert_eq!(deletes(&s), 0);
-    let s = step(&spec, &leaving, 0, std::slice::from_ref(&stopping), std::slice::from_ref(&c), 2000);
-    assert!(s.record().is_none() && deallocates(&s).is_empty(), "still stopping: {s:?}");
+    let s = step(
+        &spec,
+        &leaving,
+        0,
+        std::slice::from_ref(&stopping),
+        std::slice::from_ref(&c),
+        2000,
+    );
+    assert!(
+        s.record().is_none() && deallocates(&s).is_empty(),
+        "still stopping: {s:?}"
+    );
     // Gone, its claim deleted with it: the place is free.
     let s = step(&spec, &leaving, 0, &[], &[], 3000);
     let kept = s.record().and_then(|r| r.journal.clone()).expect("a journal");

@@ -89,3 +89,6 @@ pub const JOB_SUSPEND: &str = "muster.dev/job-suspend";
 /// Annotation on a derived Workload: the job change last told on the job object as
 /// ignored (an edit after the gang was admitted), so that it is told once.
 pub const IGNORED_CHANGE: &str = "muster.dev/ignored-change";
+/// Annotation on a derived Workload: how its job ended, as the job's own status says
+/// (`Succeeded: <why>` or `Failed: <why>`). The gang ends with it.
+pub const JOB_ENDED: &str = "muster.dev/job-ended";

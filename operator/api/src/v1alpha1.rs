@@ -690,10 +690,15 @@ pub struct PlannedPod {
     /// Placed beyond its group's minCount: losing it does not restart the gang.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub extra: bool,
-    /// When an extra pod was released; absent while its reservation is being made or
-    /// given back.
+    /// When an extra pod, or a core pod placed after the gang (a replacement its
+    /// controller made), was released; absent while its reservation is being made or
+    /// given back, and for core pods released with the gang.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// A core pod that failed or went and whose place is being given back, for its
+    /// controller's replacement (`failurePolicy.restartedBy: PodController`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
     /// An extra pod's own ResourceClaims, deallocated when it is dropped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claims: Vec<String>,

@@ -3,7 +3,7 @@
 //! (not yet released), reserved and checked, recorded released, then released; losing
 //! one is the state machine's business (it is dropped and placed again).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -15,9 +15,9 @@ use muster_engine::cluster::PlanId;
 use muster_engine::placement::{self, Outcome};
 use tracing::info;
 
-use crate::admission::release;
 use crate::admission::reserve::core_placement;
 use crate::admission::{Admission, CommitError, key};
+use crate::admission::{places, release};
 use crate::workload::membership;
 use crate::workload::observe;
 
@@ -31,7 +31,25 @@ impl Admission {
             .filter(|p| membership::of_attempt(p, attempt))
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
+        let by_controller = places::restarted_by_pod_controller(workload);
+        // Places being vacated for the controller's replacements: their devices are not
+        // free yet, and the replacements go back onto them.
+        if by_controller && journal.core().any(|p| p.released_at.is_none()) {
+            return Ok(());
+        }
         let planned: BTreeSet<&str> = journal.pods.iter().map(|p| p.name.as_str()).collect();
+        // Core pods in place, by group: a group short of its minCount gets its
+        // replacements all at once or not at all.
+        let mut in_place: BTreeMap<String, i32> = BTreeMap::new();
+        for planned in journal.core() {
+            if let Some(group) = pods
+                .iter()
+                .find(|p| p.name_any() == planned.name)
+                .and_then(|p| membership::group_of(workload, p))
+            {
+                *in_place.entry(group.name.clone()).or_default() += 1;
+            }
+        }
         let waiting: BTreeSet<String> = pods
             .iter()
             .filter(|p| crate::workload::status::is_gated(p) && !planned.contains(p.name_any().as_str()))
@@ -65,11 +83,38 @@ impl Admission {
                 (key.clone(), value)
             });
             group.pods.retain(|p| waiting.contains(p.key.name()));
-            if let Some((_, None)) = group_value {
+            // Core pods the group is short of (only where the pods' controller replaces
+            // them: otherwise a lost core pod restarts the gang).
+            let missing = if by_controller {
+                let min_count = i32::try_from(group.min_count).unwrap_or(i32::MAX);
+                usize::try_from(min_count - in_place.get(&group.name).copied().unwrap_or(0)).unwrap_or(0)
+            } else {
+                0
+            };
+            if missing > 0 {
+                let core_waiting = group
+                    .pods
+                    .iter()
+                    .filter(|p| {
+                        pods.iter()
+                            .find(|pod| pod.name_any() == p.key.name())
+                            .is_some_and(|pod| membership::is_core(workload, pod))
+                    })
+                    .count();
+                if core_waiting < missing {
+                    tracing::debug!(workload = %key(workload), group = %group.name, missing, core_waiting, "replacements wait for the rest");
+                    return Ok(());
+                }
+            }
+            // A group none of whose pods is in place picks its own level's value anew.
+            let refill = missing > 0 && !in_place.contains_key(&group.name);
+            if let Some((_, None)) = group_value
+                && !refill
+            {
                 group.pods.clear();
             }
             let group_value = group_value.and_then(|(key, value)| Some((key, value?)));
-            group.min_count = 0;
+            group.min_count = missing;
             // The gang's placement domain.
             if let (Some(key), Some(value)) = (&extras.topology.required, &journal.topology_value) {
                 group.shape.node_selector.insert(key.clone(), value.clone());
@@ -77,8 +122,11 @@ impl Admission {
             if let Some((key, value)) = group_value {
                 group.shape.node_selector.insert(key, value);
             }
-            // Sliced groups have no extras (the API requires minCount = replicas).
-            group.topology = Default::default();
+            // Sliced groups have no extras (the API requires minCount = replicas); a
+            // group refilled whole keeps its own level and slices.
+            if !refill {
+                group.topology = Default::default();
+            }
         }
         extras.groups.retain(|g| !g.pods.is_empty());
         extras.topology = Default::default();
@@ -102,9 +150,16 @@ impl Admission {
             }
             // Off nodes kube-scheduler refused the group's pods on lately.
             let avoid = super::refusals::avoid(workload, &extras, crate::workload::observe::now_millis());
+            // Replacements go back where their predecessors ran, if they all still can.
+            let previous = if by_controller {
+                self.places.previous(workload, &pods, &extras)
+            } else {
+                Default::default()
+            };
             let options = muster_engine::placement::PlanOptions {
                 excluded_nodes: std::sync::Arc::new(excluded),
                 avoid: std::sync::Arc::new(avoid),
+                previous: std::sync::Arc::new(previous),
                 ..self.settings.plan.clone()
             };
             let request = extras.clone();
@@ -117,7 +172,28 @@ impl Admission {
             return Ok(());
         }
         info!(workload = %key(workload), pods = plan.pods.len(), "placing extra pods");
-        let placement = core_placement(&extras, &plan);
+        let mut placement = core_placement(&extras, &plan);
+        // Replacements of core pods carry their own claims while their commit runs (it
+        // is dropped like an extra's if it stops); their devices the gang counted already.
+        for replacement in placement.pods.iter_mut().filter(|p| !p.extra) {
+            let own: Vec<String> = extras
+                .groups
+                .iter()
+                .flat_map(|g| &g.pods)
+                .filter(|p| p.key.name() == replacement.name)
+                .flat_map(|p| &p.claims)
+                .filter(|c| !extras.shared_claims.iter().any(|s| s.key == c.key))
+                .map(|c| c.key.name().to_string())
+                .collect();
+            let devices: usize = plan
+                .claims
+                .iter()
+                .filter(|c| own.iter().any(|o| o == c.claim.name()))
+                .map(|c| c.allocation.devices.len())
+                .sum();
+            placement.devices -= i32::try_from(devices).unwrap_or(0);
+            replacement.claims = own;
+        }
         let grown = commit::with_extras(journal, &placement);
         let recorded = self
             .record(
@@ -141,6 +217,7 @@ impl Admission {
         if reserved.is_ok() {
             // The allocations are the cluster's now (the watch may have shown them).
             self.index.update(|c| c.confirm(&assumption));
+            self.places.remember(workload, &pods, &extras, &plan);
         } else {
             self.index.update(|c| c.forget(&assumption));
         }

@@ -29,6 +29,7 @@ pub mod kueue;
 mod ownership;
 mod pass;
 mod perform;
+mod places;
 mod preempt;
 pub mod preemption_scope;
 mod queue;
@@ -298,6 +299,8 @@ pub struct Admission {
     /// Which gangs hold which claims, from their journals: taken at the start of each
     /// pass and kept up with this loop's own status writes.
     holders: std::sync::Mutex<Holders>,
+    /// Where the members of gangs whose pods their controller restarts ran last.
+    places: places::Places,
 }
 
 /// A Workload's identity, as logs and messages name the gang.
@@ -345,6 +348,7 @@ impl Admission {
             conflicts_seen: std::sync::Mutex::default(),
             gangs: std::sync::Mutex::default(),
             holders: std::sync::Mutex::default(),
+            places: places::Places::default(),
         }
     }
 

@@ -28,6 +28,7 @@ impl Admission {
         self.reconcile_assumptions(&workloads);
         self.hold_nominations(&workloads).await;
         self.prune_conflicts(&workloads);
+        self.places.keep_only(&workloads.iter().map(|w| key(w)).collect());
         self.collect_claims().await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
             store.iter().map(|p| convert::object_key(p.as_ref())).collect()

@@ -12,6 +12,70 @@ use serde_json::json;
 
 use crate::admission::fencing::Fencing;
 
+/// `pod` as it was before muster released it: without the pin to its node and the
+/// fence's toleration the release added. A gated pod is returned as it is. Members of a
+/// group another controller made are compared, and planned, in this form, so that a
+/// replacement still at the gate is alike the released pods of its group.
+pub fn as_before_release(pod: &Pod) -> Pod {
+    let mut pod = pod.clone();
+    let Some(spec) = pod.spec.as_mut() else {
+        return pod;
+    };
+    let gated = spec
+        .scheduling_gates
+        .iter()
+        .flatten()
+        .any(|g| g.name == labels::GANG_GATE);
+    if gated {
+        return pod;
+    }
+    let is_pin = |r: &NodeSelectorRequirement| {
+        r.key == "metadata.name" && r.operator == "In" && r.values.as_ref().is_some_and(|v| v.len() == 1)
+    };
+    if let Some(affinity) = spec.affinity.as_mut() {
+        if let Some(node_affinity) = affinity.node_affinity.as_mut() {
+            if let Some(required) = node_affinity
+                .required_during_scheduling_ignored_during_execution
+                .as_mut()
+            {
+                for term in &mut required.node_selector_terms {
+                    if let Some(fields) = term.match_fields.as_mut() {
+                        fields.retain(|r| !is_pin(r));
+                        if fields.is_empty() {
+                            term.match_fields = None;
+                        }
+                    }
+                }
+                required
+                    .node_selector_terms
+                    .retain(|t| t.match_expressions.is_some() || t.match_fields.is_some());
+                if required.node_selector_terms.is_empty() {
+                    node_affinity.required_during_scheduling_ignored_during_execution = None;
+                }
+            }
+            if node_affinity
+                .required_during_scheduling_ignored_during_execution
+                .is_none()
+                && node_affinity
+                    .preferred_during_scheduling_ignored_during_execution
+                    .is_none()
+            {
+                affinity.node_affinity = None;
+            }
+        }
+        if affinity.node_affinity.is_none() && affinity.pod_affinity.is_none() && affinity.pod_anti_affinity.is_none() {
+            spec.affinity = None;
+        }
+    }
+    if let Some(tolerations) = spec.tolerations.as_mut() {
+        tolerations.retain(|t| t.key.as_deref() != Some(labels::FENCE_TAINT));
+        if tolerations.is_empty() {
+            spec.tolerations = None;
+        }
+    }
+    pod
+}
+
 /// The pod's spec changes that release it to `node`, or `None` if it is released
 /// already.
 pub fn release_patch(pod: &Pod, node: &str, fencing: Fencing) -> Option<serde_json::Value> {
@@ -124,6 +188,46 @@ mod tests {
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u-1", "resourceVersion": "7"}, "spec": spec}))
             .unwrap()
+    }
+
+    /// `pod` with the release patch's replacements applied (gates, affinity, tolerations).
+    fn released(p: &Pod, node: &str) -> Pod {
+        let patch = release_patch(p, node, Fencing::Taint).unwrap();
+        let mut value = serde_json::to_value(p).unwrap();
+        for op in patch.as_array().unwrap().iter().filter(|o| o["op"] != "test") {
+            let field = op["path"].as_str().unwrap().trim_start_matches("/spec/");
+            value["spec"][field] = op["value"].clone();
+        }
+        value["spec"]["schedulingGates"] = json!(null);
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// Issue 20: a replacement at the gate is alike the released pods of its group once
+    /// the release's pin and toleration are taken off them; a gated pod is left as it is.
+    #[test]
+    fn a_released_pod_seen_as_before_its_release_is_alike_its_gated_replacement() {
+        for spec in [
+            json!({"containers": [], "schedulingGates": [{"name": labels::GANG_GATE}]}),
+            json!({
+                "containers": [],
+                "schedulingGates": [{"name": labels::GANG_GATE}],
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                ]}}},
+            }),
+        ] {
+            let gated = pod(spec);
+            let out = released(&gated, "node-1");
+            assert_ne!(
+                out.spec.as_ref().unwrap().affinity,
+                gated.spec.as_ref().unwrap().affinity
+            );
+            let mut expected = gated.spec.clone().unwrap();
+            expected.scheduling_gates = None;
+            assert_eq!(as_before_release(&out).spec.unwrap(), expected);
+            assert_eq!(as_before_release(&gated), gated);
+        }
     }
 
     #[test]

@@ -188,8 +188,15 @@ pub fn gang_request(
     let mut groups: Vec<GroupRequest> = Vec::new();
     for group in &workload.spec.pod_groups {
         let made_elsewhere = group.template.is_none();
+        // Another controller's pods as they were before muster released them: a
+        // replacement at the gate is alike the released pods of its group.
+        let unreleased: Vec<Pod>;
         let pods: Vec<&Pod> = if made_elsewhere {
-            membership::external_members(external, group)
+            unreleased = membership::external_members(external, group)
+                .into_iter()
+                .map(crate::admission::release::as_before_release)
+                .collect();
+            unreleased.iter().collect()
         } else {
             gang.pods
                 .iter()

@@ -274,6 +274,7 @@ impl Admission {
         }
         metrics::get().reservations.inc();
         metrics::get().reserved_devices.inc_by(plan.device_count() as u64);
+        self.places.remember(workload, &self.gang_pods(workload), request, plan);
         let reserved = self
             .record(
                 &recorded,

@@ -417,6 +417,21 @@ async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action,
         report_admission(&ctx, &job, &existing).await?;
         return Ok(Action::await_change());
     }
+    // The job's own end (its policy decided, not muster's): the gang ends with it.
+    if let Some((succeeded, why)) = ctx.framework.finished(&object) {
+        let ended = format!("{}: {why}", if succeeded { "Succeeded" } else { "Failed" });
+        if existing.annotations().get(labels::JOB_ENDED) != Some(&ended) {
+            let patch = json!({"metadata": {"annotations": {labels::JOB_ENDED: ended}}});
+            ensure_leading(&ctx);
+            kube_ops::done_if_gone(
+                workloads
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ()),
+            )?;
+        }
+        return Ok(Action::await_change());
+    }
     let admitted = journal(&existing).is_some();
     let (had, want) = (derived_part(&existing), derived_part(&desired));
     if had != want {

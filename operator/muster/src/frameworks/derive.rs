@@ -13,17 +13,13 @@ use std::collections::BTreeMap;
 
 use muster_api::labels;
 use muster_api::v1alpha1::{
-    FailurePolicy, GroupTopology, MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, Members, PodGroup, Topology, TopologySlice,
-    Workload, WorkloadSpec,
+    FailurePolicy, GroupTopology, MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, Members, PodGroup, RestartedBy, Topology,
+    TopologySlice, Workload, WorkloadSpec,
 };
 use serde_json::{Value, json};
 
 use crate::frameworks::{Framework, JOBSET_UID, PodSet, REPLICATED_JOB};
 use crate::kueue::QUEUE_LABEL;
-
-/// The restarts a derived Workload allows: as many as the CRD does, since the job's own
-/// policy (JobSet's `failurePolicy`, a Job's `backoffLimit`) decides when it fails.
-pub const MAX_RESTARTS: i32 = 1000;
 
 /// JobSet's annotation (on the JobSet or a replicated job's Job template) that places
 /// each Job alone in one domain of a level, by pod affinity muster's plan does not make.
@@ -387,11 +383,12 @@ pub fn derive(framework: Framework, object: &Value, cluster: &Cluster<'_>) -> Wo
             priority_class_name: lowest.and_then(|(class, _)| class),
             topology,
             pod_groups: groups,
-            // The framework decides restarts; muster never fails the gang on its own.
+            // The framework decides restarts: muster places its replacements.
             failure_policy: Some(FailurePolicy {
-                max_restarts: MAX_RESTARTS,
+                max_restarts: 0,
                 rules: Vec::new(),
                 restart_backoff: None,
+                restarted_by: Some(RestartedBy::PodController),
             }),
             ..WorkloadSpec::default()
         },

@@ -98,12 +98,14 @@ pub fn journal(workload: &Workload) -> Option<Journal> {
                 node: p.node.clone(),
                 extra: p.extra,
                 // Before extras carried their own release time (journals without
-                // `since`), the gang's stood for it.
-                released_at: p
-                    .released_at
-                    .as_ref()
-                    .map(millis)
-                    .or(released_at.filter(|_| p.extra && placement.since.is_none())),
+                // `since`), the gang's stood for it; a core pod released with the gang
+                // has the gang's, and one leaving its place none.
+                released_at: match p.released_at.as_ref().map(millis) {
+                    Some(at) => Some(at),
+                    None if p.extra => released_at.filter(|_| placement.since.is_none()),
+                    None if p.leaving => None,
+                    None => released_at.filter(|_| state == State::Released),
+                },
                 claims: p.claims.clone(),
             })
             .collect(),
@@ -133,7 +135,15 @@ pub fn placement(journal: &Journal) -> PlacementStatus {
                 name: p.name.clone(),
                 node: p.node.clone(),
                 extra: p.extra,
-                released_at: p.released_at.filter(|_| p.extra).map(time),
+                // A core pod released with the gang goes without a time of its own.
+                released_at: p
+                    .released_at
+                    .filter(|at| p.extra || Some(*at) != journal.released_at)
+                    .map(time),
+                leaving: !p.extra
+                    && p.released_at.is_none()
+                    && journal.state == State::Released
+                    && journal.released_at.is_some(),
                 claims: p.claims.clone(),
             })
             .collect(),
@@ -142,6 +152,21 @@ pub fn placement(journal: &Journal) -> PlacementStatus {
         reuse_reservation: journal.reuse_reservation,
         retired_pods: journal.retired.clone(),
     }
+}
+
+/// The job's end its adoption controller wrote on a derived Workload.
+pub fn job_ended(workload: &Workload) -> Option<muster_admission::JobEnd> {
+    let text = workload.annotations().get(muster_api::labels::JOB_ENDED)?;
+    let (outcome, message) = text.split_once(':').unwrap_or((text.as_str(), ""));
+    let succeeded = match outcome.trim() {
+        "Succeeded" => true,
+        "Failed" => false,
+        _ => return None,
+    };
+    Some(muster_admission::JobEnd {
+        succeeded,
+        message: message.trim().to_string(),
+    })
 }
 
 /// The part of the spec the state machine reads.
@@ -182,6 +207,9 @@ pub fn spec(workload: &Workload) -> Spec {
                 max: i64::from(b.max_seconds) * 1000,
             }),
         ttl_seconds_after_finished: workload.spec.ttl_seconds_after_finished.map(i64::from),
+        restarted_by_pod_controller: workload.spec.failure_policy.as_ref().and_then(|p| p.restarted_by)
+            == Some(muster_api::v1alpha1::RestartedBy::PodController),
+        job_ended: job_ended(workload),
     }
 }
 
