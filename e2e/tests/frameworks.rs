@@ -491,6 +491,65 @@ async fn a_jobset_restart_runs_its_new_pods_as_the_gang_again() -> Result<()> {
     .await
 }
 
+/// Issue 20: while a Job waits out its backoff before it replaces a failed pod, the
+/// devices the failed pod freed are held for the replacement: a gang of the same
+/// priority waiting for exactly that room does not take them in between.
+#[tokio::test]
+async fn a_failed_pods_devices_are_held_for_its_replacement_against_a_waiting_gang() -> Result<()> {
+    with_frameworks("job-hold", |test| {
+        Box::pin(async move {
+            // One rack full, the Job's three pods in the other: a gang of two workers in
+            // one rack waits for one more node there.
+            test.create(muster_e2e::scenario::gang("filler", 4, None)).await?;
+            test.wait_phase("filler", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            create_job(test, indexed_job("held", 3, json!({}))).await?;
+            runs_as_one_gang(test, "job-held", 3).await?;
+            test.create(muster_e2e::scenario::gang("rival", 2, None)).await?;
+            test.wait_phase("rival", WorkloadPhase::Queued, Duration::from_secs(60))
+                .await?;
+            let victim = test
+                .gang_pods("job-held")
+                .await?
+                .into_iter()
+                .find(|p| completion_index(p).as_deref() == Some("2"))
+                .context("the pod of index 2")?;
+            let victim_devices = pod_devices(test, &victim).await?;
+            test.exit_pod(victim.metadata.name.as_deref().unwrap_or_default(), 1)
+                .await?;
+            // The Job replaces the pod after its backoff (10 s); meanwhile the rival
+            // would fit on the freed node.
+            let api = test.pods();
+            let victim_uid = victim.metadata.uid.clone().unwrap_or_default();
+            let replacement = wait::until("the Job's replacement to run", Duration::from_secs(120), || {
+                let (api, victim_uid) = (api.clone(), victim_uid.clone());
+                async move {
+                    let list = api
+                        .list(&ListParams::default().labels("muster.dev/workload=job-held"))
+                        .await?
+                        .items;
+                    Ok(list.into_iter().find(|p| {
+                        completion_index(p).as_deref() == Some("2")
+                            && p.metadata.uid.as_deref() != Some(victim_uid.as_str())
+                            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    }))
+                }
+            })
+            .await?;
+            let rival = test.workloads().get("rival").await?;
+            let placed = rival.status.as_ref().and_then(|s| s.placement.as_ref()).is_some();
+            ensure!(!placed, "the waiting gang took the failed pod's devices");
+            let devices = pod_devices(test, &replacement).await?;
+            ensure!(
+                devices == victim_devices,
+                "the replacement runs on {devices:?}, its predecessor ran on {victim_devices:?}"
+            );
+            Ok(())
+        })
+    })
+    .await
+}
+
 /// The devices of `pod`'s claims, as (pool, device).
 async fn pod_devices(test: &Test, pod: &Pod) -> Result<Vec<(String, String)>> {
     let mut devices = Vec::new();

@@ -204,6 +204,9 @@ impl Admission {
                 warn!(workload = %key(workload), error = %e, "evicting a victim failed; retrying");
             }
         }
+        // Running gangs whose pods their controller replaces hold their vacant places
+        // the same way (a placed gang has no nomination of its own).
+        holding.extend(self.hold_vacant_places(workloads));
         let stale: Vec<PlanId> = self
             .index
             .cluster()
