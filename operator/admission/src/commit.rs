@@ -79,6 +79,10 @@ pub fn failed(journal: &Journal, reason: Reason, message: String) -> Journal {
 /// them as it drops extras.
 pub fn with_extras(journal: &Journal, extras: &Placement) -> Journal {
     let mut grown = journal.clone();
+    // Placed into a gang none of whose pods was left: the placement's domain is the gang's.
+    if grown.pods.is_empty() {
+        grown.topology_value = extras.topology_value.clone();
+    }
     grown.pods.extend(extras.pods.iter().map(|p| PlannedPod {
         released_at: None,
         extra: true,

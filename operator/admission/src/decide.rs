@@ -17,6 +17,10 @@ use crate::{
 /// `Reserving` journal is taken for one a stopped operator left behind and undone.
 pub fn decide(gang: &Gang, settings: &Settings) -> Step {
     let Some(journal) = gang.journal else {
+        // A job that ended before its gang was placed is never placed.
+        if gang.spec.job_ended.is_some() {
+            return job_ended(gang, &Journal::finished(gang.now));
+        }
         return queued(gang);
     };
     match journal.state {
@@ -57,16 +61,19 @@ fn job_ended(gang: &Gang, journal: &Journal) -> Step {
     let Some(end) = &gang.spec.job_ended else {
         return Step::idle();
     };
+    // Held nothing: finished at once.
+    let next = if journal.state == State::Finished {
+        journal.clone()
+    } else {
+        journal.moved(State::Finishing, gang.now)
+    };
     let (type_, reason, kind) = if end.succeeded {
         (ConditionType::Succeeded, Reason::JobCompleted, EventKind::Succeeded)
     } else {
         (ConditionType::Failed, Reason::JobFailed, EventKind::Failed)
     };
     Step::effects(vec![
-        record(
-            Some(journal.moved(State::Finishing, gang.now)),
-            vec![condition(type_, true, reason, end.message.clone())],
-        ),
+        record(Some(next), vec![condition(type_, true, reason, end.message.clone())]),
         event(kind, !end.succeeded, "Finish", end.message.clone()),
     ])
 }
@@ -369,9 +376,10 @@ fn succeeded(gang: &Gang, journal: &Journal) -> Option<String> {
                 .filter(|p| p.group.as_deref() == Some(g.name.as_str()) && !replaced(p))
                 .collect();
             let done = members.iter().filter(|p| p.phase == Phase::Succeeded).count();
-            let settled = members
-                .iter()
-                .all(|p| (p.gated && !p.deleting) || p.phase == Phase::Succeeded);
+            // A pod at the gate is an extra that never ran, save where it is a
+            // replacement the pods' controller made: that one is still to run.
+            let never_ran = |p: &PodView| p.gated && !p.deleting && !gang.spec.restarted_by_pod_controller;
+            let settled = members.iter().all(|p| never_ran(p) || p.phase == Phase::Succeeded);
             done as i32 >= g.min_count && settled
         });
     all.then(|| format!("every pod of {} succeeded", groups.join(", ")))
@@ -543,8 +551,11 @@ fn in_place<'j>(gang: &Gang, journal: &'j Journal) -> impl Iterator<Item = (&'j 
 /// devices their predecessors had where these are free.
 fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
     let pod_of = |planned: &PlannedPod| gang.current_pods().find(|p| p.name == planned.name);
+    // A pod that succeeded stays in its place (nothing replaces it) unless it is being
+    // deleted (a JobSet restarting its Jobs makes it again).
     let gone = |planned: &PlannedPod| match pod_of(planned) {
         None => true,
+        Some(p) if p.phase == Phase::Succeeded && !p.gated => p.deleting,
         Some(p) => {
             p.gated
                 || p.deleting
@@ -552,6 +563,20 @@ fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
                 || p.node.as_deref().is_some_and(|n| gang.node(n) == NodeHealth::Gone)
         }
     };
+    // A pod marked leaving that turns out in place after all (its node was only missing
+    // from the cache for a while) takes its place back.
+    let back: Vec<&str> = journal
+        .core()
+        .filter(|p| p.released_at.is_none() && pod_of(p).is_some() && !gone(p))
+        .map(|p| p.name.as_str())
+        .collect();
+    if !back.is_empty() {
+        let mut restored = journal.clone();
+        for pod in restored.pods.iter_mut().filter(|p| back.contains(&p.name.as_str())) {
+            pod.released_at = journal.released_at;
+        }
+        return Some(Step::effects(vec![record(Some(restored), vec![])]));
+    }
     let newly: Vec<&str> = journal
         .core()
         .filter(|p| p.released_at.is_some() && gone(p))
@@ -610,6 +635,11 @@ fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
             let mut kept = journal.clone();
             kept.pods.retain(|p| p.extra || p.released_at.is_some());
             kept.claims.retain(|c| !orphaned.contains(&c));
+            // With no pod left, the replacements are placed as a whole gang again.
+            if kept.pods.is_empty() {
+                kept.topology_value = None;
+                kept.devices = 0;
+            }
             let mut nodes: Vec<String> = kept.pods.iter().map(|p| p.node.clone()).collect();
             nodes.sort();
             nodes.dedup();

@@ -68,6 +68,23 @@ pub struct Journal {
 }
 
 impl Journal {
+    /// The journal of a gang that finished without holding anything.
+    pub fn finished(now: Millis) -> Journal {
+        Journal {
+            state: State::Finished,
+            since: now,
+            pods: Vec::new(),
+            claims: Vec::new(),
+            released_at: None,
+            reuse_reservation: false,
+            retired: Vec::new(),
+            cause: None,
+            topology_value: None,
+            nodes: Vec::new(),
+            devices: 0,
+        }
+    }
+
     /// The same journal in `state`, entered at `now`.
     pub fn moved(&self, state: State, now: Millis) -> Journal {
         Journal {

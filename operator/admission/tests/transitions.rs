@@ -1189,3 +1189,57 @@ fn the_end_its_controller_reports_ends_the_gang() {
         "{record:?}"
     );
 }
+
+/// Review of issue 20: a job that ended before its gang was placed finishes the gang at
+/// once; nothing is ever placed for it.
+#[test]
+fn a_job_that_ended_before_its_gang_was_placed_finishes_it() {
+    let mut spec = replaced_by_controller(1);
+    spec.job_ended = Some(muster_admission::JobEnd {
+        succeeded: false,
+        message: "the JobSet failed: deadline exceeded".into(),
+    });
+    let nodes = BTreeMap::new();
+    let gang = Gang {
+        spec: &spec,
+        journal: None,
+        restarts: 0,
+        counted_restarts: 0,
+        finished_at: None,
+        pods: &[],
+        claims: &[],
+        nodes: &nodes,
+        devices_published: true,
+        conflicted: &[],
+        refusals: &[],
+        now: 1000,
+    };
+    let s = decide(&gang, &SETTINGS);
+    let record = s.record().expect("a record");
+    assert_eq!(record.journal.as_ref().map(|j| j.state), Some(State::Finished));
+    assert!(record.conditions.iter().any(|c| c.reason == Reason::JobFailed));
+}
+
+/// Review of issue 20: a pod marked leaving because its node was missing for a while
+/// takes its place back once it shows running there; a pod that succeeded keeps its
+/// place (nothing replaces it).
+#[test]
+fn a_pod_wrongly_taken_for_gone_takes_its_place_back_and_a_succeeded_one_keeps_it() {
+    let spec = replaced_by_controller(2);
+    let mut leaving = journal(
+        State::Released,
+        0,
+        vec![planned("job-0", false, None), planned("job-1", false, Some(0))],
+        &[],
+    );
+    leaving.released_at = Some(0);
+    let pods = [
+        pod("job-0", "u0", None, false, Phase::Running, true),
+        pod("job-1", "u1", None, false, Phase::Succeeded, true),
+    ];
+    let s = step(&spec, &leaving, 0, &pods, &[], 1000);
+    let restored = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!(restored.planned("job-0").and_then(|p| p.released_at), Some(0));
+    let s = step(&spec, &restored, 0, &pods, &[], 2000);
+    assert!(s.record().is_none(), "the succeeded pod stays in place: {s:?}");
+}

@@ -37,6 +37,20 @@ impl Admission {
         if by_controller && journal.core().any(|p| p.released_at.is_none()) {
             return Ok(());
         }
+        // A core pod that failed or went since the state machine's look: its place is
+        // vacated first (its replacement must not be taken for an extra).
+        let dead = |name: &str| {
+            pods.iter().find(|p| p.name_any() == name).is_none_or(|p| {
+                p.metadata.deletion_timestamp.is_some()
+                    || p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+            })
+        };
+        if by_controller && journal.core().any(|p| dead(&p.name)) {
+            return Ok(());
+        }
+        // No pod of the gang left (a JobSet restarting all its Jobs): the replacements
+        // are placed as the whole gang, its topology and all.
+        let whole = by_controller && journal.pods.is_empty();
         let planned: BTreeSet<&str> = journal.pods.iter().map(|p| p.name.as_str()).collect();
         // Core pods in place, by group: a group short of its minCount gets its
         // replacements all at once or not at all.
@@ -129,7 +143,9 @@ impl Admission {
             }
         }
         extras.groups.retain(|g| !g.pods.is_empty());
-        extras.topology = Default::default();
+        if !whole {
+            extras.topology = Default::default();
+        }
         // Claims the extras would hold as they are, checked as a gang's are.
         if let Some(why) = self.found_claims_wait(workload, &extras, &snapshot) {
             tracing::debug!(workload = %key(workload), why, "extras wait");

@@ -298,6 +298,10 @@ impl Admission {
         if finished(workload) {
             return false;
         }
+        // Its job ended: the state machine finishes it, nothing is placed.
+        if crate::workload::observe::job_ended(workload).is_some() {
+            return false;
+        }
         if placement_of(workload).and_then(|p| p.state).is_some() {
             return false;
         }

@@ -38,9 +38,13 @@ pub fn as_before_release(pod: &Pod) -> Pod {
                 .required_during_scheduling_ignored_during_execution
                 .as_mut()
             {
+                // The release appended its pin last to every term: a pin of the
+                // pod's own before it stays.
                 for term in &mut required.node_selector_terms {
                     if let Some(fields) = term.match_fields.as_mut() {
-                        fields.retain(|r| !is_pin(r));
+                        if fields.last().is_some_and(is_pin) {
+                            fields.pop();
+                        }
                         if fields.is_empty() {
                             term.match_fields = None;
                         }
@@ -214,6 +218,14 @@ mod tests {
                 "tolerations": [{"key": "gpu", "operator": "Exists"}],
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                     {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                ]}}},
+            }),
+            // A pin of the pod's own stays.
+            json!({
+                "containers": [],
+                "schedulingGates": [{"name": labels::GANG_GATE}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]},
                 ]}}},
             }),
         ] {

@@ -421,7 +421,9 @@ async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action,
     if let Some((succeeded, why)) = ctx.framework.finished(&object) {
         let ended = format!("{}: {why}", if succeeded { "Succeeded" } else { "Failed" });
         if existing.annotations().get(labels::JOB_ENDED) != Some(&ended) {
-            let patch = json!({"metadata": {"annotations": {labels::JOB_ENDED: ended}}});
+            // The uid makes the patch conditional on this Workload (not one made again
+            // under its name meanwhile).
+            let patch = json!({"metadata": {"uid": existing.uid(), "annotations": {labels::JOB_ENDED: ended}}});
             ensure_leading(&ctx);
             kube_ops::done_if_gone(
                 workloads
