@@ -125,10 +125,30 @@ impl Resolver {
     }
 }
 
+/// How long the webhook tries to bind its address: a replica that replaces another on
+/// the same address (host network, a restart in place) may find it still held for a
+/// moment.
+const BIND_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Binds the webhook's address, retrying for [`BIND_FOR`].
+async fn bind(address: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let started = std::time::Instant::now();
+    loop {
+        match TcpListener::bind(address).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) if started.elapsed() < BIND_FOR => {
+                tracing::warn!(%address, error = %e, "the webhook's address is not free yet; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Binds the webhook's address and serves it until the process stops, keeping its
 /// certificate. Returns only if the address cannot be bound.
 pub async fn run(client: kube::Client, settings: Settings) -> std::io::Result<()> {
-    let listener = TcpListener::bind(settings.address).await?;
+    let listener = bind(settings.address).await?;
     info!(address = %settings.address, "serving the admission webhook");
     let resolver = Arc::new(Resolver::default());
     let keeper = keep_certificate(client, settings.clone(), resolver.clone());
