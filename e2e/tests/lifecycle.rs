@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
@@ -15,6 +16,7 @@ use muster_api::{conditions, labels};
 use muster_e2e::scenario::{
     Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node, workload_of_joining_pods,
 };
+use muster_local_cluster::fleet::GPU_DRIVER;
 use muster_local_cluster::wait;
 use serde_json::{Value, json};
 
@@ -336,6 +338,69 @@ async fn a_restart_does_not_go_back_onto_a_node_tainted_no_execute() -> Result<(
                     &Patch::Merge(json!({"spec": {"taints": taints}})),
                 )
                 .await?;
+            result
+        })
+    })
+    .await
+}
+
+/// Issue 21, item 4: a device of the reservation got a `NoExecute` DeviceTaintRule (the
+/// device taint controller evicts the pod using it; should it not yet, the pod's failure
+/// restarts the gang the same way). The restart does not go back onto the device: the
+/// gang is placed again at once, with no refusal waited for.
+#[tokio::test]
+async fn a_restart_does_not_go_back_onto_a_device_tainted_no_execute_by_a_rule() -> Result<()> {
+    with_test("device-tainted-restart", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(with_policy(
+                gang("careful", 2, None),
+                json!({"failurePolicy": {"maxRestarts": 1}}),
+            ))
+            .await?;
+            let before = assert_runs_as_planned(test, "careful").await?;
+            let placement = before.status.and_then(|s| s.placement).context("placement")?;
+            let node = worker_node(&placement)?;
+            let rules: Api<DeviceTaintRule> = Api::all(test.client.clone());
+            let name = format!("broken-{}", test.ns);
+            let rule: DeviceTaintRule = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "deviceSelector": {"driver": GPU_DRIVER, "pool": node, "device": "gpu-3"},
+                    "taint": {"key": "example.com/broken", "value": "true", "effect": "NoExecute"},
+                },
+            }))?;
+            rules.create(&PostParams::default(), &rule).await?;
+            let result = async {
+                let on_node = test
+                    .gang_pods("careful")
+                    .await?
+                    .into_iter()
+                    .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()));
+                if let Some(pod) = on_node {
+                    let _ = test.exit_pod(&pod.name_any(), 1).await;
+                }
+                wait_restarts(test, "careful", 1).await?;
+                let after = assert_runs_as_planned(test, "careful").await?;
+                let status = after.status.context("status")?;
+                let broken = (node.clone(), "gpu-3".to_string());
+                let held = allocations(&test.claims()).await?;
+                ensure!(
+                    !held.values().flatten().any(|d| *d == broken),
+                    "the tainted device {broken:?} was allocated again: {held:?}"
+                );
+                ensure!(
+                    status.scheduler_refusals.is_empty(),
+                    "no refusal was waited for: {:?}",
+                    status.scheduler_refusals
+                );
+                let restarted = test
+                    .wait_event("careful", conditions::EVENT_RESTARTING, "after placing the gang again")
+                    .await;
+                ensure!(restarted.is_ok(), "the restart placed the gang again: {restarted:?}");
+                Ok(())
+            }
+            .await;
+            rules.delete(&name, &DeleteParams::default()).await?;
             result
         })
     })

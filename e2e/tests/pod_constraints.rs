@@ -315,6 +315,78 @@ async fn one_worker_per_node_by_anti_affinity() -> Result<()> {
     .await
 }
 
+/// Issue 21, item 4: a restart onto the reservation checks the pod constraints too. A
+/// pod another workload started on a worker's node during the restart's backoff, which
+/// the workers' anti-affinity excludes, sends the gang to be placed again at once, not
+/// back onto a node where kube-scheduler would refuse its pod.
+#[tokio::test]
+async fn a_restart_does_not_go_back_onto_a_node_its_anti_affinity_now_excludes() -> Result<()> {
+    with_test("anti-affinity-restart", &[], &[], |test| {
+        Box::pin(async move {
+            one_gpu_template(test).await?;
+            let mut gang = workers(
+                "apart",
+                2,
+                json!({"app": "apart"}),
+                json!({"affinity": one_per_node("apart")}),
+            );
+            gang["spec"]["failurePolicy"] =
+                json!({"maxRestarts": 1, "restartBackoff": {"initialSeconds": 10, "maxSeconds": 10}});
+            test.create(gang).await?;
+            test.wait_phase("apart", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            let placed = nodes_of(test, "apart").await?;
+            let (victim, node) = placed.iter().next().context("a worker")?;
+            let (victim, node) = (victim.clone(), node.clone());
+            test.exit_pod(&victim, 1).await?;
+            // The attempt's pods go; during the backoff a pod the workers' anti-affinity
+            // selects starts on the node (bound by name, as a DaemonSet's would be).
+            let pods = test.pods();
+            wait::until("the attempt's pods to leave the node", Duration::from_secs(60), || {
+                let (pods, node) = (pods.clone(), node.clone());
+                async move {
+                    let left = pods
+                        .list(&ListParams::default().labels("muster.dev/workload=apart"))
+                        .await?
+                        .items
+                        .into_iter()
+                        .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()));
+                    Ok((!left).then_some(()))
+                }
+            })
+            .await?;
+            let intruder: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "intruder", "labels": {"app": "apart"}},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "main", "image": "agent", "resources": {"requests": {"cpu": "100m"}}}],
+                },
+            }))?;
+            pods.create(&PostParams::default(), &intruder).await?;
+            let workloads = test.workloads();
+            let status = wait::until("the gang to run again", Duration::from_secs(120), || {
+                let workloads = workloads.clone();
+                async move {
+                    let status = workloads.get("apart").await?.status.unwrap_or_default();
+                    let running = status.restarts == 1 && status.phase == Some(WorkloadPhase::Running);
+                    Ok(running.then_some(status))
+                }
+            })
+            .await?;
+            let nodes = status.placement.as_ref().map(|p| p.nodes.clone()).unwrap_or_default();
+            ensure!(!nodes.contains(&node), "placed again away from {node}: {nodes:?}");
+            ensure!(
+                status.scheduler_refusals.is_empty(),
+                "no refusal was waited for: {:?}",
+                status.scheduler_refusals
+            );
+            pods.delete("intruder", &DeleteParams::default()).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_spread_constraint_balances_the_gang_over_racks() -> Result<()> {
     with_test("spread", &[], &[], |test| {

@@ -801,6 +801,7 @@ fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: Stri
 fn reservation_healthy(gang: &Gang, journal: &Journal) -> bool {
     journal.nodes.iter().all(|n| gang.node(n) == NodeHealth::Ready)
         && gang.devices_published
+        && gang.reuse_problems.is_empty()
         && journal
             .claims
             .iter()
@@ -963,7 +964,15 @@ fn restarting(gang: &Gang, journal: &Journal) -> Step {
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => held(effect),
         Claims::Free => {
-            let message = format!("attempt {attempt} is queued to be placed again");
+            let why = if journal.reuse_reservation {
+                match gang.reuse_problems.first() {
+                    Some(problem) => format!(" (its reservation no longer takes its pods: {problem})"),
+                    None => " (its reservation no longer holds)".to_string(),
+                }
+            } else {
+                String::new()
+            };
+            let message = format!("attempt {attempt} is queued to be placed again{why}");
             Step::effects(vec![record(
                 None,
                 vec![

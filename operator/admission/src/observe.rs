@@ -207,6 +207,10 @@ pub struct Gang<'a> {
     /// Every device the gang's claims hold is still published by its driver and carries
     /// no `NoExecute` taint its allocation does not tolerate.
     pub devices_published: bool,
+    /// Why the planned pods could not go back onto their nodes now, as kube-scheduler
+    /// would filter them there (resources, pod affinity and spread, host ports, volumes):
+    /// asked only of a gang restarting onto its reservation. Empty: they could.
+    pub reuse_problems: &'a [String],
     /// The gang's claims that hold a device some other claim holds too: an allocation
     /// written after the commit's conflict check (kube-scheduler decides in memory and
     /// writes later).

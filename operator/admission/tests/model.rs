@@ -1370,6 +1370,7 @@ impl Sim {
             claims: &claim_views,
             nodes: &nodes,
             devices_published,
+            reuse_problems: &[],
             conflicted: &conflicted,
             refusals: &w.refusals,
             now: self.world.now,

@@ -695,3 +695,26 @@ fn a_node_the_pod_filters_refuse_never_reports_an_allocator_error() {
     gang.groups[0].shape.rules.host_ports = vec![HostPort::new("", "TCP", 8080)];
     assert_eq!(placed(&plan_of(&cluster, &gang)).nodes(), ["node-00000"]);
 }
+
+/// Issue 21, item 4: the check a restart onto its reservation makes sees the gang's own
+/// claims allocated in the cluster (the reservation is kept): those devices are the
+/// pods' own, not taken.
+#[test]
+fn a_kept_reservation_whose_claims_the_cluster_shows_allocated_still_takes_its_pods() {
+    let mut cluster = gpu_cluster(4, 8, 4, 1);
+    let mut gang = gpu_gang("g", 2, 8, None, None);
+    gang.groups[0].shape.rules = one_per_node();
+    gang.groups[0].shape.rules.labels = [("app".to_string(), "worker".to_string())].into();
+    let plan = placed(&plan_of(&cluster, &gang)).clone();
+    for (pod, claim) in gang.groups[0].pods.iter_mut().zip(&plan.claims) {
+        pod.claims[0].allocation = Some(claim.allocation.clone());
+        cluster.set_claim_allocation(&claim.claim, Some(claim.allocation.devices.clone()));
+    }
+    let options = PlanOptions::default();
+    assert_eq!(verify(&cluster, &gang, &plan.pods, &options), Vec::<String>::new());
+    // A pod another workload runs meanwhile that the anti-affinity selects is seen.
+    let first = plan.pods[0].node.clone();
+    run_pod(&mut cluster, "intruder", &first, labelled(&[("app", "worker")]));
+    let problems = verify(&cluster, &gang, &plan.pods, &options);
+    assert!(problems.iter().any(|p| p.contains("anti-affinity")), "{problems:?}");
+}

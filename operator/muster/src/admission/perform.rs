@@ -265,6 +265,7 @@ impl Admission {
             (nodes, published, conflicted, settling)
         };
         let refusals = observe::refusals(workload);
+        let reuse_problems = self.reuse_problems(workload, journal.as_ref(), &pods);
         let gang = Gang {
             spec: &spec,
             journal: journal.as_ref(),
@@ -275,6 +276,7 @@ impl Admission {
             claims: &claim_views,
             nodes: &nodes,
             devices_published,
+            reuse_problems: &reuse_problems,
             conflicted: &conflicted,
             refusals: &refusals,
             now: observe::now_millis(),

@@ -7,15 +7,69 @@
 //! for a refusal or an eviction.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
-use muster_admission::{Journal, NodeHealth};
+use muster_admission::{Journal, NodeHealth, State};
 use muster_api::v1alpha1::Workload;
 use muster_engine::claim::TaintEffect;
 use muster_engine::cluster::{ClusterState, Node};
+use muster_engine::placement::{self, PodPlacement};
 use muster_engine::selector::{Toleration, tolerates_all};
 
+use super::{Admission, key};
 use crate::convert;
+
+impl Admission {
+    /// What keeps a gang restarting onto its reservation from putting its pods back on
+    /// their nodes, by kube-scheduler's filters (`placement::verify`: resources, pod
+    /// affinity and spread, host ports, volumes, taints): asked only of a gang restarting
+    /// onto its reservation once its attempt's pods are gone (the cluster must not hold
+    /// them). A request that cannot be built says nothing: the restart goes on as
+    /// before, and kube-scheduler's refusal, if any, is acted on.
+    pub(super) fn reuse_problems(
+        &self,
+        workload: &Workload,
+        journal: Option<&Journal>,
+        pods: &[Arc<Pod>],
+    ) -> Vec<String> {
+        let Some(journal) = journal.filter(|j| j.state == State::Restarting && j.reuse_reservation) else {
+            return Vec::new();
+        };
+        if pods.iter().any(|p| {
+            journal
+                .retired
+                .iter()
+                .any(|uid| Some(uid.as_str()) == p.metadata.uid.as_deref())
+        }) {
+            return Vec::new();
+        }
+        let request = match self.request(workload) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::debug!(workload = %key(workload), error = %e, "the reservation's pods were not checked");
+                return Vec::new();
+            }
+        };
+        let placement: Vec<PodPlacement> = request
+            .groups
+            .iter()
+            .flat_map(|g| {
+                g.pods.iter().filter_map(|p| {
+                    let planned = journal.planned(p.key.name())?;
+                    Some(PodPlacement {
+                        group: g.name.clone(),
+                        pod: p.key.clone(),
+                        node: planned.node.clone(),
+                    })
+                })
+            })
+            .collect();
+        let cluster = self.planning_view(&key(workload), self.priority(workload));
+        placement::verify(&cluster, &request, &placement, &self.settings.plan)
+    }
+}
 
 /// The tolerations of each pod group's template, with `extra` (the node fence's, which
 /// released pods get) added; groups without a template have none here.
