@@ -801,7 +801,7 @@ fn fail_or_restart(gang: &Gang, journal: &Journal, reason: Reason, message: Stri
 fn reservation_healthy(gang: &Gang, journal: &Journal) -> bool {
     journal.nodes.iter().all(|n| gang.node(n) == NodeHealth::Ready)
         && gang.devices_published
-        && gang.reuse_problems.is_empty()
+        && gang.reuse_problems.is_none_or(<[String]>::is_empty)
         && journal
             .claims
             .iter()
@@ -951,28 +951,40 @@ fn restarting(gang: &Gang, journal: &Journal) -> Step {
             return Step::idle().then_recheck_in(due - gang.now);
         }
     }
-    if journal.reuse_reservation && reservation_healthy(gang, journal) {
-        let mut reserved = journal.moved(State::Reserved, gang.now);
-        reserved.reuse_reservation = false;
-        reserved.retired.clear();
-        let message = format!("attempt {attempt} goes onto the same nodes and devices");
-        return Step::effects(vec![record(
-            Some(reserved),
-            vec![condition(ConditionType::Restarting, false, Reason::Restarted, message)],
-        )]);
+    if journal.reuse_reservation {
+        // Whether the pods would pass kube-scheduler's filters there is not known yet.
+        if gang.reuse_problems.is_none() {
+            return Step::idle().then_recheck_in(500);
+        }
+        if reservation_healthy(gang, journal) {
+            let mut reserved = journal.moved(State::Reserved, gang.now);
+            reserved.reuse_reservation = false;
+            reserved.retired.clear();
+            let message = format!("attempt {attempt} goes onto the same nodes and devices");
+            return Step::effects(vec![record(
+                Some(reserved),
+                vec![condition(ConditionType::Restarting, false, Reason::Restarted, message)],
+            )]);
+        }
+        // Decided once, and told with why, before anything is given back: once the
+        // claims go, the why goes with them.
+        let why = match gang.reuse_problems.and_then(<[String]>::first) {
+            Some(problem) => format!("its reservation no longer takes its pods: {problem}"),
+            None => "a node, device or claim of its reservation no longer holds".to_string(),
+        };
+        let mut decided = journal.clone();
+        decided.reuse_reservation = false;
+        let message =
+            format!("attempt {attempt} does not go back onto its nodes and devices ({why}); it is placed again");
+        return Step::effects(vec![
+            record(Some(decided), vec![]),
+            event(EventKind::Restarting, true, "Restart", message),
+        ]);
     }
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => held(effect),
         Claims::Free => {
-            let why = if journal.reuse_reservation {
-                match gang.reuse_problems.first() {
-                    Some(problem) => format!(" (its reservation no longer takes its pods: {problem})"),
-                    None => " (its reservation no longer holds)".to_string(),
-                }
-            } else {
-                String::new()
-            };
-            let message = format!("attempt {attempt} is queued to be placed again{why}");
+            let message = format!("attempt {attempt} is queued to be placed again");
             Step::effects(vec![record(
                 None,
                 vec![

@@ -209,8 +209,9 @@ pub struct Gang<'a> {
     pub devices_published: bool,
     /// Why the planned pods could not go back onto their nodes now, as kube-scheduler
     /// would filter them there (resources, pod affinity and spread, host ports, volumes):
-    /// asked only of a gang restarting onto its reservation. Empty: they could.
-    pub reuse_problems: &'a [String],
+    /// asked only of a gang restarting onto its reservation once it may go. Empty: they
+    /// could; `None`: not known yet (the attempt's pods still show somewhere), wait.
+    pub reuse_problems: Option<&'a [String]>,
     /// The gang's claims that hold a device some other claim holds too: an allocation
     /// written after the commit's conflict check (kube-scheduler decides in memory and
     /// writes later).

@@ -1370,7 +1370,7 @@ impl Sim {
             claims: &claim_views,
             nodes: &nodes,
             devices_published,
-            reuse_problems: &[],
+            reuse_problems: Some(&[]),
             conflicted: &conflicted,
             refusals: &w.refusals,
             now: self.world.now,

@@ -122,7 +122,7 @@ fn step_remembering(
         claims,
         nodes: &nodes,
         devices_published: true,
-        reuse_problems: &[],
+        reuse_problems: Some(&[]),
         conflicted: &[],
         refusals,
         now,
@@ -506,7 +506,7 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
         claims: &[],
         nodes: &nodes,
         devices_published: true,
-        reuse_problems: &[],
+        reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
         now: 0,
@@ -558,7 +558,7 @@ fn a_queued_gangs_pod_that_no_reservation_released_goes() {
         claims: &[],
         nodes: &nodes,
         devices_published: true,
-        reuse_problems: &[],
+        reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
         now: 0,
@@ -597,7 +597,7 @@ fn a_released_gang_whose_device_another_claim_also_holds_gives_way() {
         claims: &claims,
         nodes: &nodes,
         devices_published: true,
-        reuse_problems: &[],
+        reuse_problems: Some(&[]),
         conflicted: &conflicted,
         refusals: &[],
         now: 1000,
@@ -669,7 +669,7 @@ fn failed_step_on(spec: &Spec, restarts: i32, counted: i32, failed: PodView, nod
         claims: &claims,
         nodes: &nodes,
         devices_published: true,
-        reuse_problems: &[],
+        reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
         now: 5000,
@@ -1215,7 +1215,7 @@ fn a_job_that_ended_before_its_gang_was_placed_finishes_it() {
         claims: &[],
         nodes: &nodes,
         devices_published: true,
-        reuse_problems: &[],
+        reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
         now: 1000,
@@ -1248,4 +1248,65 @@ fn a_pod_wrongly_taken_for_gone_takes_its_place_back_and_a_succeeded_one_keeps_i
     assert_eq!(restored.planned("job-0").and_then(|p| p.released_at), Some(0));
     let s = step(&spec, &restored, 0, &pods, &[], 2000);
     assert!(s.record().is_none(), "the succeeded pod stays in place: {s:?}");
+}
+
+/// Review of issue 21: a restart that cannot go back onto its reservation decides so
+/// once, saying why, before anything is given back; while the check is not known yet
+/// it waits.
+#[test]
+fn a_restart_that_cannot_reuse_its_reservation_decides_once_and_says_why() {
+    let mut j = journal(
+        State::Restarting,
+        0,
+        vec![planned("g-w-0", false, Some(0))],
+        &["g-w-0-gpu"],
+    );
+    j.reuse_reservation = true;
+    let mut c = claim("g-w-0-gpu", true, &[]);
+    c.used_by = vec![];
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let spec = spec(1, true);
+    let problems =
+        vec!["pod ns/g-w-0 on node n1: anti-affinity on kubernetes.io/hostname with running pods".to_string()];
+    let decide_with = |reuse_problems: Option<&[String]>| {
+        let claims = [c.clone()];
+        let g = Gang {
+            spec: &spec,
+            journal: Some(&j),
+            restarts: 1,
+            counted_restarts: 1,
+            finished_at: None,
+            pods: &[],
+            claims: &claims,
+            nodes: &nodes,
+            devices_published: true,
+            reuse_problems,
+            conflicted: &[],
+            refusals: &[],
+            now: 1000,
+        };
+        decide(&g, &SETTINGS)
+    };
+    let waiting = decide_with(None);
+    assert!(
+        waiting.effects.is_empty() && waiting.recheck_in.is_some(),
+        "{waiting:?}"
+    );
+    let decided = decide_with(Some(&problems));
+    let record = decided.record().expect("a record");
+    let journal = record.journal.as_ref().expect("a journal");
+    assert!(!journal.reuse_reservation && journal.state == State::Restarting);
+    assert!(
+        deallocates(&decided).is_empty(),
+        "nothing given back before the decision is recorded"
+    );
+    assert!(
+        decided
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Event { note, .. } if note.contains("anti-affinity"))),
+        "{decided:?}"
+    );
+    let reused = decide_with(Some(&[]));
+    assert_eq!(recorded_state(&reused), Some(Some(State::Reserved)));
 }

@@ -1107,6 +1107,39 @@ impl<'a> Planner<'a> {
             .collect()
     }
 
+    /// The order first fit places groups in: big pods first (the hardest to fit), groups
+    /// whose affinity only pods of other groups meet after those.
+    fn group_order(&self) -> Vec<usize> {
+        let gang = self.gang;
+        let mut order: Vec<usize> = (0..gang.groups.len()).collect();
+        order.sort_by_key(|g| {
+            let shape = &gang.groups[*g].shape;
+            (
+                self.constraints.follows_others(*g),
+                std::cmp::Reverse(self.weights[*g]),
+                std::cmp::Reverse(shape.requests.cpu_millis),
+                *g,
+            )
+        });
+        order
+    }
+
+    /// Every pod as first fit places them, as (group, index): each group's pods within
+    /// minCount in [`Planner::group_order`], then the extras. Checks of a placement made
+    /// earlier enter pods in this order, so that a pod whose affinity needs another
+    /// group's pods finds them entered, as it did when it was planned.
+    fn pod_order(&self) -> Vec<(usize, usize)> {
+        let order = self.group_order();
+        let groups = &self.gang.groups;
+        let core = order
+            .iter()
+            .flat_map(|&g| (0..groups[g].pods.len().min(groups[g].min_count)).map(move |i| (g, i)));
+        let extras = order
+            .iter()
+            .flat_map(|&g| (groups[g].min_count..groups[g].pods.len()).map(move |i| (g, i)));
+        core.chain(extras).collect()
+    }
+
     /// First-fit placement of every pod, groups with big pods first, each pod on the
     /// first node of its group's order where it fits.
     fn place_first_fit(
@@ -1127,18 +1160,7 @@ impl<'a> Planner<'a> {
             refusals: BTreeMap::new(),
         };
 
-        // Big pods first: they are the hardest to fit. Groups whose affinity only pods of
-        // other groups meet come after those.
-        let mut group_order: Vec<usize> = (0..gang.groups.len()).collect();
-        group_order.sort_by_key(|g| {
-            let shape = &gang.groups[*g].shape;
-            (
-                self.constraints.follows_others(*g),
-                std::cmp::Reverse(self.weights[*g]),
-                std::cmp::Reverse(shape.requests.cpu_millis),
-                *g,
-            )
-        });
+        let group_order = self.group_order();
 
         for &g in &group_order {
             match self.fit_group(&mut state, g, &orders[g], budget)? {

@@ -532,13 +532,16 @@ fn a_placement_made_earlier_is_checked_against_the_cluster_as_it_is_now() {
         pod.claims[0].allocation = Some(claim.allocation.clone());
     }
     let options = PlanOptions::default();
-    assert_eq!(verify(&cluster, &gang, &plan.pods, &options), Vec::<String>::new());
+    assert_eq!(
+        verify(&cluster, &gang, &plan.pods, &options).expect("a request that can be checked"),
+        Vec::<String>::new()
+    );
 
     // A running pod the gang's anti-affinity selects joins the first node.
     let first = plan.pods[0].node.clone();
     let mut changed = cluster.clone();
     run_pod(&mut changed, "intruder", &first, labelled(&[("app", "worker")]));
-    let problems = verify(&changed, &gang, &plan.pods, &options);
+    let problems = verify(&changed, &gang, &plan.pods, &options).expect("a request that can be checked");
     assert!(
         problems[0].contains("anti-affinity on kubernetes.io/hostname with running pods"),
         "{problems:?}"
@@ -553,7 +556,7 @@ fn a_placement_made_earlier_is_checked_against_the_cluster_as_it_is_now() {
     });
     let mut not_ready = cluster.clone();
     not_ready.upsert_node(node);
-    let problems = verify(&not_ready, &gang, &plan.pods, &options);
+    let problems = verify(&not_ready, &gang, &plan.pods, &options).expect("a request that can be checked");
     assert!(
         problems[0].contains("untolerated taint node.kubernetes.io/not-ready"),
         "{problems:?}"
@@ -574,7 +577,7 @@ fn a_placement_made_earlier_is_checked_against_the_cluster_as_it_is_now() {
             },
         },
     );
-    let problems = verify(&cluster, &gang, &plan.pods, &options);
+    let problems = verify(&cluster, &gang, &plan.pods, &options).expect("a request that can be checked");
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(
         problems[0].contains("has the taint maintenance=true:NoExecute"),
@@ -711,10 +714,68 @@ fn a_kept_reservation_whose_claims_the_cluster_shows_allocated_still_takes_its_p
         cluster.set_claim_allocation(&claim.claim, Some(claim.allocation.devices.clone()));
     }
     let options = PlanOptions::default();
-    assert_eq!(verify(&cluster, &gang, &plan.pods, &options), Vec::<String>::new());
+    assert_eq!(
+        verify(&cluster, &gang, &plan.pods, &options).expect("a request that can be checked"),
+        Vec::<String>::new()
+    );
     // A pod another workload runs meanwhile that the anti-affinity selects is seen.
     let first = plan.pods[0].node.clone();
     run_pod(&mut cluster, "intruder", &first, labelled(&[("app", "worker")]));
-    let problems = verify(&cluster, &gang, &plan.pods, &options);
+    let problems = verify(&cluster, &gang, &plan.pods, &options).expect("a request that can be checked");
     assert!(problems.iter().any(|p| p.contains("anti-affinity")), "{problems:?}");
+}
+
+/// Review of issue 21: a placement is checked in the order it was planned in. Workers
+/// listed first whose affinity needs the launcher (listed after them) in their rack were
+/// planned after it; checked in list order, no launcher was there yet and every restart
+/// of such a gang would have been placed afresh.
+#[test]
+fn a_placement_is_checked_in_the_order_it_was_planned_in() {
+    let cluster = gpu_cluster(8, 8, 4, 2);
+    let mut gang = gpu_gang("g", 2, 8, None, None);
+    gang.groups[0].shape.rules.affinity = vec![term(RACK, &[("app", "launcher")])];
+    let mut launcher = GroupRequest::uniform("g-launcher", "ns", 1, 1, gpu_pod(0, 2, 4));
+    launcher.shape.rules.labels = [("app".to_string(), "launcher".to_string())].into();
+    gang.groups.push(launcher);
+    let planned = placed(&plan_of(&cluster, &gang)).clone();
+    let options = PlanOptions::default();
+    let mut kept = gang.clone();
+    for pod in kept.groups.iter_mut().flat_map(|g| g.pods.iter_mut()) {
+        for claim in &mut pod.claims {
+            claim.allocation = planned
+                .claims
+                .iter()
+                .find(|c| c.claim == claim.key)
+                .map(|c| c.allocation.clone());
+        }
+    }
+    assert_eq!(
+        verify(&cluster, &kept, &planned.pods, &options).expect("a request that can be checked"),
+        Vec::<String>::new()
+    );
+    // And a gang whose predecessors ran there goes back the same way.
+    let previous: PreviousPlaces = planned
+        .pods
+        .iter()
+        .map(|p| {
+            let devices = planned
+                .claims
+                .iter()
+                .filter(|c| c.claim.as_str().starts_with(p.pod.as_str()))
+                .flat_map(|c| c.allocation.devices.iter().map(|d| d.device_id()))
+                .collect();
+            (
+                p.pod.clone(),
+                PreviousPlace {
+                    node: p.node.clone(),
+                    devices,
+                },
+            )
+        })
+        .collect();
+    let again = PlanOptions {
+        previous: Arc::new(previous),
+        ..PlanOptions::default()
+    };
+    assert_eq!(placed(&plan(&cluster, &gang, &again)).pods, planned.pods);
 }

@@ -45,19 +45,20 @@ impl<'a> Planner<'a> {
             refusals: BTreeMap::new(),
         };
         let mut budget = self.options.step_budget;
-        for (g, group) in gang.groups.iter().enumerate() {
-            for (index, pod) in group.pods.iter().enumerate() {
-                let place = &previous[&pod.key];
-                let Some(candidate) = self.candidates.iter().position(|c| c.node.name == place.node) else {
-                    return Ok(None);
-                };
-                state.full[g].clear();
-                state.usage.confine(Some(Arc::new(place.devices.clone())));
-                let fit = self.fit_pod(&mut state, g, index, &[candidate], &|_| true, &mut budget)?;
-                state.usage.confine(None);
-                if !matches!(fit, PodFit::Placed) {
-                    return Ok(None);
-                }
+        // In the order first fit places pods: a pod whose affinity needs another group's
+        // pods finds them entered.
+        for (g, index) in self.pod_order() {
+            let pod = &gang.groups[g].pods[index];
+            let place = &previous[&pod.key];
+            let Some(candidate) = self.candidates.iter().position(|c| c.node.name == place.node) else {
+                return Ok(None);
+            };
+            state.full[g].clear();
+            state.usage.confine(Some(Arc::new(place.devices.clone())));
+            let fit = self.fit_pod(&mut state, g, index, &[candidate], &|_| true, &mut budget)?;
+            state.usage.confine(None);
+            if !matches!(fit, PodFit::Placed) {
+                return Ok(None);
             }
         }
         if !self.topology_holds(&state.placed) {

@@ -276,7 +276,7 @@ impl Admission {
             claims: &claim_views,
             nodes: &nodes,
             devices_published,
-            reuse_problems: &reuse_problems,
+            reuse_problems: reuse_problems.as_deref(),
             conflicted: &conflicted,
             refusals: &refusals,
             now: observe::now_millis(),

@@ -24,34 +24,52 @@ use crate::convert;
 impl Admission {
     /// What keeps a gang restarting onto its reservation from putting its pods back on
     /// their nodes, by kube-scheduler's filters (`placement::verify`: resources, pod
-    /// affinity and spread, host ports, volumes, taints): asked only of a gang restarting
-    /// onto its reservation once its attempt's pods are gone (the cluster must not hold
-    /// them). A request that cannot be built says nothing: the restart goes on as
+    /// affinity and spread, host ports, volumes, taints). Asked only of a gang restarting
+    /// onto its reservation whose backoff is over; `None` while its attempt's pods still
+    /// show (in the gang's pods or the cluster's), since the cluster must not hold them.
+    /// A request that cannot be built or checked says nothing: the restart goes on as
     /// before, and kube-scheduler's refusal, if any, is acted on.
     pub(super) fn reuse_problems(
         &self,
         workload: &Workload,
         journal: Option<&Journal>,
         pods: &[Arc<Pod>],
-    ) -> Vec<String> {
+    ) -> Option<Vec<String>> {
         let Some(journal) = journal.filter(|j| j.state == State::Restarting && j.reuse_reservation) else {
-            return Vec::new();
+            return Some(Vec::new());
         };
-        if pods.iter().any(|p| {
+        let retired = |p: &Arc<Pod>| {
             journal
                 .retired
                 .iter()
                 .any(|uid| Some(uid.as_str()) == p.metadata.uid.as_deref())
-        }) {
-            return Vec::new();
+        };
+        if pods.iter().any(retired) {
+            return None;
+        }
+        // The state machine decides only once the backoff is over.
+        let spec = crate::workload::observe::spec(workload);
+        let attempt = crate::workload::membership::attempt(workload);
+        if let Some(backoff) = spec.restart_backoff {
+            let due = journal.since + backoff.before_restart(attempt - 1) + 1000;
+            if crate::workload::observe::now_millis() < due {
+                return Some(Vec::new());
+            }
         }
         let request = match self.request(workload) {
             Ok(request) => request,
             Err(e) => {
                 tracing::debug!(workload = %key(workload), error = %e, "the reservation's pods were not checked");
-                return Vec::new();
+                return Some(Vec::new());
             }
         };
+        let cluster = self.planning_view(&key(workload), self.priority(workload));
+        // The cluster's pods come from another watch than the gang's: an old pod it
+        // still shows would count against its own successor.
+        let planned = request.groups.iter().flat_map(|g| &g.pods);
+        if planned.clone().any(|p| cluster.pod_node(&p.key).is_some()) {
+            return None;
+        }
         let placement: Vec<PodPlacement> = request
             .groups
             .iter()
@@ -66,8 +84,13 @@ impl Admission {
                 })
             })
             .collect();
-        let cluster = self.planning_view(&key(workload), self.priority(workload));
-        placement::verify(&cluster, &request, &placement, &self.settings.plan)
+        match placement::verify(&cluster, &request, &placement, &self.settings.plan) {
+            Ok(problems) => Some(problems),
+            Err(e) => {
+                tracing::debug!(workload = %key(workload), error = %e.message, "the reservation's pods could not be checked");
+                Some(Vec::new())
+            }
+        }
     }
 }
 
