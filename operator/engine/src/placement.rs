@@ -1107,6 +1107,21 @@ impl<'a> Planner<'a> {
             .collect()
     }
 
+    /// First fit before any pod is placed: the gang's shared claims as they are allocated.
+    fn first_fit_start(&self) -> FirstFit {
+        let gang = self.gang;
+        FirstFit {
+            usage: WorkingSet::default(),
+            used: BTreeMap::new(),
+            shared: gang.shared_claims.iter().map(|c| c.allocation.clone()).collect(),
+            new_claims: Vec::new(),
+            placed: gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect(),
+            full: vec![BTreeSet::new(); gang.groups.len()],
+            occupancy: self.constraints.occupancy(),
+            refusals: BTreeMap::new(),
+        }
+    }
+
     /// The order first fit places groups in: big pods first (the hardest to fit), groups
     /// whose affinity only pods of other groups meet after those.
     fn group_order(&self) -> Vec<usize> {
@@ -1149,16 +1164,7 @@ impl<'a> Planner<'a> {
         budget: &mut u64,
     ) -> Result<Placement, AllocationError> {
         let gang = self.gang;
-        let mut state = FirstFit {
-            usage: WorkingSet::default(),
-            used: BTreeMap::new(),
-            shared: gang.shared_claims.iter().map(|c| c.allocation.clone()).collect(),
-            new_claims: Vec::new(),
-            placed: gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect(),
-            full: vec![BTreeSet::new(); gang.groups.len()],
-            occupancy: self.constraints.occupancy(),
-            refusals: BTreeMap::new(),
-        };
+        let mut state = self.first_fit_start();
 
         let group_order = self.group_order();
 

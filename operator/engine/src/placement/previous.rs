@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{Domain, FirstFit, Plan, Planner, PodFit};
-use crate::allocator::{AllocationError, WorkingSet};
+use super::{Domain, Plan, Planner, PodFit};
+use crate::allocator::AllocationError;
 use crate::claim::DeviceId;
 use crate::key::PodKey;
 
@@ -34,16 +34,7 @@ impl<'a> Planner<'a> {
         if previous.is_empty() || pods.clone().any(|p| !previous.contains_key(&p.key)) {
             return Ok(None);
         }
-        let mut state = FirstFit {
-            usage: WorkingSet::default(),
-            used: BTreeMap::new(),
-            shared: gang.shared_claims.iter().map(|c| c.allocation.clone()).collect(),
-            new_claims: Vec::new(),
-            placed: gang.groups.iter().map(|g| vec![None; g.pods.len()]).collect(),
-            full: vec![BTreeSet::new(); gang.groups.len()],
-            occupancy: self.constraints.occupancy(),
-            refusals: BTreeMap::new(),
-        };
+        let mut state = self.first_fit_start();
         let mut budget = self.options.step_budget;
         // In the order first fit places pods: a pod whose affinity needs another group's
         // pods finds them entered.

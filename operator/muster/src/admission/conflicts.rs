@@ -19,6 +19,22 @@ pub(crate) fn nomination_hold(namespace: &str, claim: &str, preemptor: &ObjectKe
     ClaimKey::from(ObjectKey::new(namespace, &format!("{claim}@{}", preemptor.as_str())))
 }
 
+/// A device a hold takes for request `request`, exclusively, as the engine holds it.
+pub(crate) fn held_device(request: &str, driver: &str, pool: &str, device: &str) -> muster_engine::claim::DeviceResult {
+    muster_engine::claim::DeviceResult {
+        request: request.to_string(),
+        driver: driver.to_string(),
+        pool: pool.to_string(),
+        device: device.to_string(),
+        admin_access: None,
+        tolerations: Vec::new(),
+        binding_conditions: Vec::new(),
+        binding_failure_conditions: Vec::new(),
+        share_id: None,
+        consumed_capacity: Default::default(),
+    }
+}
+
 /// Whether `claim` (`namespace/name`) is a nomination's hold.
 pub(crate) fn is_nomination_hold(claim: &str) -> bool {
     claim.contains('@')

@@ -17,7 +17,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use muster_admission::State;
 use muster_api::v1alpha1::{RestartedBy, Workload};
-use muster_engine::claim::DeviceResult;
 use muster_engine::cluster::{AssumedClaim, PlanId};
 use muster_engine::key::ObjectKey;
 use muster_engine::placement::{Plan, PreviousPlace, PreviousPlaces};
@@ -192,18 +191,7 @@ impl Admission {
                     devices: place
                         .devices
                         .iter()
-                        .map(|d| DeviceResult {
-                            request: "vacant".into(),
-                            driver: d.driver.clone(),
-                            pool: d.pool.clone(),
-                            device: d.device.clone(),
-                            admin_access: None,
-                            tolerations: Vec::new(),
-                            binding_conditions: Vec::new(),
-                            binding_failure_conditions: Vec::new(),
-                            share_id: None,
-                            consumed_capacity: Default::default(),
-                        })
+                        .map(|d| conflicts::held_device("vacant", &d.driver, &d.pool, &d.device))
                         .collect(),
                 })
                 .filter(|c| !c.devices.is_empty())

@@ -550,18 +550,7 @@ fn nominated_devices(nominated: &NominationStatus) -> impl Iterator<Item = Devic
 
 /// A nominated device as the engine holds it.
 fn nominated_result(d: &NominatedDevice) -> DeviceResult {
-    DeviceResult {
-        request: d.request.clone(),
-        driver: d.driver.clone(),
-        pool: d.pool.clone(),
-        device: d.device.clone(),
-        admin_access: None,
-        tolerations: Vec::new(),
-        binding_conditions: Vec::new(),
-        binding_failure_conditions: Vec::new(),
-        share_id: None,
-        consumed_capacity: Default::default(),
-    }
+    conflicts::held_device(&d.request, &d.driver, &d.pool, &d.device)
 }
 
 /// What a nominated pod takes from its node: what its own spec requests, else what the
