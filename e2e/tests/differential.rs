@@ -821,6 +821,7 @@ fn engine_views(
                 shape,
                 pods: vec![instance],
                 topology: Default::default(),
+                assigned: Vec::new(),
             }],
             shared_claims: shared,
             topology: Default::default(),

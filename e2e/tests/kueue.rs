@@ -1,6 +1,7 @@
 //! muster behind a real Kueue (built from its Go module, run as a process): Kueue decides
 //! quota, order and preemption; muster reserves the devices of what Kueue admits.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -1439,6 +1440,187 @@ async fn groups_charged_to_different_flavors_run_on_their_own_flavors_nodes() ->
                 );
             }
             usage_matches_devices(test, "team", &["split"], 16).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// What Kueue assigned to podSet `pod_set` under TAS: each domain's values of the
+/// assignment's levels, with the pods counted there.
+fn topology_assignment(object: &DynamicObject, pod_set: &str) -> Result<Vec<(Vec<String>, u64)>> {
+    let assignment = object.data["status"]["admission"]["podSetAssignments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["name"] == pod_set)
+        .with_context(|| format!("no assignment for podSet {pod_set}"))?;
+    let mut domains = Vec::new();
+    for slice in assignment["topologyAssignment"]["slices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let count = slice["domainCount"].as_u64().unwrap_or(0) as usize;
+        for d in 0..count {
+            let values = slice["valuesPerLevel"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|level| match level["universal"].as_str() {
+                    Some(value) => value.to_string(),
+                    None => {
+                        let individual = &level["individual"];
+                        format!(
+                            "{}{}{}",
+                            individual["prefix"].as_str().unwrap_or_default(),
+                            individual["roots"][d].as_str().unwrap_or_default(),
+                            individual["suffix"].as_str().unwrap_or_default()
+                        )
+                    }
+                })
+                .collect();
+            let pods = &slice["podCounts"];
+            let pods = pods["universal"]
+                .as_u64()
+                .or_else(|| pods["individual"][d].as_u64())
+                .unwrap_or(0);
+            domains.push((values, pods));
+        }
+    }
+    ensure!(
+        !domains.is_empty(),
+        "podSet {pod_set} has no topology assignment: {assignment}"
+    );
+    Ok(domains)
+}
+
+/// Issue 25, item 4: Kueue groups no more than a leader and its workers, so each podSet
+/// of a three-group gang gets a topology assignment of its own, with pods counted per
+/// node. Each group must run inside its own podSet's assignment: a group that needs only
+/// what Kueue counts (CPU) on exactly the nodes and counts Kueue chose, a group with
+/// devices (which Kueue's TAS does not count) in the rack Kueue chose. Before, muster
+/// planned the gang anywhere in the union of the assignments and packed it its own way.
+#[tokio::test]
+async fn a_three_group_gang_runs_where_kueue_counted_each_groups_pods() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-tas3", &[], &[], |test| {
+        Box::pin(async move {
+            let rack = muster_local_cluster::fleet::RACK_LABEL;
+            let hostname = "kubernetes.io/hostname";
+            let suffix = test.ns.clone();
+            for (kind, plural, object) in [
+                (
+                    "Topology",
+                    "topologies",
+                    json!({
+                        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+                        "metadata": {"name": format!("nodes-{suffix}")},
+                        "spec": {"levels": [{"nodeLabel": rack}, {"nodeLabel": hostname}]},
+                    }),
+                ),
+                (
+                    "ResourceFlavor",
+                    "resourceflavors",
+                    json!({
+                        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                        "metadata": {"name": format!("tas3-{suffix}")},
+                        "spec": {"nodeLabels": {"type": "kwok"}, "topologyName": format!("nodes-{suffix}")},
+                    }),
+                ),
+            ] {
+                let object: DynamicObject = serde_json::from_value(object)?;
+                kueue_api(&test.client, kind, plural, None)
+                    .create(&PostParams::default(), &object)
+                    .await?;
+            }
+            let check = muster_check(test).await?;
+            cluster_queue_of(test, "team", &format!("tas3-{suffix}"), 64, None, None).await?;
+            require_check(test, &check).await?;
+            // A pod outside Kueue and muster takes most of node-00001's CPUs, so that
+            // the nodes of rack-0000 differ for Kueue's best fit and muster's first fit.
+            test.pods()
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": "cpu-hog"},
+                        "spec": {
+                            "nodeName": "node-00001",
+                            "terminationGracePeriodSeconds": 0,
+                            "containers": [{"name": "main", "image": "hog", "resources": {"requests": {"cpu": "40"}}}],
+                        },
+                    }))?,
+                )
+                .await?;
+
+            let cpu_only = |name: &str, replicas: i32, cpu: &str| {
+                json!({"name": name, "replicas": replicas, "template": {"spec": {
+                    "containers": [{"name": "main", "image": name, "resources": {"requests": {"cpu": cpu, "memory": "8Gi"}}}],
+                }}})
+            };
+            let workers = json!({"name": "workers", "replicas": 2, "template": {"spec": {
+                "containers": [{
+                    "name": "main", "image": "trainer",
+                    "resources": {"requests": {"cpu": "8", "memory": "16Gi"}, "claims": [{"name": "gpus"}]},
+                }],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+            }}});
+            test.create(json!({
+                "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+                "metadata": {"name": "tas3", "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+                "spec": {
+                    "topology": {"required": rack},
+                    "successPolicy": {"podGroups": ["driver"]},
+                    "podGroups": [cpu_only("driver", 1, "2"), cpu_only("ps", 2, "16"), workers],
+                },
+            }))
+            .await?;
+            wait_kueue(test, "tas3", "each podSet to ask Kueue for one rack", |o| {
+                (0..3).all(|i| o.data["spec"]["podSets"][i]["topologyRequest"]["required"] == rack)
+            })
+            .await?;
+            let workload = assert_runs_as_planned(test, "tas3").await?;
+            usage_matches_devices(test, "team", &["tas3"], 16).await?;
+            let admitted = kueue_workload(test, "tas3").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            let nodes: BTreeMap<String, String> = test
+                .cluster
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.rack.clone()))
+                .collect();
+            for group in ["driver", "ps", "workers"] {
+                let assigned = topology_assignment(&admitted, group)?;
+                let mut on_node: BTreeMap<&str, u64> = BTreeMap::new();
+                for pod in placement.pods.iter().filter(|p| p.name.starts_with(&format!("tas3-{group}-"))) {
+                    *on_node.entry(pod.node.as_str()).or_default() += 1;
+                }
+                if group == "workers" {
+                    // Devices: held to the racks of the nodes Kueue chose for the podSet.
+                    let racks: BTreeSet<&str> = assigned
+                        .iter()
+                        .filter_map(|(v, _)| nodes.get(v.last()?).map(String::as_str))
+                        .collect();
+                    for node in on_node.keys() {
+                        let in_rack = nodes.get(*node).map(String::as_str).unwrap_or_default();
+                        ensure!(
+                            racks.contains(in_rack),
+                            "a worker runs on {node} in {in_rack}, outside Kueue's racks {racks:?}"
+                        );
+                    }
+                    continue;
+                }
+                // CPU only: the very nodes, as many pods as Kueue counted on each.
+                // (Kueue writes the finest level, the hostname, last.)
+                let counted: BTreeMap<&str, u64> = assigned
+                    .iter()
+                    .filter_map(|(v, n)| Some((v.last()?.as_str(), *n)))
+                    .collect();
+                ensure!(
+                    on_node == counted,
+                    "group {group} runs {on_node:?}, Kueue counted {counted:?}"
+                );
+            }
             Ok(())
         })
     })

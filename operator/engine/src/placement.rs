@@ -1915,6 +1915,7 @@ fn check_claim(cluster: &ClusterState, key: &str, claim: &ClaimSpec) -> Result<(
     Ok(())
 }
 
+mod assigned;
 mod constraints;
 mod previous;
 mod search;

@@ -100,6 +100,19 @@ pub struct GroupRequest {
     pub pods: Vec<PodInstance>,
     /// Where the group's pods go relative to each other.
     pub topology: GroupTopology,
+    /// Topology domains a quota manager assigned to the group (Kueue's Topology-Aware
+    /// Scheduling): its pods go only to their nodes, at most so many per domain. Empty:
+    /// none assigned.
+    pub assigned: Vec<AssignedDomain>,
+}
+
+/// One assigned topology domain: its nodes and how many of the group's pods it takes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AssignedDomain {
+    /// Names the domain in messages, for example `example.com/rack=rack-0001`.
+    pub name: String,
+    pub nodes: std::collections::BTreeSet<String>,
+    pub pods: usize,
 }
 
 /// What every pod of a group needs from a node.
@@ -186,6 +199,7 @@ impl GroupRequest {
             shape,
             pods,
             topology: GroupTopology::default(),
+            assigned: Vec::new(),
         }
     }
 }

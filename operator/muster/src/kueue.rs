@@ -15,6 +15,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Resource, ResourceExt};
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
+use muster_engine::request::AssignedDomain;
 use serde_json::{Value, json};
 
 /// The label that puts a Workload in a Kueue LocalQueue.
@@ -334,13 +335,15 @@ impl Verdict {
 }
 
 /// What Kueue assigned to one podSet: flavor per resource, and the topology domains
-/// (the values of `levels`, one list per domain) when Kueue placed it with TAS.
+/// (the values of `levels`, one list per domain) with the pods Kueue counted in each
+/// (`counts`, aligned with `domains`) when Kueue placed it with TAS.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Assignment {
     pub pod_set: String,
     pub flavors: BTreeMap<String, String>,
     pub levels: Vec<String>,
     pub domains: Vec<Vec<String>>,
+    pub counts: Vec<usize>,
 }
 
 /// Kueue's assignments, decoded: a slice's values per level are either one value for
@@ -366,8 +369,16 @@ pub fn assignments(object: &DynamicObject) -> Vec<Assignment> {
             .filter_map(|l| l.as_str().map(String::from))
             .collect();
         let mut domains = Vec::new();
+        let mut counts = Vec::new();
         for slice in topology["slices"].as_array().into_iter().flatten() {
             let count = slice["domainCount"].as_u64().unwrap_or(0) as usize;
+            let pods = &slice["podCounts"];
+            counts.extend((0..count).map(|d| {
+                pods["universal"]
+                    .as_u64()
+                    .or_else(|| pods["individual"][d].as_u64())
+                    .unwrap_or(0) as usize
+            }));
             let mut values = vec![Vec::with_capacity(levels.len()); count];
             for level in slice["valuesPerLevel"].as_array().into_iter().flatten() {
                 for (d, domain) in values.iter_mut().enumerate() {
@@ -392,6 +403,7 @@ pub fn assignments(object: &DynamicObject) -> Vec<Assignment> {
             flavors,
             levels,
             domains,
+            counts,
         });
     }
     out
@@ -419,23 +431,37 @@ pub fn flavor_selectors(
         .collect()
 }
 
-/// The first of the gang's planned pods (`(pod, node, group)`) on a node outside Kueue's
-/// decision — not among the `allowed` nodes of the assigned domains, or without a label
-/// of its group's flavors — in words. A node no longer known is not judged here.
+/// The first of the gang's planned pods (`(pod, node, group)`) outside Kueue's
+/// decision — on a node outside the topology domains `assigned` to its group's podSet,
+/// one pod more in a domain than Kueue counted there, or on a node without a label of its
+/// group's flavors — in words. A node no longer known is not judged here.
 pub fn placed_outside<'n>(
     pods: impl IntoIterator<Item = (&'n str, &'n str, Option<&'n str>)>,
     node_labels: impl Fn(&str) -> Option<&'n BTreeMap<String, String>>,
-    allowed: Option<&BTreeSet<String>>,
+    assigned: &BTreeMap<String, Vec<AssignedDomain>>,
     selectors: &BTreeMap<String, BTreeMap<String, String>>,
 ) -> Option<String> {
+    let mut counted: BTreeMap<(&str, usize), usize> = BTreeMap::new();
     pods.into_iter().find_map(|(pod, node, group)| {
         let labels = node_labels(node)?;
-        if allowed.is_some_and(|a| !a.contains(node)) {
-            return Some(format!(
-                "pod {pod} runs on node {node}, outside the topology domains Kueue assigns now; placing the gang again"
-            ));
+        let group = group?;
+        if let Some(domains) = assigned.get(group) {
+            let Some(d) = domains.iter().position(|d| d.nodes.contains(node)) else {
+                return Some(format!(
+                    "pod {pod} runs on node {node}, outside the topology domains Kueue assigns its group now; placing the \
+                     gang again"
+                ));
+            };
+            let here = counted.entry((group, d)).or_default();
+            *here += 1;
+            if *here > domains[d].pods {
+                return Some(format!(
+                    "pod {pod} is pod {here} of group {group} in {}, where Kueue counts {}; placing the gang again",
+                    domains[d].name, domains[d].pods
+                ));
+            }
         }
-        let wanted = selectors.get(group?)?;
+        let wanted = selectors.get(group)?;
         let (key, value) = wanted.iter().find(|(k, v)| labels.get(*k) != Some(*v))?;
         Some(format!(
             "pod {pod} runs on node {node}, outside the flavor Kueue assigns its group now ({key}={value}); placing \
@@ -444,33 +470,141 @@ pub fn placed_outside<'n>(
     })
 }
 
-/// The nodes inside Kueue's topology decision: under TAS, those lying in one of the
-/// assigned topology domains. `None`: no topology assignment restricts the nodes. (The
-/// flavors restrict each group on its own: [`flavor_selectors`].)
-pub fn allowed_nodes<'n>(
+/// Each podSet's topology domains as the engine plans a group in them: the nodes of
+/// each domain and the pods Kueue counted there. Kueue charges its TAS usage per domain,
+/// so each group goes only where its own podSet was assigned, as many pods per domain
+/// as Kueue counted. `coarsen(podSet)`: a level of the assignment to hold that podSet to
+/// instead of the finest (the domains of that level Kueue's lie in, their counts summed),
+/// for pods that need what Kueue's TAS does not count. PodSets without a topology
+/// assignment are left out.
+pub fn assigned_domains<'a>(
     assignments: &[Assignment],
-    nodes: impl Iterator<Item = (&'n str, &'n BTreeMap<String, String>)>,
-) -> Option<BTreeSet<String>> {
-    let domains: Vec<(&[String], &[String])> = assignments
+    nodes: &[(&str, &BTreeMap<String, String>)],
+    coarsen: impl Fn(&str) -> Option<&'a str>,
+) -> BTreeMap<String, Vec<AssignedDomain>> {
+    assignments
         .iter()
-        .flat_map(|a| a.domains.iter().map(move |d| (a.levels.as_slice(), d.as_slice())))
+        .filter(|a| !a.domains.is_empty())
+        .map(|a| {
+            let leaves = leaf_domains(a, nodes);
+            let domains = match coarsen(&a.pod_set) {
+                Some(level) => coarser_domains(a, leaves, nodes, level),
+                None => leaves,
+            };
+            (a.pod_set.clone(), domains)
+        })
+        .collect()
+}
+
+/// The domains of an assignment as Kueue wrote them, with their nodes: one pass over
+/// the nodes, each node's values of the levels naming its domain.
+fn leaf_domains(a: &Assignment, nodes: &[(&str, &BTreeMap<String, String>)]) -> Vec<AssignedDomain> {
+    let mut domains: Vec<AssignedDomain> = a
+        .domains
+        .iter()
+        .zip(&a.counts)
+        .map(|(values, pods)| AssignedDomain {
+            name: a
+                .levels
+                .iter()
+                .zip(values)
+                .map(|(level, value)| format!("{level}={value}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            nodes: BTreeSet::new(),
+            pods: *pods,
+        })
         .collect();
-    if domains.is_empty() {
-        return None;
-    }
-    Some(
-        nodes
-            .filter(|(name, labels)| {
-                domains.iter().any(|(levels, values)| {
-                    levels.iter().zip(values.iter()).all(|(level, value)| {
-                        labels.get(level) == Some(value)
-                            || (level.as_str() == "kubernetes.io/hostname" && *name == value.as_str())
-                    })
-                })
+    let by_values: BTreeMap<&[String], usize> = a.domains.iter().enumerate().map(|(d, v)| (v.as_slice(), d)).collect();
+    for (name, labels) in nodes {
+        let values: Option<Vec<String>> = a
+            .levels
+            .iter()
+            .map(|level| match labels.get(level) {
+                Some(value) => Some(value.clone()),
+                None => (level.as_str() == "kubernetes.io/hostname").then(|| name.to_string()),
             })
-            .map(|(name, _)| name.to_string())
-            .collect(),
-    )
+            .collect();
+        if let Some(d) = values.and_then(|v| by_values.get(v.as_slice()).copied()) {
+            domains[d].nodes.insert(name.to_string());
+        }
+    }
+    domains
+}
+
+/// The domains of `level` the `leaves` lie in, each with all its nodes and the pods
+/// Kueue counted in its leaves. Kueue leaves out of an assignment the levels its finest
+/// one implies (a hostname implies the rack), so a leaf's value of `level` is read from
+/// the assignment if there, else from its nodes' labels.
+fn coarser_domains(
+    a: &Assignment,
+    leaves: Vec<AssignedDomain>,
+    nodes: &[(&str, &BTreeMap<String, String>)],
+    level: &str,
+) -> Vec<AssignedDomain> {
+    let at = a.levels.iter().position(|l| l == level);
+    let labels_of: BTreeMap<&str, &BTreeMap<String, String>> = nodes.iter().copied().collect();
+    let mut kept: Vec<(String, usize)> = Vec::new();
+    for (d, leaf) in leaves.iter().enumerate() {
+        let value = match at {
+            Some(at) => a.domains[d].get(at).cloned(),
+            None => leaf
+                .nodes
+                .iter()
+                .find_map(|n| labels_of.get(n.as_str())?.get(level).cloned()),
+        };
+        // A leaf whose nodes are gone, or carry no such label, takes no pod.
+        let Some(value) = value else { continue };
+        match kept.iter_mut().find(|(v, _)| *v == value) {
+            Some((_, sum)) => *sum += leaf.pods,
+            None => kept.push((value, leaf.pods)),
+        }
+    }
+    kept.into_iter()
+        .map(|(value, pods)| AssignedDomain {
+            name: format!("{level}={value}"),
+            nodes: nodes
+                .iter()
+                .filter(|(_, labels)| labels.get(level) == Some(&value))
+                .map(|(name, _)| name.to_string())
+                .collect(),
+            pods,
+        })
+        .collect()
+}
+
+/// Kueue can put a leader and its workers in one domain, but no more podSets than
+/// that: each other podSet gets a domain of the required level of its own. When the
+/// groups' `assigned` domains lie in different values of `level`, the gang cannot run in
+/// one as its spec requires; in words, with each group's values.
+pub fn split_across_domains(
+    assigned: &BTreeMap<String, Vec<AssignedDomain>>,
+    node_labels: impl Fn(&str) -> Option<String>,
+    level: &str,
+) -> Option<String> {
+    let values: BTreeMap<&str, BTreeSet<String>> = assigned
+        .iter()
+        .map(|(group, domains)| {
+            let values = domains
+                .iter()
+                .filter_map(|d| d.nodes.iter().find_map(|n| node_labels(n)))
+                .collect();
+            (group.as_str(), values)
+        })
+        .collect();
+    let all: BTreeSet<&String> = values.values().flatten().collect();
+    (all.len() > 1).then(|| {
+        let each: Vec<String> = values
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(group, v)| format!("{group} in {}", v.iter().cloned().collect::<Vec<_>>().join("+")))
+            .collect();
+        format!(
+            "Kueue assigned the groups to different values of {level} ({}), and the gang requires one; asking \
+             Kueue to assign it again",
+            each.join(", ")
+        )
+    })
 }
 
 /// The Workload's admission check `check` set to `state`, the others kept. `None`:
@@ -753,6 +887,7 @@ mod tests {
         ]}}}));
         let decoded = assignments(&admitted);
         assert_eq!(decoded[0].domains, [["rack-1", "node-3"], ["rack-1", "node-4"]]);
+        assert_eq!(decoded[0].counts, [1, 1]);
         let flavors: BTreeMap<String, BTreeMap<String, String>> =
             [("h100".to_string(), [("gpu".to_string(), "h100".to_string())].into())].into();
         let labels = |rack: &str, gpu: &str| -> BTreeMap<String, String> {
@@ -767,22 +902,89 @@ mod tests {
             ("node-4".to_string(), labels("rack-1", "a100")),
             ("node-5".to_string(), labels("rack-1", "h100")),
         ];
-        let allowed = allowed_nodes(&decoded, nodes.iter().map(|(n, l)| (n.as_str(), l)));
-        assert_eq!(
-            allowed,
-            Some(["node-3".to_string(), "node-4".to_string()].into()),
-            "in a domain"
-        );
         assert_eq!(
             flavor_selectors(&decoded, &flavors),
             [("workers".to_string(), [("gpu".to_string(), "h100".to_string())].into())].into(),
             "and on the nodes of its flavor"
         );
-        let plain = object(json!({"status": {"admission": {"podSetAssignments": [{"name": "w", "flavors": {}}]}}}));
+        let listed: Vec<(&str, &BTreeMap<String, String>)> = nodes.iter().map(|(n, l)| (n.as_str(), l)).collect();
+        let domains = assigned_domains(&decoded, &listed, |_| None);
         assert_eq!(
-            allowed_nodes(&assignments(&plain), nodes.iter().map(|(n, l)| (n.as_str(), l))),
-            None
+            domains["workers"],
+            [
+                AssignedDomain {
+                    name: "example.com/rack=rack-1,kubernetes.io/hostname=node-3".into(),
+                    nodes: ["node-3".to_string()].into(),
+                    pods: 1,
+                },
+                AssignedDomain {
+                    name: "example.com/rack=rack-1,kubernetes.io/hostname=node-4".into(),
+                    nodes: ["node-4".to_string()].into(),
+                    pods: 1,
+                },
+            ],
+            "each domain with the pods Kueue counted there"
         );
+        let racks = assigned_domains(&decoded, &listed, |_| Some("example.com/rack"));
+        assert_eq!(
+            racks["workers"],
+            [AssignedDomain {
+                name: "example.com/rack=rack-1".into(),
+                nodes: ["node-3".to_string(), "node-4".to_string(), "node-5".to_string()].into(),
+                pods: 2,
+            }],
+            "held to the racks only: their nodes, the pods Kueue counted in them summed"
+        );
+        let plain = object(json!({"status": {"admission": {"podSetAssignments": [{"name": "w", "flavors": {}}]}}}));
+        assert!(assigned_domains(&assignments(&plain), &listed, |_| None).is_empty());
+    }
+
+    #[test]
+    fn podsets_kueue_put_in_different_racks_are_named() {
+        // Kueue writes only the hostname level when it is the finest: the rack is the
+        // nodes'.
+        let podset = |name: &str, hosts: &[&str], counts: &[u64]| {
+            json!({"name": name, "flavors": {}, "topologyAssignment": {
+                "levels": ["kubernetes.io/hostname"],
+                "slices": [{
+                    "domainCount": hosts.len(),
+                    "valuesPerLevel": [{"individual": {"roots": hosts}}],
+                    "podCounts": {"individual": counts},
+                }],
+            }})
+        };
+        let split = object(json!({"status": {"admission": {"podSetAssignments": [
+            podset("driver", &["n1"], &[1]),
+            podset("workers", &["n2", "n3"], &[2, 2]),
+        ]}}}));
+        let decoded = assignments(&split);
+        assert_eq!(decoded[1].counts, [2, 2]);
+        let rack = |r: &str| -> BTreeMap<String, String> { [("rack".to_string(), r.to_string())].into() };
+        let labels: Vec<(String, BTreeMap<String, String>)> = vec![
+            ("n1".into(), rack("r0")),
+            ("n2".into(), rack("r1")),
+            ("n3".into(), rack("r1")),
+            ("n4".into(), rack("r1")),
+        ];
+        let listed: Vec<(&str, &BTreeMap<String, String>)> = labels.iter().map(|(n, l)| (n.as_str(), l)).collect();
+        let coarse = assigned_domains(&decoded, &listed, |_| Some("rack"));
+        assert_eq!(
+            coarse["workers"],
+            [AssignedDomain {
+                name: "rack=r1".into(),
+                nodes: ["n2".to_string(), "n3".to_string(), "n4".to_string()].into(),
+                pods: 4,
+            }],
+            "the rack of Kueue's nodes, every node of it, the pods counted summed"
+        );
+        let rack_of = |n: &str| labels.iter().find(|(name, _)| name == n)?.1.get("rack").cloned();
+        let why = split_across_domains(&coarse, rack_of, "rack").expect("split");
+        assert!(why.contains("driver in r0, workers in r1"), "{why}");
+        let leaves = assigned_domains(&decoded, &listed, |_| None);
+        assert!(split_across_domains(&leaves, rack_of, "rack").is_some(), "leaves too");
+        let one: BTreeMap<String, Vec<AssignedDomain>> =
+            coarse.into_iter().filter(|(group, _)| group == "workers").collect();
+        assert_eq!(split_across_domains(&one, rack_of, "rack"), None);
     }
 
     #[test]
@@ -793,22 +995,35 @@ mod tests {
         let selectors: BTreeMap<String, BTreeMap<String, String>> = [("workers".to_string(), labels("r2"))].into();
         let lookup = |n: &str| nodes.get(n);
         let pods = [("w-0", "n2", Some("workers")), ("w-1", "n1", Some("workers"))];
-        let outside = placed_outside(pods, lookup, None, &selectors).expect("w-1 is outside");
+        let none = BTreeMap::new();
+        let outside = placed_outside(pods, lookup, &none, &selectors).expect("w-1 is outside");
         assert!(
             outside.contains("pod w-1 runs on node n1") && outside.contains("rack=r2"),
             "{outside}"
         );
-        assert_eq!(placed_outside([pods[0]], lookup, None, &selectors), None);
-        let allowed: BTreeSet<String> = ["n1".to_string()].into();
-        let outside = placed_outside([pods[0]], lookup, Some(&allowed), &selectors).expect("n2 not allowed");
+        assert_eq!(placed_outside([pods[0]], lookup, &none, &selectors), None);
+        let domain = |nodes: &[&str], pods: usize| AssignedDomain {
+            name: format!("rack={}", nodes.join("+")),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            pods,
+        };
+        let assigned: BTreeMap<String, Vec<AssignedDomain>> =
+            [("workers".to_string(), vec![domain(&["n1"], 2)])].into();
+        let outside = placed_outside([pods[0]], lookup, &assigned, &selectors).expect("n2 not assigned");
         assert!(outside.contains("topology domains"), "{outside}");
-        // A group Kueue gives no flavor labels, or a node gone, is not judged.
+        // One pod more in a domain than Kueue counted there.
+        let assigned: BTreeMap<String, Vec<AssignedDomain>> =
+            [("workers".to_string(), vec![domain(&["n2"], 1)])].into();
+        let outside = placed_outside([pods[0], ("w-2", "n2", Some("workers"))], lookup, &assigned, &selectors)
+            .expect("one too many in n2");
+        assert!(outside.contains("pod w-2 is pod 2 of group workers"), "{outside}");
+        // A group Kueue gives no flavor labels or domains, or a node gone, is not judged.
         assert_eq!(
-            placed_outside([("l-0", "n1", Some("launcher"))], lookup, None, &selectors),
+            placed_outside([("l-0", "n1", Some("launcher"))], lookup, &assigned, &selectors),
             None
         );
         assert_eq!(
-            placed_outside([("w-0", "gone", Some("workers"))], lookup, None, &selectors),
+            placed_outside([("w-0", "gone", Some("workers"))], lookup, &assigned, &selectors),
             None
         );
     }

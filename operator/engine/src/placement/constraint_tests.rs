@@ -779,3 +779,82 @@ fn a_placement_is_checked_in_the_order_it_was_planned_in() {
     };
     assert_eq!(placed(&plan(&cluster, &gang, &again)).pods, planned.pods);
 }
+
+/// The nodes of `names`, as one assigned domain taking `pods` pods.
+fn assigned_domain(names: &[&str], pods: usize) -> crate::request::AssignedDomain {
+    crate::request::AssignedDomain {
+        name: format!("{HOSTNAME}={}", names.join("+")),
+        nodes: names.iter().map(|n| n.to_string()).collect(),
+        pods,
+    }
+}
+
+/// Pods per node of group `group`.
+fn group_nodes(plan: &Plan, gang: &GangRequest, group: usize) -> BTreeMap<String, usize> {
+    let mut by_node = BTreeMap::new();
+    for pod in &plan.pods {
+        if gang.groups[group].pods.iter().any(|p| p.key == pod.pod) {
+            *by_node.entry(pod.node.clone()).or_default() += 1;
+        }
+    }
+    by_node
+}
+
+#[test]
+fn each_group_lands_in_the_domains_assigned_to_it_with_their_pod_counts() {
+    // 8 nodes of 8 GPUs, 4 per rack. Left alone, the gang packs onto node-00000 and
+    // node-00001; the assignment spreads it over other nodes of rack-0000, as Kueue's
+    // Topology-Aware Scheduling might, and the plan must follow it pod for pod.
+    let cluster = gpu_cluster(8, 8, 4, 2);
+    let mut gang = GangRequest {
+        name: "ns/g".into(),
+        groups: vec![
+            GroupRequest::uniform("driver", "ns", 1, 1, gpu_pod(0, 1, 1)),
+            GroupRequest::uniform("ps", "ns", 2, 2, gpu_pod(2, 1, 1)),
+            GroupRequest::uniform("workers", "ns", 4, 4, gpu_pod(2, 1, 1)),
+        ],
+        topology: TopologyRequest {
+            required: Some(RACK.into()),
+            ..TopologyRequest::default()
+        },
+        ..GangRequest::default()
+    };
+    let free = placed(&plan(&cluster, &gang, &PlanOptions::default())).clone();
+    assert_eq!(
+        free.nodes(),
+        ["node-00000", "node-00001"],
+        "unassigned, the gang packs: {:?}",
+        free.pods
+    );
+
+    gang.groups[0].assigned = vec![assigned_domain(&["node-00003"], 1)];
+    gang.groups[1].assigned = vec![assigned_domain(&["node-00002"], 1), assigned_domain(&["node-00003"], 1)];
+    gang.groups[2].assigned = vec![assigned_domain(&["node-00001"], 1), assigned_domain(&["node-00002"], 3)];
+    let outcome = plan(&cluster, &gang, &PlanOptions::default());
+    let plan_ = placed(&outcome);
+    assert_eq!(
+        group_nodes(plan_, &gang, 0),
+        BTreeMap::from([("node-00003".to_string(), 1)])
+    );
+    assert_eq!(
+        group_nodes(plan_, &gang, 1),
+        BTreeMap::from([("node-00002".to_string(), 1), ("node-00003".to_string(), 1)])
+    );
+    assert_eq!(
+        group_nodes(plan_, &gang, 2),
+        BTreeMap::from([("node-00001".to_string(), 1), ("node-00002".to_string(), 3)])
+    );
+    // What the plan decided passes the check a restart makes of it.
+    let problems = verify(&cluster, &gang, &plan_.pods, &PlanOptions::default()).expect("verify runs");
+    assert!(problems.is_empty(), "{problems:?}");
+
+    // Domains that take fewer pods than the group has: no plan, and the reason says so.
+    gang.groups[2].assigned = vec![assigned_domain(&["node-00001"], 1), assigned_domain(&["node-00002"], 2)];
+    let why = reasons(&plan(&cluster, &gang, &PlanOptions::default()));
+    assert!(why.contains("assigned"), "{why}");
+
+    // Groups assigned to different racks cannot share the rack the gang requires.
+    gang.groups[2].assigned = vec![assigned_domain(&["node-00004", "node-00005"], 4)];
+    let why = reasons(&plan(&cluster, &gang, &PlanOptions::default()));
+    assert!(why.contains("assigned"), "{why}");
+}

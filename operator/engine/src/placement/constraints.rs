@@ -27,6 +27,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::Avoid;
+use super::assigned::Assigned;
 use super::volumes::{GangVolumes, VolumesHeld};
 use crate::cluster::{ClusterState, Node};
 use crate::key::PodKey;
@@ -47,6 +48,8 @@ pub(super) enum DomainBound<'c> {
     AntiAffinity(&'c str),
     /// The free volumes of this class the nodes reach.
     Volumes(&'c str),
+    /// The pods the topology domains assigned to the group take.
+    Assigned,
 }
 
 impl DomainBound<'_> {
@@ -55,6 +58,7 @@ impl DomainBound<'_> {
         match self {
             DomainBound::AntiAffinity(key) => format!("anti-affinity on {key}"),
             DomainBound::Volumes(class) => format!("the {count} free PersistentVolumes of class {class:?} there"),
+            DomainBound::Assigned => format!("the topology domains assigned to it ({count} pods there)"),
         }
     }
 }
@@ -147,6 +151,8 @@ pub(super) struct Constraints<'a> {
     groups: Vec<GroupRules<'a>>,
     volumes: GangVolumes<'a>,
     avoid: &'a Avoid,
+    /// Topology domains assigned to groups from outside.
+    assigned: Assigned<'a>,
     /// Topology keys the gang's (anti-)affinity terms use, by id.
     keys: Vec<String>,
     /// Whether any group has any constraint: otherwise every check passes at once.
@@ -168,6 +174,8 @@ pub(super) struct Occupancy {
     volumes: VolumesHeld,
     /// Volumes chosen for each placed pod's late claims.
     chosen: FxHashMap<(usize, usize), Vec<String>>,
+    /// Per group, per assigned domain: pods placed.
+    assigned: Vec<Vec<u32>>,
 }
 
 #[derive(Clone, Default)]
@@ -423,7 +431,9 @@ impl<'a> Constraints<'a> {
                 avoiding: group.pods.iter().any(|p| avoid.pod_nodes.contains_key(&p.key)),
             });
         }
+        let assigned = Assigned::new(gang);
         let active = volumes.any
+            || assigned.any()
             || !avoid.pod_nodes.is_empty()
             || groups.iter().any(|r| {
                 !r.anti.is_empty()
@@ -443,6 +453,7 @@ impl<'a> Constraints<'a> {
             groups,
             volumes,
             avoid,
+            assigned,
             keys,
             active,
         })
@@ -466,6 +477,7 @@ impl<'a> Constraints<'a> {
                 .collect(),
             volumes: VolumesHeld::default(),
             chosen: FxHashMap::default(),
+            assigned: self.assigned.empty(),
         }
     }
 
@@ -478,6 +490,12 @@ impl<'a> Constraints<'a> {
         };
         if !self.active {
             return Ok(room);
+        }
+        if let Some(cap) = self.assigned.node_cap(g, node)? {
+            room = NodeRoom {
+                cap,
+                why: Some(Arc::from("the topology domain assigned to it")),
+            };
         }
         let rules = &self.groups[g];
         for (key, values) in &rules.blocked {
@@ -512,10 +530,12 @@ impl<'a> Constraints<'a> {
                     return Err(format!("host port {port} in use"));
                 }
             }
-            room = NodeRoom {
-                cap: 1,
-                why: rules.port_bound.clone(),
-            };
+            if room.cap > 1 {
+                room = NodeRoom {
+                    cap: 1,
+                    why: rules.port_bound.clone(),
+                };
+            }
         }
         if !has_spread_keys(&rules.shape.rules, node) {
             let key = rules
@@ -577,6 +597,11 @@ impl<'a> Constraints<'a> {
             && best.as_ref().is_none_or(|(b, _)| count < *b)
         {
             best = Some((count, DomainBound::Volumes(class)));
+        }
+        if let Some(count) = self.assigned.domain_cap(g, nodes.iter().map(|(_, n)| *n))
+            && best.as_ref().is_none_or(|(b, _)| count < *b)
+        {
+            best = Some((count, DomainBound::Assigned));
         }
         best
     }
@@ -641,6 +666,9 @@ impl<'a> Constraints<'a> {
             .and_then(|nodes| nodes.get(&node.name))
         {
             return Err(refuse(why.clone(), false));
+        }
+        if let Some(reason) = self.assigned.refuse(&occupancy.assigned, g, node) {
+            return Err(refuse(reason, true));
         }
         let rules = &self.groups[g];
         let count = |key: usize, h: usize| -> u32 {
@@ -792,6 +820,7 @@ impl<'a> Constraints<'a> {
                 .or_insert_with(|| vec![0; groups])[g],
         );
         step(&mut occupancy.placed[g]);
+        self.assigned.count(&mut occupancy.assigned, g, node, add);
         for (owner, rules) in self.groups.iter().enumerate() {
             for (s, spread) in rules.spread.iter().enumerate() {
                 if !spread.groups.contains(&g) || !spread_eligible(rules.shape, spread.constraint, node) {

@@ -96,6 +96,14 @@ impl Admission {
                     .find_map(|planned| snapshot.node(&planned.node)?.labels.get(key).cloned());
                 (key.clone(), value)
             });
+            // Kueue's pod counts per assigned domain, less the group's pods placed there.
+            for planned in journal.pods.iter().filter(|planned| {
+                !waiting.contains(&planned.name) && group.pods.iter().any(|p| p.key.name() == planned.name)
+            }) {
+                if let Some(domain) = group.assigned.iter_mut().find(|d| d.nodes.contains(&planned.node)) {
+                    domain.pods = domain.pods.saturating_sub(1);
+                }
+            }
             group.pods.retain(|p| waiting.contains(p.key.name()));
             // Core pods the group is short of (only where the pods' controller replaces
             // them: otherwise a lost core pod restarts the gang).
@@ -154,16 +162,9 @@ impl Admission {
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
             let cluster = snapshot.clone();
-            // Off nodes held for long-waiting gangs, and inside Kueue's decision.
-            let mut excluded = self.held_against(workload);
-            if let Some(allowed) = self.kueue_allowed_nodes(workload, &snapshot) {
-                excluded.extend(
-                    snapshot
-                        .nodes()
-                        .map(|n| n.name.clone())
-                        .filter(|n| !allowed.contains(n)),
-                );
-            }
+            // Off nodes held for long-waiting gangs (Kueue's decision is in each group's
+            // assigned domains).
+            let excluded = self.held_against(workload);
             // Off nodes kube-scheduler refused the group's pods on lately.
             let avoid = super::refusals::avoid(workload, &extras, crate::workload::observe::now_millis());
             // Replacements go back where their predecessors ran, if they all still can.

@@ -93,18 +93,9 @@ impl Admission {
         }
     }
 
-    /// The nodes inside Kueue's topology decision for a gang it admitted or reserved
-    /// quota for: the nodes of the assigned topology domains. `None`: not restricted.
-    pub(crate) fn kueue_allowed_nodes(
-        &self,
-        workload: &Workload,
-        cluster: &muster_engine::cluster::ClusterState,
-    ) -> Option<BTreeSet<String>> {
-        let object = self.kueue_object(workload).seen()?;
-        // The podSet that only charges shared claims places no pod.
-        let mut assignments = kueue::assignments(&object);
-        assignments.retain(|a| workload.spec.pod_groups.iter().any(|g| g.name == a.pod_set));
-        kueue::allowed_nodes(&assignments, cluster.nodes().map(|n| (n.name.as_str(), &n.labels)))
+    /// Every node's name and labels.
+    fn node_labels(cluster: &muster_engine::cluster::ClusterState) -> Vec<(&str, &BTreeMap<String, String>)> {
+        cluster.nodes().map(|n| (n.name.as_str(), &n.labels)).collect()
     }
 
     /// Each ResourceFlavor's `spec.nodeLabels`, by flavor.
@@ -125,16 +116,39 @@ impl Admission {
             .collect()
     }
 
-    /// Puts each group inside the flavors Kueue assigned to its own podSet: their node
-    /// labels join the group's node selector, as Kueue's job integrations inject them
-    /// into a pod set's template. A label the group selects with another value leaves it
-    /// nowhere to go, which the plan then says.
-    pub(crate) fn apply_kueue_flavors(&self, workload: &Workload, request: &mut muster_engine::request::GangRequest) {
+    /// Puts each group inside what Kueue assigned to its own podSet:
+    /// - the node labels of its flavors join the group's node selector, as Kueue's job
+    ///   integrations inject them into a pod set's template. A label the group selects
+    ///   with another value leaves it nowhere to go, which the plan then says;
+    /// - under TAS, its pods go only to the podSet's topology domains, as many per domain
+    ///   as Kueue counted there, so that Kueue's usage per domain is what runs there.
+    pub(crate) fn apply_kueue_assignment(
+        &self,
+        workload: &Workload,
+        request: &mut muster_engine::request::GangRequest,
+    ) {
         let Some(object) = self.kueue_object(workload).seen() else {
             return;
         };
-        let selectors = kueue::flavor_selectors(&kueue::assignments(&object), &self.flavor_labels());
+        let assignments = kueue::assignments(&object);
+        let selectors = kueue::flavor_selectors(&assignments, &self.flavor_labels());
+        let cluster = self.index.snapshot();
+        // Kueue's TAS counts the pods' container requests on each node, nothing else: a
+        // group that needs devices, volumes or room among other pods is held to the
+        // domains of the level the gang requires, not pod for pod to Kueue's nodes, which
+        // may not have what it needs.
+        let required = workload.spec.topology.as_ref().and_then(|t| t.required.as_deref());
+        let coarse: BTreeSet<&str> = request
+            .groups
+            .iter()
+            .filter(|g| !kueue_sees_all_it_needs(g))
+            .map(|g| g.name.as_str())
+            .collect();
+        let mut domains = kueue::assigned_domains(&assignments, &Self::node_labels(&cluster), |pod_set| {
+            required.filter(|_| coarse.contains(pod_set))
+        });
         for group in &mut request.groups {
+            group.assigned = domains.remove(&group.name).unwrap_or_default();
             for (key, value) in selectors.get(&group.name).into_iter().flatten() {
                 match group.shape.node_selector.get(key) {
                     Some(own) if own != value => {
@@ -152,6 +166,25 @@ impl Admission {
         }
     }
 
+    /// Kueue put the gang's groups (as `request` carries their assigned domains) in
+    /// different domains of the level its spec requires one of (Kueue groups no more
+    /// than a leader and its workers), in words.
+    pub(crate) fn kueue_split(
+        &self,
+        workload: &Workload,
+        request: &muster_engine::request::GangRequest,
+    ) -> Option<String> {
+        let level = workload.spec.topology.as_ref()?.required.as_ref()?;
+        let assigned: BTreeMap<String, Vec<muster_engine::request::AssignedDomain>> = request
+            .groups
+            .iter()
+            .filter(|g| !g.assigned.is_empty())
+            .map(|g| (g.name.clone(), g.assigned.clone()))
+            .collect();
+        let cluster = self.index.snapshot();
+        kueue::split_across_domains(&assigned, |node| cluster.node(node)?.labels.get(level).cloned(), level)
+    }
+
     /// The first planned pod of the gang on a node outside Kueue's current decision for
     /// it (its group's flavors, the assigned topology domains), in words.
     fn placed_outside_kueue(&self, workload: &Workload, placement: &PlacementStatus) -> Option<String> {
@@ -161,7 +194,18 @@ impl Admission {
             return None;
         }
         let cluster = self.index.snapshot();
-        let allowed = self.kueue_allowed_nodes(workload, &cluster);
+        // Held as plans hold it: the domains each group's request carries.
+        let assigned: BTreeMap<String, Vec<muster_engine::request::AssignedDomain>> = match self.request(workload) {
+            Ok(request) => request
+                .groups
+                .into_iter()
+                .map(|g| (g.name, g.assigned))
+                .filter(|(_, d)| !d.is_empty())
+                .collect(),
+            Err(_) => kueue::assigned_domains(&assignments, &Self::node_labels(&cluster), |_| {
+                workload.spec.topology.as_ref().and_then(|t| t.required.as_deref())
+            }),
+        };
         let selectors = kueue::flavor_selectors(&assignments, &self.flavor_labels());
         let groups: BTreeMap<String, String> = self
             .gang_pods(workload)
@@ -178,7 +222,7 @@ impl Admission {
         kueue::placed_outside(
             pods,
             |node| cluster.node(node).map(|n| &n.labels),
-            allowed.as_ref(),
+            &assigned,
             &selectors,
         )
     }
@@ -448,4 +492,17 @@ impl Admission {
             other => Ok(kube_ops::done_if_gone_or_changed(other)?),
         }
     }
+}
+
+/// Whether Kueue's Topology-Aware Scheduling counts everything the group's pods need
+/// from a node: their container requests only — no devices, no volumes, no pod
+/// (anti-)affinity, spread or host ports.
+fn kueue_sees_all_it_needs(group: &muster_engine::request::GroupRequest) -> bool {
+    group.shape.claims.is_empty()
+        && group.shape.shared.is_empty()
+        && group.shape.rules.affinity.is_empty()
+        && group.shape.rules.anti_affinity.is_empty()
+        && group.shape.rules.spread.is_empty()
+        && group.shape.rules.host_ports.is_empty()
+        && group.pods.iter().all(|p| p.volumes.is_empty() && p.claims.is_empty())
 }

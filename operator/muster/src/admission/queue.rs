@@ -388,7 +388,7 @@ impl Admission {
         let mut request = gang_request(workload, &extended, &sources, &pods)?;
         // muster's pods or claims tolerate the fence that keeps others off the devices.
         self.settings.fencing.apply(&mut request);
-        self.apply_kueue_flavors(workload, &mut request);
+        self.apply_kueue_assignment(workload, &mut request);
         Ok(request)
     }
 
@@ -425,8 +425,8 @@ impl Admission {
             }
         };
         let started = Instant::now();
-        // Inside Kueue's decision: the nodes of its flavors and topology domains.
-        let mut excluded = held.against(priority);
+        // Kueue's decision (flavors, topology domains) is in each group's request.
+        let excluded = held.against(priority);
         // Its own nomination is not in its way.
         let cluster = self.planning_view(&key(workload), priority);
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
@@ -435,9 +435,6 @@ impl Admission {
         // A claim it would hold as it is that it may not hold now: the gang waits.
         if let Some(message) = self.found_claims_wait(workload, &request, &cluster) {
             return self.wait_on_claim(workload, &message).await;
-        }
-        if let Some(allowed) = self.kueue_allowed_nodes(workload, &cluster) {
-            excluded.extend(cluster.nodes().map(|n| n.name.clone()).filter(|n| !allowed.contains(n)));
         }
         // Nodes kube-scheduler refused its pods on lately.
         let avoid = super::refusals::avoid(workload, &request, crate::workload::observe::now_millis());
@@ -487,6 +484,9 @@ impl Admission {
         match outcome {
             Outcome::Unschedulable(why) => {
                 let mut message = why.to_string();
+                if let Some(split) = self.kueue_split(workload, &request) {
+                    message = format!("{split}: {message}");
+                }
                 if reach.is_none() {
                     message.push_str("; it would not fit even on an empty cluster");
                 }

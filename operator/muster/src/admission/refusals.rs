@@ -82,6 +82,7 @@ mod tests {
                 })
                 .collect(),
             topology: Default::default(),
+            assigned: Vec::new(),
         }
     }
 

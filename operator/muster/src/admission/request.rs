@@ -303,6 +303,8 @@ pub fn gang_request(
                     size: usize::try_from(slice.size).unwrap_or(1).max(1),
                 }),
             },
+            // Kueue's topology assignment, if any, is added where the gang is planned.
+            assigned: Vec::new(),
         });
     }
     let topology = workload.spec.topology.clone().unwrap_or_default();

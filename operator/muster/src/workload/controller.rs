@@ -811,14 +811,21 @@ async fn queue_knows_level(ctx: &Context, namespace: &str, queue: &str, level: &
         .flat_map(|g| g["flavors"].as_array().into_iter().flatten())
         .filter_map(|f| f["name"].as_str().map(String::from))
         .collect();
-    let topologies: Api<kube::api::DynamicObject> = Api::all_with(client, &resource("Topology", "topologies"));
+    let topologies: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource("Topology", "topologies"));
+    let flavor_api: Api<kube::api::DynamicObject> = Api::all_with(client, &crate::kueue::flavor_resource());
     for flavor in flavors {
-        let topology = ctx
+        let cached = ctx
             .stores
             .kueue_flavors
             .as_ref()
-            .and_then(|s| s.state().into_iter().find(|f| f.name_any() == flavor))
-            .and_then(|f| f.data["spec"]["topologyName"].as_str().map(String::from));
+            .and_then(|s| s.state().into_iter().find(|f| f.name_any() == flavor));
+        // A flavor made a moment ago may not be cached yet: the podSets' topology
+        // requests cannot be added once the Kueue Workload exists, so it is read.
+        let object = match cached {
+            Some(cached) => Some((*cached).clone()),
+            None => flavor_api.get_opt(&flavor).await?,
+        };
+        let topology = object.and_then(|f| f.data["spec"]["topologyName"].as_str().map(String::from));
         let Some(topology) = topology else { continue };
         if let Some(topology) = topologies.get_opt(&topology).await?
             && topology.data["spec"]["levels"]
