@@ -5,12 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::WorkloadPhase;
 use muster_e2e::frameworks::{operator_args, wait_webhook_ready, webhook_port};
 use muster_e2e::scenario::{Test, allocations, assert_runs_as_planned, cluster, gang, with_test};
+use muster_local_cluster::fleet::GPU_DRIVER;
 use muster_local_cluster::kueue::{GPU_RESOURCE, Kueue};
 use muster_local_cluster::wait;
 use serde_json::{Value, json};
@@ -1621,6 +1623,87 @@ async fn a_three_group_gang_runs_where_kueue_counted_each_groups_pods() -> Resul
                     "group {group} runs {on_node:?}, Kueue counted {counted:?}"
                 );
             }
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Issue 25, item 6: a maintenance DeviceTaintRule over every GPU makes a gang Kueue
+/// reserved quota for unable to fit even on the emptied cluster. That is the cluster's
+/// state of the moment, not a wrong spec: muster answers Retry (never Rejected, which
+/// would deactivate the Kueue Workload for good), holds nothing, and the gang runs once
+/// the rule is gone.
+#[tokio::test]
+async fn a_maintenance_taint_over_every_gpu_is_waited_out_not_rejected() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-maintenance", &[], &[], |test| {
+        Box::pin(async move {
+            let check = muster_check(test).await?;
+            cluster_queue(test, "team", 64, None, None).await?;
+            require_check(test, &check).await?;
+            let rules: Api<DeviceTaintRule> = Api::all(test.client.clone());
+            let name = format!("maintenance-{}", test.ns);
+            let rule: DeviceTaintRule = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "deviceSelector": {"driver": GPU_DRIVER},
+                    "taint": {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"},
+                },
+            }))?;
+            rules.create(&PostParams::default(), &rule).await?;
+            let during = async {
+                test.create(queued_gang("patient", 2, None)).await?;
+                wait_kueue(test, "patient", "muster to answer Retry", |o| {
+                    o.data["status"]["admissionChecks"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| {
+                            c["state"] == "Retry"
+                                && c["message"]
+                                    .as_str()
+                                    .is_some_and(|m| m.contains("even on an empty cluster"))
+                        })
+                })
+                .await?;
+                let object = kueue_workload(test, "patient").await?;
+                ensure!(
+                    object.data["spec"]["active"] != json!(false),
+                    "Kueue deactivated the gang: {}",
+                    object.data["status"]
+                );
+                ensure!(
+                    !holds_devices(test, "patient").await?,
+                    "a gang answered Retry holds nothing"
+                );
+                anyhow::Ok(())
+            }
+            .await;
+            rules.delete(&name, &Default::default()).await?;
+            during?;
+            // Kueue asks again after the requeue delay; now the gang fits.
+            wait::until(
+                "the gang to run once the maintenance is over",
+                Duration::from_secs(180),
+                || async {
+                    let workload = test.workloads().get("patient").await?;
+                    Ok((workload.status.as_ref().and_then(|s| s.phase) == Some(WorkloadPhase::Running)).then_some(()))
+                },
+            )
+            .await?;
+            assert_runs_as_planned(test, "patient").await?;
+            let object = kueue_workload(test, "patient").await?;
+            ensure!(
+                !object.data["status"]["admissionChecks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["state"] == "Rejected"),
+                "never Rejected: {}",
+                object.data["status"]
+            );
+            usage_matches_devices(test, "team", &["patient"], 16).await?;
             Ok(())
         })
     })
