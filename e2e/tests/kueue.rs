@@ -1361,6 +1361,51 @@ async fn a_restarting_gang_tells_kueue_its_pods_are_not_ready_until_they_run_aga
     .await
 }
 
+/// Two flavors, `muster-e2e-rack-a` (nodes of rack-0000) and `muster-e2e-rack-b`
+/// (rack-0001), in that order, with `gpus` GPUs each in this test's ClusterQueue behind
+/// LocalQueue `team`.
+async fn rack_flavors(test: &Test, gpus: u32) -> Result<()> {
+    let rack = muster_local_cluster::fleet::RACK_LABEL;
+    let flavors = kueue_api(&test.client, "ResourceFlavor", "resourceflavors", None);
+    for (flavor, value) in [("muster-e2e-rack-a", "rack-0000"), ("muster-e2e-rack-b", "rack-0001")] {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": {"name": flavor}, "spec": {"nodeLabels": {rack: value}},
+        }))?;
+        match flavors.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let flavor = |name: &str| {
+        json!({"name": name, "resources": [
+            {"name": "cpu", "nominalQuota": "1000"},
+            {"name": "memory", "nominalQuota": "10Ti"},
+            {"name": GPU_RESOURCE, "nominalQuota": gpus},
+        ]})
+    };
+    let queue: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": format!("cq-{}-team", test.ns)},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+            "flavors": [flavor("muster-e2e-rack-a"), flavor("muster-e2e-rack-b")],
+        }]},
+    }))?;
+    kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
+        .create(&PostParams::default(), &queue)
+        .await?;
+    let local: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "team"}, "spec": {"clusterQueue": format!("cq-{}-team", test.ns)},
+    }))?;
+    kueue_api(&test.client, "LocalQueue", "localqueues", Some(&test.ns))
+        .create(&PostParams::default(), &local)
+        .await?;
+    Ok(())
+}
+
 /// Two groups charged to two flavors whose node labels set the same key to different
 /// racks each run in the rack of their own flavor: not both in the last one, over its
 /// quota (issue 25, item 3).
@@ -1370,45 +1415,9 @@ async fn groups_charged_to_different_flavors_run_on_their_own_flavors_nodes() ->
     with_test("kueue-flavors", &[], &[], |test| {
         Box::pin(async move {
             let rack = muster_local_cluster::fleet::RACK_LABEL;
-            let flavors = kueue_api(&test.client, "ResourceFlavor", "resourceflavors", None);
-            for (flavor, value) in [("muster-e2e-rack-a", "rack-0000"), ("muster-e2e-rack-b", "rack-0001")] {
-                let object: DynamicObject = serde_json::from_value(json!({
-                    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-                    "metadata": {"name": flavor}, "spec": {"nodeLabels": {rack: value}},
-                }))?;
-                match flavors.create(&PostParams::default(), &object).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
             // One node's worth of GPUs in each flavor: the first group takes rack-a's,
             // the second has to go to rack-b.
-            let flavor = |name: &str| {
-                json!({"name": name, "resources": [
-                    {"name": "cpu", "nominalQuota": "1000"},
-                    {"name": "memory", "nominalQuota": "10Ti"},
-                    {"name": GPU_RESOURCE, "nominalQuota": 8},
-                ]})
-            };
-            let queue: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-                "metadata": {"name": format!("cq-{}-team", test.ns)},
-                "spec": {"namespaceSelector": {}, "resourceGroups": [{
-                    "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                    "flavors": [flavor("muster-e2e-rack-a"), flavor("muster-e2e-rack-b")],
-                }]},
-            }))?;
-            kueue_api(&test.client, "ClusterQueue", "clusterqueues", None)
-                .create(&PostParams::default(), &queue)
-                .await?;
-            let local: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-                "metadata": {"name": "team"}, "spec": {"clusterQueue": format!("cq-{}-team", test.ns)},
-            }))?;
-            kueue_api(&test.client, "LocalQueue", "localqueues", Some(&test.ns))
-                .create(&PostParams::default(), &local)
-                .await?;
+            rack_flavors(test, 8).await?;
 
             let mut workload = gang("split", 1, None);
             workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
@@ -1704,6 +1713,45 @@ async fn a_maintenance_taint_over_every_gpu_is_waited_out_not_rejected() -> Resu
                 object.data["status"]
             );
             usage_matches_devices(test, "team", &["patient"], 16).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Review of issue 25: a template-less group is charged with its pods' node selector, so
+/// that Kueue assigns a flavor whose nodes the pods can use. The pods select rack-0001;
+/// the first flavor with quota is rack-0000's. Before, the charge dropped the selector,
+/// Kueue assigned rack-0000's flavor, and the gang, whose pods cannot go there, was
+/// answered Retry every minute, for ever.
+#[tokio::test]
+async fn a_template_less_group_is_charged_with_its_node_selector_and_kueue_picks_a_flavor_it_can_use() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-selector", &[], &[], |test| {
+        Box::pin(async move {
+            let rack = muster_local_cluster::fleet::RACK_LABEL;
+            rack_flavors(test, 16).await?;
+            let mut workload = muster_e2e::scenario::workload_of_joining_pods("picky", "main", 2);
+            workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+            test.create(workload).await?;
+            let mut job = muster_e2e::scenario::job_joining("picky", "main", 2);
+            job["spec"]["template"]["spec"]["nodeSelector"] = json!({rack: "rack-0001"});
+            let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+                .await?;
+            wait_kueue_condition(test, "picky", "Admitted", "True").await?;
+            let admitted = kueue_workload(test, "picky").await?;
+            let flavor = admitted.data["status"]["admission"]["podSetAssignments"][0]["flavors"][GPU_RESOURCE].clone();
+            ensure!(flavor == "muster-e2e-rack-b", "Kueue assigned {flavor}");
+            let ran = test
+                .wait_phase("picky", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            let placement = ran.status.and_then(|s| s.placement).context("placement")?;
+            ensure!(
+                placement.topology_value.is_none() || placement.topology_value.as_deref() == Some("rack-0001"),
+                "{placement:?}"
+            );
+            usage_matches_devices(test, "team", &["picky"], 16).await?;
             Ok(())
         })
     })

@@ -18,13 +18,26 @@ use serde_json::{Value, json};
 
 use crate::frameworks::{Framework, JOBSET_UID, REPLICATED_JOB};
 
-/// A pod spec as the template Kueue charges: as its controller made it (claims from
-/// templates included), without muster's gate or a node of its own.
+/// A job's pod template as the template Kueue charges: as its controller makes pods
+/// from it (claims from templates included), without muster's gate or a node of its own.
+/// Its node selector and affinity stay, so that Kueue assigns flavors and topology
+/// domains the pods can use, as Kueue's own job integrations do.
 pub fn chargeable(spec: &Value) -> Value {
+    without(spec, &["schedulingGates", "nodeName"])
+}
+
+/// A member pod's spec as the template Kueue charges: like [`chargeable`], and without
+/// its affinity, where a released pod carries muster's pin to its node. Its node
+/// selector, which muster never writes, stays.
+fn chargeable_member(spec: &Value) -> Value {
+    without(spec, &["schedulingGates", "nodeName", "affinity"])
+}
+
+fn without(spec: &Value, fields: &[&str]) -> Value {
     let mut spec = spec.clone();
     if let Some(spec) = spec.as_object_mut() {
-        for field in ["schedulingGates", "nodeName", "nodeSelector", "affinity"] {
-            spec.remove(field);
+        for field in fields {
+            spec.remove(*field);
         }
     }
     json!({"spec": spec})
@@ -106,11 +119,11 @@ fn size(spec: &Value) -> (usize, i64, i64, i64) {
     )
 }
 
-/// The largest of `members` as Kueue charges it (see [`chargeable`]).
+/// The largest of `members` as Kueue charges it (see [`chargeable_member`]).
 pub fn largest_member(members: &[&Pod]) -> Option<Value> {
     members
         .iter()
-        .map(|p| chargeable(&serde_json::to_value(p.spec.clone().unwrap_or_default()).unwrap_or(Value::Null)))
+        .map(|p| chargeable_member(&serde_json::to_value(p.spec.clone().unwrap_or_default()).unwrap_or(Value::Null)))
         .max_by_key(|t| size(&t["spec"]))
 }
 
@@ -164,6 +177,16 @@ mod tests {
         let largest = largest_member(&[&small, &big, &devices]).unwrap();
         assert_eq!(largest["spec"]["resourceClaims"].as_array().map(Vec::len), Some(1));
         assert!(largest["spec"].get("schedulingGates").is_none());
+        // A released member's pin (its affinity) is not charged; its own selector is.
+        let mut released = pod("1", 1);
+        let spec = released.spec.as_mut().unwrap();
+        spec.scheduling_gates = None;
+        spec.node_selector = Some([("example.com/gpu".to_string(), "h100".to_string())].into());
+        spec.affinity = Some(serde_json::from_value(json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}}})).unwrap());
+        let charged = largest_member(&[&released]).unwrap();
+        assert!(charged["spec"].get("affinity").is_none());
+        assert_eq!(charged["spec"]["nodeSelector"]["example.com/gpu"], "h100");
         let largest = largest_member(&[&small, &big]).unwrap();
         assert_eq!(largest["spec"]["containers"][0]["resources"]["requests"]["cpu"], "64");
         assert_ne!(charge_key(&largest), charge_key(&largest_member(&[&small]).unwrap()));
@@ -186,6 +209,9 @@ mod tests {
             "metadata": {"name": "train", "uid": "js-uid"},
             "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {"template": {"spec": {
                 "schedulingGates": [{"name": "muster.dev/gang"}],
+                "nodeSelector": {"example.com/gpu": "h100"},
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "example.com/rack", "operator": "In", "values": ["r1"]}]}]}}},
                 "containers": [{"name": "c", "resources": {"requests": {"cpu": "16"}}}],
             }}}}}]},
         });
@@ -205,6 +231,9 @@ mod tests {
             "16"
         );
         assert!(templates["workers"]["spec"].get("schedulingGates").is_none());
+        // Kueue assigns flavors and domains by the pods' own node selection.
+        assert_eq!(templates["workers"]["spec"]["nodeSelector"]["example.com/gpu"], "h100");
+        assert!(templates["workers"]["spec"]["affinity"]["nodeAffinity"].is_object());
         assert!(made_by_job(&workload, &workload.spec.pod_groups[0]));
         assert!(!made_by_job(&workload, &workload.spec.pod_groups[1]));
     }
