@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 /// The label that puts a Workload in a Kueue LocalQueue.
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The label Kueue's job controllers put on the Workloads they own.
-const JOB_UID_LABEL: &str = "kueue.x-k8s.io/job-uid";
+pub const JOB_UID_LABEL: &str = "kueue.x-k8s.io/job-uid";
 /// Kueue's finalizer on a Workload whose quota is in use.
 pub const RESOURCE_IN_USE: &str = "kueue.x-k8s.io/resource-in-use";
 /// The `spec.controllerName` of AdmissionChecks muster answers: Kueue reserves quota,
@@ -642,6 +642,154 @@ pub fn check_patch(
     Some(status_patch(object, json!({"admissionChecks": checks})))
 }
 
+/// Each ResourceFlavor's `spec.nodeLabels`, by flavor.
+pub fn flavor_node_labels(
+    flavors: impl IntoIterator<Item = DynamicObject>,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    flavors
+        .into_iter()
+        .map(|f| {
+            let labels = f.data["spec"]["nodeLabels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect();
+            (f.name_any(), labels)
+        })
+        .collect()
+}
+
+/// Puts each group of `request` inside what Kueue assigned to its own podSet in
+/// `object`, the gang's Kueue Workload (`flavor_labels`: each flavor's node labels;
+/// `nodes`: every node's name and labels):
+/// - the node labels of its flavors join the group's node selector, as Kueue's job
+///   integrations inject them into a pod set's template. A label the group selects
+///   with another value leaves it nowhere to go, which [`flavor_conflicts`] then says;
+/// - under TAS, its pods go only to the podSet's topology domains, as many per domain
+///   as Kueue counted there, so that Kueue's usage per domain is what runs there. Kueue's
+///   TAS counts the pods' container requests on each node, nothing else: a group that
+///   needs devices, volumes or room among other pods is held to the domains of the
+///   level the gang requires, not pod for pod to Kueue's nodes, which may not have what
+///   it needs.
+pub fn apply_assignment(
+    request: &mut muster_engine::request::GangRequest,
+    workload: &Workload,
+    object: &DynamicObject,
+    flavor_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    nodes: &[(&str, &BTreeMap<String, String>)],
+) {
+    let assignments = assignments(object);
+    let selectors = flavor_selectors(&assignments, flavor_labels);
+    let required = workload.spec.topology.as_ref().and_then(|t| t.required.as_deref());
+    let coarse: BTreeSet<&str> = request
+        .groups
+        .iter()
+        .filter(|g| !counts_all_it_needs(g))
+        .map(|g| g.name.as_str())
+        .collect();
+    let mut domains = assigned_domains(&assignments, nodes, |pod_set| {
+        required.filter(|_| coarse.contains(pod_set))
+    });
+    for group in &mut request.groups {
+        group.assigned = domains.remove(&group.name).unwrap_or_default();
+        for (key, value) in selectors.get(&group.name).into_iter().flatten() {
+            match group.shape.node_selector.get(key) {
+                Some(own) if own != value => {
+                    let conflict = flavor_conflict(own, value);
+                    group.shape.node_selector.insert(key.clone(), conflict);
+                }
+                _ => {
+                    group.shape.node_selector.insert(key.clone(), value.clone());
+                }
+            }
+        }
+    }
+}
+
+/// What in Kueue's decision keeps `workload` from fitting, in words, with `request`
+/// planned inside it ([`apply_assignment`]): a group's own node selector at odds with
+/// its flavor, or groups put in different domains of the level the gang requires one
+/// of. `node_label(node, key)`: a node's value of a label.
+pub fn explain(
+    workload: &Workload,
+    request: &muster_engine::request::GangRequest,
+    node_label: impl Fn(&str, &str) -> Option<String>,
+) -> Option<String> {
+    let mut why = flavor_conflicts(request);
+    if let Some(level) = workload.spec.topology.as_ref().and_then(|t| t.required.as_ref()) {
+        let assigned: BTreeMap<String, Vec<AssignedDomain>> = request
+            .groups
+            .iter()
+            .filter(|g| !g.assigned.is_empty())
+            .map(|g| (g.name.clone(), g.assigned.clone()))
+            .collect();
+        why.extend(split_across_domains(&assigned, |node| node_label(node, level), level));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// Whether Kueue's Topology-Aware Scheduling counts everything the group's pods need
+/// from a node: their container requests only — no devices, no volumes, no pod
+/// (anti-)affinity, spread or host ports.
+fn counts_all_it_needs(group: &muster_engine::request::GroupRequest) -> bool {
+    group.shape.claims.is_empty()
+        && group.shape.shared.is_empty()
+        && group.shape.rules.affinity.is_empty()
+        && group.shape.rules.anti_affinity.is_empty()
+        && group.shape.rules.spread.is_empty()
+        && group.shape.rules.host_ports.is_empty()
+        && group.pods.iter().all(|p| p.volumes.is_empty() && p.claims.is_empty())
+}
+
+/// Joins a group's own value of a node label and its flavor's other value into one no
+/// node can have (label values hold no spaces); [`flavor_conflicts`] takes it apart.
+const FLAVOR_CONFLICT: &str = " and ";
+
+/// A group's node selector value `own` for a label its flavor sets to `flavor`: a value
+/// no node has, so the plan finds no node and [`flavor_conflicts`] says why.
+pub fn flavor_conflict(own: &str, flavor: &str) -> String {
+    format!("{own}{FLAVOR_CONFLICT}{flavor}")
+}
+
+/// The groups whose own node selector is at odds with their flavor's labels, in words.
+pub fn flavor_conflicts(request: &muster_engine::request::GangRequest) -> Vec<String> {
+    request
+        .groups
+        .iter()
+        .flat_map(|g| {
+            g.shape.node_selector.iter().filter_map(|(key, value)| {
+                let (own, flavor) = value.split_once(FLAVOR_CONFLICT)?;
+                Some(format!(
+                    "group {} selects {key}={own}, and the flavor Kueue assigned it sets {key}={flavor}",
+                    g.name
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The longest Kueue is asked to wait before it gives quota again to a gang the
+/// cluster cannot take as it is now.
+pub const NEVER_FIT_BACKOFF_MAX_SECONDS: i64 = 30 * 60;
+
+/// How long Kueue waits before it gives quota again to a gang that would not fit even
+/// on the emptied cluster as it is now: `base` doubled for each retry Kueue counted on
+/// check `check` (the shape of Kueue's own backoff), at most
+/// [`NEVER_FIT_BACKOFF_MAX_SECONDS`]. A gang that waits out a maintenance window or a
+/// driver rollout is then not given quota — nor preempts others for it — every minute.
+pub fn never_fit_backoff(object: &DynamicObject, check: &str, base: i64) -> i64 {
+    let retries = object.data["status"]["admissionChecks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == check)
+        .and_then(|c| c["retryCount"].as_u64())
+        .unwrap_or(0);
+    let doubled = base.saturating_mul(1i64 << retries.min(20));
+    doubled.min(NEVER_FIT_BACKOFF_MAX_SECONDS)
+}
+
 /// `Active=True` on an AdmissionCheck muster answers, which Kueue needs before a
 /// ClusterQueue using it is active. `None`: already so.
 pub fn active_patch(check: &DynamicObject, now: &str) -> Option<Value> {
@@ -937,6 +1085,44 @@ mod tests {
         );
         let plain = object(json!({"status": {"admission": {"podSetAssignments": [{"name": "w", "flavors": {}}]}}}));
         assert!(assigned_domains(&assignments(&plain), &listed, |_| None).is_empty());
+    }
+
+    #[test]
+    fn a_group_selecting_against_its_flavor_is_explained() {
+        let mut request = muster_engine::request::GangRequest::default();
+        let mut group = muster_engine::request::GroupRequest {
+            name: "workers".into(),
+            ..Default::default()
+        };
+        group
+            .shape
+            .node_selector
+            .insert("rack".into(), flavor_conflict("r1", "r0"));
+        group.shape.node_selector.insert("zone".into(), "z1".into());
+        request.groups.push(group);
+        assert_eq!(
+            flavor_conflicts(&request),
+            ["group workers selects rack=r1, and the flavor Kueue assigned it sets rack=r0"]
+        );
+    }
+
+    #[test]
+    fn a_gang_that_never_fits_is_retried_less_and_less_often() {
+        let with_retries = |retries: Option<u64>| {
+            let mut check = json!({"name": "dra", "state": "Pending"});
+            if let Some(n) = retries {
+                check["retryCount"] = json!(n);
+            }
+            object(json!({"status": {"admissionChecks": [check]}}))
+        };
+        assert_eq!(never_fit_backoff(&with_retries(None), "dra", 60), 60);
+        assert_eq!(never_fit_backoff(&with_retries(Some(1)), "dra", 60), 120);
+        assert_eq!(never_fit_backoff(&with_retries(Some(3)), "dra", 60), 480);
+        assert_eq!(
+            never_fit_backoff(&with_retries(Some(40)), "dra", 60),
+            NEVER_FIT_BACKOFF_MAX_SECONDS
+        );
+        assert_eq!(never_fit_backoff(&with_retries(Some(3)), "other", 60), 60);
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub struct Objects {
     pub csi_nodes: Vec<(String, CsiNode)>,
     /// Namespaces with their labels.
     pub namespaces: Vec<(String, BTreeMap<String, String>)>,
+    /// Kueue's Workloads standing for muster's and its ResourceFlavors, read live (by
+    /// `kubectl muster why`): a gang Kueue admitted is planned inside its decision.
+    pub kueue_workloads: Vec<kube::api::DynamicObject>,
+    pub kueue_flavors: Vec<kube::api::DynamicObject>,
     /// Objects of other kinds, counted by kind.
     pub ignored: BTreeMap<String, usize>,
 }
@@ -309,6 +313,8 @@ impl Objects {
         self.storage_classes.extend(other.storage_classes);
         self.csi_nodes.extend(other.csi_nodes);
         self.namespaces.extend(other.namespaces);
+        self.kueue_workloads.extend(other.kueue_workloads);
+        self.kueue_flavors.extend(other.kueue_flavors);
         for (kind, n) in other.ignored {
             *self.ignored.entry(kind).or_default() += n;
         }

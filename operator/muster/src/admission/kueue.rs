@@ -100,28 +100,17 @@ impl Admission {
 
     /// Each ResourceFlavor's `spec.nodeLabels`, by flavor.
     fn flavor_labels(&self) -> BTreeMap<String, BTreeMap<String, String>> {
-        self.stores
-            .kueue_flavors
-            .iter()
-            .flat_map(|s| s.state())
-            .map(|f| {
-                let labels = f.data["spec"]["nodeLabels"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                    .collect();
-                (f.name_any(), labels)
-            })
-            .collect()
+        kueue::flavor_node_labels(
+            self.stores
+                .kueue_flavors
+                .iter()
+                .flat_map(|s| s.state())
+                .map(|f| (*f).clone()),
+        )
     }
 
-    /// Puts each group inside what Kueue assigned to its own podSet:
-    /// - the node labels of its flavors join the group's node selector, as Kueue's job
-    ///   integrations inject them into a pod set's template. A label the group selects
-    ///   with another value leaves it nowhere to go, which the plan then says;
-    /// - under TAS, its pods go only to the podSet's topology domains, as many per domain
-    ///   as Kueue counted there, so that Kueue's usage per domain is what runs there.
+    /// Puts each group inside what Kueue assigned to its own podSet
+    /// ([`kueue::apply_assignment`]).
     pub(crate) fn apply_kueue_assignment(
         &self,
         workload: &Workload,
@@ -130,59 +119,29 @@ impl Admission {
         let Some(object) = self.kueue_object(workload).seen() else {
             return;
         };
-        let assignments = kueue::assignments(&object);
-        let selectors = kueue::flavor_selectors(&assignments, &self.flavor_labels());
         let cluster = self.index.snapshot();
-        // Kueue's TAS counts the pods' container requests on each node, nothing else: a
-        // group that needs devices, volumes or room among other pods is held to the
-        // domains of the level the gang requires, not pod for pod to Kueue's nodes, which
-        // may not have what it needs.
-        let required = workload.spec.topology.as_ref().and_then(|t| t.required.as_deref());
-        let coarse: BTreeSet<&str> = request
-            .groups
-            .iter()
-            .filter(|g| !kueue_sees_all_it_needs(g))
-            .map(|g| g.name.as_str())
-            .collect();
-        let mut domains = kueue::assigned_domains(&assignments, &Self::node_labels(&cluster), |pod_set| {
-            required.filter(|_| coarse.contains(pod_set))
-        });
-        for group in &mut request.groups {
-            group.assigned = domains.remove(&group.name).unwrap_or_default();
-            for (key, value) in selectors.get(&group.name).into_iter().flatten() {
-                match group.shape.node_selector.get(key) {
-                    Some(own) if own != value => {
-                        // No node can carry both values: a selector no node satisfies.
-                        group
-                            .shape
-                            .node_selector
-                            .insert(key.clone(), format!("{own} and {value}"));
-                    }
-                    _ => {
-                        group.shape.node_selector.insert(key.clone(), value.clone());
-                    }
-                }
-            }
-        }
+        kueue::apply_assignment(
+            request,
+            workload,
+            &object,
+            &self.flavor_labels(),
+            &Self::node_labels(&cluster),
+        );
     }
 
-    /// Kueue put the gang's groups (as `request` carries their assigned domains) in
+    /// What in Kueue's decision keeps the gang from fitting, in words: its groups put in
     /// different domains of the level its spec requires one of (Kueue groups no more
-    /// than a leader and its workers), in words.
-    pub(crate) fn kueue_split(
+    /// than a leader and its workers), or a group's own node selector at odds with the
+    /// flavor Kueue assigned it. `request` is the gang as planned inside that decision.
+    pub(crate) fn kueue_explanation(
         &self,
         workload: &Workload,
         request: &muster_engine::request::GangRequest,
     ) -> Option<String> {
-        let level = workload.spec.topology.as_ref()?.required.as_ref()?;
-        let assigned: BTreeMap<String, Vec<muster_engine::request::AssignedDomain>> = request
-            .groups
-            .iter()
-            .filter(|g| !g.assigned.is_empty())
-            .map(|g| (g.name.clone(), g.assigned.clone()))
-            .collect();
         let cluster = self.index.snapshot();
-        kueue::split_across_domains(&assigned, |node| cluster.node(node)?.labels.get(level).cloned(), level)
+        kueue::explain(workload, request, |node, key| {
+            cluster.node(node)?.labels.get(key).cloned()
+        })
     }
 
     /// The first planned pod of the gang on a node outside Kueue's current decision for
@@ -225,6 +184,19 @@ impl Admission {
             &assigned,
             &selectors,
         )
+    }
+
+    /// Kueue's requeue delay for a gang that would not fit even on the emptied cluster as
+    /// it is now: `base` backed off by the retries Kueue counted on muster's check.
+    pub(crate) fn never_fit_retry_after(&self, workload: &Workload, base: i64) -> i64 {
+        let KueueObject::Seen(object) = self.kueue_object(workload) else {
+            return base;
+        };
+        let verdict = Verdict::of(&object);
+        match verdict.our_check(&self.our_checks()) {
+            Some((check, _)) => kueue::never_fit_backoff(&object, check, base),
+            None => base,
+        }
     }
 
     /// Answers muster's admission check on the gang's Kueue Workload, if it has one.
@@ -492,17 +464,4 @@ impl Admission {
             other => Ok(kube_ops::done_if_gone_or_changed(other)?),
         }
     }
-}
-
-/// Whether Kueue's Topology-Aware Scheduling counts everything the group's pods need
-/// from a node: their container requests only — no devices, no volumes, no pod
-/// (anti-)affinity, spread or host ports.
-fn kueue_sees_all_it_needs(group: &muster_engine::request::GroupRequest) -> bool {
-    group.shape.claims.is_empty()
-        && group.shape.shared.is_empty()
-        && group.shape.rules.affinity.is_empty()
-        && group.shape.rules.anti_affinity.is_empty()
-        && group.shape.rules.spread.is_empty()
-        && group.shape.rules.host_ports.is_empty()
-        && group.pods.iter().all(|p| p.volumes.is_empty() && p.claims.is_empty())
 }

@@ -28,8 +28,8 @@ use super::{Admission, CommitError, Held, Waiting, key, placement_of};
 /// How long Kueue waits before it gives quota again to a gang whose devices muster could
 /// not reserve inside Kueue's decision.
 pub(super) const KUEUE_RETRY_SECONDS: i64 = 15;
-/// Kueue's requeue for a gang that would not fit even on the emptied cluster as it is
-/// now, or whose request the cluster may still mend.
+/// Kueue's first requeue for a gang that would not fit even on the emptied cluster as
+/// it is now, or whose request the cluster may still mend; later ones back off.
 pub(super) const KUEUE_RETRY_NEVER_FIT_SECONDS: i64 = 60;
 
 /// What came of planning a queued gang: a plan, and what the starvation rule needs to
@@ -418,7 +418,8 @@ impl Admission {
                 if e.is_permanent() {
                     self.answer_check(workload, "Rejected", &message, None).await?;
                 } else {
-                    self.answer_check(workload, "Retry", &message, Some(KUEUE_RETRY_NEVER_FIT_SECONDS))
+                    let retry_after = self.never_fit_retry_after(workload, KUEUE_RETRY_NEVER_FIT_SECONDS);
+                    self.answer_check(workload, "Retry", &message, Some(retry_after))
                         .await?;
                 }
                 return Ok(Attempt::Done(Admit::Invalid));
@@ -484,8 +485,8 @@ impl Admission {
         match outcome {
             Outcome::Unschedulable(why) => {
                 let mut message = why.to_string();
-                if let Some(split) = self.kueue_split(workload, &request) {
-                    message = format!("{split}: {message}");
+                if let Some(kueue) = self.kueue_explanation(workload, &request) {
+                    message = format!("{kueue}: {message}");
                 }
                 if reach.is_none() {
                     message.push_str("; it would not fit even on an empty cluster");
@@ -517,7 +518,7 @@ impl Admission {
                 let retry_after = if reach.is_some() {
                     KUEUE_RETRY_SECONDS
                 } else {
-                    KUEUE_RETRY_NEVER_FIT_SECONDS
+                    self.never_fit_retry_after(workload, KUEUE_RETRY_NEVER_FIT_SECONDS)
                 };
                 self.answer_check(workload, "Retry", &message, Some(retry_after))
                     .await?;

@@ -172,6 +172,17 @@ pub fn plan(
             }
         };
         fencing.apply(&mut request);
+        // Inside Kueue's decision, as the admission loop plans a gang Kueue admitted.
+        if let Some(object) = workloads
+            .kueue_workloads
+            .iter()
+            .find(|o| crate::kueue::made_for(o, &workload))
+        {
+            let flavors = crate::kueue::flavor_node_labels(workloads.kueue_flavors.iter().cloned());
+            let nodes: Vec<(&str, &BTreeMap<String, String>)> =
+                cluster.nodes().map(|n| (n.name.as_str(), &n.labels)).collect();
+            crate::kueue::apply_assignment(&mut request, &workload, object, &flavors, &nodes);
+        }
         // The claims kube-controller-manager will make for the pods' ephemeral volumes.
         for claim in ephemeral_claims(&workload, &request, default_class.as_deref())? {
             if cluster.storage().claim(&claim.key).is_none() {
@@ -181,10 +192,15 @@ pub fn plan(
         match placement::plan(&cluster, &request, &PlanOptions::default()) {
             Outcome::Unschedulable(why) => {
                 let preemption = would_preempt(&cluster, &snapshot, &claims, &classes, &workload, &request, scope);
+                let mut reason = why.to_string();
+                let node_label = |node: &str, key: &str| cluster.node(node)?.labels.get(key).cloned();
+                if let Some(kueue) = crate::kueue::explain(&workload, &request, node_label) {
+                    reason = format!("{kueue}: {reason}");
+                }
                 report.workloads.push(WorkloadReport {
                     name,
                     feasible: false,
-                    reason: Some(why.to_string()),
+                    reason: Some(reason),
                     pods: vec![],
                     preemption,
                 })
@@ -571,6 +587,83 @@ spec:
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["workloads"][0]["pods"][0]["devices"][0]["device"], "gpu-0");
         assert_eq!(json["workloads"][0]["reason"], serde_json::Value::Null);
+    }
+
+    /// The Kueue Workload standing for `workload`, admitted with `assignment` for podSet
+    /// `w`, and flavor `f` setting `labels`.
+    fn kueue_decision(
+        workload: &muster_api::v1alpha1::Workload,
+        assignment: serde_json::Value,
+        labels: serde_json::Value,
+    ) -> (kube::api::DynamicObject, kube::api::DynamicObject) {
+        let uid = workload.metadata.uid.clone().unwrap_or_else(|| "planned".into());
+        let object = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": "muster-first", "labels": {crate::kueue::JOB_UID_LABEL: uid}},
+            "status": {"admission": {"podSetAssignments": [assignment]}},
+        }))
+        .unwrap();
+        let flavor = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": {"name": "f"}, "spec": {"nodeLabels": labels},
+        }))
+        .unwrap();
+        (object, flavor)
+    }
+
+    #[test]
+    fn a_gang_kueue_admitted_is_planned_inside_its_decision_and_told_why_not() {
+        let snapshot = Objects::parse("snap.yaml", SNAPSHOT).unwrap();
+        let mut workloads = Objects::parse("w.yaml", WORKLOADS).unwrap();
+        workloads.workloads.truncate(1);
+        // Left alone, the first workload goes to n1; Kueue's TAS put it on n2.
+        let (object, flavor) = kueue_decision(
+            &workloads.workloads[0],
+            serde_json::json!({"name": "w", "flavors": {"cpu": "f"}, "topologyAssignment": {
+                "levels": ["kubernetes.io/hostname"],
+                "slices": [{"domainCount": 1, "podCounts": {"universal": 1}, "valuesPerLevel": [{"universal": "n2"}]}],
+            }}),
+            serde_json::json!({}),
+        );
+        workloads.kueue_workloads = vec![object];
+        workloads.kueue_flavors = vec![flavor];
+        let (report, _) = plan(
+            snapshot.clone(),
+            &workloads,
+            "default",
+            Fencing::Taint,
+            PreemptionScope::Cluster,
+        )
+        .unwrap();
+        assert_eq!(report.workloads[0].pods[0].node, "n2", "inside Kueue's rack");
+
+        // A flavor whose label the group selects otherwise: no node, and why.
+        workloads.workloads[0].spec.pod_groups[0]
+            .template
+            .as_mut()
+            .and_then(|t| t.spec.as_mut())
+            .unwrap()
+            .node_selector = Some([("rack".to_string(), "r1".to_string())].into());
+        let (object, flavor) = kueue_decision(
+            &workloads.workloads[0],
+            serde_json::json!({"name": "w", "flavors": {"cpu": "f"}}),
+            serde_json::json!({"rack": "r2"}),
+        );
+        workloads.kueue_workloads = vec![object];
+        workloads.kueue_flavors = vec![flavor];
+        let (report, _) = plan(
+            snapshot,
+            &workloads,
+            "default",
+            Fencing::Taint,
+            PreemptionScope::Cluster,
+        )
+        .unwrap();
+        let reason = report.workloads[0].reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("group w selects rack=r1, and the flavor Kueue assigned it sets rack=r2"),
+            "{reason}"
+        );
     }
 
     #[test]

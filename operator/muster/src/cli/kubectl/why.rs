@@ -37,8 +37,11 @@ pub(super) async fn run(args: &WhyArgs) -> Result<String> {
     // Only a gang that waits is planned: one that holds devices would be in its own way.
     let plan = if gang.is_pending() {
         let (cluster, templates) = tokio::try_join!(live::cluster(&client), live::templates(&client, &namespace))?;
+        let (kueue_workloads, kueue_flavors) = kueue_decision(&client, &namespace, &workload).await;
         let mut asked = Objects {
             templates,
+            kueue_workloads,
+            kueue_flavors,
             ..Objects::default()
         };
         asked.workloads.push(workload);
@@ -64,6 +67,36 @@ pub(super) async fn run(args: &WhyArgs) -> Result<String> {
             plan.as_ref().map(|(report, text)| (report, text.as_str())),
         )),
     }
+}
+
+/// For a gang behind a Kueue queue: its Kueue Workload and the ResourceFlavors, so that
+/// it is planned inside Kueue's decision as the operator plans it. Nothing when Kueue is
+/// not there or may not be read: the plan is then the cluster's alone.
+async fn kueue_decision(
+    client: &kube::Client,
+    namespace: &str,
+    workload: &Workload,
+) -> (Vec<kube::api::DynamicObject>, Vec<kube::api::DynamicObject>) {
+    if crate::kueue::queue_of(workload).is_none() {
+        return (Vec::new(), Vec::new());
+    }
+    let workloads: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &crate::kueue::api_resource());
+    let flavors: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &crate::kueue::flavor_resource());
+    let object = workloads
+        .get_opt(&crate::kueue::object_name(workload))
+        .await
+        .ok()
+        .flatten();
+    let flavors = match object {
+        Some(_) => flavors
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    (object.into_iter().collect(), flavors)
 }
 
 fn human(gang: &GangSummary, plan: Option<(&WorkloadReport, &str)>) -> String {
