@@ -1757,3 +1757,52 @@ async fn a_template_less_group_is_charged_with_its_node_selector_and_kueue_picks
     })
     .await
 }
+
+/// Review of issue 25 (item 11's remainder): a gang whose request waits for an object
+/// that may never come — here a group of two whose Job makes one pod — while Kueue holds
+/// its quota. After a grace of a minute muster answers Retry with why, so Kueue gives
+/// the quota to others meanwhile; before, the check stayed Pending and the quota was held
+/// for ever.
+#[tokio::test]
+async fn a_gang_short_of_pods_gives_kueue_its_quota_back_after_a_grace() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-short", &[], &[], |test| {
+        Box::pin(async move {
+            let check = muster_check(test).await?;
+            queues(test, 16, false).await?;
+            require_check(test, &check).await?;
+            let mut workload = muster_e2e::scenario::workload_of_joining_pods("short", "main", 2);
+            workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+            test.create(workload).await?;
+            let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.create(
+                &PostParams::default(),
+                &serde_json::from_value(muster_e2e::scenario::job_joining("short", "main", 1))?,
+            )
+            .await?;
+            wait_kueue_condition(test, "short", "QuotaReserved", "True").await?;
+            wait::until(
+                "muster to answer Retry for the pod that never comes",
+                Duration::from_secs(150),
+                || async {
+                    let object = kueue_workload(test, "short").await?;
+                    let retried = object.data["status"]["admissionChecks"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["state"] == "Retry" && c["message"].as_str().is_some_and(|m| m.contains("main")));
+                    Ok(retried.then_some(()))
+                },
+            )
+            .await?;
+            // Kueue evicts it and requeues it: the quota is free meanwhile.
+            wait::until("Kueue to free the quota", Duration::from_secs(60), || async {
+                Ok((kueue_gpu_usage(test, "team").await? == 0).then_some(()))
+            })
+            .await?;
+            ensure!(!holds_devices(test, "short").await?, "the gang holds nothing");
+            Ok(())
+        })
+    })
+    .await
+}

@@ -769,6 +769,15 @@ pub fn flavor_conflicts(request: &muster_engine::request::GangRequest) -> Vec<St
         .collect()
 }
 
+/// When muster's check `check` on `object` last changed state (`lastTransitionTime`).
+pub fn check_changed_at<'o>(object: &'o DynamicObject, check: &str) -> Option<&'o str> {
+    object.data["status"]["admissionChecks"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == check)?["lastTransitionTime"]
+        .as_str()
+}
+
 /// The longest Kueue is asked to wait before it gives quota again to a gang the
 /// cluster cannot take as it is now.
 pub const NEVER_FIT_BACKOFF_MAX_SECONDS: i64 = 30 * 60;

@@ -186,6 +186,24 @@ impl Admission {
         )
     }
 
+    /// How long Kueue has held quota for the gang waiting for muster's answer: since its
+    /// check last changed state, while Kueue awaits the reservation. `None`: Kueue does
+    /// not wait on muster now.
+    pub(crate) fn kueue_waiting_for(&self, workload: &Workload) -> Option<std::time::Duration> {
+        let KueueObject::Seen(object) = self.kueue_object(workload) else {
+            return None;
+        };
+        let ours = self.our_checks();
+        let verdict = Verdict::of(&object);
+        if !verdict.awaits_reservation(&ours) {
+            return None;
+        }
+        let (check, _) = verdict.our_check(&ours)?;
+        let since: k8s_openapi::jiff::Timestamp = kueue::check_changed_at(&object, check)?.parse().ok()?;
+        let waited = k8s_openapi::jiff::Timestamp::now().duration_since(since);
+        std::time::Duration::try_from(waited).ok()
+    }
+
     /// Kueue's requeue delay for a gang that would not fit even on the emptied cluster as
     /// it is now: `base` backed off by the retries Kueue counted on muster's check.
     pub(crate) fn never_fit_retry_after(&self, workload: &Workload, base: i64) -> i64 {
@@ -362,6 +380,23 @@ impl Admission {
         }
         if !verdict.admitted && !verdict.awaits_reservation(&self.our_checks()) {
             return self.say_waiting(workload, &verdict).await;
+        }
+        // Kueue holds the quota while the gang's request waits for an object to appear
+        // (a Job short of pods, a claim never made): once that outlasts the grace, the
+        // quota goes back for a while, backing off, rather than be held for ever.
+        if journal.is_none()
+            && !verdict.admitted
+            && self
+                .kueue_waiting_for(workload)
+                .is_some_and(|waited| waited >= super::queue::KUEUE_WAIT_GRACE)
+            && let Err(e) = self.request(workload)
+            && e.is_waiting()
+        {
+            let base = super::queue::KUEUE_RETRY_NEVER_FIT_SECONDS;
+            let retry_after = self.never_fit_retry_after(workload, base);
+            return self
+                .answer_check(workload, "Retry", &e.to_string(), Some(retry_after))
+                .await;
         }
 
         // Every claim reserved: muster's check is ready, and Kueue admits the gang; but

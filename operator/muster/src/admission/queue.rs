@@ -28,6 +28,9 @@ use super::{Admission, CommitError, Held, Waiting, key, placement_of};
 /// How long Kueue waits before it gives quota again to a gang whose devices muster could
 /// not reserve inside Kueue's decision.
 pub(super) const KUEUE_RETRY_SECONDS: i64 = 15;
+/// How long Kueue may hold quota for a gang whose request waits for an object to
+/// appear (its pods, a claim) before muster gives the quota back for a while.
+pub(super) const KUEUE_WAIT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 /// Kueue's first requeue for a gang that would not fit even on the emptied cluster as
 /// it is now, or whose request the cluster may still mend; later ones back off.
 pub(super) const KUEUE_RETRY_NEVER_FIT_SECONDS: i64 = 60;
