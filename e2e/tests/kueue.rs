@@ -926,13 +926,15 @@ async fn the_chart_rbac_for_kueue_is_enough_and_grants_nothing_unused() -> Resul
             let used = muster_e2e::rbac::used(operator).await?;
             let rules = muster_e2e::rbac::operator_rules(&objects);
             // Not in these lives: deleting the Kueue Workload of a gang that stops
-            // queueing, reading a Topology (the flavor here has none), reading a JobSet
+            // queueing, reading a Topology (the flavor here has none) or a flavor not
+            // cached yet, reading a JobSet
             // to charge its gang (the JobSet test here does), following a user's suspend
             // of a job's gang to the job, making a job's Workload again after an edit,
             // and renewing the webhook's certificate.
             let elsewhere = [
                 ("delete", "workloads.kueue.x-k8s.io"),
                 ("get", "topologies.kueue.x-k8s.io"),
+                ("get", "resourceflavors.kueue.x-k8s.io"),
                 ("get", "jobsets.jobset.x-k8s.io"),
                 ("patch", "jobsets.jobset.x-k8s.io"),
                 ("patch", "jobs.batch"),

@@ -1123,14 +1123,22 @@ impl<'a> Planner<'a> {
     }
 
     /// The order first fit places groups in: big pods first (the hardest to fit), groups
-    /// whose affinity only pods of other groups meet after those.
+    /// whose affinity only pods of other groups meet after those, and groups held to
+    /// fewer assigned nodes before the others, which could take those nodes' room.
     fn group_order(&self) -> Vec<usize> {
         let gang = self.gang;
         let mut order: Vec<usize> = (0..gang.groups.len()).collect();
         order.sort_by_key(|g| {
-            let shape = &gang.groups[*g].shape;
+            let group = &gang.groups[*g];
+            let shape = &group.shape;
+            let assigned_nodes = if group.assigned.is_empty() {
+                usize::MAX
+            } else {
+                group.assigned.iter().map(|d| d.nodes.len()).sum()
+            };
             (
                 self.constraints.follows_others(*g),
+                assigned_nodes,
                 std::cmp::Reverse(self.weights[*g]),
                 std::cmp::Reverse(shape.requests.cpu_millis),
                 *g,

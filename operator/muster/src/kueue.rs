@@ -576,7 +576,7 @@ fn coarser_domains(
 /// Kueue can put a leader and its workers in one domain, but no more podSets than
 /// that: each other podSet gets a domain of the required level of its own. When the
 /// groups' `assigned` domains lie in different values of `level`, the gang cannot run in
-/// one as its spec requires; in words, with each group's values.
+/// one of Kueue's choices each as its spec requires; in words, with each group's values.
 pub fn split_across_domains(
     assigned: &BTreeMap<String, Vec<AssignedDomain>>,
     node_labels: impl Fn(&str) -> Option<String>,
@@ -600,8 +600,7 @@ pub fn split_across_domains(
             .map(|(group, v)| format!("{group} in {}", v.iter().cloned().collect::<Vec<_>>().join("+")))
             .collect();
         format!(
-            "Kueue assigned the groups to different values of {level} ({}), and the gang requires one; asking \
-             Kueue to assign it again",
+            "Kueue assigned the groups to different values of {level} ({}), and the gang requires one",
             each.join(", ")
         )
     })
@@ -669,9 +668,15 @@ pub fn flavor_node_labels(
 /// - under TAS, its pods go only to the podSet's topology domains, as many per domain
 ///   as Kueue counted there, so that Kueue's usage per domain is what runs there. Kueue's
 ///   TAS counts the pods' container requests on each node, nothing else: a group that
-///   needs devices, volumes or room among other pods is held to the domains of the
-///   level the gang requires, not pod for pod to Kueue's nodes, which may not have what
-///   it needs.
+///   needs devices, volumes, room among other pods or a topology of its own is held to
+///   the domains of the level the gang requires, not pod for pod to Kueue's nodes, which
+///   may not have what it needs; without such a level, it is not held at all.
+/// - Kueue groups no more than a leader and its workers: the other podSets may get
+///   different domains of the level the gang requires one of. Then every group may go
+///   to any of those domains, as many pods as Kueue counted for it in all: the gang runs
+///   in one of them as its spec requires, and Kueue's quota stays exact (only its usage
+///   per domain differs from what runs there). Holding each to its own would leave the
+///   gang unable to run, and Kueue would decide the same again.
 pub fn apply_assignment(
     request: &mut muster_engine::request::GangRequest,
     workload: &Workload,
@@ -685,12 +690,43 @@ pub fn apply_assignment(
     let coarse: BTreeSet<&str> = request
         .groups
         .iter()
-        .filter(|g| !counts_all_it_needs(g))
+        .filter(|g| !counts_all_it_needs(workload, g))
         .map(|g| g.name.as_str())
         .collect();
     let mut domains = assigned_domains(&assignments, nodes, |pod_set| {
         required.filter(|_| coarse.contains(pod_set))
     });
+    // Only the gangs' own podSets: not the one that charges shared claims.
+    domains.retain(|pod_set, _| request.groups.iter().any(|g| &g.name == pod_set));
+    match required {
+        None => domains.retain(|pod_set, _| !coarse.contains(pod_set.as_str())),
+        Some(level) => {
+            let labels: BTreeMap<&str, &BTreeMap<String, String>> = nodes.iter().copied().collect();
+            let value_of = |node: &str| labels.get(node)?.get(level).cloned();
+            if split_across_domains(&domains, value_of, level).is_some() {
+                let values: BTreeSet<String> = domains
+                    .values()
+                    .flatten()
+                    .filter_map(|d| d.nodes.iter().find_map(|n| value_of(n)))
+                    .collect();
+                for assigned in domains.values_mut() {
+                    let pods = assigned.iter().map(|d| d.pods).sum();
+                    *assigned = values
+                        .iter()
+                        .map(|value| AssignedDomain {
+                            name: format!("{level}={value}"),
+                            nodes: nodes
+                                .iter()
+                                .filter(|(_, l)| l.get(level) == Some(value))
+                                .map(|(n, _)| n.to_string())
+                                .collect(),
+                            pods,
+                        })
+                        .collect();
+                }
+            }
+        }
+    }
     for group in &mut request.groups {
         group.assigned = domains.remove(&group.name).unwrap_or_default();
         for (key, value) in selectors.get(&group.name).into_iter().flatten() {
@@ -707,33 +743,28 @@ pub fn apply_assignment(
     }
 }
 
-/// What in Kueue's decision keeps `workload` from fitting, in words, with `request`
+/// What in Kueue's decision keeps a gang from fitting, in words, with `request`
 /// planned inside it ([`apply_assignment`]): a group's own node selector at odds with
-/// its flavor, or groups put in different domains of the level the gang requires one
-/// of. `node_label(node, key)`: a node's value of a label.
-pub fn explain(
-    workload: &Workload,
-    request: &muster_engine::request::GangRequest,
-    node_label: impl Fn(&str, &str) -> Option<String>,
-) -> Option<String> {
-    let mut why = flavor_conflicts(request);
-    if let Some(level) = workload.spec.topology.as_ref().and_then(|t| t.required.as_ref()) {
-        let assigned: BTreeMap<String, Vec<AssignedDomain>> = request
-            .groups
-            .iter()
-            .filter(|g| !g.assigned.is_empty())
-            .map(|g| (g.name.clone(), g.assigned.clone()))
-            .collect();
-        why.extend(split_across_domains(&assigned, |node| node_label(node, level), level));
-    }
+/// its flavor.
+pub fn explain(request: &muster_engine::request::GangRequest) -> Option<String> {
+    let why = flavor_conflicts(request);
     (!why.is_empty()).then(|| why.join("; "))
 }
 
 /// Whether Kueue's Topology-Aware Scheduling counts everything the group's pods need
 /// from a node: their container requests only — no devices, no volumes, no pod
-/// (anti-)affinity, spread or host ports.
-fn counts_all_it_needs(group: &muster_engine::request::GroupRequest) -> bool {
-    group.shape.claims.is_empty()
+/// (anti-)affinity, spread or host ports, no topology of the group's own (its podSet asks
+/// Kueue for the gang's level only), and no node affinity Kueue was not shown (a group
+/// charged by a member pod is charged without its affinity, where muster's pin is).
+fn counts_all_it_needs(workload: &Workload, group: &muster_engine::request::GroupRequest) -> bool {
+    let template_less = workload
+        .spec
+        .pod_groups
+        .iter()
+        .any(|g| g.name == group.name && g.template.is_none());
+    group.topology.is_empty()
+        && !(template_less && group.shape.affinity.is_some())
+        && group.shape.claims.is_empty()
         && group.shape.shared.is_empty()
         && group.shape.rules.affinity.is_empty()
         && group.shape.rules.anti_affinity.is_empty()
@@ -1094,6 +1125,97 @@ mod tests {
         );
         let plain = object(json!({"status": {"admission": {"podSetAssignments": [{"name": "w", "flavors": {}}]}}}));
         assert!(assigned_domains(&assignments(&plain), &listed, |_| None).is_empty());
+    }
+
+    #[test]
+    fn each_group_is_held_to_its_podsets_domains_as_far_as_kueue_counts_what_it_needs() {
+        use muster_engine::request::{GangRequest, GroupRequest};
+        let workload = |required: Option<&str>| -> Workload {
+            let mut spec = json!({"podGroups": [
+                {"name": "driver", "replicas": 1, "template": {"spec": {"containers": [{"name": "c"}]}}},
+                {"name": "workers", "replicas": 2, "template": {"spec": {"containers": [{"name": "c"}]}}},
+            ]});
+            if let Some(level) = required {
+                spec["topology"] = json!({"required": level});
+            }
+            serde_json::from_value(json!({
+                "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+                "metadata": {"name": "w", "namespace": "ns"}, "spec": spec,
+            }))
+            .unwrap()
+        };
+        let request = || GangRequest {
+            groups: vec![
+                GroupRequest::uniform("driver", "ns", 1, 1, muster_engine::fixtures::gpu_pod(0, 1, 1)),
+                GroupRequest::uniform("workers", "ns", 2, 2, muster_engine::fixtures::gpu_pod(1, 1, 1)),
+            ],
+            ..GangRequest::default()
+        };
+        let podset = |name: &str, host: &str, pods: u64| {
+            json!({"name": name, "flavors": {}, "topologyAssignment": {
+                "levels": ["kubernetes.io/hostname"],
+                "slices": [{"domainCount": 1, "podCounts": {"universal": pods}, "valuesPerLevel": [{"universal": host}]}],
+            }})
+        };
+        let decided = |driver: &str, workers: &str| {
+            object(json!({"status": {"admission": {"podSetAssignments": [
+                podset("driver", driver, 1), podset("workers", workers, 2), podset("shared-claims", "n4", 1),
+            ]}}}))
+        };
+        let rack = |r: &str| -> BTreeMap<String, String> { [("rack".to_string(), r.to_string())].into() };
+        let labels = [
+            ("n1", rack("r0")),
+            ("n2", rack("r1")),
+            ("n3", rack("r1")),
+            ("n4", rack("r0")),
+        ];
+        let nodes: Vec<(&str, &BTreeMap<String, String>)> = labels.iter().map(|(n, l)| (*n, l)).collect();
+        let nodes_of = |d: &AssignedDomain| d.nodes.iter().cloned().collect::<Vec<_>>();
+
+        // One rack: the driver (CPU only) on Kueue's very node, the workers (devices) in
+        // Kueue's rack, the pods counted there summed.
+        let mut one_rack = request();
+        apply_assignment(
+            &mut one_rack,
+            &workload(Some("rack")),
+            &decided("n2", "n3"),
+            &BTreeMap::new(),
+            &nodes,
+        );
+        assert_eq!(one_rack.groups[0].assigned.len(), 1);
+        assert_eq!(nodes_of(&one_rack.groups[0].assigned[0]), ["n2"]);
+        assert_eq!(nodes_of(&one_rack.groups[1].assigned[0]), ["n2", "n3"]);
+        assert_eq!(one_rack.groups[1].assigned[0].pods, 2);
+
+        // Split over two racks: each group may go to either, as many pods as Kueue
+        // counted for it, so that the gang can run in one.
+        let mut split = request();
+        apply_assignment(
+            &mut split,
+            &workload(Some("rack")),
+            &decided("n1", "n3"),
+            &BTreeMap::new(),
+            &nodes,
+        );
+        for group in &split.groups {
+            let racks: Vec<&str> = group.assigned.iter().map(|d| d.name.as_str()).collect();
+            assert_eq!(racks, ["rack=r0", "rack=r1"], "{}", group.name);
+        }
+        assert_eq!(split.groups[0].assigned[0].pods, 1);
+        assert_eq!(split.groups[1].assigned[1].pods, 2);
+
+        // No level the gang requires: the workers, whose devices Kueue does not count, are
+        // not held to Kueue's nodes at all; the driver is.
+        let mut no_level = request();
+        apply_assignment(
+            &mut no_level,
+            &workload(None),
+            &decided("n1", "n3"),
+            &BTreeMap::new(),
+            &nodes,
+        );
+        assert_eq!(nodes_of(&no_level.groups[0].assigned[0]), ["n1"]);
+        assert!(no_level.groups[1].assigned.is_empty());
     }
 
     #[test]

@@ -858,3 +858,33 @@ fn each_group_lands_in_the_domains_assigned_to_it_with_their_pod_counts() {
     let why = reasons(&plan(&cluster, &gang, &PlanOptions::default()));
     assert!(why.contains("assigned"), "{why}");
 }
+
+#[test]
+fn a_group_held_to_few_assigned_nodes_is_placed_before_groups_that_could_take_their_room() {
+    // The leader may use node-00000 only; the workers (devices first in the usual order)
+    // the whole rack, and would fill node-00000's CPUs first.
+    let cluster = gpu_cluster(4, 8, 4, 1);
+    let mut gang = GangRequest {
+        name: "ns/g".into(),
+        groups: vec![
+            GroupRequest::uniform("leader", "ns", 1, 1, gpu_pod(0, 2, 1)),
+            GroupRequest::uniform("workers", "ns", 2, 2, gpu_pod(1, 32, 1)),
+        ],
+        ..GangRequest::default()
+    };
+    gang.groups[0].assigned = vec![assigned_domain(&["node-00000"], 1)];
+    gang.groups[1].assigned = vec![assigned_domain(
+        &["node-00000", "node-00001", "node-00002", "node-00003"],
+        2,
+    )];
+    // First fit alone, no search to repair its order.
+    let options = PlanOptions {
+        backtrack_budget: 0,
+        ..PlanOptions::default()
+    };
+    let outcome = plan(&cluster, &gang, &options);
+    assert_eq!(
+        group_nodes(placed(&outcome), &gang, 0),
+        BTreeMap::from([("node-00000".to_string(), 1)])
+    );
+}

@@ -96,12 +96,18 @@ impl Admission {
                     .find_map(|planned| snapshot.node(&planned.node)?.labels.get(key).cloned());
                 (key.clone(), value)
             });
-            // Kueue's pod counts per assigned domain, less the group's pods placed there.
+            // Kueue's pod counts per assigned domain, less the group's pods placed there
+            // (one placed outside every domain, before Kueue's current decision, still
+            // counts against the group's total: it is taken from the roomiest domain).
             for planned in journal.pods.iter().filter(|planned| {
                 !waiting.contains(&planned.name) && group.pods.iter().any(|p| p.key.name() == planned.name)
             }) {
-                if let Some(domain) = group.assigned.iter_mut().find(|d| d.nodes.contains(&planned.node)) {
-                    domain.pods = domain.pods.saturating_sub(1);
+                let domain = match group.assigned.iter().position(|d| d.nodes.contains(&planned.node)) {
+                    Some(d) => Some(d),
+                    None => (0..group.assigned.len()).max_by_key(|d| group.assigned[*d].pods),
+                };
+                if let Some(d) = domain {
+                    group.assigned[d].pods = group.assigned[d].pods.saturating_sub(1);
                 }
             }
             group.pods.retain(|p| waiting.contains(p.key.name()));

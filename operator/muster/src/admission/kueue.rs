@@ -129,21 +129,6 @@ impl Admission {
         );
     }
 
-    /// What in Kueue's decision keeps the gang from fitting, in words: its groups put in
-    /// different domains of the level its spec requires one of (Kueue groups no more
-    /// than a leader and its workers), or a group's own node selector at odds with the
-    /// flavor Kueue assigned it. `request` is the gang as planned inside that decision.
-    pub(crate) fn kueue_explanation(
-        &self,
-        workload: &Workload,
-        request: &muster_engine::request::GangRequest,
-    ) -> Option<String> {
-        let cluster = self.index.snapshot();
-        kueue::explain(workload, request, |node, key| {
-            cluster.node(node)?.labels.get(key).cloned()
-        })
-    }
-
     /// The first planned pod of the gang on a node outside Kueue's current decision for
     /// it (its group's flavors, the assigned topology domains), in words.
     fn placed_outside_kueue(&self, workload: &Workload, placement: &PlacementStatus) -> Option<String> {

@@ -488,7 +488,7 @@ impl Admission {
         match outcome {
             Outcome::Unschedulable(why) => {
                 let mut message = why.to_string();
-                if let Some(kueue) = self.kueue_explanation(workload, &request) {
+                if let Some(kueue) = crate::kueue::explain(&request) {
                     message = format!("{kueue}: {message}");
                 }
                 if reach.is_none() {

@@ -193,8 +193,7 @@ pub fn plan(
             Outcome::Unschedulable(why) => {
                 let preemption = would_preempt(&cluster, &snapshot, &claims, &classes, &workload, &request, scope);
                 let mut reason = why.to_string();
-                let node_label = |node: &str, key: &str| cluster.node(node)?.labels.get(key).cloned();
-                if let Some(kueue) = crate::kueue::explain(&workload, &request, node_label) {
+                if let Some(kueue) = crate::kueue::explain(&request) {
                     reason = format!("{kueue}: {reason}");
                 }
                 report.workloads.push(WorkloadReport {

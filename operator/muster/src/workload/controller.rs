@@ -823,7 +823,11 @@ async fn queue_knows_level(ctx: &Context, namespace: &str, queue: &str, level: &
         // requests cannot be added once the Kueue Workload exists, so it is read.
         let object = match cached {
             Some(cached) => Some((*cached).clone()),
-            None => flavor_api.get_opt(&flavor).await?,
+            // Unreadable (gone, or a chart without the right): not known, as before.
+            None => flavor_api.get_opt(&flavor).await.unwrap_or_else(|e| {
+                tracing::debug!(%flavor, error = %e, "reading a ResourceFlavor not cached yet failed");
+                None
+            }),
         };
         let topology = object.and_then(|f| f.data["spec"]["topologyName"].as_str().map(String::from));
         let Some(topology) = topology else { continue };
