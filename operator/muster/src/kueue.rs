@@ -743,6 +743,22 @@ pub fn apply_assignment(
     }
 }
 
+/// Whether Kueue put `workload`'s podSets (in `object`) in different domains of the
+/// level its spec requires one of (`nodes`: every node's name and labels).
+pub fn split_by_kueue(
+    workload: &Workload,
+    object: &DynamicObject,
+    nodes: &[(&str, &BTreeMap<String, String>)],
+) -> bool {
+    let Some(level) = workload.spec.topology.as_ref().and_then(|t| t.required.as_deref()) else {
+        return false;
+    };
+    let mut domains = assigned_domains(&assignments(object), nodes, |_| Some(level));
+    domains.retain(|pod_set, _| workload.spec.pod_groups.iter().any(|g| &g.name == pod_set));
+    let labels: BTreeMap<&str, &BTreeMap<String, String>> = nodes.iter().copied().collect();
+    split_across_domains(&domains, |node| labels.get(node)?.get(level).cloned(), level).is_some()
+}
+
 /// What in Kueue's decision keeps a gang from fitting, in words, with `request`
 /// planned inside it ([`apply_assignment`]): a group's own node selector at odds with
 /// its flavor.
@@ -814,20 +830,34 @@ pub fn check_changed_at<'o>(object: &'o DynamicObject, check: &str) -> Option<&'
 pub const NEVER_FIT_BACKOFF_MAX_SECONDS: i64 = 30 * 60;
 
 /// How long Kueue waits before it gives quota again to a gang that would not fit even
-/// on the emptied cluster as it is now: `base` doubled for each retry Kueue counted on
-/// check `check` (the shape of Kueue's own backoff), at most
+/// on the emptied cluster as it is now: `base`, doubled from the last delay muster asked
+/// on check `check` when that was such a wait too (Kueue keeps it across its requeue;
+/// muster's shorter "not now" answers and its Ready clear the streak), at most
 /// [`NEVER_FIT_BACKOFF_MAX_SECONDS`]. A gang that waits out a maintenance window or a
-/// driver rollout is then not given quota — nor preempts others for it — every minute.
+/// driver rollout is then not given quota — nor preempts others for it — every minute,
+/// and a gang that fitted since starts again from `base`.
 pub fn never_fit_backoff(object: &DynamicObject, check: &str, base: i64) -> i64 {
-    let retries = object.data["status"]["admissionChecks"]
+    let previous = object.data["status"]["admissionChecks"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|c| c["name"] == check)
-        .and_then(|c| c["retryCount"].as_u64())
+        .and_then(|c| c["requeueAfterSeconds"].as_i64())
         .unwrap_or(0);
-    let doubled = base.saturating_mul(1i64 << retries.min(20));
-    doubled.min(NEVER_FIT_BACKOFF_MAX_SECONDS)
+    if previous >= base {
+        previous.saturating_mul(2).min(NEVER_FIT_BACKOFF_MAX_SECONDS)
+    } else {
+        base
+    }
+}
+
+/// When Kueue last reserved quota for `object` (`QuotaReserved=True`'s transition).
+pub fn quota_reserved_at(object: &DynamicObject) -> Option<&str> {
+    object.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "QuotaReserved" && c["status"] == "True")?["lastTransitionTime"]
+        .as_str()
 }
 
 /// `Active=True` on an AdmissionCheck muster answers, which Kueue needs before a
@@ -1216,6 +1246,11 @@ mod tests {
         );
         assert_eq!(nodes_of(&no_level.groups[0].assigned[0]), ["n1"]);
         assert!(no_level.groups[1].assigned.is_empty());
+
+        // Split is what a failed plan of such a gang backs off for.
+        assert!(split_by_kueue(&workload(Some("rack")), &decided("n1", "n3"), &nodes));
+        assert!(!split_by_kueue(&workload(Some("rack")), &decided("n2", "n3"), &nodes));
+        assert!(!split_by_kueue(&workload(None), &decided("n1", "n3"), &nodes));
     }
 
     #[test]
@@ -1239,21 +1274,25 @@ mod tests {
 
     #[test]
     fn a_gang_that_never_fits_is_retried_less_and_less_often() {
-        let with_retries = |retries: Option<u64>| {
-            let mut check = json!({"name": "dra", "state": "Pending"});
-            if let Some(n) = retries {
-                check["retryCount"] = json!(n);
+        let asked_before = |seconds: Option<i64>| {
+            let mut check = json!({"name": "dra", "state": "Pending", "retryCount": 7});
+            if let Some(s) = seconds {
+                check["requeueAfterSeconds"] = json!(s);
             }
             object(json!({"status": {"admissionChecks": [check]}}))
         };
-        assert_eq!(never_fit_backoff(&with_retries(None), "dra", 60), 60);
-        assert_eq!(never_fit_backoff(&with_retries(Some(1)), "dra", 60), 120);
-        assert_eq!(never_fit_backoff(&with_retries(Some(3)), "dra", 60), 480);
+        assert_eq!(never_fit_backoff(&asked_before(None), "dra", 60), 60);
+        // After a never-fit wait: twice as long, up to the cap.
+        assert_eq!(never_fit_backoff(&asked_before(Some(60)), "dra", 60), 120);
+        assert_eq!(never_fit_backoff(&asked_before(Some(480)), "dra", 60), 960);
         assert_eq!(
-            never_fit_backoff(&with_retries(Some(40)), "dra", 60),
+            never_fit_backoff(&asked_before(Some(1500)), "dra", 60),
             NEVER_FIT_BACKOFF_MAX_SECONDS
         );
-        assert_eq!(never_fit_backoff(&with_retries(Some(3)), "other", 60), 60);
+        // After a short "not now" (15 s): the streak starts again, whatever Kueue's
+        // retry count says.
+        assert_eq!(never_fit_backoff(&asked_before(Some(15)), "dra", 60), 60);
+        assert_eq!(never_fit_backoff(&asked_before(Some(480)), "other", 60), 60);
     }
 
     #[test]

@@ -131,11 +131,18 @@ impl Admission {
 
     /// The first planned pod of the gang on a node outside Kueue's current decision for
     /// it (its group's flavors, the assigned topology domains), in words.
-    fn placed_outside_kueue(&self, workload: &Workload, placement: &PlacementStatus) -> Option<String> {
-        let object = self.kueue_object(workload).seen()?;
+    ///
+    /// `Err(())`: not known now — the gang's request cannot be built this pass (a claim
+    /// the cache has not caught up with, a member being replaced), so the domains its
+    /// plan was held to are not known either; judging it by others would answer Retry
+    /// for a placement made inside them.
+    fn placed_outside_kueue(&self, workload: &Workload, placement: &PlacementStatus) -> Result<Option<String>, ()> {
+        let Some(object) = self.kueue_object(workload).seen() else {
+            return Ok(None);
+        };
         let assignments = kueue::assignments(&object);
         if assignments.is_empty() {
-            return None;
+            return Ok(None);
         }
         let cluster = self.index.snapshot();
         // Held as plans hold it: the domains each group's request carries.
@@ -146,9 +153,7 @@ impl Admission {
                 .map(|g| (g.name, g.assigned))
                 .filter(|(_, d)| !d.is_empty())
                 .collect(),
-            Err(_) => kueue::assigned_domains(&assignments, &Self::node_labels(&cluster), |_| {
-                workload.spec.topology.as_ref().and_then(|t| t.required.as_deref())
-            }),
+            Err(_) => return Err(()),
         };
         let selectors = kueue::flavor_selectors(&assignments, &self.flavor_labels());
         let groups: BTreeMap<String, String> = self
@@ -163,12 +168,22 @@ impl Admission {
                 groups.get(&p.name).map(String::as_str),
             )
         });
-        kueue::placed_outside(
+        Ok(kueue::placed_outside(
             pods,
             |node| cluster.node(node).map(|n| &n.labels),
             &assigned,
             &selectors,
-        )
+        ))
+    }
+
+    /// Whether Kueue put the gang's podSets in different domains of the level it
+    /// requires one of ([`kueue::split_by_kueue`]).
+    pub(crate) fn kueue_split(&self, workload: &Workload) -> bool {
+        let Some(object) = self.kueue_object(workload).seen() else {
+            return false;
+        };
+        let cluster = self.index.snapshot();
+        kueue::split_by_kueue(workload, &object, &Self::node_labels(&cluster))
     }
 
     /// How long Kueue has held quota for the gang waiting for muster's answer: since its
@@ -184,7 +199,11 @@ impl Admission {
             return None;
         }
         let (check, _) = verdict.our_check(&ours)?;
-        let since: k8s_openapi::jiff::Timestamp = kueue::check_changed_at(&object, check)?.parse().ok()?;
+        // Kueue sets the check Pending before it reserves (and again after an eviction,
+        // before the requeue): the wait on muster starts at the later of the two.
+        let check_since: k8s_openapi::jiff::Timestamp = kueue::check_changed_at(&object, check)?.parse().ok()?;
+        let reserved_since: k8s_openapi::jiff::Timestamp = kueue::quota_reserved_at(&object)?.parse().ok()?;
+        let since = check_since.max(reserved_since);
         let waited = k8s_openapi::jiff::Timestamp::now().duration_since(since);
         std::time::Duration::try_from(waited).ok()
     }
@@ -232,6 +251,12 @@ impl Admission {
         self.ensure_leading();
         api.patch_status(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        if state == "Retry" {
+            self.answered_retry
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key(workload));
+        }
         info!(workload = %key(workload), check, state, %message, "answered Kueue's admission check");
         Ok(())
     }
@@ -375,7 +400,7 @@ impl Admission {
                 .kueue_waiting_for(workload)
                 .is_some_and(|waited| waited >= super::queue::KUEUE_WAIT_GRACE)
             && let Err(e) = self.request(workload)
-            && e.is_waiting()
+            && e.may_never_come()
         {
             let base = super::queue::KUEUE_RETRY_NEVER_FIT_SECONDS;
             let retry_after = self.never_fit_retry_after(workload, base);
@@ -397,11 +422,17 @@ impl Admission {
         if deciding
             && matches!(journal, Some(State::Reserved | State::Released))
             && let Some(placement) = placement_of(workload)
-            && let Some(outside) = self.placed_outside_kueue(workload, placement)
         {
-            return self
-                .answer_check(workload, "Retry", &outside, Some(super::queue::KUEUE_RETRY_SECONDS))
-                .await;
+            match self.placed_outside_kueue(workload, placement) {
+                Ok(Some(outside)) => {
+                    return self
+                        .answer_check(workload, "Retry", &outside, Some(super::queue::KUEUE_RETRY_SECONDS))
+                        .await;
+                }
+                Ok(None) => {}
+                // Judged on a later pass, once known.
+                Err(()) => return Ok(()),
+            }
         }
         if matches!(journal, Some(State::Reserved | State::Released))
             && let Some(placement) = placement_of(workload)

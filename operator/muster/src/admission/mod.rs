@@ -288,6 +288,9 @@ pub struct Admission {
     held: Held,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
     written: std::sync::Mutex<HashMap<ObjectKey, Arc<Workload>>>,
+    /// Gangs whose Kueue check this pass answered Retry: the cache still shows the check
+    /// pending, so they would otherwise be planned, and committed, in the same pass.
+    answered_retry: std::sync::Mutex<std::collections::HashSet<ObjectKey>>,
     own_pods: OwnWrites<Pod>,
     own_claims: OwnWrites<ResourceClaim>,
     /// Fault points already passed (each aborts at its first write).
@@ -342,6 +345,7 @@ impl Admission {
             waiting: HashMap::new(),
             held: Held::default(),
             written: std::sync::Mutex::default(),
+            answered_retry: std::sync::Mutex::default(),
             own_pods: OwnWrites::default(),
             own_claims: OwnWrites::default(),
             passed: std::sync::Mutex::default(),

@@ -23,6 +23,7 @@ impl Admission {
         // A safety net: every event wakes the loop anyway.
         let mut next = Duration::from_secs(5);
         let workloads = self.current_workloads();
+        self.answered_retry.lock().unwrap_or_else(|p| p.into_inner()).clear();
         *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));
         *self.holders() = Holders::of(&workloads);
         self.reconcile_assumptions(&workloads);

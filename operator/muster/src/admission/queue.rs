@@ -308,7 +308,13 @@ impl Admission {
         if placement_of(workload).and_then(|p| p.state).is_some() {
             return false;
         }
-        if self.held_by_kueue(workload) {
+        if self.held_by_kueue(workload)
+            || self
+                .answered_retry
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&key(workload))
+        {
             return false;
         }
         let created = condition(workload, conditions::CREATED)
@@ -518,7 +524,10 @@ impl Admission {
                 // on the nodes, slices and taints of the moment — a driver rollout, a
                 // drained pool or a maintenance taint passes — so it is retried too,
                 // less often; Rejected would deactivate the gang for good.
-                let retry_after = if reach.is_some() {
+                // A gang Kueue split over domains it must run in one of (its podSets
+                // placed together in one of them still did not fit) is likely to be
+                // split the same way again: that backs off too.
+                let retry_after = if reach.is_some() && !self.kueue_split(workload) {
                     KUEUE_RETRY_SECONDS
                 } else {
                     self.never_fit_retry_after(workload, KUEUE_RETRY_NEVER_FIT_SECONDS)

@@ -59,6 +59,15 @@ impl RequestError {
         matches!(self, RequestError::Spec(e) if !e.is_cluster_problem())
     }
 
+    /// Whether the gang waits for an object that another controller or a user must make
+    /// and may never make (its pods, a claim), rather than for muster's own caches.
+    pub fn may_never_come(&self) -> bool {
+        matches!(
+            self,
+            RequestError::MissingClaim(_) | RequestError::ClaimNotGenerated { .. } | RequestError::TooFewPods { .. }
+        )
+    }
+
     /// Whether the gang only waits for an object to appear, rather than being wrong.
     pub fn is_waiting(&self) -> bool {
         matches!(

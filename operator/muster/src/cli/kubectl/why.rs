@@ -87,16 +87,17 @@ async fn kueue_decision(
         .get_opt(&crate::kueue::object_name(workload))
         .await
         .ok()
-        .flatten();
-    let flavors = match object {
-        Some(_) => flavors
-            .list(&Default::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default(),
-        None => Vec::new(),
+        .flatten()
+        // A decision Kueue is taking back does not hold the next plan.
+        .filter(|o| crate::kueue::Verdict::of(o).evicted.is_none());
+    let Some(object) = object else {
+        return (Vec::new(), Vec::new());
     };
-    (object.into_iter().collect(), flavors)
+    // Half a decision (domains without the flavors' labels) would mislead: all or none.
+    match flavors.list(&Default::default()).await {
+        Ok(list) => (vec![object], list.items),
+        Err(_) => (Vec::new(), Vec::new()),
+    }
 }
 
 fn human(gang: &GangSummary, plan: Option<(&WorkloadReport, &str)>) -> String {
