@@ -561,16 +561,21 @@ fn coarser_domains(
         }
     }
     kept.into_iter()
-        .map(|(value, pods)| AssignedDomain {
-            name: format!("{level}={value}"),
-            nodes: nodes
-                .iter()
-                .filter(|(_, labels)| labels.get(level) == Some(&value))
-                .map(|(name, _)| name.to_string())
-                .collect(),
-            pods,
-        })
+        .map(|(value, pods)| level_domain(nodes, level, &value, pods))
         .collect()
+}
+
+/// The domain of `level`=`value`: every node with that label, taking `pods` pods.
+fn level_domain(nodes: &[(&str, &BTreeMap<String, String>)], level: &str, value: &str, pods: usize) -> AssignedDomain {
+    AssignedDomain {
+        name: format!("{level}={value}"),
+        nodes: nodes
+            .iter()
+            .filter(|(_, labels)| labels.get(level).map(String::as_str) == Some(value))
+            .map(|(name, _)| name.to_string())
+            .collect(),
+        pods,
+    }
 }
 
 /// Kueue can put a leader and its workers in one domain, but no more podSets than
@@ -713,15 +718,7 @@ pub fn apply_assignment(
                     let pods = assigned.iter().map(|d| d.pods).sum();
                     *assigned = values
                         .iter()
-                        .map(|value| AssignedDomain {
-                            name: format!("{level}={value}"),
-                            nodes: nodes
-                                .iter()
-                                .filter(|(_, l)| l.get(level) == Some(value))
-                                .map(|(n, _)| n.to_string())
-                                .collect(),
-                            pods,
-                        })
+                        .map(|value| level_domain(nodes, level, value, pods))
                         .collect();
                 }
             }
@@ -818,11 +815,15 @@ pub fn flavor_conflicts(request: &muster_engine::request::GangRequest) -> Vec<St
 
 /// When muster's check `check` on `object` last changed state (`lastTransitionTime`).
 pub fn check_changed_at<'o>(object: &'o DynamicObject, check: &str) -> Option<&'o str> {
+    check_entry(object, check)?["lastTransitionTime"].as_str()
+}
+
+/// Check `check`'s entry in `object`'s `status.admissionChecks`.
+fn check_entry<'o>(object: &'o DynamicObject, check: &str) -> Option<&'o Value> {
     object.data["status"]["admissionChecks"]
         .as_array()?
         .iter()
-        .find(|c| c["name"] == check)?["lastTransitionTime"]
-        .as_str()
+        .find(|c| c["name"] == check)
 }
 
 /// The longest Kueue is asked to wait before it gives quota again to a gang the
@@ -837,11 +838,7 @@ pub const NEVER_FIT_BACKOFF_MAX_SECONDS: i64 = 30 * 60;
 /// driver rollout is then not given quota — nor preempts others for it — every minute,
 /// and a gang that fitted since starts again from `base`.
 pub fn never_fit_backoff(object: &DynamicObject, check: &str, base: i64) -> i64 {
-    let previous = object.data["status"]["admissionChecks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == check)
+    let previous = check_entry(object, check)
         .and_then(|c| c["requeueAfterSeconds"].as_i64())
         .unwrap_or(0);
     if previous >= base {
