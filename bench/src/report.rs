@@ -1,6 +1,7 @@
 //! The Markdown report: per scenario a table per contender, a headline of ratios to
 //! upstream measured in the same run, every goal with whether it was met, and the CDF.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use crate::audit::{ClaimWriter, Client, Stage};
@@ -474,6 +475,7 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
     }
     let _ = writeln!(out);
     writes_table(out, run, scenario);
+    muster_writes_table(out, run, scenario);
     claim_writes_table(out, run, scenario);
     match scenario.id {
         ScenarioId::S6 => {
@@ -580,7 +582,7 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
 fn writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
     let _ = writeln!(
         out,
-        "Writes per pod bound, from the audit log, admission / lifecycle, by client; claim status writes per claim (mean / most); requests refused with 409 Conflict per run; pods that ran without being in `reservedFor` of each of their claims.\n"
+        "Writes per pod bound, from the audit log, admission / lifecycle, by client; claim status writes per claim (mean / most); requests refused with 409 Conflict per run (in brackets, muster's); pods that ran without being in `reservedFor` of each of their claims.\n"
     );
     let clients = [
         Client::Muster,
@@ -619,7 +621,7 @@ fn writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
             .collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} / {} | {} | {} |",
+            "| {} | {} | {} | {} / {} | {} ({}) | {} |",
             contender.label(),
             cells.join(" | "),
             spread(s.spread(|p| Some(p.gang_writes_per_pod())), 1),
@@ -629,10 +631,56 @@ fn writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
             ),
             number(s.most(|p| p.writes.claim_status_per_claim_all().map(|c| c.1 as f64)), 0),
             number(s.per_phase(|p| p.writes.conflicts.values().sum::<u64>() as f64), 0),
+            number(
+                s.per_phase(|p| p.writes.conflicts.get(&Client::Muster).copied().unwrap_or(0) as f64),
+                0
+            ),
             number(s.per_phase(|p| p.unreserved_running.len() as f64), 0),
         );
     }
     let _ = writeln!(out);
+}
+
+/// muster's own writes per pod bound, by resource, admission / lifecycle: where the
+/// operator's API load goes.
+fn muster_writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
+    let s = Summary::of(run, scenario.id, Contender::Muster);
+    if s.is_empty() {
+        return;
+    }
+    let resources: BTreeSet<String> = s
+        .phases
+        .iter()
+        .flat_map(|p| p.writes.by.keys())
+        .filter(|(client, _, _)| *client == Client::Muster)
+        .map(|(_, _, resource)| resource.clone())
+        .collect();
+    if resources.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "muster's own writes per pod bound, by resource, admission / lifecycle.\n\n| {} |\n|{}",
+        resources.iter().map(String::as_str).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(resources.len())
+    );
+    let cells: Vec<String> = resources
+        .iter()
+        .map(|resource| {
+            let per_pod = |stage: Stage| {
+                s.per_phase(|p| {
+                    p.writes.by.get(&(Client::Muster, stage, resource.clone())).copied().unwrap_or(0) as f64
+                        / p.pods_bound.max(1) as f64
+                })
+            };
+            format!(
+                "{} / {}",
+                number(per_pod(Stage::Admission), 2),
+                number(per_pod(Stage::Lifecycle), 2)
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "| {} |\n", cells.join(" | "));
 }
 
 /// ResourceClaim status writes per claim over the claim's whole life, by who wrote them
