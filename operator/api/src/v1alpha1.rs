@@ -554,6 +554,13 @@ pub struct WorkloadStatus {
     /// ones are ignored and dropped at the next refusal (at most 16 are kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scheduler_refusals: Vec<SchedulerRefusal>,
+
+    /// How many times the admission loop has written its part of this status. Each of its
+    /// writes is conditioned on this count (not on the object's resourceVersion), so a
+    /// write decided on an older journal fails while the Workload controller's writes to
+    /// its own fields never make it fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission_revision: Option<i64>,
 }
 
 /// A released pod kube-scheduler reported unschedulable on the node muster planned.

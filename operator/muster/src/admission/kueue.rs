@@ -383,8 +383,7 @@ impl Admission {
                     conditions::REASON_WAITING_FOR_KUEUE,
                     "Evict",
                     format!("Kueue evicted the gang ({reason}); it holds nothing and queues again"),
-                )
-                .await;
+                );
             }
             return self.say_waiting(workload, &verdict).await;
         }

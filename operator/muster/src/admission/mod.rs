@@ -39,6 +39,7 @@ pub mod request;
 mod reservation_health;
 mod reserve;
 mod status;
+mod status_patch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

@@ -445,7 +445,7 @@ impl Admission {
                         metrics::get().scheduler_refusals.inc();
                     }
                     let type_ = if warning { EventType::Warning } else { EventType::Normal };
-                    self.event(workload, type_, event_reason(kind), action, note).await;
+                    self.event(workload, type_, event_reason(kind), action, note);
                 }
             }
             if let (Some(state), Some(write)) = (state, write) {

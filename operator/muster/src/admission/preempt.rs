@@ -364,8 +364,7 @@ impl Admission {
                 conditions::EVENT_PREEMPTED,
                 "Preempt",
                 message,
-            )
-            .await;
+            );
             if first {
                 first = false;
                 self.checkpoint(FaultPoint::AfterFirstVictim).await;
@@ -502,8 +501,7 @@ impl Admission {
             conditions::EVENT_NOMINATED,
             "Preempt",
             format!("evicting {victims} (lower priority) to fit; their devices are held for this gang"),
-        )
-        .await;
+        );
         // As recorded and as it is now: a gang suspended or deleted meanwhile evicts
         // nothing (the next pass drops its nomination).
         let Some(current) = self.current_workload(&gang) else {

@@ -516,8 +516,7 @@ impl Admission {
                         conditions::EVENT_UNSCHEDULABLE,
                         "Plan",
                         message.clone(),
-                    )
-                    .await;
+                    );
                 }
                 // Kueue reserved quota and asked: not now (it requeues the gang and
                 // frees the quota meanwhile). Not even on the emptied cluster is judged

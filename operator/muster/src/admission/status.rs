@@ -4,10 +4,8 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,21 +15,13 @@ use muster_api::v1alpha1::{NominationStatus, PlacementStatus, SchedulerRefusal, 
 use muster_api::{conditions, labels};
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
-use serde_json::json;
 
 use crate::kube_ops;
 use crate::ops::metrics::{self, ReasonLabel};
 use crate::workload::observe::{self};
 
-use super::{Admission, CommitError, key, now, placement_of, version};
-
-/// Conditions the admission loop owns.
-pub(super) const ADMISSION_CONDITIONS: [&str; 4] = [
-    conditions::ADMITTED,
-    conditions::RESTARTING,
-    conditions::SUCCEEDED,
-    conditions::FAILED,
-];
+use super::status_patch::status_patch;
+use super::{Admission, CommitError, key, now, version};
 
 /// One condition the admission loop sets.
 pub(crate) struct ConditionUpdate {
@@ -181,80 +171,36 @@ impl Admission {
         self.write_status(workload, update).await.map(|_| ())
     }
 
-    /// Applies the admission loop's part of the status: every condition it owns and the
-    /// restart count, each taken from `update` or kept as it is, and the placement of
-    /// `update`. (A server-side apply that left an owned field out would remove it.)
+    /// Writes the admission loop's part of the status: the conditions in `update` (the
+    /// others are kept), the placement of `update` (`None` removes it), and the other
+    /// fields `update` sets. One JSON patch (see [`status_patch`]), conditioned on the
+    /// loop's own write count, not on the resourceVersion: the Workload controller's
+    /// writes never make it fail, and no write of the loop is made over one it has not
+    /// seen.
     ///
-    /// The write is conditional on the journal `workload` shows: it is made against
-    /// that resourceVersion, and when another writer changed the object meanwhile, it is
-    /// made again against a fresh read only if the journal there is still the same.
+    /// A test that fails because the controller's conditions moved is tried again at
+    /// once on the newest copy, if the loop's own part there is still the one this write
+    /// was decided on.
     pub(crate) async fn write_status(
         &self,
         workload: &Workload,
         update: StatusUpdate,
     ) -> Result<Arc<Workload>, CommitError> {
         let api: Api<Workload> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        let expected = placement_of(workload).cloned();
-        let mut base = workload.clone();
-        for _ in 0..10 {
+        let revision = |w: &Workload| w.status.as_ref().and_then(|s| s.admission_revision);
+        let mut base = Arc::new(workload.clone());
+        for _ in 0..3 {
+            let patch: json_patch::Patch = serde_json::from_value(status_patch(&base, &update, &now()))
+                .map_err(kube::Error::SerdeError)?;
             self.ensure_leading();
-            let current = base.status.clone().unwrap_or_default();
-            let mut owned: Vec<Condition> = current
-                .conditions
-                .iter()
-                .filter(|c| ADMISSION_CONDITIONS.contains(&c.type_.as_str()))
-                .cloned()
-                .collect();
-            for condition in &update.conditions {
-                crate::workload::status::set_condition(
-                    &mut owned,
-                    condition.type_,
-                    condition.status,
-                    &condition.reason,
-                    &condition.message,
-                    base.metadata.generation,
-                    &now(),
-                );
-            }
-            let placement = update.placement.clone();
-            let restarts = update.restarts.map_or(current.restarts, |r| r.total);
-            let mut status = json!({"conditions": owned, "restarts": restarts});
-            // Kept as is unless this write counts a restart: the field is this writer's.
-            if let Some(counted) = update
-                .restarts
-                .map(|r| r.counted)
-                .or(current.restarts_count_towards_max)
-            {
-                status["restartsCountTowardsMax"] = json!(counted);
-            }
-            if let Some(placement) = placement {
-                status["placement"] = serde_json::to_value(placement).unwrap_or_default();
-            }
-            let nomination = match &update.nomination {
-                NominationUpdate::Keep => current.nomination.clone(),
-                NominationUpdate::Set(nomination) => Some(nomination.clone()),
-                NominationUpdate::Clear => None,
-            };
-            if let Some(nomination) = nomination {
-                status["nomination"] = serde_json::to_value(nomination).unwrap_or_default();
-            }
-            // Kept as they are unless this write remembers a refusal: the field is this
-            // writer's, and an apply that left it out would forget them.
-            let refusals = update.refusals.as_ref().unwrap_or(&current.scheduler_refusals);
-            if !refusals.is_empty() {
-                status["schedulerRefusals"] = serde_json::to_value(refusals).unwrap_or_default();
-            }
-            let patch = json!({
-                "apiVersion": "muster.dev/v1alpha1",
-                "kind": "Workload",
-                "metadata": {"resourceVersion": base.resource_version()},
-                "status": status,
-            });
             match api
                 .patch_status(
                     &workload.name_any(),
-                    &PatchParams::apply(labels::ADMISSION_FIELD_MANAGER).force(),
-                    &Patch::Apply(&patch),
+                    &PatchParams {
+                        field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+                        ..PatchParams::default()
+                    },
+                    &Patch::Json::<()>(patch),
                 )
                 .await
             {
@@ -267,27 +213,23 @@ impl Admission {
                         .insert(key(&written), written.clone());
                     return Ok(written);
                 }
-                // Another writer (the Workload controller, say) changed the object: try
-                // again against the newest copy the cache has, if its journal is still
-                // the one this write was decided on. (No read: muster may only patch.)
-                Err(e) if kube_ops::is_conflict(&e) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(e) if kube_ops::is_test_failed(&e) => {
                     let Some(fresh) = self.current_workload(&key(workload)) else {
                         return Err(CommitError::Conflict(format!("{} is gone", key(workload))));
                     };
-                    if placement_of(&fresh) != expected.as_ref() {
+                    if revision(&fresh) != revision(workload) || fresh.metadata.uid != workload.metadata.uid {
                         return Err(CommitError::Conflict(format!(
-                            "the placement of {} changed meanwhile; looking again",
+                            "the admission status of {} changed meanwhile; looking again",
                             key(workload)
                         )));
                     }
-                    base = (*fresh).clone();
+                    base = fresh;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
         Err(CommitError::Conflict(format!(
-            "the status of {} kept changing; looking again",
+            "the conditions of {} kept moving; looking again",
             key(workload)
         )))
     }
@@ -321,7 +263,14 @@ impl Admission {
             .collect()
     }
 
-    pub(crate) async fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
-        crate::workload::controller::publish_event(&self.recorder, workload, type_, reason, action, note).await;
+    /// Publishes an event off the caller's path: no step of a gang waits for its events.
+    pub(crate) fn event(&self, workload: &Workload, type_: EventType, reason: &str, action: &str, note: String) {
+        let recorder = self.recorder.clone();
+        let workload = workload.clone();
+        let reason = reason.to_string();
+        let action = action.to_string();
+        tokio::spawn(async move {
+            crate::workload::controller::publish_event(&recorder, &workload, type_, &reason, &action, note).await;
+        });
     }
 }

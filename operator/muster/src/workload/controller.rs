@@ -1313,10 +1313,20 @@ fn error_policy(workload: Arc<Workload>, error: &Error, ctx: Arc<Context>) -> Ac
 /// The status patch of this controller: only the fields it owns. The admission loop owns
 /// the placement and the restart counts; a forced apply of a stale copy of them from
 /// this controller's cache would move them backwards.
+/// Status fields the admission loop writes (with its conditions), never this controller.
+const ADMISSION_FIELDS: [&str; 6] = [
+    "placement",
+    "restarts",
+    "restartsCountTowardsMax",
+    "nomination",
+    "schedulerRefusals",
+    "admissionRevision",
+];
+
 fn owned_status_patch(desired: &muster_api::WorkloadStatus) -> serde_json::Value {
     let mut owned = serde_json::to_value(desired).unwrap_or_default();
     if let Some(map) = owned.as_object_mut() {
-        for field in ["placement", "restarts", "restartsCountTowardsMax"] {
+        for field in ADMISSION_FIELDS {
             map.remove(field);
         }
     }
@@ -1333,11 +1343,13 @@ mod tests {
             restarts: 1,
             restarts_count_towards_max: Some(1),
             placement: Some(Default::default()),
+            nomination: Some(Default::default()),
+            admission_revision: Some(3),
             ..Default::default()
         };
         let patch = owned_status_patch(&status);
         let owned = patch["status"].as_object().expect("a status");
-        for field in ["placement", "restarts", "restartsCountTowardsMax"] {
+        for field in ADMISSION_FIELDS {
             assert!(!owned.contains_key(field), "{field} in {patch}");
         }
     }

@@ -173,6 +173,7 @@ pub fn compute(
         restarts_count_towards_max: previous.restarts_count_towards_max,
         nomination: None,
         scheduler_refusals: Vec::new(),
+        admission_revision: None,
     }
 }
 
@@ -183,6 +184,7 @@ pub fn owned_part(status: &WorkloadStatus) -> WorkloadStatus {
         placement: None,
         nomination: None,
         scheduler_refusals: Vec::new(),
+        admission_revision: None,
         ..status.clone()
     }
 }
