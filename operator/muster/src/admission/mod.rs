@@ -143,6 +143,7 @@ impl Default for Settings {
 }
 
 /// What the loop remembers about a gang that does not fit.
+#[derive(Clone)]
 pub(super) struct Waiting {
     pub(super) since: Instant,
     pub(super) next_try: Instant,
@@ -284,7 +285,9 @@ pub struct Admission {
     recorder: Recorder,
     pub(crate) settings: Settings,
     wake: Arc<Notify>,
-    waiting: HashMap<ObjectKey, Waiting>,
+    /// Gangs waiting to be tried again (a lock only so that commits in flight can share
+    /// the loop while it goes on planning; never held across an await).
+    waiting: std::sync::Mutex<HashMap<ObjectKey, Waiting>>,
     /// Nodes held by the starvation rule as of the last pass.
     held: Held,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
@@ -343,7 +346,7 @@ impl Admission {
             priorities,
             settings,
             wake,
-            waiting: HashMap::new(),
+            waiting: std::sync::Mutex::default(),
             held: Held::default(),
             written: std::sync::Mutex::default(),
             answered_retry: std::sync::Mutex::default(),
@@ -478,5 +481,10 @@ impl Admission {
     /// Which gangs hold which claims, as of this loop's last look and writes.
     pub(crate) fn holders(&self) -> std::sync::MutexGuard<'_, Holders> {
         self.holders.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The gangs waiting to be tried again.
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Waiting>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -1,8 +1,12 @@
 //! One pass of the admission loop: every placed gang takes a step of its state machine,
-//! then waiting gangs are planned in priority-then-age order and committed in batches.
+//! then waiting gangs are planned in priority-then-age order. Each planned gang's commit
+//! starts at once and runs while the pass goes on planning the next ones against the
+//! plans assumed (a bounded number in flight, with no barrier between them).
 
 use crate::cache::gang_index::GangIndex;
 use crate::convert;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use muster_api::v1alpha1::Workload;
@@ -71,14 +75,14 @@ impl Admission {
         record_phases(&workloads, queue.len());
         // Only gangs in the queue wait; a suspended or finished one starts afresh.
         let queued: BTreeSet<ObjectKey> = queue.iter().map(|(_, _, k, _)| k.clone()).collect();
-        self.waiting.retain(|k, _| queued.contains(k));
+        self.waiting().retain(|k, _| queued.contains(k));
 
         let changes = self.index.changes();
         // A gang of lower priority is not planned while one of higher priority, waiting
         // for capacity, has not looked at the same change yet: that one is due as well.
         let due: Vec<bool> = queue
             .iter()
-            .map(|(_, _, name, _)| self.waiting.get(name).is_none_or(|w| w.due(changes)))
+            .map(|(_, _, name, _)| self.waiting().get(name).is_none_or(|w| w.due(changes)))
             .collect();
         let lower_due = due_below(&queue.iter().map(|(p, ..)| *p).collect::<Vec<_>>(), &due);
         let due: Vec<bool> = queue
@@ -88,13 +92,20 @@ impl Admission {
                 due[i]
                     || (lower_due[i]
                         && self
-                            .waiting
+                            .waiting()
                             .get(name)
                             .is_some_and(|w| w.reach.is_some() && w.changes_seen != changes))
             })
             .collect();
         let mut held = Held::default();
-        let mut planned: Vec<PlannedGang> = Vec::new();
+        // Commits under way, and those that ended while the pass was busy elsewhere.
+        let this = &*self;
+        let commit = |gang: PlannedGang| async move {
+            let outcome = this.commit_planned(&gang.workload, &gang.request, &gang.plan).await;
+            (gang, outcome)
+        };
+        let mut in_flight = FuturesUnordered::new();
+        let mut ended = Vec::new();
         // Within a pass the cluster only fills up: a gang shaped like one that did not
         // fit does not fit either, and is not planned again.
         let mut unfit: HashMap<String, (String, Planned)> = HashMap::new();
@@ -113,7 +124,8 @@ impl Admission {
             }
             // The queue is in priority order: every gang holding nodes so far has at
             // least this one's priority.
-            if let Some(waiting) = self.waiting.get(&name)
+            let waiting = self.waiting().get(&name).cloned();
+            if let Some(waiting) = waiting
                 && !due
             {
                 let wake = waiting.lapse.map_or(waiting.next_try, |l| l.min(waiting.next_try));
@@ -128,12 +140,20 @@ impl Admission {
                 }
                 continue;
             }
-            let outcome = match self.try_plan(&workload, priority, &held, &mut unfit).await {
+            let tried = alongside(&mut in_flight, &mut ended, self.try_plan(&workload, priority, &held, &mut unfit)).await;
+            self.settle_commits(&mut ended, changes, &mut held, &mut next);
+            let outcome = match tried {
                 Ok(Attempt::Placed { request, plan }) => {
                     // Room can appear while a pass runs (kube-controller-manager frees a
                     // protected claim when its pod ends): a gang of higher priority this
                     // pass passed over may fit now, and goes first, in the next pass.
-                    if self.index.changes() != changes && self.one_passed_over_fits(&passed_over, priority, &held).await
+                    if self.index.changes() != changes
+                        && alongside(
+                            &mut in_flight,
+                            &mut ended,
+                            self.one_passed_over_fits(&passed_over, priority, &held),
+                        )
+                        .await
                     {
                         next = Duration::ZERO;
                         break;
@@ -146,19 +166,20 @@ impl Admission {
                         c.forget(&PlanId::Nomination(name.clone()));
                         c.assume(&PlanId::Gang(name.clone()), &pods, &claims)
                     });
-                    planned.push(PlannedGang {
+                    in_flight.push(commit(PlannedGang {
                         name,
                         priority,
                         workload,
                         request: *request,
                         plan: *plan,
-                    });
-                    // A batch of planned gangs is committed at once; the next batch is
-                    // planned on what this one left.
-                    if planned.len() >= self.settings.commit_parallelism.max(1) {
-                        self.commit_batch(std::mem::take(&mut planned), changes, &mut held, &mut next)
-                            .await;
+                    }));
+                    // At most so many at once: the next gang is planned once one ends.
+                    if in_flight.len() >= self.settings.commit_parallelism.max(1)
+                        && let Some(done) = in_flight.next().await
+                    {
+                        ended.push(done);
                     }
+                    self.settle_commits(&mut ended, changes, &mut held, &mut next);
                     continue;
                 }
                 Ok(Attempt::Stale) => {
@@ -173,10 +194,11 @@ impl Admission {
                     // priority, unless Kueue manages it (its own preemption decides).
                     if matches!(&admit, Admit::DoesNotFit { reach: Some(_) })
                         && self.kueue_object(&workload).is_not_queued()
-                        && let Err(e) = self.try_preempt(&workload, priority).await
+                        && let Err(e) = alongside(&mut in_flight, &mut ended, self.try_preempt(&workload, priority)).await
                     {
                         warn!(workload = %name, error = %e, "preemption failed; retrying");
                     }
+                    self.settle_commits(&mut ended, changes, &mut held, &mut next);
                     Ok(admit)
                 }
                 Err(e) => Err(e),
@@ -190,13 +212,17 @@ impl Admission {
             // nothing else changes by then.
             if fits_nowhere
                 && let Some(lapse) = super::refusals::lapses_in(&workload, crate::workload::observe::now_millis())
-                && let Some(waiting) = self.waiting.get_mut(&name)
+                && let Some(waiting) = self.waiting().get_mut(&name)
             {
                 waiting.lapse = Some(Instant::now() + lapse);
                 next = next.min(lapse + Duration::from_millis(100));
             }
         }
-        self.commit_batch(planned, changes, &mut held, &mut next).await;
+        while let Some(done) = in_flight.next().await {
+            ended.push(done);
+        }
+        drop(in_flight);
+        self.settle_commits(&mut ended, changes, &mut held, &mut next);
         // Extras of running gangs keep off them too, until the next pass says again.
         self.held = held;
         next
@@ -204,6 +230,19 @@ impl Admission {
 }
 
 impl Admission {
+    /// Settles the commits that ended (see `settle_attempt`).
+    fn settle_commits(
+        &self,
+        ended: &mut Vec<(PlannedGang, Result<Admit, super::CommitError>)>,
+        changes: u64,
+        held: &mut Held,
+        next: &mut Duration,
+    ) {
+        for (gang, outcome) in ended.drain(..) {
+            self.settle_attempt(&gang.name, gang.priority, outcome, changes, held, next);
+        }
+    }
+
     /// Whether a gang of higher priority than `priority` that this pass found no room for
     /// fits the cluster as it is now (planned again, with no shortcut by shape).
     async fn one_passed_over_fits(&self, passed_over: &[(i32, Arc<Workload>)], priority: i32, held: &Held) -> bool {
@@ -217,6 +256,22 @@ impl Admission {
             }
         }
         false
+    }
+}
+
+/// Runs `work` while the commits `in_flight` go on, keeping those that end in `ended`.
+async fn alongside<W: Future, C: Future>(
+    in_flight: &mut FuturesUnordered<C>,
+    ended: &mut Vec<C::Output>,
+    work: W,
+) -> W::Output {
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => ended.push(done),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, stream};
+
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use muster_api::conditions;
@@ -208,38 +208,11 @@ pub(super) enum Admit {
 }
 
 impl Admission {
-    /// Commits planned gangs at once: each commit is a chain of round trips, and their
-    /// plans cannot overlap, each planned with the ones before it assumed.
-    pub(super) async fn commit_batch(
-        &mut self,
-        batch: Vec<PlannedGang>,
-        changes: u64,
-        held: &mut Held,
-        next: &mut Duration,
-    ) {
-        if batch.is_empty() {
-            return;
-        }
-        let this = &*self;
-        let parallelism = batch.len();
-        let committed: Vec<(PlannedGang, Result<Admit, CommitError>)> = stream::iter(batch)
-            .map(|gang| async move {
-                let outcome = this.commit_planned(&gang.workload, &gang.request, &gang.plan).await;
-                (gang, outcome)
-            })
-            .buffer_unordered(parallelism)
-            .collect()
-            .await;
-        for (gang, outcome) in committed {
-            self.settle_attempt(&gang.name, gang.priority, outcome, changes, held, next);
-        }
-    }
-
     /// Remembers how an attempt to admit gang `name` ended: a committed gang stops
     /// waiting; any other waits with a growing backoff, and holds its nodes once it has
     /// waited past the starvation limit.
     pub(super) fn settle_attempt(
-        &mut self,
+        &self,
         name: &ObjectKey,
         priority: i32,
         outcome: Result<Admit, CommitError>,
@@ -247,8 +220,9 @@ impl Admission {
         held: &mut Held,
         next: &mut Duration,
     ) {
+        let mut waiting = self.waiting();
         if matches!(outcome, Ok(Admit::Committed)) {
-            self.waiting.remove(name);
+            waiting.remove(name);
             return;
         }
         let reach = match &outcome {
@@ -260,7 +234,7 @@ impl Admission {
         if let Err(e) = &outcome {
             warn!(workload = %name, error = %e, "admission failed");
         }
-        let entry = self.waiting.entry(name.clone()).or_insert(Waiting {
+        let entry = waiting.entry(name.clone()).or_insert(Waiting {
             since: Instant::now(),
             next_try: Instant::now(),
             failures: 0,
