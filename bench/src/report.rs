@@ -669,7 +669,11 @@ fn muster_writes_table(out: &mut String, run: &Run, scenario: &Scenario) {
         .map(|resource| {
             let per_pod = |stage: Stage| {
                 s.per_phase(|p| {
-                    p.writes.by.get(&(Client::Muster, stage, resource.clone())).copied().unwrap_or(0) as f64
+                    p.writes
+                        .by
+                        .get(&(Client::Muster, stage, resource.clone()))
+                        .copied()
+                        .unwrap_or(0) as f64
                         / p.pods_bound.max(1) as f64
                 })
             };

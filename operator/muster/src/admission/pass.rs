@@ -122,6 +122,8 @@ impl Admission {
             {
                 continue;
             }
+            // Its newest copy: an earlier step of this pass may have written its status.
+            let workload = self.current_workload(&name).unwrap_or(workload);
             // The queue is in priority order: every gang holding nodes so far has at
             // least this one's priority.
             let waiting = self.waiting().get(&name).cloned();
@@ -140,7 +142,12 @@ impl Admission {
                 }
                 continue;
             }
-            let tried = alongside(&mut in_flight, &mut ended, self.try_plan(&workload, priority, &held, &mut unfit)).await;
+            let tried = alongside(
+                &mut in_flight,
+                &mut ended,
+                self.try_plan(&workload, priority, &held, &mut unfit),
+            )
+            .await;
             self.settle_commits(&mut ended, changes, &mut held, &mut next);
             let outcome = match tried {
                 Ok(Attempt::Placed { request, plan }) => {
@@ -192,14 +199,19 @@ impl Admission {
                 Ok(Attempt::Done(admit)) => {
                     // A gang that would fit an emptied cluster may evict gangs of lower
                     // priority, unless Kueue manages it (its own preemption decides).
-                    if matches!(&admit, Admit::DoesNotFit { reach: Some(_) })
+                    let preempted = if matches!(&admit, Admit::DoesNotFit { reach: Some(_) })
                         && self.kueue_object(&workload).is_not_queued()
-                        && let Err(e) = alongside(&mut in_flight, &mut ended, self.try_preempt(&workload, priority)).await
                     {
-                        warn!(workload = %name, error = %e, "preemption failed; retrying");
-                    }
+                        // On its newest copy: planning may just have written its status.
+                        let current = self.current_workload(&name).unwrap_or_else(|| workload.clone());
+                        alongside(&mut in_flight, &mut ended, self.try_preempt(&current, priority)).await
+                    } else {
+                        Ok(())
+                    };
                     self.settle_commits(&mut ended, changes, &mut held, &mut next);
-                    Ok(admit)
+                    // A preemption that failed is tried again after a backoff, whether
+                    // or not the cluster changes meanwhile.
+                    preempted.map(|()| admit)
                 }
                 Err(e) => Err(e),
             };
@@ -247,6 +259,9 @@ impl Admission {
     /// fits the cluster as it is now (planned again, with no shortcut by shape).
     async fn one_passed_over_fits(&self, passed_over: &[(i32, Arc<Workload>)], priority: i32, held: &Held) -> bool {
         for (higher, workload) in passed_over.iter().filter(|(p, _)| *p > priority) {
+            let workload = &self
+                .current_workload(&key(workload))
+                .unwrap_or_else(|| workload.clone());
             let mut fresh = HashMap::new();
             if matches!(
                 self.try_plan(workload, *higher, held, &mut fresh).await,

@@ -291,6 +291,24 @@ impl Admission {
     /// One step of a placed gang's state machine; a released gang's waiting extras are
     /// placed when nothing else is to be done.
     pub(super) async fn advance(&self, workload: &Workload, next: &mut Duration) -> Result<(), CommitError> {
+        let (journal, idle) = self.step(workload, next).await?;
+        if let Some(journal) = journal.filter(|j| idle && j.state == State::Released)
+            && workload.spec.suspend != Some(true)
+            && !self.evicted_by_kueue(workload)
+        {
+            self.place_extras(workload, &journal).await?;
+        }
+        Ok(())
+    }
+
+    /// One step of a placed gang's state machine, extras left alone (a commit takes its
+    /// steps while the pass plans other gangs, and extras are planned by the pass only).
+    /// Returns the journal observed and whether there was nothing to do.
+    pub(super) async fn step(
+        &self,
+        workload: &Workload,
+        next: &mut Duration,
+    ) -> Result<(Option<Journal>, bool), CommitError> {
         let (journal, step) = self.observe_and_decide(workload);
         let state = journal.as_ref().map(|j| j.state);
         if !step.effects.is_empty() {
@@ -301,13 +319,7 @@ impl Admission {
         }
         let idle = step.effects.is_empty();
         self.execute(workload, state, step.effects).await?;
-        if let Some(journal) = journal.filter(|j| idle && j.state == State::Released)
-            && workload.spec.suspend != Some(true)
-            && !self.evicted_by_kueue(workload)
-        {
-            self.place_extras(workload, &journal).await?;
-        }
-        Ok(())
+        Ok((journal, idle))
     }
 
     /// Performs the state machine's effects in order, stopping at the first that fails.

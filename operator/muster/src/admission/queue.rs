@@ -6,7 +6,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use muster_api::conditions;

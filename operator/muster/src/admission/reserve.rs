@@ -288,9 +288,9 @@ impl Admission {
         // The state machine releases the pods, then records the gang as released.
         let mut next = Duration::MAX;
         async {
-            self.advance(&reserved, &mut next).await?;
+            self.step(&reserved, &mut next).await?;
             let current = self.current_workload(&gang).unwrap_or(reserved.clone());
-            self.advance(&current, &mut next).await
+            self.step(&current, &mut next).await.map(|_| ())
         }
         .instrument(info_span!("release", workload = %gang, pods = plan.pods.len()))
         .await?;

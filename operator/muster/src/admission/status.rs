@@ -190,8 +190,8 @@ impl Admission {
         let revision = |w: &Workload| w.status.as_ref().and_then(|s| s.admission_revision);
         let mut base = Arc::new(workload.clone());
         for _ in 0..3 {
-            let patch: json_patch::Patch = serde_json::from_value(status_patch(&base, &update, &now()))
-                .map_err(kube::Error::SerdeError)?;
+            let patch: json_patch::Patch =
+                serde_json::from_value(status_patch(&base, &update, &now())).map_err(kube::Error::SerdeError)?;
             self.ensure_leading();
             match api
                 .patch_status(
@@ -205,6 +205,15 @@ impl Admission {
                 .await
             {
                 Ok(written) => {
+                    let expected = revision(&base).unwrap_or(0) + 1;
+                    if revision(&written) != Some(expected) {
+                        // The API server dropped the count: its Workload CRD is older
+                        // than this operator, and no write of the loop is guarded.
+                        return Err(CommitError::Conflict(format!(
+                            "{} has no status.admissionRevision after a write: install the Workload CRD of this muster version",
+                            key(workload)
+                        )));
+                    }
                     let written = Arc::new(written);
                     self.holders().follow(&written);
                     self.written
@@ -217,7 +226,10 @@ impl Admission {
                     let Some(fresh) = self.current_workload(&key(workload)) else {
                         return Err(CommitError::Conflict(format!("{} is gone", key(workload))));
                     };
-                    if revision(&fresh) != revision(workload) || fresh.metadata.uid != workload.metadata.uid {
+                    if revision(&fresh) != revision(workload)
+                        || fresh.metadata.uid != workload.metadata.uid
+                        || fresh.metadata.resource_version == base.metadata.resource_version
+                    {
                         return Err(CommitError::Conflict(format!(
                             "the admission status of {} changed meanwhile; looking again",
                             key(workload)

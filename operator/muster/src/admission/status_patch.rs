@@ -33,6 +33,18 @@ pub(super) fn status_patch(base: &Workload, update: &StatusUpdate, now: &Time) -
         return Value::Array(ops);
     };
     ops.push(json!({"op": "test", "path": "/status/admissionRevision", "value": current.admission_revision}));
+    if current.admission_revision.is_none() {
+        // Never counted yet (a new gang, or one a version before the count last wrote):
+        // the journal must still be as seen. A new gang's is absent; an older one's is
+        // held to the version seen, for this one write.
+        match (&current.placement, &base.metadata.resource_version) {
+            (None, _) => ops.push(json!({"op": "test", "path": "/status/placement", "value": null})),
+            (Some(_), Some(version)) => {
+                ops.push(json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}));
+            }
+            (Some(_), None) => {}
+        }
+    }
     ops.push(json!({
         "op": "add",
         "path": "/status/admissionRevision",
@@ -72,7 +84,13 @@ pub(super) fn status_patch(base: &Workload, update: &StatusUpdate, now: &Time) -
 
 /// The loop's conditions, each changed in place where it is (its index tested to still
 /// hold it: the Workload controller's conditions share the list) or appended.
-fn conditions(ops: &mut Vec<Value>, current: &WorkloadStatus, update: &StatusUpdate, generation: Option<i64>, now: &Time) {
+fn conditions(
+    ops: &mut Vec<Value>,
+    current: &WorkloadStatus,
+    update: &StatusUpdate,
+    generation: Option<i64>,
+    now: &Time,
+) {
     if current.conditions.is_empty() {
         let mut list = Vec::new();
         for condition in &update.conditions {
@@ -245,7 +263,17 @@ mod tests {
             admitted["lastTransitionTime"], "2026-01-01T00:00:00Z",
             "the status did not change"
         );
-        assert_eq!(written["status"]["admissionRevision"], 1, "a Workload written before the count");
+        assert_eq!(
+            written["status"]["admissionRevision"], 1,
+            "a Workload written before the count"
+        );
+        // Written before the count, it is held to the version seen for that one write.
+        let mut moved = base.clone();
+        moved.metadata.resource_version = Some("42".into());
+        assert!(
+            apply(&moved, &patch).is_err(),
+            "an uncounted journal is never overwritten"
+        );
         assert!(written["status"].get("nomination").is_none(), "cleared");
         // Had the list been reordered meanwhile, the write would not land on another
         // writer's condition.
@@ -269,7 +297,10 @@ mod tests {
         let written = apply(&placed, &status_patch(&placed, &update, &now())).expect("applies");
         let status = &written["status"];
         assert!(status.get("placement").is_none() && status.get("schedulerRefusals").is_none());
-        assert_eq!((status["restarts"].clone(), status["restartsCountTowardsMax"].clone()), (json!(2), json!(1)));
+        assert_eq!(
+            (status["restarts"].clone(), status["restartsCountTowardsMax"].clone()),
+            (json!(2), json!(1))
+        );
         assert!(status.get("nomination").is_some());
         // Nothing to remove: no remove operation, which would fail on a missing field.
         let queued = workload(json!({"admissionRevision": 2}));
@@ -287,6 +318,9 @@ mod tests {
         assert_eq!(written["status"]["conditions"][0]["type"], "Admitted");
         let mut raced = base.clone();
         raced.status = Some(WorkloadStatus::default());
-        assert!(apply(&raced, &patch).is_err(), "the controller's first status is not overwritten");
+        assert!(
+            apply(&raced, &patch).is_err(),
+            "the controller's first status is not overwritten"
+        );
     }
 }

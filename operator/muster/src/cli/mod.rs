@@ -98,7 +98,8 @@ struct RunArgs {
     /// Parallel API writes while reserving claims and releasing pods.
     #[arg(long, default_value_t = 64)]
     write_parallelism: usize,
-    /// Gangs committed at once; 1 commits one after another.
+    /// Commits in flight at once while the loop goes on planning; 1 commits one after
+    /// another.
     #[arg(long, default_value_t = 16)]
     commit_parallelism: usize,
     /// Log format.
