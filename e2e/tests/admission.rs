@@ -417,58 +417,65 @@ async fn held_devices(test: &Test) -> Result<Vec<(String, String)>> {
 #[tokio::test]
 async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again() -> Result<()> {
     let timeout = ["--schedule-timeout", "8"];
-    with_test(
-        "teardown",
-        &timeout,
-        &[("MUSTER_FAULT_POINT", "after-reserved")],
-        |test| {
-            Box::pin(async move {
-                test.create(gang("unlucky", 3, None)).await?;
-                let operator = test.operator.as_mut().context("operator")?;
-                wait::until("the operator to stop after reserving", Duration::from_secs(60), || {
-                    let exited = operator.check_running().is_err();
-                    async move { Ok(exited.then_some(())) }
-                })
-                .await?;
-                test.operator = None;
-                // Between plan and bind, another pod takes the CPU of one planned worker node.
-                let workload = test.workloads().get("unlucky").await?;
-                let placement = workload.status.and_then(|s| s.placement).context("placement")?;
-                let victim = worker_node(&placement)?;
-                let hog: Pod = serde_json::from_value(json!({
-                    "metadata": {"name": "hog"},
-                    "spec": {
-                        "nodeName": victim,
-                        "tolerations": [{"key": "muster.dev/fenced", "operator": "Exists"}],
-                        "containers": [{"name": "main", "image": "x", "resources": {"requests": {"cpu": "60"}}}],
-                    },
-                }))?;
-                test.pods().create(&PostParams::default(), &hog).await?;
+    let go_on = std::env::temp_dir().join(format!("muster-teardown-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let _ = std::fs::remove_file(&go_on);
+    let paused = [
+        ("MUSTER_PAUSE_POINT", "after-reserved"),
+        ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+    ];
+    with_test("teardown", &timeout, &paused, |test| {
+        let go_on = go_on.clone();
+        Box::pin(async move {
+            test.create(gang("unlucky", 3, None)).await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until(
+                "the commit to pause before its release",
+                Duration::from_secs(60),
+                || {
+                    let reached = operator.log().contains("pause point after-reserved reached");
+                    async move { Ok(reached.then_some(())) }
+                },
+            )
+            .await?;
+            // Between plan and bind, another pod takes the CPU of one planned worker node.
+            let workload = test.workloads().get("unlucky").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            let victim = worker_node(&placement)?;
+            let hog: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "hog"},
+                "spec": {
+                    "nodeName": victim,
+                    "tolerations": [{"key": "muster.dev/fenced", "operator": "Exists"}],
+                    "containers": [{"name": "main", "image": "x", "resources": {"requests": {"cpu": "60"}}}],
+                },
+            }))?;
+            test.pods().create(&PostParams::default(), &hog).await?;
+            std::fs::write(&go_on, b"")?;
 
-                test.start_operator(&timeout, &[])?;
-                let message = test
-                    .wait_admitted_reason("unlucky", "ScheduleTimeout", Duration::from_secs(60))
-                    .await?;
-                ensure!(message.contains("not scheduled within 8s"), "{message}");
-                test.wait_event("unlucky", conditions::EVENT_SCHEDULE_TIMEOUT, "not scheduled within 8s")
-                    .await?;
-                let workload = assert_runs_as_planned(test, "unlucky").await?;
-                let placement = workload.status.and_then(|s| s.placement).context("placement")?;
-                let on_victim: Vec<_> = placement
-                    .pods
-                    .iter()
-                    .filter(|p| p.name.contains("workers") && p.node == victim)
-                    .collect();
-                ensure!(
-                    on_victim.is_empty(),
-                    "no worker placed again on {victim}: {:?}",
-                    placement.pods
-                );
-                test.pods().delete("hog", &DeleteParams::default()).await?;
-                Ok(())
-            })
-        },
-    )
+            let message = test
+                .wait_admitted_reason("unlucky", "ScheduleTimeout", Duration::from_secs(60))
+                .await?;
+            ensure!(message.contains("not scheduled within 8s"), "{message}");
+            test.wait_event("unlucky", conditions::EVENT_SCHEDULE_TIMEOUT, "not scheduled within 8s")
+                .await?;
+            let workload = assert_runs_as_planned(test, "unlucky").await?;
+            let placement = workload.status.and_then(|s| s.placement).context("placement")?;
+            let on_victim: Vec<_> = placement
+                .pods
+                .iter()
+                .filter(|p| p.name.contains("workers") && p.node == victim)
+                .collect();
+            ensure!(
+                on_victim.is_empty(),
+                "no worker placed again on {victim}: {:?}",
+                placement.pods
+            );
+            test.pods().delete("hog", &DeleteParams::default()).await?;
+            let _ = std::fs::remove_file(&go_on);
+            Ok(())
+        })
+    })
     .await
 }
 

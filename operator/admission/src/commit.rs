@@ -4,16 +4,21 @@
 //! 1. record [`reserving`] (the intent: these claims may be allocated);
 //! 2. allocate every claim, each conditional on the version the plan saw;
 //! 3. check that no other claim took a planned device;
-//! 4. record [`reserved`];
-//! 5. release every pod and record `Released` — which is what [`crate::decide`] does
-//!    for a `Reserved` gang, so the commit finishes through it.
+//! 4. release every planned pod ([`pins`]), with nothing recorded before: a planned pod
+//!    out of the gate is the record that the commit came this far, and
+//!    [`crate::decide`] finishes a `Reserving` gang that shows one as it does a
+//!    `Reserved` one (releases the rest, records `Released`);
+//! 5. record `Released`, off the pods' path, through [`crate::decide`].
+//!
+//! A gang whose release waits for Kueue's admission records [`reserved`] after step 3
+//! instead and releases nothing: Kueue admits on the recorded reservation.
 //!
 //! A commit that fails before step 4 deallocates what it wrote and records [`failed`]
 //! (still `Reserving`, with the cause); [`crate::decide`] then gives back whatever is
 //! still allocated and queues the gang. Extras of a running gang are committed the same
 //! way, with [`with_extras`] and [`extras_released`].
 
-use crate::{Journal, Millis, PlannedPod, Reason, State};
+use crate::{Journal, Millis, Pin, PlannedPod, PodView, Reason, State};
 
 /// What a plan places: pods on nodes, claims to allocate, for the status.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +65,36 @@ pub fn reserving(placement: &Placement, now: Millis) -> Journal {
 /// Step 4: every claim is allocated and checked.
 pub fn reserved(journal: &Journal, now: Millis) -> Journal {
     journal.moved(State::Reserved, now)
+}
+
+/// The planned pods still behind the gate, each pinned to its planned node: what a
+/// commit whose reservation is whole and checked releases. `current_pod` finds the pod
+/// of a planned name in the gang's current attempt (not one being deleted).
+pub fn pins<'p>(journal: &Journal, current_pod: impl Fn(&str) -> Option<&'p PodView>) -> Vec<Pin> {
+    journal
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let pod = current_pod(&p.name).filter(|pod| pod.gated)?;
+            Some(Pin {
+                pod: pod.reference(),
+                node: p.node.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Whether a `Reserving` commit released a planned pod: then every claim was allocated
+/// and checked (step 4 comes after the check and nothing else releases a planned pod),
+/// and the commit is to be finished, not undone. A commit recorded as failed released
+/// nothing.
+pub fn released_any<'p>(journal: &Journal, current_pod: impl Fn(&str) -> Option<&'p PodView>) -> bool {
+    journal.state == State::Reserving
+        && journal.cause.is_none()
+        && journal
+            .pods
+            .iter()
+            .any(|p| current_pod(&p.name).is_some_and(|pod| !pod.gated))
 }
 
 /// A commit that failed before every claim was allocated and checked: still

@@ -23,6 +23,18 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
         }
         return queued(gang);
     };
+    // A commit released pods once its reservation was whole and checked, and stopped
+    // before it recorded so: it is finished as a reservation is, never undone.
+    let finishing_commit;
+    let journal = if crate::commit::released_any(journal, |name| gang.current_pod(name)) {
+        finishing_commit = Journal {
+            state: State::Reserved,
+            ..journal.clone()
+        };
+        &finishing_commit
+    } else {
+        journal
+    };
     match journal.state {
         State::Finished => expire(gang),
         State::Finishing => finishing(gang, journal),
@@ -307,17 +319,7 @@ fn reserved(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         );
         return tear_down(gang, journal, Reason::ReleaseTimeout, message, EventKind::RolledBack);
     }
-    let gated: Vec<Pin> = journal
-        .pods
-        .iter()
-        .filter_map(|p| {
-            let pod = gang.current_pod(&p.name).filter(|pod| pod.gated)?;
-            Some(Pin {
-                pod: pod.reference(),
-                node: p.node.clone(),
-            })
-        })
-        .collect();
+    let gated: Vec<Pin> = crate::commit::pins(journal, |name| gang.current_pod(name));
     if !gated.is_empty() {
         return Step::effects(vec![Effect::Release { pods: gated }]);
     }

@@ -522,6 +522,9 @@ struct Stats {
     deposed_evictions: u64,
     /// Protected claims kube-controller-manager deallocated with their last pod.
     controller_deallocations: u64,
+    /// Looks at a `Reserving` gang whose commit released some planned pods and stopped
+    /// before the rest: the state machine finishes the release.
+    commits_finished_after_a_partial_release: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -541,6 +544,7 @@ impl std::ops::AddAssign for Stats {
         self.refusal_teardowns += o.refusal_teardowns;
         self.deposed_evictions += o.deposed_evictions;
         self.controller_deallocations += o.controller_deallocations;
+        self.commits_finished_after_a_partial_release += o.commits_finished_after_a_partial_release;
     }
 }
 
@@ -1375,6 +1379,12 @@ impl Sim {
             refusals: &w.refusals,
             now: self.world.now,
         };
+        if let Some(j) = journal.as_ref()
+            && commit::released_any(j, |name| gang_view.current_pod(name))
+            && !commit::pins(j, |name| gang_view.current_pod(name)).is_empty()
+        {
+            self.stats.commits_finished_after_a_partial_release += 1;
+        }
         let step = decide(&gang_view, &SETTINGS);
         if journal.is_none() && !step.effects.is_empty() {
             self.note(format!("queued {gang}: {} effects", step.effects.len()));
@@ -1854,16 +1864,42 @@ impl Sim {
             });
         }
         self.op.queue.push_back(Op::Check { planned });
-        self.op.queue.push_back(Op::Record {
-            gang: gang.into(),
-            expected: Some(journal),
-            record: Record {
-                journal: Some(reserved),
-                conditions: vec![],
-                restarts: None,
-                refusals: None,
-            },
-        });
+        let release_held = self
+            .world
+            .workloads
+            .get(gang)
+            .and_then(|w| w.kueue.as_ref())
+            .is_some_and(|k| !k.admitted || k.evicted);
+        if journal.state == State::Reserving && !release_held {
+            // Checked: the pods go at once, nothing recorded in between (the state
+            // machine finishes a commit that released a pod, and records it released).
+            let cached = &self.op.cache.pods;
+            let releases: Vec<Op> = journal
+                .pods
+                .iter()
+                .filter_map(|p| {
+                    let pod = cached.get(&p.name).filter(|pod| pod.gated && !pod.deleting)?;
+                    Some(Op::Release {
+                        gang: gang.into(),
+                        pod: p.name.clone(),
+                        uid: pod.uid.clone(),
+                        node: p.node.clone(),
+                    })
+                })
+                .collect();
+            self.op.queue.extend(releases);
+        } else {
+            self.op.queue.push_back(Op::Record {
+                gang: gang.into(),
+                expected: Some(journal),
+                record: Record {
+                    journal: Some(reserved),
+                    conditions: vec![],
+                    restarts: None,
+                    refusals: None,
+                },
+            });
+        }
         self.op.queue.push_back(Op::EndCommit { gang: gang.into() });
     }
 
@@ -2416,12 +2452,19 @@ impl Sim {
                 // An extras commit's assumption ends with it; a gang's once it is
                 // released (or was never recorded).
                 let base = gang.trim_end_matches("+extras");
+                let world = &self.world;
+                let released_any = |j: &Journal| {
+                    j.cause.is_none()
+                        && j.pods
+                            .iter()
+                            .any(|p| world.pods.get(&p.name).is_some_and(|pod| !pod.gated))
+                };
                 let done = gang.ends_with("+extras")
-                    || self
-                        .world
-                        .workloads
-                        .get(base)
-                        .is_none_or(|w| w.journal.as_ref().is_none_or(|j| j.state == State::Reserving));
+                    || world.workloads.get(base).is_none_or(|w| {
+                        w.journal
+                            .as_ref()
+                            .is_none_or(|j| j.state == State::Reserving && !released_any(j))
+                    });
                 if done {
                     self.op.assumed.remove(&gang);
                 }
@@ -2879,6 +2922,10 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
     assert!(
         schedules < 1000 || stats.controller_deallocations > 0,
         "the schedules reach kube-controller-manager's deallocation of protected claims: {stats:?}"
+    );
+    assert!(
+        schedules < 1000 || stats.commits_finished_after_a_partial_release > 0,
+        "the schedules reach a commit stopped in the middle of its release: {stats:?}"
     );
 }
 

@@ -478,6 +478,62 @@ fn a_reservation_whose_pods_never_appear_is_given_back() {
     assert_eq!(tearing.cause.as_ref().map(|c| c.0), Some(Reason::ReleaseTimeout));
 }
 
+/// A commit releases its pods once every claim is allocated and checked, recording
+/// nothing in between: a commit stopped in the middle of its release (one pod out of
+/// the gate, one still behind it) is finished, and a failed one, or one that released
+/// nothing, is undone.
+#[test]
+fn a_commit_stopped_in_its_release_is_finished_not_undone() {
+    let j = journal(
+        State::Reserving,
+        0,
+        vec![planned("g-w-0", false, None), planned("g-w-1", false, None)],
+        &["g-w-0-gpu", "g-w-1-gpu"],
+    );
+    let claims = [claim("g-w-0-gpu", true, &["u0"]), claim("g-w-1-gpu", true, &["u1"])];
+    let half = [
+        pod("g-w-0", "u0", Some(0), false, Phase::Pending, false),
+        pod("g-w-1", "u1", Some(0), true, Phase::Pending, false),
+    ];
+    let s = step(&spec(2, true), &j, 0, &half, &claims, 1000);
+    assert!(deallocates(&s).is_empty(), "{s:?}");
+    let released: Vec<&str> = s
+        .effects
+        .iter()
+        .flat_map(|e| match e {
+            Effect::Release { pods } => pods.iter().map(|p| p.pod.name.as_str()).collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(released, ["g-w-1"], "the rest is released: {s:?}");
+
+    let all = [
+        pod("g-w-0", "u0", Some(0), false, Phase::Pending, false),
+        pod("g-w-1", "u1", Some(0), false, Phase::Pending, false),
+    ];
+    let s = step(&spec(2, true), &j, 0, &all, &claims, 1000);
+    assert_eq!(recorded_state(&s), Some(Some(State::Released)), "{s:?}");
+
+    // A claim lost before the record: taken apart as a reservation would be.
+    let lost = [claim("g-w-0-gpu", true, &["u0"]), claim("g-w-1-gpu", false, &[])];
+    let s = step(&spec(2, true), &j, 0, &half, &lost, 1000);
+    assert_eq!(recorded_state(&s), Some(Some(State::TearingDown)), "{s:?}");
+
+    // Nothing released: undone.
+    let gated = [
+        pod("g-w-0", "u0", Some(0), true, Phase::Pending, false),
+        pod("g-w-1", "u1", Some(0), true, Phase::Pending, false),
+    ];
+    let s = step(&spec(2, true), &j, 0, &gated, &claims, 1000);
+    assert_eq!(deallocates(&s).len(), 2, "{s:?}");
+
+    // A commit recorded as failed released nothing, whatever the pods show.
+    let mut failed = j.clone();
+    failed.cause = Some((Reason::Conflict, "undone".into()));
+    let s = step(&spec(2, true), &failed, 0, &half, &claims, 1000);
+    assert!(s.effects.iter().all(|e| !matches!(e, Effect::Release { .. })), "{s:?}");
+}
+
 #[test]
 fn an_interrupted_commit_is_undone_even_when_suspended() {
     let j = journal(State::Reserving, 0, vec![planned("g-w-0", false, None)], &["g-w-0-gpu"]);

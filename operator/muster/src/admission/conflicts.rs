@@ -8,9 +8,13 @@
 //! Nominations hold devices in the engine's state for a preemptor; they are plans, not
 //! allocations, and never make a conflict.
 
-use muster_engine::claim::DeviceId;
-use muster_engine::cluster::ClusterState;
+use muster_api::labels;
+use muster_engine::claim::{DeviceId, TaintEffect};
+use muster_engine::cluster::{ClusterState, DeviceReach};
 use muster_engine::key::{ClaimKey, ObjectKey};
+use muster_engine::selector::NodeTaintEffect;
+
+use super::fencing::Fencing;
 
 /// The name under which a nomination holds `claim`'s devices for `preemptor` in the
 /// engine's state. It is no claim's name (`@` cannot be in one), so a nomination never
@@ -104,6 +108,37 @@ pub(crate) fn doubly_held(cluster: &ClusterState, id: &DeviceId, shared: bool) -
     }
 }
 
+/// Whether the fence keeps every other allocator off `id`, so that no claim outside
+/// muster can be given the device while muster's own commits are planned one after the
+/// other: with the node fence, the device is local to a node that carries the fence
+/// taint (only pods that tolerate it land there, and a claim of a pod is allocated where
+/// it lands); with the device fence, the device carries the fence taint. A pod that
+/// tolerates every taint still gets through: the placed gang's standing conflict check
+/// catches that (see [`doubly_held`]).
+pub(crate) fn fenced(cluster: &ClusterState, fencing: Fencing, id: &DeviceId) -> bool {
+    let keeps_off = |key: &str, schedule: bool| key == labels::FENCE_TAINT && schedule;
+    match fencing {
+        Fencing::Taint => match cluster.device_reach(&id.driver, &id.pool, &id.device) {
+            Some(DeviceReach::Node(node)) => cluster.node(node).is_some_and(|n| {
+                n.taints.iter().any(|t| {
+                    keeps_off(
+                        &t.key,
+                        matches!(t.effect, NodeTaintEffect::NoSchedule | NodeTaintEffect::NoExecute),
+                    )
+                })
+            }),
+            _ => false,
+        },
+        Fencing::DeviceTaint => cluster.device_taints(&id.driver, &id.pool, &id.device).iter().any(|t| {
+            keeps_off(
+                &t.key,
+                matches!(t.effect, TaintEffect::NoSchedule | TaintEffect::NoExecute),
+            )
+        }),
+        Fencing::None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +226,28 @@ mod tests {
         );
         hold(&mut cluster, "other", vec![result("gpu-1", None, None)]);
         assert!(doubly_held(&cluster, &id("gpu-1"), false));
+    }
+
+    #[test]
+    fn a_device_is_fenced_only_where_the_fence_taint_keeps_others_off() {
+        let mut cluster = cluster();
+        assert!(
+            !fenced(&cluster, Fencing::Taint, &id("gpu-1")),
+            "the node carries no fence"
+        );
+        let mut node = fixtures::node("node-0", 64, 512, &[]);
+        node.taints.push(muster_engine::selector::Taint {
+            key: labels::FENCE_TAINT.into(),
+            value: "true".into(),
+            effect: NodeTaintEffect::NoSchedule,
+        });
+        cluster.upsert_node(node);
+        assert!(fenced(&cluster, Fencing::Taint, &id("gpu-1")));
+        assert!(!fenced(&cluster, Fencing::Taint, &id("gpu-9")), "no slice publishes it");
+        assert!(!fenced(&cluster, Fencing::None, &id("gpu-1")));
+        assert!(
+            !fenced(&cluster, Fencing::DeviceTaint, &id("gpu-1")),
+            "a node taint is no device taint"
+        );
     }
 }

@@ -268,28 +268,46 @@ impl Admission {
             .instrument(info_span!("reserve", workload = %gang, claims = plan.claims.len()))
             .await
         {
+            // Forgotten once its own writes are undone: until then its devices are still
+            // taken, and a gang planned meanwhile would fail its conflict check on them.
+            let failed = self.fail_commit(&recorded, &journal, e).await;
             self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
-            self.fail_commit(&recorded, &journal, e).await?;
+            failed?;
             return Ok(false);
         }
         metrics::get().reservations.inc();
         metrics::get().reserved_devices.inc_by(plan.device_count() as u64);
         self.places.remember(workload, &self.gang_pods(workload), request, plan);
-        let reserved = self
-            .record(
+        let mut next = Duration::MAX;
+        if self.release_held_by_kueue(&recorded) {
+            // Kueue admits the gang only once it reads muster's answer, which rests on a
+            // recorded reservation: the pods wait for that.
+            self.record(
                 &recorded,
                 reserving_record(
                     commit::reserved(&journal, observe::now_millis()),
-                    "every claim is allocated; releasing pods",
+                    "every claim is allocated; waiting for Kueue to admit the gang",
                 ),
             )
             .await?;
+            self.checkpoint(FaultPoint::AfterReserved).await;
+            return Ok(true);
+        }
         self.checkpoint(FaultPoint::AfterReserved).await;
-        // The state machine releases the pods, then records the gang as released.
-        let mut next = Duration::MAX;
+        // Every claim is allocated and checked: the pods go at once, with nothing recorded
+        // in between. A planned pod out of the gate is itself the record that the commit
+        // came this far (`muster_admission::decide` finishes such a commit, and undoes
+        // one that released nothing); the state machine then records the gang released.
+        let pods: Vec<muster_admission::PodView> = self.gang_pods(&recorded).iter().map(|p| observe::pod(p)).collect();
+        let attempt = crate::workload::membership::attempt(&recorded);
+        let pins = commit::pins(&journal, |name| {
+            pods.iter()
+                .find(|p| p.name == name && !p.deleting && p.attempt.is_none_or(|a| a == attempt))
+        });
         async {
-            self.step(&reserved, &mut next).await?;
-            let current = self.current_workload(&gang).unwrap_or(reserved.clone());
+            self.execute(&recorded, None, vec![muster_admission::Effect::Release { pods: pins }])
+                .await?;
+            let current = self.current_workload(&gang).unwrap_or(recorded.clone());
             self.step(&current, &mut next).await.map(|_| ())
         }
         .instrument(info_span!("release", workload = %gang, pods = plan.pods.len()))
@@ -606,7 +624,17 @@ impl Admission {
                     .map(move |d| (d.device_id(), (c.claim.as_str(), d.share_id.is_some())))
             })
             .collect();
-        if written > 0 && self.index.wait_for_claims(written, CONFLICT_CHECK_WAIT).await {
+        // Where the fence keeps every other allocator off the planned devices, only a
+        // claim the index shows already could hold one: no need to wait for the watch
+        // to come as far as the commit's writes (muster's own commits are planned one
+        // after the other against each other's assumptions).
+        let fenced = {
+            let cluster = self.index.cluster();
+            planned
+                .keys()
+                .all(|id| conflicts::fenced(&cluster, self.settings.fencing, id))
+        };
+        if written > 0 && (fenced || self.index.wait_for_claims(written, CONFLICT_CHECK_WAIT).await) {
             let cluster = self.index.cluster();
             for (id, (mine, shared)) in &planned {
                 if conflicts::doubly_held(&cluster, id, *shared) {
