@@ -1051,3 +1051,46 @@ async fn issue22_review_extras_plan_through_a_lower_nomination() -> Result<()> {
     })
     .await
 }
+
+/// A gang of one pod on node `node` asking for `cpu` CPUs and nothing else.
+fn cpu_only(name: &str, node: &str, cpu: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "muster.dev/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name},
+        "spec": {"podGroups": [{
+            "name": "workers",
+            "replicas": 1,
+            "template": {"spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "main", "image": "trainer", "resources": {"requests": {"cpu": cpu}}}],
+            }},
+        }]},
+    })
+}
+
+/// Second review of issue 22, finding 1: a gang preempted for the CPU or memory its pods
+/// take, not for devices, was never evicted: only a victim holding a nominated device
+/// was. The preemptor's nomination stood, nothing was evicted, and it waited in
+/// five-minute cycles for ever.
+#[tokio::test]
+async fn issue22_review_a_gang_preempted_for_its_nodes_resources_is_evicted() -> Result<()> {
+    with_test("preempt-cpu", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            // 40 of node-00000's 64 CPUs.
+            test.create(ranked(cpu_only("low", "node-00000", "40"), LOW)).await?;
+            test.wait_phase("low", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            test.create(ranked(cpu_only("high", "node-00000", "40"), HIGH)).await?;
+            test.wait_admitted_reason("low", "Preempted", Duration::from_secs(60))
+                .await?;
+            test.wait_phase("high", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            test.wait_phase("low", WorkloadPhase::Queued, Duration::from_secs(30))
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+}

@@ -310,6 +310,7 @@ impl Admission {
     /// before the nomination) to `TearingDown`, with the cause `Preempted`.
     async fn evict_victims(&self, preemptor: &Workload, nominated: &NominationStatus) -> Result<(), CommitError> {
         let held: BTreeSet<DeviceId> = nominated_devices(nominated).collect();
+        let nodes: BTreeSet<&str> = nominated.pods.iter().map(|p| p.node.as_str()).collect();
         let mut first = true;
         for victim in &nominated.victims {
             let Some(workload) = self.current_workload(&ObjectKey::from(victim.as_str())) else {
@@ -321,9 +322,12 @@ impl Admission {
             let Some(journal) = observe::journal(&workload) else {
                 continue;
             };
-            // Only a gang holding devices the nomination counts on: admitted again
-            // elsewhere after its eviction, it is not what the nomination evicts; back on
-            // the same devices (a restart onto its reservation), it still is.
+            // Only a gang holding what the nomination counts on: admitted again elsewhere
+            // after its eviction, it is not what the nomination evicts; back on the same
+            // devices (a restart onto its reservation), it still is. What it counts on
+            // is devices, and the CPU, memory and pods of the nominated nodes: a gang
+            // admitted there before the nomination holds those (one admitted there
+            // since was planned around the nomination, on what it leaves free).
             let holds_nominated = self
                 .gang_claims(&workload)
                 .iter()
@@ -331,7 +335,12 @@ impl Admission {
                 .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
                 .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
                 .any(|r| held.contains(&conflicts::result_device(r)));
-            if !holds_nominated {
+            let admitted_before = journal
+                .released_at
+                .zip(nominated.since.as_ref())
+                .is_some_and(|(released, since)| released <= observe::millis(since));
+            let on_nominated_nodes = admitted_before && journal.pods.iter().any(|p| nodes.contains(p.node.as_str()));
+            if !holds_nominated && !on_nominated_nodes {
                 continue;
             }
             let message = format!(
