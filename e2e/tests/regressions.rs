@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
@@ -1088,6 +1088,64 @@ async fn issue22_review_a_gang_preempted_for_its_nodes_resources_is_evicted() ->
             test.wait_phase("high", WorkloadPhase::Running, Duration::from_secs(60))
                 .await?;
             test.wait_phase("low", WorkloadPhase::Queued, Duration::from_secs(30))
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A node label no node carries until a test puts it on.
+const OPEN_LABEL: &str = "muster-e2e/open";
+
+/// Second review of issue 22, finding 4: gangs committed side by side that hold one
+/// claim they found allocated each fenced it against the version they read; the first
+/// fence moved the version, and every other commit failed with a conflict and backed
+/// off, one gang per pass getting through.
+#[tokio::test]
+async fn issue22_review_gangs_committed_together_all_hold_a_claim_they_found() -> Result<()> {
+    with_test("shared-together", &[], &[], |test| {
+        Box::pin(async move {
+            test.claims()
+                .create(&PostParams::default(), &user_claim("scratch", 1)?)
+                .await?;
+            test.create(claim_sharers("holder", 1, "scratch", None)).await?;
+            test.wait_phase("holder", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            let (_, node) = test.wait_pod_running("holder-workers-0").await?;
+            // Three more of 16 CPUs fill the claim's node. They wait for a label of the
+            // node's, so that one pass plans them all, each committed while the pass
+            // plans the next.
+            for i in 0..3 {
+                let mut joiner = claim_sharers(&format!("joiner-{i}"), 1, "scratch", None);
+                joiner["spec"]["podGroups"][0]["template"]["spec"]["nodeSelector"] = json!({OPEN_LABEL: "yes"});
+                test.create(joiner).await?;
+            }
+            for i in 0..3 {
+                test.wait_admitted_reason(&format!("joiner-{i}"), "Unschedulable", Duration::from_secs(60))
+                    .await?;
+            }
+            let nodes: Api<Node> = Api::all(test.client.clone());
+            let label = |value: Option<&str>| json!({"metadata": {"labels": {OPEN_LABEL: value}}});
+            nodes
+                .patch(&node, &PatchParams::default(), &Patch::Merge(&label(Some("yes"))))
+                .await?;
+            for i in 0..3 {
+                test.wait_phase(&format!("joiner-{i}"), WorkloadPhase::Running, Duration::from_secs(60))
+                    .await?;
+            }
+            let (_, metrics) = test.operator.as_ref().context("operator")?.get("/metrics").await?;
+            ensure!(
+                metrics.lines().any(|l| l == "muster_conflicts_total 0"),
+                "no commit failed for a conflict: {}",
+                metrics
+                    .lines()
+                    .filter(|l| l.starts_with("muster_conflicts") || l.contains("rollbacks_total"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            nodes
+                .patch(&node, &PatchParams::default(), &Patch::Merge(&label(None)))
                 .await?;
             Ok(())
         })

@@ -136,6 +136,10 @@ pub(super) fn deallocation(claim: &ResourceClaim) -> serde_json::Value {
     })
 }
 
+/// How often a commit reads a claim it found allocated again when the claim changed
+/// between its read and its fence, before the commit gives up.
+const HOLD_FOUND_ATTEMPTS: usize = 4;
+
 /// How often a deallocation reads the claim again and retries at once when the claim
 /// changed between its read and its write, before it leaves the claim to the next pass.
 const DEALLOCATION_ATTEMPTS: usize = 4;
@@ -393,14 +397,6 @@ impl Admission {
             .filter(|f| !held.contains(f.name()))
         {
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), found.namespace());
-            let name = found.name();
-            let fail = |e: CommitError| (e, Vec::new());
-            self.ensure_leading();
-            let current = api.get_opt(name).await.map_err(|e| fail(e.into()))?;
-            let still = current
-                .as_ref()
-                .and_then(|c| c.status.as_ref()?.allocation.as_ref())
-                .map(|a| convert::allocation(&format!("ResourceClaim {found}"), a));
             let planned = request
                 .shared_claims
                 .iter()
@@ -415,50 +411,90 @@ impl Admission {
                         .find(|c| c.key == *found)
                         .and_then(|c| c.allocation.as_ref())
                 });
-            let (Some(current), Some(Ok(still))) = (current, still) else {
-                return Err(fail(CommitError::Conflict(format!(
-                    "ResourceClaim {found}, which {gang} shares, lost its allocation meanwhile"
-                ))));
-            };
-            if planned.is_some_and(|p| p.devices != still.devices) {
-                return Err(fail(CommitError::Conflict(format!(
-                    "ResourceClaim {found}, which {gang} shares, was allocated again meanwhile"
-                ))));
-            }
-            let mut fence = json!({
-                "metadata": {
-                    "resourceVersion": current.resource_version(),
-                    "annotations": {labels::CLAIM_HELD_AT: observe::now_millis().to_string()},
-                },
-            });
-            // A claim of muster's that kube-controller-manager would deallocate when the
-            // pods of the gang that allocated it end: held by this gang too, it is
-            // muster's to give back when its last holder lets go (see `commit_finalizers`).
-            let finalizers = current.finalizers();
-            let protected = finalizers.iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER);
-            if ownership::muster_allocated(&current) && protected {
-                let kept: Vec<&String> = finalizers
-                    .iter()
-                    .filter(|f| *f != labels::DELETE_PROTECTION_FINALIZER)
-                    .collect();
-                fence["metadata"]["finalizers"] = json!(kept);
-            }
-            let params = PatchParams {
-                field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
-                ..PatchParams::default()
-            };
-            self.ensure_leading();
-            match api.patch(name, &params, &Patch::Merge(&fence)).await {
-                Ok(fenced) => self.own_claims.remember(fenced),
-                Err(e) if kube_ops::is_conflict(&e) || kube_ops::is_not_found(&e) => {
-                    return Err(fail(CommitError::Conflict(format!(
-                        "ResourceClaim {found}, which {gang} shares, changed meanwhile"
-                    ))));
+            // Another gang holding the same claim (a commit running beside this one)
+            // moves its version as well: read and check it again then.
+            let mut attempts = 0;
+            while !self
+                .fence_found(&api, found, planned, &gang)
+                .await
+                .map_err(|e| (e, Vec::new()))?
+            {
+                attempts += 1;
+                if attempts >= HOLD_FOUND_ATTEMPTS {
+                    return Err((
+                        CommitError::Conflict(format!(
+                            "ResourceClaim {found}, which {gang} shares, keeps changing; looking again"
+                        )),
+                        Vec::new(),
+                    ));
                 }
-                Err(e) => return Err(fail(e.into())),
             }
         }
         Ok(())
+    }
+
+    /// Fences one claim a gang found allocated and holds from its commit on, after a
+    /// fresh read shows it still allocated as planned (`planned`: the allocation the
+    /// plan saw). `Ok(false)`: the claim changed between the read and the write, and is
+    /// to be read and checked again.
+    async fn fence_found(
+        &self,
+        api: &Api<ResourceClaim>,
+        found: &ClaimKey,
+        planned: Option<&muster_engine::claim::Allocation>,
+        gang: &ObjectKey,
+    ) -> Result<bool, CommitError> {
+        let name = found.name();
+        self.ensure_leading();
+        let current = api.get_opt(name).await?;
+        let still = current
+            .as_ref()
+            .and_then(|c| c.status.as_ref()?.allocation.as_ref())
+            .map(|a| convert::allocation(&format!("ResourceClaim {found}"), a));
+        let (Some(current), Some(Ok(still))) = (current, still) else {
+            return Err(CommitError::Conflict(format!(
+                "ResourceClaim {found}, which {gang} shares, lost its allocation meanwhile"
+            )));
+        };
+        if planned.is_some_and(|p| p.devices != still.devices) {
+            return Err(CommitError::Conflict(format!(
+                "ResourceClaim {found}, which {gang} shares, was allocated again meanwhile"
+            )));
+        }
+        let mut fence = json!({
+            "metadata": {
+                "resourceVersion": current.resource_version(),
+                "annotations": {labels::CLAIM_HELD_AT: observe::now_millis().to_string()},
+            },
+        });
+        // A claim of muster's that kube-controller-manager would deallocate when the
+        // pods of the gang that allocated it end: held by this gang too, it is
+        // muster's to give back when its last holder lets go (see `commit_finalizers`).
+        let finalizers = current.finalizers();
+        let protected = finalizers.iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER);
+        if ownership::muster_allocated(&current) && protected {
+            let kept: Vec<&String> = finalizers
+                .iter()
+                .filter(|f| *f != labels::DELETE_PROTECTION_FINALIZER)
+                .collect();
+            fence["metadata"]["finalizers"] = json!(kept);
+        }
+        let params = PatchParams {
+            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        self.ensure_leading();
+        match api.patch(name, &params, &Patch::Merge(&fence)).await {
+            Ok(fenced) => {
+                self.own_claims.remember(fenced);
+                Ok(true)
+            }
+            Err(e) if kube_ops::is_conflict(&e) => Ok(false),
+            Err(e) if kube_ops::is_not_found(&e) => Err(CommitError::Conflict(format!(
+                "ResourceClaim {found}, which {gang} shares, was deleted meanwhile"
+            ))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Moves the version of a pod still behind the gate, against the version seen, so that
