@@ -308,6 +308,8 @@ pub struct Admission {
     holders: std::sync::Mutex<Holders>,
     /// Where the members of gangs whose pods their controller restarts ran last.
     places: places::Places,
+    /// The Workload CRD drops the loop's write count: nothing more is written.
+    schema_outdated: std::sync::atomic::AtomicBool,
 }
 
 /// A Workload's identity, as logs and messages name the gang.
@@ -357,6 +359,7 @@ impl Admission {
             gangs: std::sync::Mutex::default(),
             holders: std::sync::Mutex::default(),
             places: places::Places::default(),
+            schema_outdated: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -391,6 +394,11 @@ impl Admission {
             crate::ops::metrics::get()
                 .pass_duration
                 .observe(started.elapsed().as_secs_f64());
+            // Stopped for an outdated CRD: looked at once a minute, whatever happens.
+            if self.schema_is_outdated() {
+                tokio::time::sleep(next).await;
+                continue;
+            }
             // At most ten passes a second, however busy the cluster is.
             let pause = Duration::from_millis(100).saturating_sub(started.elapsed());
             tokio::time::sleep(pause).await;

@@ -26,6 +26,10 @@ impl Admission {
     pub(super) async fn pass(&mut self) -> Duration {
         // A safety net: every event wakes the loop anyway.
         let mut next = Duration::from_secs(5);
+        if self.schema_is_outdated() {
+            tracing::error!("admission stopped: the Workload CRD is older than this operator (see the first error)");
+            return Duration::from_secs(60);
+        }
         let workloads = self.current_workloads();
         self.answered_retry.lock().unwrap_or_else(|p| p.into_inner()).clear();
         *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));

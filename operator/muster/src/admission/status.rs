@@ -60,6 +60,11 @@ pub(super) fn condition_type(type_: ConditionType) -> &'static str {
     }
 }
 
+/// Why the admission loop writes no status: the installed Workload CRD is older than
+/// this operator.
+const OUTDATED_SCHEMA: &str = "the Workload CRD drops status.admissionRevision: install the CRD of this muster version \
+(muster crd | kubectl apply --server-side -f -) and restart the operator; admission writes nothing until then";
+
 pub(super) fn event_reason(kind: EventKind) -> &'static str {
     match kind {
         EventKind::Admitted => conditions::EVENT_ADMITTED,
@@ -171,6 +176,12 @@ impl Admission {
         self.write_status(workload, update).await.map(|_| ())
     }
 
+    /// Whether the loop stopped writing status because the Workload CRD drops
+    /// `status.admissionRevision` (see [`Self::write_status`]).
+    pub(crate) fn schema_is_outdated(&self) -> bool {
+        self.schema_outdated.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Writes the admission loop's part of the status: the conditions in `update` (the
     /// others are kept), the placement of `update` (`None` removes it), and the other
     /// fields `update` sets. One JSON patch (see [`status_patch`]), conditioned on the
@@ -188,6 +199,9 @@ impl Admission {
     ) -> Result<Arc<Workload>, CommitError> {
         let api: Api<Workload> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
         let revision = |w: &Workload| w.status.as_ref().and_then(|s| s.admission_revision);
+        if self.schema_outdated.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(CommitError::Conflict(OUTDATED_SCHEMA.into()));
+        }
         let mut base = Arc::new(workload.clone());
         for _ in 0..3 {
             let patch: json_patch::Patch =
@@ -208,11 +222,13 @@ impl Admission {
                     let expected = revision(&base).unwrap_or(0) + 1;
                     if revision(&written) != Some(expected) {
                         // The API server dropped the count: its Workload CRD is older
-                        // than this operator, and no write of the loop is guarded.
-                        return Err(CommitError::Conflict(format!(
-                            "{} has no status.admissionRevision after a write: install the Workload CRD of this muster version",
-                            key(workload)
-                        )));
+                        // than this operator, and no write of the loop is guarded. The
+                        // loop writes no status again until the CRD is upgraded (and the
+                        // process restarted): a write it cannot fence could be made over
+                        // a newer one, and one taken for failed is made again and again.
+                        self.schema_outdated.store(true, std::sync::atomic::Ordering::SeqCst);
+                        tracing::error!(workload = %key(workload), "{OUTDATED_SCHEMA}");
+                        return Err(CommitError::Conflict(OUTDATED_SCHEMA.into()));
                     }
                     let written = Arc::new(written);
                     self.holders().follow(&written);
@@ -223,7 +239,11 @@ impl Admission {
                     return Ok(written);
                 }
                 Err(e) if kube_ops::is_test_failed(&e) => {
-                    let Some(fresh) = self.current_workload(&key(workload)) else {
+                    // Read, not the cache: one behind the write that moved the conditions
+                    // would fail this write, which may be a commit's last before it
+                    // releases the gang.
+                    self.ensure_leading();
+                    let Some(fresh) = api.get_opt(&workload.name_any()).await?.map(Arc::new) else {
                         return Err(CommitError::Conflict(format!("{} is gone", key(workload))));
                     };
                     if revision(&fresh) != revision(workload)
