@@ -1202,8 +1202,19 @@ impl Sim {
         let mut holding_now = BTreeSet::new();
         for (gang, w) in workloads {
             let Some(n) = &w.nomination else { continue };
-            if w.journal.is_some() {
-                continue;
+            match w.journal.as_ref().map(|j| j.state) {
+                None => {}
+                // A commit under way or being undone: its nomination holds on until
+                // the gang is released.
+                Some(State::Reserving) => {
+                    holding_now.insert(gang.clone());
+                    self.op
+                        .nominated
+                        .entry(gang.clone())
+                        .or_insert_with(|| n.devices.clone());
+                    continue;
+                }
+                Some(_) => continue,
             }
             let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
             let expired = now - n.since > NOMINATION_LIFETIME;
@@ -1679,8 +1690,7 @@ impl Sim {
             None => {}
         }
         placement.devices = allocations.len() as i32;
-        // Its plan takes over from its nomination.
-        self.op.nominated.remove(gang);
+        // Its nomination holds on beside its plan until it is released.
         let journal = commit::reserving(&placement, self.world.now);
         self.commit(gang, w.journal.clone(), journal, allocations, found, claims);
     }
@@ -1984,15 +1994,7 @@ impl Sim {
         let commit = self.op.live.clone();
         self.op.queue.clear();
         let Some(live) = commit else { return };
-        let gang = live.trim_end_matches("+extras").to_string();
         match &op {
-            // The plan's record did not land: the nomination it would have ended
-            // holds its devices again at once.
-            Op::Record { expected: None, .. } => {
-                if let Some(n) = self.op.workload(&gang).and_then(|w| w.nomination) {
-                    self.op.nominated.insert(gang.clone(), n.devices);
-                }
-            }
             Op::Allocate { .. } | Op::Check { .. } | Op::Hold { .. } => {
                 let reason = if matches!(op, Op::Check { .. }) {
                     Reason::Conflict
@@ -2232,8 +2234,13 @@ impl Sim {
                 let now = self.world.now;
                 let w = self.world.workloads.get_mut(&gang).expect("workload");
                 w.journal = record.journal.clone();
-                // The plan's record ends the nomination, in the same write.
-                if record.journal.as_ref().is_some_and(|j| j.state == State::Reserving) && expected.is_none() {
+                // The record of a whole, checked reservation ends the nomination, in the
+                // same write.
+                if record
+                    .journal
+                    .as_ref()
+                    .is_some_and(|j| matches!(j.state, State::Reserved | State::Released))
+                {
                     w.nomination = None;
                 }
                 if let Some(r) = record.restarts {

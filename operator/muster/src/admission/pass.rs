@@ -170,13 +170,12 @@ impl Admission {
                         break;
                     }
                     // The gangs planned after this one must see its devices and pods as
-                    // taken.
+                    // taken. Its nomination, if it has one, holds on beside its plan until
+                    // it is released: the plan may use only some of the nominated devices,
+                    // and a commit that fails gives the rest back to nobody else.
                     let (pods, claims) = plan.assumption(&request);
-                    // Its plan takes over from its nomination, if it has one.
-                    self.index.update(|c| {
-                        c.forget(&PlanId::Nomination(name.clone()));
-                        c.assume(&PlanId::Gang(name.clone()), &pods, &claims)
-                    });
+                    self.index
+                        .update(|c| c.assume(&PlanId::Gang(name.clone()), &pods, &claims));
                     in_flight.push(commit(PlannedGang {
                         name,
                         priority,

@@ -164,9 +164,25 @@ impl Admission {
             let Some(nominated) = nomination_of(workload) else {
                 continue;
             };
-            if workload.metadata.deletion_timestamp.is_some() || placement_of(workload).and_then(|p| p.state).is_some()
-            {
+            if workload.metadata.deletion_timestamp.is_some() {
                 continue;
+            }
+            let gang = key(workload);
+            let id = PlanId::Nomination(gang.clone());
+            match placement_of(workload).and_then(|p| p.state) {
+                None => {}
+                // A commit under way, or one undone: the nomination still holds the
+                // devices for the gang until it is released (a commit that failed, or
+                // used only some of them, must not lose the rest to gangs of lower
+                // priority while it is undone and tried again).
+                Some(AdmissionState::Reserving) => {
+                    if !self.index.cluster().assumed_plans().any(|p| *p == id) {
+                        self.assume_nomination(workload, nominated);
+                    }
+                    holding.insert(gang);
+                    continue;
+                }
+                Some(_) => continue,
             }
             // Whatever the gang's plan says now (it may no longer be valid, or fit no
             // cluster at all), a nomination ends: its devices are never held for good.
@@ -185,8 +201,6 @@ impl Admission {
                 }
                 continue;
             }
-            let gang = key(workload);
-            let id = PlanId::Nomination(gang.clone());
             if !self.index.cluster().assumed_plans().any(|p| *p == id) {
                 self.assume_nomination(workload, nominated);
             }

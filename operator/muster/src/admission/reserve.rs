@@ -26,7 +26,6 @@ use crate::kube_ops;
 use crate::ops::metrics::{self};
 use crate::workload::observe::{self};
 
-use super::preempt::nomination_of;
 use super::{Admission, CommitError, claim_writes, conflicts, key, now, ownership, version};
 pub use crate::ops::faults::{FailWrite, FaultPoint};
 
@@ -252,13 +251,8 @@ impl Admission {
         let recorded = match written {
             Ok(recorded) => recorded,
             Err(e) => {
+                // Its nomination, if it has one, still holds its devices (see `pass`).
                 self.index.update(|c| c.forget(&PlanId::Gang(gang.clone())));
-                // Its nomination stands (the record that ends it did not land): its
-                // devices are held again at once, before any gang planned after it
-                // in this pass could take them.
-                if let Some(nominated) = nomination_of(workload) {
-                    self.assume_nomination(workload, nominated);
-                }
                 return Err(e);
             }
         };
@@ -861,11 +855,10 @@ mod tests {
         )
     }
 
-    /// Issue 22, defect 3: a preemptor planned onto its nominated devices forgets the
-    /// nomination for its own plan; when its commit's first record (the write that ends
-    /// the nomination) fails, the nomination must hold the devices again at once, or a
-    /// gang planned after it in the same pass takes them, and is torn down for a
-    /// conflict with the nomination the next pass assumes again.
+    /// Issue 22, defect 3: when a preemptor's commit fails (here its first record), its
+    /// nomination must still hold the devices, or a gang planned after it in the same
+    /// pass takes them, and is torn down for a conflict with the nomination the next pass
+    /// assumes again. The nomination holds beside the plan until the gang is released.
     #[tokio::test]
     async fn a_failed_plan_record_holds_the_nomination_again() {
         let index = Arc::new(Index::default());
@@ -892,12 +885,10 @@ mod tests {
                 .and_then(|s| s.nomination.as_ref())
                 .expect("nomination"),
         );
-        // As the pass does when the gang is placed: its plan takes over from its nomination.
+        // As the pass does when the gang is placed: its plan is assumed beside its
+        // nomination.
         let (pods, claims) = plan.assumption(&request);
-        index.update(|c| {
-            c.forget(&PlanId::Nomination(gang.clone()));
-            c.assume(&PlanId::Gang(gang.clone()), &pods, &claims)
-        });
+        index.update(|c| c.assume(&PlanId::Gang(gang.clone()), &pods, &claims));
 
         assert!(
             admission.commit(&workload, &request, &plan).await.is_err(),

@@ -101,8 +101,14 @@ impl Admission {
                 .collect(),
             placement: record.journal.as_ref().map(observe::placement),
             restarts: record.restarts,
-            // A commit's first record ends the nomination: the plan holds the devices now.
-            nomination: if record.journal.as_ref().is_some_and(|j| j.state == State::Reserving) {
+            // The nomination ends once the commit's reservation is whole and checked (the
+            // gang released, or recorded reserved for Kueue): a commit that fails before
+            // keeps it, so that the devices its victims gave back stay held for it.
+            nomination: if record
+                .journal
+                .as_ref()
+                .is_some_and(|j| matches!(j.state, State::Reserved | State::Released))
+            {
                 NominationUpdate::Clear
             } else {
                 NominationUpdate::Keep
