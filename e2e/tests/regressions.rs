@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_e2e::scenario::{
-    HIGH, LOW, MID, Test, allocations, assert_runs_as_planned, claim_sharers, gang, job_joining, outside_user,
+    HIGH, LOW, MID, NEVER, Test, allocations, assert_runs_as_planned, claim_sharers, gang, job_joining, outside_user,
     priority_classes, ranked, sharing_claim, terminating_for, user_claim, with_test, workload_of_joining_pods,
 };
 use muster_local_cluster::fleet::GPU_DRIVER;
@@ -1147,6 +1147,54 @@ async fn issue22_review_gangs_committed_together_all_hold_a_claim_they_found() -
             nodes
                 .patch(&node, &PatchParams::default(), &Patch::Merge(&label(None)))
                 .await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Second review of issue 22, finding 2: a released gang's waiting extras were placed in
+/// its step, before the queue, so room that came free went to the extras of a gang of
+/// lower priority before a waiting gang of higher priority was planned (and the other
+/// way round, a lower preemptor could take room from a higher gang's extras: the cause
+/// of `issue22_review_extras_plan_through_a_lower_nomination`'s flakes). Extras are now
+/// placed in the queue at their gang's priority.
+#[tokio::test]
+async fn issue22_review_room_goes_to_a_higher_gang_before_lower_extras() -> Result<()> {
+    with_test("extras-order", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            // rack-0000's four nodes: two for the filler, one for the blocker, one for the
+            // elastic gang's core; its two extras wait.
+            test.create(ranked(gang("filler", 2, Some("rack-0000")), LOW)).await?;
+            assert_runs_as_planned(test, "filler").await?;
+            test.create(ranked(gang("blocker", 1, Some("rack-0000")), LOW)).await?;
+            assert_runs_as_planned(test, "blocker").await?;
+            let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), LOW);
+            elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
+            test.create(elastic).await?;
+            test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            // A gang of higher priority that does not preempt waits for a node.
+            test.create(ranked(gang("high", 1, Some("rack-0000")), NEVER)).await?;
+            test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(60))
+                .await?;
+            // One node comes free: it is the higher gang's.
+            test.workloads().delete("blocker", &DeleteParams::default()).await?;
+            test.wait_phase("high", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            let placement = test
+                .workloads()
+                .get("elastic")
+                .await?
+                .status
+                .and_then(|s| s.placement)
+                .context("placement")?;
+            ensure!(
+                placement.pods.iter().filter(|p| p.name.contains("workers")).count() == 1,
+                "the extras still wait: {:?}",
+                placement.pods
+            );
             Ok(())
         })
     })

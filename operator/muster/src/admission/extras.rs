@@ -12,7 +12,8 @@ use kube::api::Api;
 use muster_admission::{Journal, Record, commit};
 use muster_api::v1alpha1::Workload;
 use muster_engine::cluster::PlanId;
-use muster_engine::placement::{self, Outcome};
+use muster_engine::placement::{self, Outcome, Plan};
+use muster_engine::request::GangRequest;
 use tracing::info;
 
 use crate::admission::reserve::core_placement;
@@ -21,9 +22,32 @@ use crate::admission::{places, release};
 use crate::workload::membership;
 use crate::workload::observe;
 
+/// Extras of a released gang that fit now, with their plan.
+pub(crate) struct PlannedExtras {
+    /// The gang's request cut down to the waiting pods.
+    extras: GangRequest,
+    plan: Plan,
+    /// The gang's pods of the current attempt.
+    pods: Vec<std::sync::Arc<Pod>>,
+}
+
 impl Admission {
-    /// Places the waiting extras of a released gang that now fit.
-    pub(crate) async fn place_extras(&self, workload: &Workload, journal: &Journal) -> Result<(), CommitError> {
+    /// Places the waiting extras of a released gang that now fit. Returns whether some
+    /// fit.
+    pub(crate) async fn place_extras(&self, workload: &Workload, journal: &Journal) -> Result<bool, CommitError> {
+        let Some(planned) = self.plan_extras(workload, journal).await? else {
+            return Ok(false);
+        };
+        self.commit_extras(workload, journal, planned).await?;
+        Ok(true)
+    }
+
+    /// The plan of the waiting extras of a released gang, if some fit now.
+    pub(crate) async fn plan_extras(
+        &self,
+        workload: &Workload,
+        journal: &Journal,
+    ) -> Result<Option<PlannedExtras>, CommitError> {
         let attempt = membership::attempt(workload);
         let pods: Vec<std::sync::Arc<Pod>> = self
             .gang_pods(workload)
@@ -35,7 +59,7 @@ impl Admission {
         // Places being vacated for the controller's replacements: their devices are not
         // free yet, and the replacements go back onto them.
         if by_controller && journal.core().any(|p| p.released_at.is_none()) {
-            return Ok(());
+            return Ok(None);
         }
         // A core pod that failed or went since the state machine's look: its place is
         // vacated first (its replacement must not be taken for an extra).
@@ -46,7 +70,7 @@ impl Admission {
             })
         };
         if by_controller && journal.core().any(|p| dead(&p.name)) {
-            return Ok(());
+            return Ok(None);
         }
         // No pod of the gang left (a JobSet restarting all its Jobs): the replacements
         // are placed as the whole gang, its topology and all.
@@ -70,14 +94,14 @@ impl Admission {
             .map(|p| p.name_any())
             .collect();
         if waiting.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         // A gang that is not what the cluster can place now waits like any other.
         let request = match self.request(workload) {
             Ok(request) => request,
             Err(e) => {
                 tracing::debug!(workload = %key(workload), error = %e, "extras wait");
-                return Ok(());
+                return Ok(None);
             }
         };
         let mut extras = request.clone();
@@ -131,7 +155,7 @@ impl Admission {
                     .count();
                 if core_waiting < missing {
                     tracing::debug!(workload = %key(workload), group = %group.name, missing, core_waiting, "replacements wait for the rest");
-                    return Ok(());
+                    return Ok(None);
                 }
             }
             // A group none of whose pods is in place picks its own level's value anew.
@@ -163,7 +187,7 @@ impl Admission {
         // Claims the extras would hold as they are, checked as a gang's are.
         if let Some(why) = self.found_claims_wait(workload, &extras, &snapshot) {
             tracing::debug!(workload = %key(workload), why, "extras wait");
-            return Ok(());
+            return Ok(None);
         }
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
@@ -190,10 +214,24 @@ impl Admission {
                 .await
                 .map_err(|e| CommitError::Planning(e.to_string()))?
         };
-        let Outcome::Placed(plan) = outcome else { return Ok(()) };
+        let Outcome::Placed(plan) = outcome else {
+            return Ok(None);
+        };
         if plan.pods.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
+        Ok(Some(PlannedExtras { extras, plan, pods }))
+    }
+
+    /// Commits planned extras: recorded (not yet released), reserved and checked,
+    /// recorded released, then released.
+    async fn commit_extras(
+        &self,
+        workload: &Workload,
+        journal: &Journal,
+        planned: PlannedExtras,
+    ) -> Result<(), CommitError> {
+        let PlannedExtras { extras, plan, pods } = planned;
         info!(workload = %key(workload), pods = plan.pods.len(), "placing extra pods");
         let mut placement = core_placement(&extras, &plan);
         // Replacements of core pods carry their own claims while their commit runs (it

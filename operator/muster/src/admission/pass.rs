@@ -9,6 +9,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use muster_admission::Journal;
 use muster_api::v1alpha1::Workload;
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
@@ -53,51 +54,87 @@ impl Admission {
             .collect();
         self.own_claims.prune(|k| claims.contains(k));
 
+        // Released gangs that may have extras waiting: placed in the queue below.
+        let mut with_extras: HashMap<ObjectKey, Journal> = HashMap::new();
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
-            if let Err(e) = self.advance(workload, &mut next).await {
-                warn!(workload = %key(workload), error = %e, "admission step failed; retrying");
-                next = next.min(Duration::from_secs(2));
+            match self.advance(workload, &mut next).await {
+                Ok(Some(journal)) => {
+                    with_extras.insert(key(workload), journal);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(workload = %key(workload), error = %e, "admission step failed; retrying");
+                    next = next.min(Duration::from_secs(2));
+                }
             }
         }
         // Kueue hears where each gang stands after its step, not before.
         self.sync_kueue().await;
 
-        let mut queue: Vec<(i32, Timestamp, ObjectKey, Arc<Workload>)> = workloads
+        let created = |w: &Workload| {
+            w.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(Timestamp::UNIX_EPOCH)
+        };
+        // Waiting gangs, and the waiting extras of released ones, each at its gang's
+        // priority: room goes by priority whether a gang or a gang's extras would take it.
+        let mut queue: Vec<Entry> = workloads
             .iter()
             .filter(|w| self.admissible(w))
-            .map(|w| {
-                let created = w
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0)
-                    .unwrap_or(Timestamp::UNIX_EPOCH);
-                (self.priority(w), created, key(w), w.clone())
+            .map(|w| Entry {
+                priority: self.priority(w),
+                created: created(w),
+                name: key(w),
+                workload: w.clone(),
+                extras_of: None,
             })
             .collect();
-        queue.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        record_phases(&workloads, queue.len());
+        let gangs_queued = queue.len();
+        queue.extend(workloads.iter().filter_map(|w| {
+            let journal = with_extras.remove(&key(w))?;
+            Some(Entry {
+                priority: self.priority(w),
+                created: created(w),
+                name: key(w),
+                workload: w.clone(),
+                extras_of: Some(journal),
+            })
+        }));
+        queue.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.created.cmp(&b.created))
+                .then(a.name.cmp(&b.name))
+        });
+        record_phases(&workloads, gangs_queued);
         // Only gangs in the queue wait; a suspended or finished one starts afresh.
-        let queued: BTreeSet<ObjectKey> = queue.iter().map(|(_, _, k, _)| k.clone()).collect();
+        let queued: BTreeSet<ObjectKey> = queue
+            .iter()
+            .filter(|e| e.extras_of.is_none())
+            .map(|e| e.name.clone())
+            .collect();
         self.waiting().retain(|k, _| queued.contains(k));
 
         let changes = self.index.changes();
         // A gang of lower priority is not planned while one of higher priority, waiting
         // for capacity, has not looked at the same change yet: that one is due as well.
+        // Extras are looked at every pass.
         let due: Vec<bool> = queue
             .iter()
-            .map(|(_, _, name, _)| self.waiting().get(name).is_none_or(|w| w.due(changes)))
+            .map(|e| e.extras_of.is_some() || self.waiting().get(&e.name).is_none_or(|w| w.due(changes)))
             .collect();
-        let lower_due = due_below(&queue.iter().map(|(p, ..)| *p).collect::<Vec<_>>(), &due);
+        let lower_due = due_below(&queue.iter().map(|e| e.priority).collect::<Vec<_>>(), &due);
         let due: Vec<bool> = queue
             .iter()
             .enumerate()
-            .map(|(i, (_, _, name, _))| {
+            .map(|(i, e)| {
                 due[i]
                     || (lower_due[i]
                         && self
                             .waiting()
-                            .get(name)
+                            .get(&e.name)
                             .is_some_and(|w| w.reach.is_some() && w.changes_seen != changes))
             })
             .collect();
@@ -110,12 +147,54 @@ impl Admission {
         };
         let mut in_flight = FuturesUnordered::new();
         let mut ended = Vec::new();
+        // Whether room appeared during the pass that no watch event tells of: a commit
+        // that did not go through gave back what its plan had taken.
+        let mut room_freed = false;
         // Within a pass the cluster only fills up: a gang shaped like one that did not
         // fit does not fit either, and is not planned again.
         let mut unfit: HashMap<String, (String, Planned)> = HashMap::new();
-        // The gangs this pass planned and found no room for, with their priority.
-        let mut passed_over: Vec<(i32, Arc<Workload>)> = Vec::new();
-        for ((priority, _, name, workload), due) in queue.into_iter().zip(due) {
+        // The gangs, and gangs' extras, this pass found no room for.
+        let mut passed_over: Vec<PassedOver> = Vec::new();
+        for (entry, due) in queue.into_iter().zip(due) {
+            let Entry {
+                priority,
+                name,
+                workload,
+                extras_of,
+                ..
+            } = entry;
+            if let Some(journal) = extras_of {
+                // Room that appeared during the pass goes to a gang of higher priority
+                // the pass passed over, if it fits now: next pass, before these extras.
+                if (room_freed || self.index.changes() != changes)
+                    && alongside(
+                        &mut in_flight,
+                        &mut ended,
+                        self.one_passed_over_fits(&passed_over, priority, &held),
+                    )
+                    .await
+                {
+                    next = Duration::ZERO;
+                    break;
+                }
+                let current = self.current_workload(&name).unwrap_or(workload);
+                match alongside(&mut in_flight, &mut ended, self.place_extras(&current, &journal)).await {
+                    Ok(true) => {}
+                    // Room that appears later in the pass is theirs before a gang of
+                    // lower priority takes it.
+                    Ok(false) => passed_over.push(PassedOver {
+                        priority,
+                        workload: current,
+                        extras_of: Some(journal),
+                    }),
+                    Err(e) => {
+                        warn!(workload = %name, error = %e, "placing extras failed; retrying");
+                        next = next.min(Duration::from_secs(2));
+                    }
+                }
+                room_freed |= self.settle_commits(&mut ended, changes, &mut held, &mut next);
+                continue;
+            }
             // The cache may not show this pass's own commits yet.
             if self
                 .written
@@ -152,13 +231,13 @@ impl Admission {
                 self.try_plan(&workload, priority, &held, &mut unfit),
             )
             .await;
-            self.settle_commits(&mut ended, changes, &mut held, &mut next);
+            room_freed |= self.settle_commits(&mut ended, changes, &mut held, &mut next);
             let outcome = match tried {
                 Ok(Attempt::Placed { request, plan }) => {
                     // Room can appear while a pass runs (kube-controller-manager frees a
                     // protected claim when its pod ends): a gang of higher priority this
                     // pass passed over may fit now, and goes first, in the next pass.
-                    if self.index.changes() != changes
+                    if (room_freed || self.index.changes() != changes)
                         && alongside(
                             &mut in_flight,
                             &mut ended,
@@ -189,7 +268,7 @@ impl Admission {
                     {
                         ended.push(done);
                     }
-                    self.settle_commits(&mut ended, changes, &mut held, &mut next);
+                    room_freed |= self.settle_commits(&mut ended, changes, &mut held, &mut next);
                     continue;
                 }
                 Ok(Attempt::Stale) => {
@@ -211,7 +290,7 @@ impl Admission {
                     } else {
                         Ok(())
                     };
-                    self.settle_commits(&mut ended, changes, &mut held, &mut next);
+                    room_freed |= self.settle_commits(&mut ended, changes, &mut held, &mut next);
                     // A preemption that failed is tried again after a backoff, whether
                     // or not the cluster changes meanwhile.
                     preempted.map(|()| admit)
@@ -220,7 +299,11 @@ impl Admission {
             };
             let fits_nowhere = matches!(outcome, Ok(Admit::DoesNotFit { .. }));
             if fits_nowhere {
-                passed_over.push((priority, workload.clone()));
+                passed_over.push(PassedOver {
+                    priority,
+                    workload: workload.clone(),
+                    extras_of: None,
+                });
             }
             self.settle_attempt(&name, priority, outcome, changes, &mut held, &mut next);
             // Kept off nodes by refusals: tried again once the first lapses, even if
@@ -237,7 +320,10 @@ impl Admission {
             ended.push(done);
         }
         drop(in_flight);
-        self.settle_commits(&mut ended, changes, &mut held, &mut next);
+        // Room a failed commit gave back goes to the gangs passed over, next pass at once.
+        if self.settle_commits(&mut ended, changes, &mut held, &mut next) && !passed_over.is_empty() {
+            next = Duration::ZERO;
+        }
         // Extras of running gangs keep off them too, until the next pass says again.
         self.held = held;
         next
@@ -245,36 +331,63 @@ impl Admission {
 }
 
 impl Admission {
-    /// Settles the commits that ended (see `settle_attempt`).
+    /// Settles the commits that ended (see `settle_attempt`). Returns whether one of them
+    /// did not commit: what it had taken is free again, with no watch event to say so.
     fn settle_commits(
         &self,
         ended: &mut Vec<(PlannedGang, Result<Admit, super::CommitError>)>,
         changes: u64,
         held: &mut Held,
         next: &mut Duration,
-    ) {
+    ) -> bool {
+        let mut freed = false;
         for (gang, outcome) in ended.drain(..) {
+            freed |= !matches!(outcome, Ok(Admit::Committed));
             self.settle_attempt(&gang.name, gang.priority, outcome, changes, held, next);
         }
+        freed
     }
 
-    /// Whether a gang of higher priority than `priority` that this pass found no room for
-    /// fits the cluster as it is now (planned again, with no shortcut by shape).
-    async fn one_passed_over_fits(&self, passed_over: &[(i32, Arc<Workload>)], priority: i32, held: &Held) -> bool {
-        for (higher, workload) in passed_over.iter().filter(|(p, _)| *p > priority) {
+    /// Whether a gang of higher priority than `priority` that this pass found no room for,
+    /// or the waiting extras of one, fits the cluster as it is now (planned again, with
+    /// no shortcut by shape).
+    async fn one_passed_over_fits(&self, passed_over: &[PassedOver], priority: i32, held: &Held) -> bool {
+        for higher in passed_over.iter().filter(|p| p.priority > priority) {
             let workload = &self
-                .current_workload(&key(workload))
-                .unwrap_or_else(|| workload.clone());
-            let mut fresh = HashMap::new();
-            if matches!(
-                self.try_plan(workload, *higher, held, &mut fresh).await,
-                Ok(Attempt::Placed { .. })
-            ) {
+                .current_workload(&key(&higher.workload))
+                .unwrap_or_else(|| higher.workload.clone());
+            let fits = match &higher.extras_of {
+                Some(journal) => matches!(self.plan_extras(workload, journal).await, Ok(Some(_))),
+                None => matches!(
+                    self.try_plan(workload, higher.priority, held, &mut HashMap::new())
+                        .await,
+                    Ok(Attempt::Placed { .. })
+                ),
+            };
+            if fits {
                 return true;
             }
         }
         false
     }
+}
+
+/// A gang waiting to be placed, or (`extras_of`: its journal) a released gang's waiting
+/// extras.
+struct Entry {
+    priority: i32,
+    created: Timestamp,
+    name: ObjectKey,
+    workload: Arc<Workload>,
+    extras_of: Option<Journal>,
+}
+
+/// A gang (or, with `extras_of`, a released gang's waiting extras) the pass found no
+/// room for.
+struct PassedOver {
+    priority: i32,
+    workload: Arc<Workload>,
+    extras_of: Option<Journal>,
 }
 
 /// Runs `work` while the commits `in_flight` go on, keeping those that end in `ended`.

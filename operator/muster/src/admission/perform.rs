@@ -288,17 +288,20 @@ impl Admission {
         (journal, step)
     }
 
-    /// One step of a placed gang's state machine; a released gang's waiting extras are
-    /// placed when nothing else is to be done.
-    pub(super) async fn advance(&self, workload: &Workload, next: &mut Duration) -> Result<(), CommitError> {
+    /// One step of a placed gang's state machine. Returns the journal of a released gang
+    /// with nothing else to do: its waiting extras, if any, are placed in the queue at the
+    /// gang's priority (see `pass`), not here, before gangs of higher priority.
+    pub(super) async fn advance(
+        &self,
+        workload: &Workload,
+        next: &mut Duration,
+    ) -> Result<Option<Journal>, CommitError> {
         let (journal, idle) = self.step(workload, next).await?;
-        if let Some(journal) = journal.filter(|j| idle && j.state == State::Released)
-            && workload.spec.suspend != Some(true)
-            && !self.evicted_by_kueue(workload)
-        {
-            self.place_extras(workload, &journal).await?;
-        }
-        Ok(())
+        Ok(journal.filter(|j| {
+            idle && j.state == State::Released
+                && workload.spec.suspend != Some(true)
+                && !self.evicted_by_kueue(workload)
+        }))
     }
 
     /// One step of a placed gang's state machine, extras left alone (a commit takes its
