@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use muster_admission::{ConditionType, EventKind, Reason, Record, State};
-use muster_api::v1alpha1::{NominationStatus, PlacementStatus, SchedulerRefusal, Workload};
+use muster_api::v1alpha1::{PlacementStatus, Workload};
 use muster_api::{conditions, labels};
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
@@ -21,35 +21,8 @@ use crate::ops::metrics::{self, ReasonLabel};
 use crate::workload::observe::{self};
 
 use super::status_patch::status_patch;
+pub(crate) use super::status_patch::{ConditionUpdate, NominationUpdate, StatusUpdate};
 use super::{Admission, CommitError, key, now, version};
-
-/// One condition the admission loop sets.
-pub(crate) struct ConditionUpdate {
-    pub(crate) type_: &'static str,
-    pub(crate) status: bool,
-    pub(crate) reason: String,
-    pub(crate) message: String,
-}
-
-/// A change to the admission loop's part of the status: the conditions it sets (the
-/// others it owns are kept), the placement (`None` removes it), and the restart count
-/// (`None` keeps it).
-pub(crate) struct StatusUpdate {
-    pub(crate) conditions: Vec<ConditionUpdate>,
-    pub(crate) placement: Option<PlacementStatus>,
-    pub(crate) restarts: Option<muster_admission::Restarts>,
-    pub(crate) nomination: NominationUpdate,
-    /// `status.schedulerRefusals` (`None` keeps them).
-    pub(crate) refusals: Option<Vec<SchedulerRefusal>>,
-}
-
-/// What a status write does with `status.nomination` (a server-side apply that left it
-/// out would remove it).
-pub(crate) enum NominationUpdate {
-    Keep,
-    Set(NominationStatus),
-    Clear,
-}
 
 pub(super) fn condition_type(type_: ConditionType) -> &'static str {
     match type_ {

@@ -5,10 +5,36 @@
 //! older journal (a deposed leader's, or one on a stale copy) does.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use muster_api::v1alpha1::{Workload, WorkloadStatus};
+use muster_api::v1alpha1::{NominationStatus, PlacementStatus, SchedulerRefusal, Workload, WorkloadStatus};
 use serde_json::{Value, json};
 
-use super::status::{NominationUpdate, StatusUpdate};
+/// One condition the admission loop sets.
+pub(crate) struct ConditionUpdate {
+    pub(crate) type_: &'static str,
+    pub(crate) status: bool,
+    pub(crate) reason: String,
+    pub(crate) message: String,
+}
+
+/// A change to the admission loop's part of the status: the conditions it sets (the
+/// others it owns are kept), the placement (`None` removes it), and the restart count
+/// (`None` keeps it).
+pub(crate) struct StatusUpdate {
+    pub(crate) conditions: Vec<ConditionUpdate>,
+    pub(crate) placement: Option<PlacementStatus>,
+    pub(crate) restarts: Option<muster_admission::Restarts>,
+    pub(crate) nomination: NominationUpdate,
+    /// `status.schedulerRefusals` (`None` keeps them).
+    pub(crate) refusals: Option<Vec<SchedulerRefusal>>,
+}
+
+/// What a status write does with `status.nomination` (a server-side apply that left it
+/// out would remove it).
+pub(crate) enum NominationUpdate {
+    Keep,
+    Set(NominationStatus),
+    Clear,
+}
 
 /// The patch that applies `update` to `base`, the Workload as this loop last saw it
 /// (its own last write where the cache lags behind it). `now` stamps conditions whose
@@ -119,7 +145,7 @@ fn conditions(
     }
 }
 
-fn set(list: &mut Vec<Condition>, condition: &super::status::ConditionUpdate, generation: Option<i64>, now: &Time) {
+fn set(list: &mut Vec<Condition>, condition: &ConditionUpdate, generation: Option<i64>, now: &Time) {
     crate::workload::status::set_condition(
         list,
         condition.type_,
@@ -148,8 +174,8 @@ fn apply_fields(status: &mut WorkloadStatus, update: &StatusUpdate) {
 
 #[cfg(test)]
 mod tests {
+    use super::ConditionUpdate;
     use super::*;
-    use crate::admission::status::ConditionUpdate;
     use k8s_openapi::jiff::Timestamp;
     use muster_api::conditions;
     use muster_api::v1alpha1::{NominationStatus, PlacementStatus};
