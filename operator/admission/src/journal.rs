@@ -94,6 +94,18 @@ impl Journal {
         }
     }
 
+    /// Whether pods of the plan may be released in this state: reserved or released, or
+    /// a commit that has not failed (it releases its pods once its check passed, with
+    /// nothing recorded in between). A record that leaves such a state fences the
+    /// planned pods still behind the gate first.
+    pub fn may_release(&self) -> bool {
+        match self.state {
+            State::Reserved | State::Released => true,
+            State::Reserving => self.cause.is_none(),
+            _ => false,
+        }
+    }
+
     pub fn planned(&self, name: &str) -> Option<&PlannedPod> {
         self.pods.iter().find(|p| p.name == name)
     }

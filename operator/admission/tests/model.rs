@@ -164,6 +164,9 @@ struct WorkloadObj {
     /// `status.schedulerRefusals`.
     refusals: Vec<Refusal>,
     rv: u64,
+    /// `status.admissionRevision`: the count of the admission loop's own status writes,
+    /// which each of them is conditioned on.
+    revision: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -263,6 +266,8 @@ enum Op {
     Record {
         gang: String,
         expected: Option<Journal>,
+        /// The admission revision the record was decided on.
+        revision: u64,
         record: Record,
     },
     Delete {
@@ -309,10 +314,12 @@ enum Op {
     DeleteWorkload {
         gang: String,
     },
-    /// The commit's undo of its own writes, each conditional on the version it wrote.
+    /// The commit's undo of its own writes, each conditional on the version it wrote;
+    /// its record is conditioned on the admission revision its first record left.
     UndoOwn {
         gang: String,
         reason: Reason,
+        revision: u64,
     },
     EndCommit {
         gang: String,
@@ -347,7 +354,9 @@ impl Op {
     /// A line for the log.
     fn describe(&self) -> String {
         match self {
-            Op::Record { gang, expected, record } => format!(
+            Op::Record {
+                gang, expected, record, ..
+            } => format!(
                 "record {gang}: {:?} -> {:?}",
                 expected.as_ref().map(|j| j.state),
                 record.journal.as_ref().map(|j| j.state)
@@ -384,6 +393,8 @@ struct Operator {
     own_pods: BTreeMap<String, PodObj>,
     queue: VecDeque<Op>,
     live: Option<String>,
+    /// The admission revision the live commit's first record left.
+    live_revision: u64,
     /// Claims the live commit allocated, with the version each write returned.
     written: Vec<(String, u64)>,
     /// What commits under way take (the engine's assumed plans), by gang.
@@ -646,6 +657,7 @@ impl Sim {
                     finished_at: None,
                     refusals: vec![],
                     rv,
+                    revision: 0,
                 },
             );
             for i in 0..replicas {
@@ -1247,6 +1259,8 @@ impl Sim {
                 );
                 self.note(format!("{gang}'s nomination ends: {why}"));
                 self.op.queue.push_back(Op::DropNomination { gang: gang.clone() });
+                // Held until the drop lands: its status still says it stands.
+                holding_now.insert(gang.clone());
                 continue;
             }
             holding_now.insert(gang.clone());
@@ -1406,6 +1420,7 @@ impl Sim {
                 Effect::Record(record) => self.op.queue.push_back(Op::Record {
                     gang: gang.to_string(),
                     expected: journal.clone(),
+                    revision: w.revision,
                     record,
                 }),
                 Effect::DeletePods { pods, immediately } => {
@@ -1692,7 +1707,14 @@ impl Sim {
         placement.devices = allocations.len() as i32;
         // Its nomination holds on beside its plan until it is released.
         let journal = commit::reserving(&placement, self.world.now);
-        self.commit(gang, w.journal.clone(), journal, allocations, found, claims);
+        self.commit(
+            gang,
+            (w.journal.clone(), w.revision),
+            journal,
+            allocations,
+            found,
+            claims,
+        );
     }
 
     /// A gang that does not fit, outside Kueue: with a nomination, it waits (dropping
@@ -1797,7 +1819,7 @@ impl Sim {
     fn commit(
         &mut self,
         gang: &str,
-        expected: Option<Journal>,
+        (expected, revision): (Option<Journal>, u64),
         journal: Journal,
         allocations: Vec<(String, Vec<Dev>)>,
         found: Vec<(String, Vec<Dev>)>,
@@ -1841,6 +1863,7 @@ impl Sim {
         self.op.queue.push_back(Op::Record {
             gang: gang.into(),
             expected,
+            revision,
             record: Record {
                 journal: Some(journal.clone()),
                 conditions: vec![],
@@ -1848,6 +1871,8 @@ impl Sim {
                 refusals: None,
             },
         });
+        // What the commit's own writes are conditioned on once its first record landed.
+        self.op.live_revision = revision + 1;
         for (claim, devices) in found {
             let expect_rv = claims.get(&claim).map_or(0, |c| c.rv);
             self.op.queue.push_back(Op::Hold {
@@ -1902,6 +1927,7 @@ impl Sim {
             self.op.queue.push_back(Op::Record {
                 gang: gang.into(),
                 expected: Some(journal),
+                revision: revision + 1,
                 record: Record {
                     journal: Some(reserved),
                     conditions: vec![],
@@ -1959,7 +1985,7 @@ impl Sim {
         let grown = commit::with_extras(&journal, &placement);
         let released = commit::extras_released(&grown, &placement, self.world.now);
         let extras = format!("{gang}+extras");
-        self.commit(&extras, Some(journal), grown, allocations, vec![], claims);
+        self.commit(&extras, (Some(journal), w.revision), grown, allocations, vec![], claims);
         // The commit records against the gang; its last record makes the extras
         // released; then they are released.
         for op in self.op.queue.iter_mut() {
@@ -2004,6 +2030,7 @@ impl Sim {
                 self.op.queue.push_back(Op::UndoOwn {
                     gang: live.clone(),
                     reason,
+                    revision: self.op.live_revision,
                 });
             }
             _ => {}
@@ -2066,8 +2093,8 @@ impl Sim {
         // Pods the record stops releasing, as the operator sees them: each is fenced
         // against the version seen, and one changed since (released after all) makes
         // the record wait for a fresher look.
-        let releasing = |j: &Journal| matches!(j.state, State::Reserved | State::Released);
-        let stops = expected.as_ref().is_some_and(releasing) && !next.as_ref().is_some_and(releasing);
+        let stops =
+            expected.as_ref().is_some_and(Journal::may_release) && !next.as_ref().is_some_and(Journal::may_release);
         let dropped_extras: BTreeSet<&String> = expected
             .iter()
             .flat_map(|j| &j.pods)
@@ -2146,13 +2173,19 @@ impl Sim {
             return false;
         }
         match op {
-            Op::Record { gang, expected, record } => {
+            Op::Record {
+                gang,
+                expected,
+                revision,
+                record,
+            } => {
                 let Some(w) = self.world.workloads.get(&gang) else {
                     return false;
                 };
-                // The journal is compared and swapped: other writers' status changes
-                // do not count.
-                if w.journal != expected {
+                // Conditioned on the admission revision (and the journal) it was decided
+                // on: other writers' status changes do not count, and no admission write
+                // lands over one it has not seen.
+                if w.journal != expected || w.revision != revision {
                     return false;
                 }
                 if !self.fence(&gang, &expected, &record.journal) {
@@ -2234,13 +2267,9 @@ impl Sim {
                 let now = self.world.now;
                 let w = self.world.workloads.get_mut(&gang).expect("workload");
                 w.journal = record.journal.clone();
-                // The record of a whole, checked reservation ends the nomination, in the
-                // same write.
-                if record
-                    .journal
-                    .as_ref()
-                    .is_some_and(|j| matches!(j.state, State::Reserved | State::Released))
-                {
+                // The record of a whole, checked reservation (or of any state past it)
+                // ends the nomination, in the same write.
+                if record.journal.as_ref().is_some_and(|j| j.state != State::Reserving) {
                     w.nomination = None;
                 }
                 if let Some(r) = record.restarts {
@@ -2258,6 +2287,7 @@ impl Sim {
                     w.finished_at = Some(now);
                 }
                 w.rv = rv;
+                w.revision += 1;
                 let copy = w.clone();
                 self.note(format!("record {gang}: {:?}", record.journal.as_ref().map(|j| j.state)));
                 self.op.own_workloads.insert(gang, copy);
@@ -2419,7 +2449,7 @@ impl Sim {
                 }
                 true
             }
-            Op::UndoOwn { gang, reason } => {
+            Op::UndoOwn { gang, reason, revision } => {
                 for (claim, rv) in std::mem::take(&mut self.op.written) {
                     let Some(c) = self.world.claims.get(&claim) else {
                         continue;
@@ -2438,6 +2468,7 @@ impl Sim {
                     self.op.queue.push_front(Op::Record {
                         gang: base,
                         expected: Some(j.clone()),
+                        revision,
                         record: Record {
                             journal: Some(failed),
                             conditions: vec![],
@@ -2488,6 +2519,7 @@ impl Sim {
                 let rv = self.world.bump();
                 let w = self.world.workloads.get_mut(&gang).expect("workload");
                 w.rv = rv;
+                w.revision += 1;
                 let copy = w.clone();
                 self.op.own_workloads.insert(gang.clone(), copy);
                 self.op.nominated.insert(gang, nomination.devices);
@@ -2529,6 +2561,7 @@ impl Sim {
                 let v = self.world.workloads.get_mut(&victim).expect("workload");
                 v.journal = next;
                 v.rv = rv;
+                v.revision += 1;
                 let copy = v.clone();
                 self.note(format!("{preemptor} evicts {victim}"));
                 self.stats.evictions += 1;
@@ -2543,6 +2576,7 @@ impl Sim {
                 let rv = self.world.bump();
                 let w = self.world.workloads.get_mut(&gang).expect("workload");
                 w.rv = rv;
+                w.revision += 1;
                 let copy = w.clone();
                 self.op.own_workloads.insert(gang.clone(), copy);
                 self.op.nominated.remove(&gang);

@@ -11,7 +11,7 @@
 use muster_api::labels;
 use muster_engine::claim::{DeviceId, TaintEffect};
 use muster_engine::cluster::{ClusterState, DeviceReach};
-use muster_engine::key::{ClaimKey, ObjectKey};
+use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::selector::NodeTaintEffect;
 
 use super::fencing::Fencing;
@@ -21,6 +21,14 @@ use super::fencing::Fencing;
 /// makes a claim look allocated, and its hold is told apart from real allocations.
 pub(crate) fn nomination_hold(namespace: &str, claim: &str, preemptor: &ObjectKey) -> ClaimKey {
     ClaimKey::from(ObjectKey::new(namespace, &format!("{claim}@{}", preemptor.as_str())))
+}
+
+/// The name under which a nomination holds the node resources of `pod` for
+/// `preemptor`: no pod's (`@` cannot be in one), so the preemptor's own plan, which
+/// enters its pods under their names, and the nomination beside it never overwrite or
+/// remove each other's.
+pub(crate) fn nomination_pod_hold(namespace: &str, pod: &str, preemptor: &ObjectKey) -> PodKey {
+    PodKey::from(ObjectKey::new(namespace, &format!("{pod}@{}", preemptor.as_str())))
 }
 
 /// A device a hold takes for request `request`, exclusively, as the engine holds it.

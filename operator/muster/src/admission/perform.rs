@@ -541,8 +541,7 @@ impl Admission {
         let Some(current) = observe::journal(workload) else {
             return Ok(());
         };
-        let releasing = |state: State| matches!(state, State::Reserved | State::Released);
-        let stops = releasing(current.state) && !next.is_some_and(|j| releasing(j.state));
+        let stops = current.may_release() && !next.is_some_and(Journal::may_release);
         let dropped: BTreeSet<&str> = current
             .pods
             .iter()

@@ -197,7 +197,9 @@ impl Admission {
             };
             if let Some(message) = ends {
                 if let Err(e) = self.drop_nomination(workload, message).await {
+                    // Held until it is dropped: its status still says it stands.
                     warn!(workload = %key(workload), error = %e, "dropping a nomination failed");
+                    holding.insert(gang);
                 }
                 continue;
             }
@@ -210,6 +212,7 @@ impl Admission {
                 let message = format!("its device {taken} was allocated to another claim");
                 if let Err(e) = self.drop_nomination(workload, &message).await {
                     warn!(workload = %key(workload), error = %e, "dropping a nomination failed");
+                    holding.insert(gang);
                 }
                 continue;
             }
@@ -261,7 +264,7 @@ impl Admission {
                         Resources::default()
                     });
                 AssumedPod {
-                    pod,
+                    pod: conflicts::nomination_pod_hold(&namespace, &p.name, &gang),
                     node: p.node.clone(),
                     requests,
                     traits: Default::default(),

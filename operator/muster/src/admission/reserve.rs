@@ -277,15 +277,27 @@ impl Admission {
         metrics::get().reserved_devices.inc_by(plan.device_count() as u64);
         self.places.remember(workload, &self.gang_pods(workload), request, plan);
         let mut next = Duration::MAX;
-        if self.release_held_by_kueue(&recorded) {
+        let pods: Vec<muster_admission::PodView> = self.gang_pods(&recorded).iter().map(|p| observe::pod(p)).collect();
+        let attempt = crate::workload::membership::attempt(&recorded);
+        let pins = commit::pins(&journal, |name| {
+            pods.iter()
+                .find(|p| p.name == name && !p.deleting && p.attempt.is_none_or(|a| a == attempt))
+        });
+        let waiting_for = if self.release_held_by_kueue(&recorded) {
             // Kueue admits the gang only once it reads muster's answer, which rests on a
-            // recorded reservation: the pods wait for that.
+            // recorded reservation.
+            Some("every claim is allocated; waiting for Kueue to admit the gang")
+        } else if pins.is_empty() {
+            // Its planned pods are being made again: they are released as they come,
+            // for as long as the state machine lets a reservation wait for its pods.
+            Some("every claim is allocated; waiting for the planned pods")
+        } else {
+            None
+        };
+        if let Some(message) = waiting_for {
             self.record(
                 &recorded,
-                reserving_record(
-                    commit::reserved(&journal, observe::now_millis()),
-                    "every claim is allocated; waiting for Kueue to admit the gang",
-                ),
+                reserving_record(commit::reserved(&journal, observe::now_millis()), message),
             )
             .await?;
             self.checkpoint(FaultPoint::AfterReserved).await;
@@ -657,8 +669,9 @@ impl Admission {
         // Where the fence keeps every other allocator off the planned devices, only a
         // claim the index shows already could hold one: no need to wait for the watch
         // to come as far as the commit's writes (muster's own commits are planned one
-        // after the other against each other's assumptions).
-        let fenced = {
+        // after the other against each other's assumptions). Only while the index holds
+        // every claim: one it could not read is seen by a list alone.
+        let fenced = self.index.claims_usable() && {
             let cluster = self.index.cluster();
             planned
                 .keys()
@@ -897,12 +910,23 @@ mod tests {
         let plans: Vec<PlanId> = index.cluster().assumed_plans().cloned().collect();
         assert_eq!(
             plans,
-            [PlanId::Nomination(gang)],
+            [PlanId::Nomination(gang.clone())],
             "the nomination holds the devices again"
         );
         let devices = plan.claims.iter().flat_map(|c| &c.allocation.devices);
         for device in devices {
             assert!(index.cluster().device_allocated(&device.device_id()), "{device:?} held");
+        }
+        // And the nodes' resources: the plan's pods, gone with its assumption, were
+        // entered under the same names as the nominated ones.
+        for pod in &plan.pods {
+            let hold = crate::admission::conflicts::nomination_pod_hold("ns", pod.pod.name(), &gang);
+            assert_eq!(
+                index.cluster().pod_node(&hold),
+                Some(pod.node.as_str()),
+                "{} held on its node",
+                pod.pod.name()
+            );
         }
     }
 }

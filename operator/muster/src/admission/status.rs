@@ -75,13 +75,10 @@ impl Admission {
             placement: record.journal.as_ref().map(observe::placement),
             restarts: record.restarts,
             // The nomination ends once the commit's reservation is whole and checked (the
-            // gang released, or recorded reserved for Kueue): a commit that fails before
-            // keeps it, so that the devices its victims gave back stay held for it.
-            nomination: if record
-                .journal
-                .as_ref()
-                .is_some_and(|j| matches!(j.state, State::Reserved | State::Released))
-            {
+            // gang released, or recorded reserved for Kueue, or past that already: taken
+            // apart or suspended since): a commit that fails before keeps it, so that the
+            // devices its victims gave back stay held for it.
+            nomination: if record.journal.as_ref().is_some_and(|j| j.state != State::Reserving) {
                 NominationUpdate::Clear
             } else {
                 NominationUpdate::Keep

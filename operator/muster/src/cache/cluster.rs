@@ -116,6 +116,12 @@ impl Index {
         reached && self.claims_usable.load(Ordering::SeqCst)
     }
 
+    /// Whether every ResourceClaim could be read into the state (one that could not is
+    /// missing from it, and only a list shows it).
+    pub fn claims_usable(&self) -> bool {
+        self.claims_usable.load(Ordering::SeqCst)
+    }
+
     fn mark_listed(&self) {
         if self.listed.fetch_add(1, Ordering::SeqCst) + 1 == KINDS {
             self.ready.notify_waiters();
