@@ -924,6 +924,23 @@ impl ClusterState {
         names
     }
 
+    /// Every claim holding a device, exclusively or a share of it, in name order. A scan
+    /// of every claim, like [`ClusterState::exclusive_holder_names`].
+    pub fn holder_names(&self, id: &DeviceId) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .claims
+            .iter()
+            .filter(|(_, held)| {
+                held.devices
+                    .iter()
+                    .any(|d| d.admin_access != Some(true) && d.device_id() == *id)
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
     /// [`ClusterState::device_allocated`] by names.
     pub fn device_allocated_by_name(&self, driver: &str, pool: &str, device: &str) -> bool {
         self.devices.exclusive_holders(driver, pool, device) > 0

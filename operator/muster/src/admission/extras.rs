@@ -31,23 +31,42 @@ pub(crate) struct PlannedExtras {
     pods: Vec<std::sync::Arc<Pod>>,
 }
 
-impl Admission {
-    /// Places the waiting extras of a released gang that now fit. Returns whether some
-    /// fit.
-    pub(crate) async fn place_extras(&self, workload: &Workload, journal: &Journal) -> Result<bool, CommitError> {
-        let Some(planned) = self.plan_extras(workload, journal).await? else {
-            return Ok(false);
-        };
-        self.commit_extras(workload, journal, planned).await?;
-        Ok(true)
-    }
+/// What became of a released gang's waiting extras.
+pub(crate) enum ExtrasOutcome {
+    /// Some were placed.
+    Placed,
+    /// They wait for room (or for what their plan needs).
+    Wait,
+    /// None wait, or they wait for a step of the gang's own (a place being vacated).
+    NoneWaiting,
+}
 
-    /// The plan of the waiting extras of a released gang, if some fit now.
-    pub(crate) async fn plan_extras(
+/// Whether a released gang's waiting extras fit now.
+pub(crate) enum ExtrasPlan {
+    Fit(Box<PlannedExtras>),
+    Wait,
+    NoneWaiting,
+}
+
+impl Admission {
+    /// Places the waiting extras of a released gang that now fit.
+    pub(crate) async fn place_extras(
         &self,
         workload: &Workload,
         journal: &Journal,
-    ) -> Result<Option<PlannedExtras>, CommitError> {
+    ) -> Result<ExtrasOutcome, CommitError> {
+        match self.plan_extras(workload, journal).await? {
+            ExtrasPlan::Fit(planned) => {
+                self.commit_extras(workload, journal, *planned).await?;
+                Ok(ExtrasOutcome::Placed)
+            }
+            ExtrasPlan::Wait => Ok(ExtrasOutcome::Wait),
+            ExtrasPlan::NoneWaiting => Ok(ExtrasOutcome::NoneWaiting),
+        }
+    }
+
+    /// The plan of the waiting extras of a released gang, if some fit now.
+    pub(crate) async fn plan_extras(&self, workload: &Workload, journal: &Journal) -> Result<ExtrasPlan, CommitError> {
         let attempt = membership::attempt(workload);
         let pods: Vec<std::sync::Arc<Pod>> = self
             .gang_pods(workload)
@@ -59,7 +78,7 @@ impl Admission {
         // Places being vacated for the controller's replacements: their devices are not
         // free yet, and the replacements go back onto them.
         if by_controller && journal.core().any(|p| p.released_at.is_none()) {
-            return Ok(None);
+            return Ok(ExtrasPlan::NoneWaiting);
         }
         // A core pod that failed or went since the state machine's look: its place is
         // vacated first (its replacement must not be taken for an extra).
@@ -70,7 +89,7 @@ impl Admission {
             })
         };
         if by_controller && journal.core().any(|p| dead(&p.name)) {
-            return Ok(None);
+            return Ok(ExtrasPlan::NoneWaiting);
         }
         // No pod of the gang left (a JobSet restarting all its Jobs): the replacements
         // are placed as the whole gang, its topology and all.
@@ -94,14 +113,14 @@ impl Admission {
             .map(|p| p.name_any())
             .collect();
         if waiting.is_empty() {
-            return Ok(None);
+            return Ok(ExtrasPlan::NoneWaiting);
         }
         // A gang that is not what the cluster can place now waits like any other.
         let request = match self.request(workload) {
             Ok(request) => request,
             Err(e) => {
                 tracing::debug!(workload = %key(workload), error = %e, "extras wait");
-                return Ok(None);
+                return Ok(ExtrasPlan::Wait);
             }
         };
         let mut extras = request.clone();
@@ -155,7 +174,7 @@ impl Admission {
                     .count();
                 if core_waiting < missing {
                     tracing::debug!(workload = %key(workload), group = %group.name, missing, core_waiting, "replacements wait for the rest");
-                    return Ok(None);
+                    return Ok(ExtrasPlan::Wait);
                 }
             }
             // A group none of whose pods is in place picks its own level's value anew.
@@ -187,7 +206,7 @@ impl Admission {
         // Claims the extras would hold as they are, checked as a gang's are.
         if let Some(why) = self.found_claims_wait(workload, &extras, &snapshot) {
             tracing::debug!(workload = %key(workload), why, "extras wait");
-            return Ok(None);
+            return Ok(ExtrasPlan::Wait);
         }
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
@@ -215,12 +234,12 @@ impl Admission {
                 .map_err(|e| CommitError::Planning(e.to_string()))?
         };
         let Outcome::Placed(plan) = outcome else {
-            return Ok(None);
+            return Ok(ExtrasPlan::Wait);
         };
         if plan.pods.is_empty() {
-            return Ok(None);
+            return Ok(ExtrasPlan::Wait);
         }
-        Ok(Some(PlannedExtras { extras, plan, pods }))
+        Ok(ExtrasPlan::Fit(Box::new(PlannedExtras { extras, plan, pods })))
     }
 
     /// Commits planned extras: recorded (not yet released), reserved and checked,

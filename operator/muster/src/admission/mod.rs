@@ -40,6 +40,7 @@ mod reservation_health;
 mod reserve;
 mod status;
 mod status_patch;
+mod work;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -310,6 +311,8 @@ pub struct Admission {
     places: places::Places,
     /// The Workload CRD drops the loop's write count: nothing more is written.
     schema_outdated: std::sync::atomic::AtomicBool,
+    /// Which gangs take a step in a pass.
+    work: std::sync::Mutex<work::Work>,
 }
 
 /// A Workload's identity, as logs and messages name the gang.
@@ -360,6 +363,7 @@ impl Admission {
             holders: std::sync::Mutex::default(),
             places: places::Places::default(),
             schema_outdated: std::sync::atomic::AtomicBool::new(false),
+            work: std::sync::Mutex::default(),
         }
     }
 
@@ -489,6 +493,11 @@ impl Admission {
     /// Which gangs hold which claims, as of this loop's last look and writes.
     pub(crate) fn holders(&self) -> std::sync::MutexGuard<'_, Holders> {
         self.holders.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Which gangs take a step, and what became of their last one.
+    fn work(&self) -> std::sync::MutexGuard<'_, work::Work> {
+        self.work.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The gangs waiting to be tried again.

@@ -5,6 +5,7 @@
 
 use crate::cache::gang_index::GangIndex;
 use crate::convert;
+use crate::workload::observe;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Pod;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
+use super::extras::ExtrasOutcome;
 use super::ownership::Holders;
 use super::queue::{Admit, Attempt, Planned, PlannedGang};
 use super::{Admission, Held, key, placement_of, record_phases};
@@ -31,6 +33,9 @@ impl Admission {
             tracing::error!("admission stopped: the Workload CRD is older than this operator (see the first error)");
             return Duration::from_secs(60);
         }
+        // What changed, taken before anything is read: a change recorded later is
+        // stepped by the next pass, never lost between a read and the take.
+        let changes = self.index.touched.take();
         let workloads = self.current_workloads();
         self.answered_retry.lock().unwrap_or_else(|p| p.into_inner()).clear();
         *self.gangs.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(GangIndex::of(&self.stores));
@@ -39,6 +44,7 @@ impl Admission {
         self.hold_nominations(&workloads).await;
         self.prune_conflicts(&workloads);
         self.places.keep_only(&workloads.iter().map(|w| key(w)).collect());
+        self.work().keep_only(&workloads.iter().map(|w| key(w)).collect());
         self.collect_claims().await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
             store.iter().map(|p| convert::object_key(p.as_ref())).collect()
@@ -54,19 +60,59 @@ impl Admission {
             .collect();
         self.own_claims.prune(|k| claims.contains(k));
 
+        // The gangs something happened to take a step (see `work`).
+        let selection = {
+            let cluster = self.index.cluster();
+            let holders = self.holders();
+            self.work()
+                .select(changes, &workloads, &holders, &cluster, Instant::now())
+        };
         // Released gangs that may have extras waiting: placed in the queue below.
         let mut with_extras: HashMap<ObjectKey, Journal> = HashMap::new();
+        let index_changes = self.index.changes();
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
-            match self.advance(workload, &mut next).await {
-                Ok(Some(journal)) => {
-                    with_extras.insert(key(workload), journal);
+            let gang = key(workload);
+            if !selection.contains(&gang) {
+                // Extras that did not fit are tried again once the cluster changed.
+                let retry = self.work().extras_due(&gang, index_changes);
+                if retry
+                    && let Some(journal) = observe::journal(workload)
+                    && self.may_place_extras(workload, &journal)
+                {
+                    with_extras.insert(gang, journal);
                 }
-                Ok(None) => {}
+                continue;
+            }
+            let mut asked = Duration::MAX;
+            // Its newest copy: a write earlier in this pass (an eviction) may be its.
+            let stepped = self.advance(&self.newest(workload), &mut asked).await;
+            let recheck = (asked < Duration::MAX).then(|| Instant::now() + asked);
+            next = next.min(asked);
+            match stepped {
+                Ok((idle, extras_of)) => {
+                    self.work().stepped(&gang, !idle, recheck);
+                    match extras_of {
+                        Some(journal) => {
+                            with_extras.insert(gang, journal);
+                        }
+                        None => self.work().extras_placed_or_gone(&gang),
+                    }
+                }
                 Err(e) => {
-                    warn!(workload = %key(workload), error = %e, "admission step failed; retrying");
+                    warn!(workload = %gang, error = %e, "admission step failed; retrying");
+                    let retry = Instant::now() + Duration::from_secs(2);
+                    self.work()
+                        .stepped(&gang, false, Some(recheck.map_or(retry, |at| at.min(retry))));
                     next = next.min(Duration::from_secs(2));
                 }
             }
+        }
+        // Gangs that asked to be looked at by a time, stepped this pass or not.
+        if let Some(at) = self.work().next_recheck() {
+            next = next.min(at.saturating_duration_since(Instant::now()));
+        }
+        if self.work().busy() {
+            next = Duration::ZERO;
         }
         // Kueue hears where each gang stands after its step, not before.
         self.sync_kueue().await;
@@ -174,21 +220,34 @@ impl Admission {
                     )
                     .await
                 {
+                    self.make_due(&passed_over, changes);
                     next = Duration::ZERO;
                     break;
                 }
                 let current = self.current_workload(&name).unwrap_or(workload);
+                // Only on the journal the gang was last seen with: the pass may have
+                // written its status since (a victim evicted), and the extras' record
+                // would be made over that.
+                if observe::journal(&current).as_ref() != Some(&journal) || !self.may_place_extras(&current, &journal) {
+                    self.work().extras_wait(&name, changes.wrapping_sub(1));
+                    continue;
+                }
                 match alongside(&mut in_flight, &mut ended, self.place_extras(&current, &journal)).await {
-                    Ok(true) => {}
+                    Ok(ExtrasOutcome::Placed | ExtrasOutcome::NoneWaiting) => self.work().extras_placed_or_gone(&name),
                     // Room that appears later in the pass is theirs before a gang of
-                    // lower priority takes it.
-                    Ok(false) => passed_over.push(PassedOver {
-                        priority,
-                        workload: current,
-                        extras_of: Some(journal),
-                    }),
+                    // lower priority takes it; later passes try them once the cluster
+                    // changed.
+                    Ok(ExtrasOutcome::Wait) => {
+                        self.work().extras_wait(&name, changes);
+                        passed_over.push(PassedOver {
+                            priority,
+                            workload: current,
+                            extras_of: Some(journal),
+                        });
+                    }
                     Err(e) => {
                         warn!(workload = %name, error = %e, "placing extras failed; retrying");
+                        self.work().extras_wait(&name, changes.wrapping_sub(1));
                         next = next.min(Duration::from_secs(2));
                     }
                 }
@@ -245,6 +304,7 @@ impl Admission {
                         )
                         .await
                     {
+                        self.make_due(&passed_over, changes);
                         next = Duration::ZERO;
                         break;
                     }
@@ -322,6 +382,7 @@ impl Admission {
         drop(in_flight);
         // Room a failed commit gave back goes to the gangs passed over, next pass at once.
         if self.settle_commits(&mut ended, changes, &mut held, &mut next) && !passed_over.is_empty() {
+            self.make_due(&passed_over, changes);
             next = Duration::ZERO;
         }
         // Extras of running gangs keep off them too, until the next pass says again.
@@ -348,6 +409,21 @@ impl Admission {
         freed
     }
 
+    /// Makes the gangs (and extras) the pass passed over due in the next pass, whether or
+    /// not the cluster shows a change by then: room appeared that they may fit in (a
+    /// commit that did not go through leaves no watch event).
+    fn make_due(&self, passed_over: &[PassedOver], changes: u64) {
+        for over in passed_over {
+            let name = key(&over.workload);
+            if over.extras_of.is_some() {
+                self.work().extras_wait(&name, changes.wrapping_sub(1));
+            } else if let Some(waiting) = self.waiting().get_mut(&name) {
+                waiting.next_try = Instant::now();
+                waiting.changes_seen = changes.wrapping_sub(1);
+            }
+        }
+    }
+
     /// Whether a gang of higher priority than `priority` that this pass found no room for,
     /// or the waiting extras of one, fits the cluster as it is now (planned again, with
     /// no shortcut by shape).
@@ -357,7 +433,10 @@ impl Admission {
                 .current_workload(&key(&higher.workload))
                 .unwrap_or_else(|| higher.workload.clone());
             let fits = match &higher.extras_of {
-                Some(journal) => matches!(self.plan_extras(workload, journal).await, Ok(Some(_))),
+                Some(journal) => matches!(
+                    self.plan_extras(workload, journal).await,
+                    Ok(super::extras::ExtrasPlan::Fit(_))
+                ),
                 None => matches!(
                     self.try_plan(workload, higher.priority, held, &mut HashMap::new())
                         .await,

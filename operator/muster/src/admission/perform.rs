@@ -288,20 +288,23 @@ impl Admission {
         (journal, step)
     }
 
-    /// One step of a placed gang's state machine. Returns the journal of a released gang
-    /// with nothing else to do: its waiting extras, if any, are placed in the queue at the
-    /// gang's priority (see `pass`), not here, before gangs of higher priority.
+    /// One step of a placed gang's state machine. Returns whether there was nothing to
+    /// do, and then, for a released gang, its journal: its waiting extras, if any, are
+    /// placed in the queue at the gang's priority (see `pass`), not here, before gangs of
+    /// higher priority.
     pub(super) async fn advance(
         &self,
         workload: &Workload,
         next: &mut Duration,
-    ) -> Result<Option<Journal>, CommitError> {
+    ) -> Result<(bool, Option<Journal>), CommitError> {
         let (journal, idle) = self.step(workload, next).await?;
-        Ok(journal.filter(|j| {
-            idle && j.state == State::Released
-                && workload.spec.suspend != Some(true)
-                && !self.evicted_by_kueue(workload)
-        }))
+        let extras_of = journal.filter(|j| idle && self.may_place_extras(workload, j));
+        Ok((idle, extras_of))
+    }
+
+    /// Whether a gang may have extras placed now: released, not suspended or evicted.
+    pub(super) fn may_place_extras(&self, workload: &Workload, journal: &Journal) -> bool {
+        journal.state == State::Released && workload.spec.suspend != Some(true) && !self.evicted_by_kueue(workload)
     }
 
     /// One step of a placed gang's state machine, extras left alone (a commit takes its
@@ -320,24 +323,26 @@ impl Admission {
         if let Some(millis) = step.recheck_in {
             *next = (*next).min(Duration::from_millis(millis.max(0) as u64 + 100));
         }
-        let idle = step.effects.is_empty();
-        self.execute(workload, state, step.effects).await?;
-        Ok((journal, idle))
+        let wrote = self.execute(workload, state, step.effects).await?;
+        Ok((journal, !wrote))
     }
 
     /// Performs the state machine's effects in order, stopping at the first that fails.
+    /// Returns whether it wrote anything (a release Kueue holds, an unchanged record and
+    /// events are no writes).
     pub(super) async fn execute(
         &self,
         workload: &Workload,
         state: Option<State>,
         effects: Vec<Effect>,
-    ) -> Result<(), CommitError> {
+    ) -> Result<bool, CommitError> {
         let namespace = workload.namespace().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let mut wrote = false;
         for effect in effects {
             self.ensure_leading();
-            let write = write_of(&effect);
+            let mut write = write_of(&effect);
             match effect {
                 // A record that changes nothing is not written: a decision can never spin
                 // on it.
@@ -348,6 +353,7 @@ impl Admission {
                         && record.journal == observe::journal(workload) =>
                 {
                     warn!(workload = %key(workload), "the state machine asked to record the journal unchanged; skipped");
+                    write = None;
                 }
                 Effect::Record(record) => {
                     self.record(workload, record).await?;
@@ -411,6 +417,7 @@ impl Admission {
                 // Kueue reads muster's answer to its check.
                 Effect::Release { .. } if self.release_held_by_kueue(workload) => {
                     tracing::debug!(workload = %key(workload), "reserved; waiting for Kueue to admit before releasing");
+                    write = None;
                 }
                 Effect::Release { pods: pins } => {
                     self.list_released_pods(workload, &pins).await?;
@@ -463,11 +470,12 @@ impl Admission {
                     self.event(workload, type_, event_reason(kind), action, note);
                 }
             }
+            wrote |= write.is_some();
             if let (Some(state), Some(write)) = (state, write) {
                 self.transition_checkpoint(FaultPoint::After(state, write)).await;
             }
         }
-        Ok(())
+        Ok(wrote)
     }
 
     /// Claims a record stops naming (every one, when the gang is queued again): a fresh

@@ -308,12 +308,6 @@ impl Admission {
         // in between. A planned pod out of the gate is itself the record that the commit
         // came this far (`muster_admission::decide` finishes such a commit, and undoes
         // one that released nothing); the state machine then records the gang released.
-        let pods: Vec<muster_admission::PodView> = self.gang_pods(&recorded).iter().map(|p| observe::pod(p)).collect();
-        let attempt = crate::workload::membership::attempt(&recorded);
-        let pins = commit::pins(&journal, |name| {
-            pods.iter()
-                .find(|p| p.name == name && !p.deleting && p.attempt.is_none_or(|a| a == attempt))
-        });
         async {
             self.execute(&recorded, None, vec![muster_admission::Effect::Release { pods: pins }])
                 .await?;
@@ -856,7 +850,8 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
         let notify = Arc::new(tokio::sync::Notify::new());
-        let (stores, _watches) = crate::cache::gang_objects::gang_watches(&client, notify.clone(), false);
+        let (stores, _watches) =
+            crate::cache::gang_objects::gang_watches(&client, notify.clone(), index.touched.clone(), false);
         Admission::new(
             client,
             index,

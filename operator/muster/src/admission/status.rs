@@ -87,6 +87,16 @@ impl Admission {
         };
         let written = self.write_status(workload, update).await?;
         let gang = key(workload);
+        // The claims it starts or stops naming: the other gangs holding them look again
+        // (whether another gang holds a claim decides what they may do with it).
+        let named = |journal: Option<&muster_admission::Journal>| -> BTreeSet<String> {
+            journal.into_iter().flat_map(|j| j.claims.iter().cloned()).collect()
+        };
+        let before = named(observe::journal(workload).as_ref());
+        let after = named(record.journal.as_ref());
+        for claim in before.symmetric_difference(&after) {
+            self.index.touched.claim(gang.namespace(), claim);
+        }
         if record
             .journal
             .as_ref()
@@ -240,6 +250,20 @@ impl Admission {
             "the conditions of {} kept moving; looking again",
             key(workload)
         )))
+    }
+
+    /// `workload`, or this loop's own newer write of it.
+    pub(super) fn newest(&self, workload: &Arc<Workload>) -> Arc<Workload> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        match written.get(&key(workload)) {
+            Some(mine)
+                if mine.metadata.uid == workload.metadata.uid
+                    && version(mine.as_ref()) > version(workload.as_ref()) =>
+            {
+                mine.clone()
+            }
+            _ => workload.clone(),
+        }
     }
 
     /// The Workload as this loop last saw it.

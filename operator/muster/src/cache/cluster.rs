@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tracing::warn;
 
+use crate::cache::touched::Touched;
 use crate::convert;
 
 /// Kinds the index watches; it is ready when every one has listed (a kind the cluster
@@ -48,6 +49,8 @@ pub struct Index {
     /// Every ResourceClaim could be read into the state: one that could not is missing
     /// from it, and the conflict check must list instead.
     claims_usable: std::sync::atomic::AtomicBool,
+    /// What changed, for the admission loop to step only the gangs it concerns.
+    pub touched: Arc<Touched>,
 }
 
 impl Default for Index {
@@ -60,6 +63,7 @@ impl Default for Index {
             ready: Notify::new(),
             claims_version: tokio::sync::watch::Sender::new(0),
             claims_usable: std::sync::atomic::AtomicBool::new(true),
+            touched: Arc::default(),
         }
     }
 }
@@ -137,6 +141,13 @@ trait Indexed: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + S
     fn key(&self) -> Self::Key;
     fn apply(&self, cluster: &mut ClusterState) -> Result<(), convert::ConvertError>;
     fn remove(key: &Self::Key, cluster: &mut ClusterState);
+    /// Records what a change of the object with `key` may concern (see [`Touched`]).
+    fn touch(_key: &Self::Key, _touched: &Touched) {}
+    /// Whether applying the object would change the state at all (a node's heartbeat
+    /// changes nothing the engine keeps): only then is it touched.
+    fn changes(&self, _cluster: &ClusterState) -> bool {
+        true
+    }
     /// Whether the index tracks how far the watch of this kind has come.
     const VERSIONED: bool = false;
 }
@@ -152,6 +163,12 @@ impl Indexed for Node {
     }
     fn remove(key: &String, cluster: &mut ClusterState) {
         cluster.remove_node(key);
+    }
+    fn touch(key: &String, touched: &Touched) {
+        touched.node(key);
+    }
+    fn changes(&self, cluster: &ClusterState) -> bool {
+        convert::node(self).map_or(true, |node| cluster.node(&node.name) != Some(&node))
     }
 }
 
@@ -185,6 +202,9 @@ impl Indexed for ResourceSlice {
     fn remove(key: &String, cluster: &mut ClusterState) {
         cluster.remove_slice(key);
     }
+    fn touch(_key: &String, touched: &Touched) {
+        touched.everything();
+    }
 }
 
 impl Indexed for DeviceClass {
@@ -216,6 +236,9 @@ impl Indexed for DeviceTaintRule {
     fn remove(key: &String, cluster: &mut ClusterState) {
         cluster.remove_taint_rule(key);
     }
+    fn touch(_key: &String, touched: &Touched) {
+        touched.everything();
+    }
 }
 
 impl Indexed for ResourceClaim {
@@ -237,6 +260,9 @@ impl Indexed for ResourceClaim {
     }
     fn remove(key: &ClaimKey, cluster: &mut ClusterState) {
         cluster.set_claim_allocation(key, None);
+    }
+    fn touch(key: &ClaimKey, touched: &Touched) {
+        touched.claim(key.namespace(), key.name());
     }
 }
 
@@ -408,14 +434,22 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
                     unusable.remove(gone);
                 }
                 known = seen;
+                // What changed while the watch was down is not known one by one.
+                index.touched.everything();
             }
             watcher::Event::Apply(object) => {
+                let changes = object.changes(cluster);
                 apply(&object, cluster, &mut unusable);
-                known.insert(Indexed::key(&object));
+                let key = Indexed::key(&object);
+                if changes {
+                    K::touch(&key, &index.touched);
+                }
+                known.insert(key);
             }
             watcher::Event::Delete(object) => {
                 let key = Indexed::key(&object);
                 K::remove(&key, cluster);
+                K::touch(&key, &index.touched);
                 unusable.remove(&key);
                 known.remove(&key);
             }

@@ -16,6 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use muster_api::labels;
 
+use crate::cache::touched::Touched;
 use crate::kube_ops;
 
 /// `(namespace, Workload)`.
@@ -193,6 +194,7 @@ fn indexed_watch<K>(
     client: &Client,
     config: &watcher::Config,
     changed: &Arc<tokio::sync::Notify>,
+    touched: &Arc<Touched>,
 ) -> (Store<K>, Arc<ByGang>, Events<K>)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -212,6 +214,7 @@ where
                 }
             }
         })
+        .inspect(touch_gangs(touched, K::kind(&()) == "ResourceClaim"))
         .touched_objects()
         .inspect({
             let changed = changed.clone();
@@ -221,14 +224,44 @@ where
     (store, by_gang, events)
 }
 
+/// Records the gang of each object a watch event shows (by its workload label) as
+/// touched, and with `claims` the object itself as a changed claim (a claim carries the
+/// label of one Workload only, and others may hold it); a relist touches everything
+/// (what it no longer shows is not told one by one).
+fn touch_gangs<K: Resource>(
+    touched: &Arc<Touched>,
+    claims: bool,
+) -> impl Fn(&Result<watcher::Event<K>, watcher::Error>) + use<K> {
+    let touched = touched.clone();
+    move |event| match event {
+        Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object) | watcher::Event::Delete(object)) => {
+            if let Some(((namespace, workload), name)) = gang_key(object) {
+                touched.gang(&namespace, &workload);
+                if claims {
+                    touched.claim(&namespace, &name);
+                }
+            }
+        }
+        Ok(watcher::Event::InitDone) => touched.everything(),
+        Ok(watcher::Event::Init) | Err(_) => {}
+    }
+}
+
 /// Sets up the gang object caches and their watches.
 /// `changed` is told about every event, so the admission loop sees gang objects change
 /// (for example claims of a deleted Workload, which no reconcile reports).
 /// `kueue`: also cache Kueue's Workloads that stand for gangs.
-pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: bool) -> (GangStores, GangWatches) {
+/// `touched` records the gangs whose objects changed.
+pub fn gang_watches(
+    client: &Client,
+    changed: Arc<tokio::sync::Notify>,
+    touched: Arc<Touched>,
+    kueue: bool,
+) -> (GangStores, GangWatches) {
     let gang_objects = watcher::Config::default().labels(labels::WORKLOAD);
-    let (pods, pods_by_gang, pod_events) = indexed_watch::<Pod>(client, &gang_objects, &changed);
-    let (claims, claims_by_gang, claim_events) = indexed_watch::<ResourceClaim>(client, &gang_objects, &changed);
+    let (pods, pods_by_gang, pod_events) = indexed_watch::<Pod>(client, &gang_objects, &changed, &touched);
+    let (claims, claims_by_gang, claim_events) =
+        indexed_watch::<ResourceClaim>(client, &gang_objects, &changed, &touched);
     let follow = |resource: kube::api::ApiResource, config: watcher::Config| {
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
@@ -236,6 +269,7 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: b
             .default_backoff()
             .modify(|o| o.managed_fields_mut().clear())
             .reflect(writer)
+            .inspect(touch_gangs(&touched, false))
             .touched_objects()
             .inspect({
                 let changed = changed.clone();
@@ -244,10 +278,19 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: b
             .boxed();
         (store, events)
     };
+    // Kueue's checks and flavors change what it says of every gang.
+    let touching_all = |(store, events): (Store<DynamicObject>, Events<DynamicObject>)| {
+        let touched = touched.clone();
+        (store, events.inspect(move |_| touched.everything()).boxed())
+    };
     let (kueue_store, kueue_checks, kueue_flavors, kueue_events) = if kueue {
         let (workloads, workload_events) = follow(crate::kueue::api_resource(), gang_objects.clone());
-        let (checks, check_events) = follow(crate::kueue::admission_check_resource(), watcher::Config::default());
-        let (flavors, flavor_events) = follow(crate::kueue::flavor_resource(), watcher::Config::default());
+        let (checks, check_events) = touching_all(follow(
+            crate::kueue::admission_check_resource(),
+            watcher::Config::default(),
+        ));
+        let (flavors, flavor_events) =
+            touching_all(follow(crate::kueue::flavor_resource(), watcher::Config::default()));
         let events = futures::stream::select_all([workload_events, check_events, flavor_events]).boxed();
         (Some(workloads), Some(checks), Some(flavors), Some(events))
     } else {
@@ -257,6 +300,7 @@ pub fn gang_watches(client: &Client, changed: Arc<tokio::sync::Notify>, kueue: b
     let service_events = watcher(Api::<Service>::all(client.clone()), gang_objects)
         .default_backoff()
         .reflect(services_writer)
+        .inspect(touch_gangs(&touched, false))
         .touched_objects()
         .inspect({
             let changed = changed.clone();

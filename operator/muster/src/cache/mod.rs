@@ -4,3 +4,4 @@
 pub mod cluster;
 pub mod gang_index;
 pub mod gang_objects;
+pub mod touched;

@@ -78,7 +78,8 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
                 crate::kueue::QUEUE_LABEL
             );
         }
-        let (stores, mut watches) = crate::cache::gang_objects::gang_watches(&client, wake.clone(), kueue);
+        let (stores, mut watches) =
+            crate::cache::gang_objects::gang_watches(&client, wake.clone(), index.touched.clone(), kueue);
         let kueue_watch = watches.kueue.take();
         let controller = WorkloadController::new(
             client.clone(),

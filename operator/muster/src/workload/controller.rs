@@ -15,7 +15,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use muster_api::conditions;
 use muster_api::labels::{self, FIELD_MANAGER};
@@ -147,7 +147,22 @@ impl WorkloadController {
             controller: FIELD_MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        let controller = Controller::new(Api::<Workload>::all(client.clone()), watcher::Config::default())
+        // The Workloads' own watch, which records each changed Workload as touched for
+        // the admission loop as soon as its cache has it.
+        let (store, writer) = kube::runtime::reflector::store();
+        let touched = index.touched.clone();
+        let workloads = watcher(Api::<Workload>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .inspect(move |event| match event {
+                Ok(watcher::Event::Apply(w) | watcher::Event::InitApply(w) | watcher::Event::Delete(w)) => {
+                    touched.gang(&w.namespace().unwrap_or_default(), &w.name_any());
+                }
+                Ok(watcher::Event::InitDone) => touched.everything(),
+                Ok(watcher::Event::Init) | Err(_) => {}
+            })
+            .touched_objects();
+        let controller = Controller::for_stream(workloads, store)
             // Pods and claims may belong to other controllers (a Job's pods, the claims
             // kube-controller-manager makes for them): they find their Workload by label.
             .watches_stream(watches.pods, labelled_workload)
