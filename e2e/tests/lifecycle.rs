@@ -826,11 +826,10 @@ impl Drop for ClaimStatusWrites {
 /// Issue 23: muster writes a claim's allocation and its pod's reservation in one write,
 /// so kube-scheduler writes nothing to it; and a claim whose pod succeeded is not
 /// rewritten by kube-controller-manager in a loop (it drops the ended pod and reserves it
-/// again, kubernetes#141274) until the whole gang ends:
-/// - a gang that never restarts onto its reservation lets kube-controller-manager
-///   deallocate the claim in the write that drops the pod (delete-protection);
-/// - one that may restart keeps that to muster, which gives the claim back as soon as it
-///   sees the pod succeeded, while the gang runs on.
+/// again, kubernetes#141274) until the whole gang ends: every gang, whether it may
+/// restart or not, lets kube-controller-manager deallocate the claim in the write that
+/// drops the pod (delete-protection, from the pods' release). Before, a gang that may
+/// restart kept its claims unprotected, and each was written dozens of times.
 #[tokio::test]
 async fn a_claim_is_written_once_to_reserve_and_given_back_when_its_pod_succeeds() -> Result<()> {
     with_test("claim-writes", &[], &[], |test| {
@@ -841,7 +840,7 @@ async fn a_claim_is_written_once_to_reserve_and_given_back_when_its_pod_succeeds
                 json!({"failurePolicy": {"maxRestarts": 1}}),
             ))
             .await?;
-            for (gang, protected) in [("once", true), ("again", false)] {
+            for gang in ["once", "again"] {
                 assert_runs_as_planned(test, gang).await?;
                 let pod = test.pods().get(&format!("{gang}-workers-0")).await?;
                 let claim = test.claims().get(&format!("{gang}-workers-0-gpus")).await?;
@@ -869,7 +868,7 @@ async fn a_claim_is_written_once_to_reserve_and_given_back_when_its_pod_succeeds
                 );
                 let finalizers = claim.finalizers();
                 ensure!(
-                    finalizers.iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER) == protected,
+                    finalizers.iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER),
                     "{gang}: {finalizers:?}"
                 );
             }
@@ -890,17 +889,13 @@ async fn a_claim_is_written_once_to_reserve_and_given_back_when_its_pod_succeeds
             // Given back once: nothing rewrites them afterwards.
             tokio::time::sleep(Duration::from_secs(3)).await;
             let (once, again) = (writes.of("once-workers-0-gpus"), writes.of("again-workers-0-gpus"));
-            eprintln!("status writes from the pod's end: protected {once}, restartable {again}");
-            ensure!(
-                once <= 2,
-                "kube-controller-manager drops the ended pod and deallocates in one write: {once} writes"
-            );
-            // Bounded by how soon muster's loop sees the pod's end (at most ten passes a
-            // second); before, the loop ran until the whole gang ended (thousands).
-            ensure!(
-                again <= 120,
-                "the restartable gang's spent claim was written {again} times from its pod's end"
-            );
+            eprintln!("status writes from the pod's end: {once}, restartable {again}");
+            for (gang, writes) in [("once", once), ("again", again)] {
+                ensure!(
+                    writes <= 2,
+                    "kube-controller-manager drops {gang}'s ended pod and deallocates in one write: {writes} writes"
+                );
+            }
             for gang in ["once", "again"] {
                 let state = test.state(gang).await?;
                 ensure!(

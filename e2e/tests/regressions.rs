@@ -366,8 +366,11 @@ async fn defect_7_a_gang_of_job_pods_restarts_after_losing_a_pod() -> Result<()>
 
 /// Defect 9: a reservation waited forever for planned pods that never came, holding
 /// every device of the gang. Here a quota stops the restarted gang's pods from being
-/// made: the reservation is given back after the timeout, and the gang runs again once
-/// pods can be made.
+/// made. A restart no longer goes onto its reservation as it is (its claims are
+/// protected and the failed pod's goes with it): the claims left are given back and the
+/// gang waits in the queue holding nothing until its pods exist, then runs again. (A
+/// reservation recorded without its pods, one waiting for Kueue or for pods being made
+/// again, is given back after the timeout: `transitions.rs`.)
 #[tokio::test]
 async fn defect_9_a_reservation_whose_pods_never_appear_is_given_back() -> Result<()> {
     with_test("no-pods", &["--schedule-timeout", "5"], &[], |test| {
@@ -382,17 +385,27 @@ async fn defect_9_a_reservation_whose_pods_never_appear_is_given_back() -> Resul
                 "spec": {"hard": {"pods": "0"}},
             }))?;
             quotas.create(&PostParams::default(), &quota).await?;
-            // A pod fails: the gang restarts onto its reservation, but no pod can be made.
+            // A pod fails: the gang restarts, but no pod can be made.
             test.exit_pod("stuck-workers-0", 1).await?;
-            let message = test
-                .wait_admitted_reason("stuck", "ReleaseTimeout", Duration::from_secs(90))
-                .await?;
-            ensure!(message.contains("did not appear"), "{message}");
             let claims = test.claims();
+            let workloads = test.workloads();
+            let holds_nothing = || {
+                let (claims, workloads) = (claims.clone(), workloads.clone());
+                async move {
+                    let placement = workloads.get("stuck").await?.status.and_then(|s| s.placement);
+                    anyhow::Ok(allocations(&claims).await?.is_empty() && placement.and_then(|p| p.state).is_none())
+                }
+            };
             wait::until("the reservation to be given back", Duration::from_secs(60), || {
-                let claims = claims.clone();
-                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+                let check = holds_nothing();
+                async move { Ok(check.await?.then_some(())) }
             })
+            .await?;
+            wait::holds(
+                "the gang to hold nothing while its pods cannot be made",
+                Duration::from_secs(6),
+                holds_nothing,
+            )
             .await?;
             // Pods can be made again: the gang is placed and runs.
             quotas.delete("no-pods", &DeleteParams::default()).await?;

@@ -119,10 +119,10 @@ async fn the_operator_killed_after_any_write_of_a_transition_converges() -> Resu
         (Drive::Succeed, "after-finishing-delete"),
         (Drive::Succeed, "after-finishing-deallocate"),
         (Drive::Succeed, "after-finishing-record"),
+        // A restart gives back what its failed pod left and places the gang again.
         (Drive::Restart, "after-restarting-delete"),
+        (Drive::Restart, "after-restarting-deallocate"),
         (Drive::Restart, "after-restarting-record"),
-        (Drive::Restart, "after-reserved-release"),
-        (Drive::Restart, "after-reserved-record"),
         (Drive::Conflict, "after-tearing-down-delete"),
         (Drive::Conflict, "after-tearing-down-deallocate"),
         (Drive::Conflict, "after-tearing-down-record"),

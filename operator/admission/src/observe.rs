@@ -72,19 +72,6 @@ impl Spec {
     pub fn has_external_groups(&self) -> bool {
         self.groups.iter().any(|g| !g.managed)
     }
-
-    /// Whether a failure may restart the gang onto the reservation it holds: only muster's
-    /// own pods restart that way, and only where a restart can happen at all (restarts
-    /// allowed, or a rule that restarts without counting). Such a gang keeps its claims
-    /// allocated while its pods end or go; any other lets them go with their pods.
-    pub fn may_restart_onto_reservation(&self) -> bool {
-        let restarts = self.max_restarts > 0
-            || self
-                .failure_rules
-                .iter()
-                .any(|r| r.action == crate::failure::FailureAction::RestartUncounted);
-        !self.has_external_groups() && restarts
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2361,7 +2361,7 @@ impl Sim {
                 // pod muster allocated and no other gang holds lists it, then is protected
                 // (writes before the release); a protected claim lists it too. One that
                 // lost its allocation stops the release.
-                let protect = !self.world.workloads[&gang].spec.may_restart_onto_reservation();
+                let protect = true;
                 for claim in self.world.pods[&pod].claims.clone() {
                     let held_elsewhere = self.world.workloads.iter().any(|(other, w)| {
                         other != &gang && w.journal.as_ref().is_some_and(|j| j.claims.contains(&claim))

@@ -217,7 +217,6 @@ fn a_claim_whose_pods_all_succeeded_is_given_back_while_the_gang_runs_on() {
 fn a_protected_claim_is_neither_restarted_onto_nor_raced_for() {
     let mut restartable = spec(1, true);
     restartable.max_restarts = 2;
-    assert!(restartable.may_restart_onto_reservation());
     let j = journal(
         State::Released,
         0,
@@ -260,26 +259,6 @@ fn a_protected_claim_is_neither_restarted_onto_nor_raced_for() {
     protected.reserved_for.clear();
     let s = step(&spec(2, true), &two, 0, &pods, &[protected], 1000);
     assert_eq!(deallocates(&s), vec!["g-w-0-gpu".to_string()]);
-}
-
-/// Restarts are possible at all only with restarts allowed or a rule that does not count.
-#[test]
-fn only_a_gang_that_can_restart_restarts_onto_its_reservation() {
-    let mut s = spec(1, true);
-    s.max_restarts = 0;
-    assert!(!s.may_restart_onto_reservation(), "maxRestarts 0");
-    s.failure_rules = vec![rule(failure::FailureAction::RestartGang)];
-    assert!(
-        !s.may_restart_onto_reservation(),
-        "a counted restart with none allowed fails"
-    );
-    s.failure_rules = vec![rule(failure::FailureAction::RestartUncounted)];
-    assert!(s.may_restart_onto_reservation());
-    s.failure_rules.clear();
-    s.max_restarts = 1;
-    assert!(s.may_restart_onto_reservation());
-    s.groups[0].managed = false;
-    assert!(!s.may_restart_onto_reservation(), "another controller's pods");
 }
 
 #[test]

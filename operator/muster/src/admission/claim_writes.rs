@@ -62,12 +62,10 @@ pub fn planned_consumers(
 
 /// The finalizers a claim must carry, if `current` is not that already: muster's always;
 /// kube-controller-manager's delete-protection exactly when `protect`. A claim is
-/// committed unprotected, and protected when the pods of a gang that can never restart
-/// onto its reservation are released (see
-/// [`muster_admission::Spec::may_restart_onto_reservation`]): kube-controller-manager then
-/// deallocates it in the very write that drops its last ended pod, instead of dropping
-/// and reserving the pod again in a loop; before the release, a gated pod made again
-/// would take the allocation with its old entry.
+/// committed unprotected, and protected when its gang's pods are released:
+/// kube-controller-manager then deallocates it in the very write that drops its last
+/// ended pod, instead of dropping and reserving the pod again in a loop; before the
+/// release, a gated pod made again would take the allocation with its old entry.
 pub fn commit_finalizers(current: &[String], protect: bool) -> Option<Vec<String>> {
     let mut wanted: Vec<String> = current
         .iter()

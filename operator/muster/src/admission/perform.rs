@@ -593,17 +593,15 @@ impl Admission {
         Ok(())
     }
 
-    /// Before pods are released onto the claims of a gang that can never restart onto its
-    /// reservation, each such claim lists them in `reservedFor` (see
-    /// [`claim_writes::reservation_addition`]) and then gets delete-protection, so that
-    /// kube-controller-manager deallocates it with its last pod (see
-    /// [`claim_writes::commit_finalizers`]). Only a claim muster allocated that no other
-    /// gang holds (one protected already, too, whatever the gang's policy); one with more
-    /// consumers than `reservedFor` holds stays unprotected. A claim that lost its
-    /// allocation meanwhile stops the release; the next look sees it and places the gang
-    /// again.
+    /// Before pods are released onto the claims of a gang, each claim lists them in
+    /// `reservedFor` (see [`claim_writes::reservation_addition`]) and then gets
+    /// delete-protection, so that kube-controller-manager deallocates it with its last
+    /// pod (see [`claim_writes::commit_finalizers`]) instead of reserving it again and
+    /// again for an ended pod. Only a claim muster allocated that no other gang holds (or
+    /// one protected already); one with more consumers than `reservedFor` holds stays
+    /// unprotected. A claim that lost its allocation meanwhile stops the release; the
+    /// next look sees it and places the gang again.
     async fn list_released_pods(&self, workload: &Workload, pins: &[muster_admission::Pin]) -> Result<(), CommitError> {
-        let protect = !observe::spec(workload).may_restart_onto_reservation();
         let pods = self.gang_pods(workload);
         let claims: BTreeMap<String, Arc<ResourceClaim>> = self
             .gang_claims(workload)
@@ -622,12 +620,7 @@ impl Admission {
                 // Only claims of muster's that no other gang holds: a claim another
                 // allocator made is left as it is (entries added there would outlive a
                 // gang that lets go of it without deallocating it).
-                let protected = claim
-                    .finalizers()
-                    .iter()
-                    .any(|f| f == labels::DELETE_PROTECTION_FINALIZER);
-                let to_protect = (protect || protected)
-                    && ownership::muster_allocated(claim)
+                let to_protect = ownership::muster_allocated(claim)
                     && !self.claim_view_used_by(workload, claim, Vec::new()).held_elsewhere;
                 if to_protect {
                     let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));

@@ -1,9 +1,9 @@
-//! Where each member of a gang whose pods another controller restarts ran last: its node
-//! and devices, by group and member index. A replacement the controller makes for a
-//! member (a JobSet restarting its Jobs, a Job replacing a failed pod) is planned back
-//! there first (`PlanOptions::previous`), so a restart comes back onto the same devices
-//! when they are still free. Kept in memory: after an operator restart, replacements
-//! are planned afresh.
+//! Where each member of a gang ran last: its node and devices, by group and member
+//! index. A replacement the pods' controller makes for a member (a JobSet restarting its
+//! Jobs, a Job replacing a failed pod), and a member of a gang muster restarts, is
+//! planned back there first (`PlanOptions::previous`), so a restart comes back onto the
+//! same devices when they are still free. Kept in memory: after an operator restart,
+//! restarts are planned afresh.
 //!
 //! While a member's place is vacant (its pod failed or went, its replacement not placed
 //! yet), its devices are held for the gang as a nomination holds devices: against gangs
@@ -61,9 +61,6 @@ impl Places {
         request: &GangRequest,
         plan: &Plan,
     ) {
-        if !restarted_by_pod_controller(workload) {
-            return;
-        }
         let mut placed = BTreeMap::new();
         for placement in &plan.pods {
             let Some(pod) = pods.iter().find(|p| p.name_any() == placement.pod.name()) else {

@@ -631,8 +631,15 @@ impl Admission {
         avoid: muster_engine::placement::Avoid,
     ) -> Result<Planned, CommitError> {
         let empty_options = self.settings.plan.clone();
+        // A gang placed again after a restart goes back where its pods ran, if it can.
+        let previous = if crate::workload::membership::attempt(workload) > 0 {
+            self.places.previous(workload, &self.gang_pods(workload), &request)
+        } else {
+            Default::default()
+        };
         let unlimited = PlanOptions {
             avoid: Arc::new(avoid),
+            previous: Arc::new(previous),
             ..empty_options.clone()
         };
         let options = PlanOptions {
