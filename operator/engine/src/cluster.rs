@@ -910,30 +910,25 @@ impl ClusterState {
     /// The claims holding a device exclusively, in name order. A scan of every claim:
     /// for explaining a conflict, not for planning.
     pub fn exclusive_holder_names(&self, id: &DeviceId) -> Vec<&str> {
-        let mut names: Vec<&str> = self
-            .claims
-            .iter()
-            .filter(|(_, held)| {
-                held.devices
-                    .iter()
-                    .any(|d| d.admin_access != Some(true) && d.share_id.is_none() && d.device_id() == *id)
-            })
-            .map(|(name, _)| name.as_str())
-            .collect();
-        names.sort_unstable();
-        names
+        self.holder_names_where(id, |d| d.share_id.is_none())
     }
 
     /// Every claim holding a device, exclusively or a share of it, in name order. A scan
     /// of every claim, like [`ClusterState::exclusive_holder_names`].
     pub fn holder_names(&self, id: &DeviceId) -> Vec<&str> {
+        self.holder_names_where(id, |_| true)
+    }
+
+    /// The claims with a result for `id` (admin access left out) that `counts`, in name
+    /// order.
+    fn holder_names_where(&self, id: &DeviceId, counts: impl Fn(&DeviceResult) -> bool) -> Vec<&str> {
         let mut names: Vec<&str> = self
             .claims
             .iter()
             .filter(|(_, held)| {
                 held.devices
                     .iter()
-                    .any(|d| d.admin_access != Some(true) && d.device_id() == *id)
+                    .any(|d| d.admin_access != Some(true) && counts(d) && d.device_id() == *id)
             })
             .map(|(name, _)| name.as_str())
             .collect();

@@ -212,15 +212,18 @@ impl Admission {
             if let Some(journal) = extras_of {
                 // Room that appeared during the pass goes to a gang of higher priority
                 // the pass passed over, if it fits now: next pass, before these extras.
-                if (room_freed || self.index.changes() != changes)
-                    && alongside(
+                if self
+                    .room_goes_to_passed_over(
+                        &passed_over,
+                        priority,
+                        &held,
+                        room_freed,
+                        changes,
                         &mut in_flight,
                         &mut ended,
-                        self.one_passed_over_fits(&passed_over, priority, &held),
                     )
                     .await
                 {
-                    self.make_due(&passed_over, changes);
                     next = Duration::ZERO;
                     break;
                 }
@@ -296,15 +299,18 @@ impl Admission {
                     // Room can appear while a pass runs (kube-controller-manager frees a
                     // protected claim when its pod ends): a gang of higher priority this
                     // pass passed over may fit now, and goes first, in the next pass.
-                    if (room_freed || self.index.changes() != changes)
-                        && alongside(
+                    if self
+                        .room_goes_to_passed_over(
+                            &passed_over,
+                            priority,
+                            &held,
+                            room_freed,
+                            changes,
                             &mut in_flight,
                             &mut ended,
-                            self.one_passed_over_fits(&passed_over, priority, &held),
                         )
                         .await
                     {
-                        self.make_due(&passed_over, changes);
                         next = Duration::ZERO;
                         break;
                     }
@@ -407,6 +413,31 @@ impl Admission {
             self.settle_attempt(&gang.name, gang.priority, outcome, changes, held, next);
         }
         freed
+    }
+
+    /// Whether room that appeared since the pass began (`room_freed`, or a watch event
+    /// past `changes`) goes first to a gang of higher priority than `priority` the pass
+    /// passed over (or its extras), because it fits now: the pass then stops, and they
+    /// are due at once in the next. Commits in flight go on meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    async fn room_goes_to_passed_over<C: Future>(
+        &self,
+        passed_over: &[PassedOver],
+        priority: i32,
+        held: &Held,
+        room_freed: bool,
+        changes: u64,
+        in_flight: &mut FuturesUnordered<C>,
+        ended: &mut Vec<C::Output>,
+    ) -> bool {
+        if !room_freed && self.index.changes() == changes {
+            return false;
+        }
+        if !alongside(in_flight, ended, self.one_passed_over_fits(passed_over, priority, held)).await {
+            return false;
+        }
+        self.make_due(passed_over, changes);
+        true
     }
 
     /// Makes the gangs (and extras) the pass passed over due in the next pass, whether or
