@@ -9,16 +9,16 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
 use kube::api::Api;
-use muster_admission::{Journal, Record, commit};
+use muster_admission::{Effect, Journal, Pin, PodRef, Record, commit};
 use muster_api::v1alpha1::Workload;
 use muster_engine::cluster::PlanId;
 use muster_engine::placement::{self, Outcome, Plan};
 use muster_engine::request::GangRequest;
 use tracing::info;
 
+use crate::admission::places;
 use crate::admission::reserve::core_placement;
 use crate::admission::{Admission, CommitError, key};
-use crate::admission::{places, release};
 use crate::workload::membership;
 use crate::workload::observe;
 
@@ -309,37 +309,35 @@ impl Admission {
             return Err(error);
         }
         let released = commit::extras_released(&grown, &placement, observe::now_millis());
-        self.record(
-            &recorded,
-            Record {
-                journal: Some(released),
-                conditions: vec![],
-                restarts: None,
-                refusals: None,
-            },
-        )
-        .await?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        for planned in &placement.pods {
-            self.ensure_leading();
-            let Some(pod) = pods.iter().find(|p| p.name_any() == planned.name) else {
-                continue;
-            };
-            let uid = pod.uid().unwrap_or_default();
-            if let Some(pod) = release::release(
-                &api,
-                &planned.name,
-                &uid,
-                &planned.node,
-                Some(pod),
-                self.settings.fencing,
-                &|| self.ensure_leading(),
+        let recorded = self
+            .record(
+                &recorded,
+                Record {
+                    journal: Some(released),
+                    conditions: vec![],
+                    restarts: None,
+                    refusals: None,
+                },
             )
-            .await?
-            {
-                self.remember_pod(pod);
-            }
-        }
+            .await?;
+        // Released as a gang's pods are: their claims listed and protected first, then
+        // every pod at once.
+        let pins: Vec<Pin> = placement
+            .pods
+            .iter()
+            .filter_map(|planned| {
+                let pod = pods.iter().find(|p| p.name_any() == planned.name)?;
+                Some(Pin {
+                    pod: PodRef {
+                        name: planned.name.clone(),
+                        uid: pod.uid()?,
+                    },
+                    node: planned.node.clone(),
+                })
+            })
+            .collect();
+        self.execute(&recorded, None, vec![Effect::Release { pods: pins }])
+            .await?;
         crate::ops::metrics::get().extras_placed.inc_by(plan.pods.len() as u64);
         Ok(())
     }

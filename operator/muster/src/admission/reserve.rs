@@ -523,10 +523,6 @@ impl Admission {
         }
     }
 
-    pub(crate) fn remember_pod(&self, pod: Pod) {
-        self.own_pods.remember(pod);
-    }
-
     /// Allocates every planned claim, each only if it is still unallocated, and reserves
     /// it for the gang's planned pods that name it in the same write (see
     /// [`claim_writes::planned_consumers`]); then checks that no other claim holds any of
