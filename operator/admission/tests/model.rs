@@ -2361,7 +2361,6 @@ impl Sim {
                 // pod muster allocated and no other gang holds lists it, then is protected
                 // (writes before the release); a protected claim lists it too. One that
                 // lost its allocation stops the release.
-                let protect = true;
                 for claim in self.world.pods[&pod].claims.clone() {
                     let held_elsewhere = self.world.workloads.iter().any(|(other, w)| {
                         other != &gang && w.journal.as_ref().is_some_and(|j| j.claims.contains(&claim))
@@ -2369,8 +2368,19 @@ impl Sim {
                     let Some(c) = self.world.claims.get(&claim) else {
                         continue;
                     };
-                    let to_protect = (protect || c.protected) && c.ours && !held_elsewhere;
+                    let to_protect = c.ours && !held_elsewhere;
+                    // One not the gang's to protect and not reserved for the pod, as the
+                    // operator sees it, is read afresh, and left as it is.
                     if !to_protect {
+                        let listed = self
+                            .op
+                            .view()
+                            .claims
+                            .get(&claim)
+                            .is_some_and(|c| c.reserved_for.contains(&uid));
+                        if !listed && c.allocation.is_none() {
+                            return false;
+                        }
                         continue;
                     }
                     if c.allocation.is_none() {

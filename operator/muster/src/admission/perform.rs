@@ -611,6 +611,7 @@ impl Admission {
         // Per claim: whether it is to be protected, and the pods released onto it.
         type Consumers = Vec<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>;
         let mut consumers: BTreeMap<String, (bool, Consumers)> = BTreeMap::new();
+        let mut checked: BTreeSet<String> = BTreeSet::new();
         for pin in pins {
             let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str())) else {
                 continue;
@@ -622,6 +623,18 @@ impl Admission {
                 // gang that lets go of it without deallocating it).
                 let to_protect = ownership::muster_allocated(claim)
                     && !self.claim_view_used_by(workload, claim, Vec::new()).held_elsewhere;
+                let listed = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.reserved_for.as_ref())
+                    .is_some_and(|r| r.iter().any(|c| c.uid == pin.pod.uid));
+                if !to_protect && !listed {
+                    // Not the gang's to protect, and not reserved for the pod: another
+                    // release may have protected it since the caches looked, and
+                    // kube-controller-manager deallocated it with its last pod. Looked at
+                    // afresh before the pods go, left as it is.
+                    checked.insert(name.to_string());
+                }
                 if to_protect {
                     let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));
                     entry
@@ -643,10 +656,23 @@ impl Admission {
             let missing = pods.iter().filter(|p| !listed.contains(&p.uid.as_str())).count();
             listed.len() + missing <= claim_writes::RESERVED_FOR_MAX
         });
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        for name in &checked {
+            let cached = claims[name].status.as_ref().and_then(|s| s.allocation.as_ref());
+            let current = api.get_opt(name).await?;
+            let fresh = current.as_ref().and_then(|c| c.status.as_ref()?.allocation.as_ref());
+            let same = |a: &k8s_openapi::api::resource::v1::AllocationResult| {
+                cached.is_some_and(|c| c.allocation_timestamp == a.allocation_timestamp)
+            };
+            if !fresh.is_some_and(same) {
+                return Err(CommitError::Conflict(format!(
+                    "claim {name} lost its allocation before its pods were released; looking again"
+                )));
+            }
+        }
         if consumers.is_empty() {
             return Ok(());
         }
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
         let results: Vec<Result<Option<ResourceClaim>, CommitError>> = stream::iter(consumers)
             .map(|(name, (to_protect, consumers))| {
                 let api = api.clone();
