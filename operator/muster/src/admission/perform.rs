@@ -420,31 +420,37 @@ impl Admission {
                     write = None;
                 }
                 Effect::Release { pods: pins } => {
-                    self.list_released_pods(workload, &pins).await?;
-                    let released = self
-                        .write_all(&pins, FaultPoint::AfterFirstRelease, |pin| {
-                            let api = pods.clone();
-                            let cached = self
-                                .gang_pods(workload)
-                                .into_iter()
-                                .find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str()));
-                            async move {
-                                self.ensure_leading();
-                                release::release(
-                                    &api,
-                                    &pin.pod.name,
-                                    &pin.pod.uid,
-                                    &pin.node,
-                                    cached.as_deref(),
-                                    self.settings.fencing,
-                                    &|| self.ensure_leading(),
-                                )
-                                .await
-                                .map_err(CommitError::from)
-                            }
-                        })
-                        .await?;
-                    for pod in released.into_iter().flatten() {
+                    // Claims that list every pod already are protected while the pods go.
+                    let listed = self.list_released_pods(workload, &pins).await?;
+                    let protected = self.protect_listed(workload, listed);
+                    let released = self.write_all(&pins, FaultPoint::AfterFirstRelease, |pin| {
+                        let api = pods.clone();
+                        let cached = self
+                            .gang_pods(workload)
+                            .into_iter()
+                            .find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str()));
+                        async move {
+                            self.ensure_leading();
+                            release::release(
+                                &api,
+                                &pin.pod.name,
+                                &pin.pod.uid,
+                                &pin.node,
+                                cached.as_deref(),
+                                self.settings.fencing,
+                                &|| self.ensure_leading(),
+                            )
+                            .await
+                            .map_err(CommitError::from)
+                        }
+                    });
+                    let (released, protected) = futures::join!(released, protected);
+                    if let Err(e) = protected {
+                        // Left unprotected, a spent claim is given back by the state
+                        // machine instead (`give_back_spent`).
+                        warn!(workload = %key(workload), error = %e, "protecting a released gang's claims failed");
+                    }
+                    for pod in released?.into_iter().flatten() {
                         self.own_pods.remember(pod);
                     }
                 }
@@ -597,11 +603,18 @@ impl Admission {
     /// `reservedFor` (see [`claim_writes::reservation_addition`]) and then gets
     /// delete-protection, so that kube-controller-manager deallocates it with its last
     /// pod (see [`claim_writes::commit_finalizers`]) instead of reserving it again and
-    /// again for an ended pod. Only a claim muster allocated that no other gang holds (or
-    /// one protected already); one with more consumers than `reservedFor` holds stays
-    /// unprotected. A claim that lost its allocation meanwhile stops the release; the
-    /// next look sees it and places the gang again.
-    async fn list_released_pods(&self, workload: &Workload, pins: &[muster_admission::Pin]) -> Result<(), CommitError> {
+    /// again for an ended pod. Only a claim muster allocated that no other gang holds;
+    /// one with more consumers than `reservedFor` holds stays unprotected. A claim that
+    /// lost its allocation meanwhile stops the release; the next look sees it and places
+    /// the gang again. Returns the claims that list every pod already (the commit listed
+    /// them): they need protection only, which may land while the pods go
+    /// ([`Self::protect_listed`]), since kube-controller-manager cannot take a claim
+    /// from under a listed pod that exists.
+    async fn list_released_pods(
+        &self,
+        workload: &Workload,
+        pins: &[muster_admission::Pin],
+    ) -> Result<Vec<Arc<ResourceClaim>>, CommitError> {
         let pods = self.gang_pods(workload);
         let claims: BTreeMap<String, Arc<ResourceClaim>> = self
             .gang_claims(workload)
@@ -670,8 +683,21 @@ impl Admission {
                 )));
             }
         }
+        // Listed already: protected while the pods go.
+        let mut listed = Vec::new();
+        consumers.retain(|name, (_, pods)| {
+            let claim = &claims[name];
+            if claim_writes::reservation_addition(claim, pods).is_none()
+                && claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
+            {
+                listed.push(claim.clone());
+                false
+            } else {
+                true
+            }
+        });
         if consumers.is_empty() {
-            return Ok(());
+            return Ok(listed);
         }
         let results: Vec<Result<Option<ResourceClaim>, CommitError>> = stream::iter(consumers)
             .map(|(name, (to_protect, consumers))| {
@@ -720,6 +746,70 @@ impl Admission {
                         }
                     }
                     Ok(current)
+                }
+            })
+            .buffer_unordered(self.settings.write_parallelism.max(1))
+            .collect()
+            .await;
+        self.remember_claims(results)?;
+        Ok(listed)
+    }
+
+    /// Gives delete-protection to `claims`, which list every pod of the gang released
+    /// onto them (see [`Self::list_released_pods`]), each against the version seen.
+    async fn protect_listed(&self, workload: &Workload, claims: Vec<Arc<ResourceClaim>>) -> Result<(), CommitError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        let results: Vec<Result<Option<ResourceClaim>, CommitError>> = stream::iter(claims)
+            .map(|claim| {
+                let api = api.clone();
+                async move {
+                    let name = claim.name_any();
+                    let mut seen = (*claim).clone();
+                    // Against the version seen; once more on a fresh read if another
+                    // writer moved it (the protection does not depend on what changed,
+                    // as long as the claim is still the allocation the pods were
+                    // released onto).
+                    for fresh in [false, true] {
+                        if fresh {
+                            self.ensure_leading();
+                            match api.get_opt(&name).await? {
+                                Some(current)
+                                    if current.metadata.uid == claim.metadata.uid
+                                        && current
+                                            .status
+                                            .as_ref()
+                                            .and_then(|s| s.allocation.as_ref())
+                                            .map(|a| &a.allocation_timestamp)
+                                            == claim
+                                                .status
+                                                .as_ref()
+                                                .and_then(|s| s.allocation.as_ref())
+                                                .map(|a| &a.allocation_timestamp) =>
+                                {
+                                    seen = current
+                                }
+                                _ => return Ok(None),
+                            }
+                        }
+                        let Some(finalizers) = claim_writes::commit_finalizers(seen.finalizers(), true) else {
+                            return Ok(None);
+                        };
+                        let patch = json!({
+                            "metadata": {"finalizers": finalizers, "resourceVersion": seen.resource_version()},
+                        });
+                        self.ensure_leading();
+                        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                            Ok(written) => return Ok(Some(written)),
+                            Err(e) if kube_ops::is_conflict(&e) && !fresh => {}
+                            Err(e) if kube_ops::is_conflict(&e) || kube_ops::is_not_found(&e) => {
+                                return Err(CommitError::Conflict(format!(
+                                    "claim {name} changed while its pods were released"
+                                )));
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Ok(None)
                 }
             })
             .buffer_unordered(self.settings.write_parallelism.max(1))
