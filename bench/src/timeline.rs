@@ -196,8 +196,11 @@ impl Timeline {
             deleted: false,
         });
         match allocation {
-            Some(allocation) if record.allocated.is_none() => {
-                record.allocated = Some(now);
+            // Allocated, or allocated again after it was given back (a gang placed again
+            // after a restart): it holds these devices from now on.
+            Some(allocation) if record.allocated.is_none() || record.released.is_some() => {
+                record.allocated.get_or_insert(now);
+                record.released = None;
                 record.devices = allocation
                     .devices
                     .iter()
