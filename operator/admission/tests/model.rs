@@ -2386,9 +2386,28 @@ impl Sim {
                     if c.allocation.is_none() {
                         return false;
                     }
+                    // Every pod of the gang released onto it, as the operator sees them,
+                    // is listed with this one before it is protected: one released
+                    // earlier may not be bound (and listed by kube-scheduler) yet.
+                    let mut listed: Vec<String> = self
+                        .op
+                        .view()
+                        .pods
+                        .values()
+                        .filter(|p| {
+                            p.workload.as_deref() == Some(gang.as_str())
+                                && !p.gated
+                                && !p.phase.terminal()
+                                && p.claims.contains(&claim)
+                        })
+                        .map(|p| p.uid.clone())
+                        .collect();
+                    listed.push(uid.clone());
                     self.write_claim(&claim, |c| {
-                        if !c.reserved_for.contains(&uid) {
-                            c.reserved_for.push(uid.clone());
+                        for uid in listed {
+                            if !c.reserved_for.contains(&uid) {
+                                c.reserved_for.push(uid);
+                            }
                         }
                         c.protected = true;
                     });

@@ -661,6 +661,31 @@ impl Admission {
                 }
             }
         }
+        // The gang's pods released onto a claim earlier are listed with these: one may not
+        // be bound yet (kube-scheduler lists a pod when it binds it), and a protected
+        // claim must not be deallocated under it when the pods listed so far end.
+        for (name, (_, listed)) in consumers.iter_mut() {
+            for pod in &pods {
+                let ended = matches!(
+                    pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                );
+                let Some(uid) = pod.uid() else { continue };
+                if crate::workload::status::is_gated(pod)
+                    || ended
+                    || !claim_writes::names_claim(pod, name)
+                    || listed.iter().any(|c| c.uid == uid)
+                {
+                    continue;
+                }
+                listed.push(k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+                    api_group: None,
+                    resource: "pods".into(),
+                    name: pod.name_any(),
+                    uid,
+                });
+            }
+        }
         // A claim whose consumers would not fit in `reservedFor` is left to kube-scheduler,
         // which refuses the pods beyond the limit (as the commit leaves it).
         consumers.retain(|name, (_, pods)| {
