@@ -2369,9 +2369,10 @@ impl Sim {
                         continue;
                     };
                     let to_protect = c.ours && !held_elsewhere;
-                    // One not the gang's to protect and not reserved for the pod, as the
-                    // operator sees it, is read afresh, and left as it is.
-                    if !to_protect {
+                    // One not the gang's to protect and not muster's, not reserved for
+                    // the pod as the operator sees it, is read afresh, and left as it is;
+                    // one of muster's another gang holds too lists the pods, unprotected.
+                    if !to_protect && !c.ours {
                         let listed = self
                             .op
                             .view()
@@ -2403,13 +2404,17 @@ impl Sim {
                         .map(|p| p.uid.clone())
                         .collect();
                     listed.push(uid.clone());
+                    // Written only if something changes, as the operator's listing is.
+                    if listed.iter().all(|u| c.reserved_for.contains(u)) && (c.protected || !to_protect) {
+                        continue;
+                    }
                     self.write_claim(&claim, |c| {
                         for uid in listed {
                             if !c.reserved_for.contains(&uid) {
                                 c.reserved_for.push(uid);
                             }
                         }
-                        c.protected = true;
+                        c.protected |= to_protect;
                     });
                 }
                 if self.world.workloads[&gang].kueue.as_ref().is_some_and(|k| !k.admitted) {

@@ -81,6 +81,12 @@ pub fn commit_finalizers(current: &[String], protect: bool) -> Option<Vec<String
     (wanted != current).then_some(wanted)
 }
 
+/// The `muster.dev/held-at` fence a gang that holds `claim` as it found it put on it,
+/// if one did.
+pub fn held_at(claim: &ResourceClaim) -> Option<&String> {
+    claim.metadata.annotations.as_ref()?.get(CLAIM_HELD_AT)
+}
+
 /// The JSON patch that adds `consumers` to the `reservedFor` of `claim` where they are not
 /// listed yet: before a claim is given delete-protection at its pods' release, every pod
 /// released onto it is listed (a pod made again since the commit is listed under its old

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
 use kube::api::Api;
-use muster_admission::{Effect, Journal, Pin, PodRef, Record, commit};
+use muster_admission::{Journal, Pin, PodRef, Record, commit};
 use muster_api::v1alpha1::Workload;
 use muster_engine::cluster::PlanId;
 use muster_engine::placement::{self, Outcome, Plan};
@@ -336,8 +336,7 @@ impl Admission {
                 })
             })
             .collect();
-        self.execute(&recorded, None, vec![Effect::Release { pods: pins }])
-            .await?;
+        self.release_pins(&recorded, &pins).await?;
         crate::ops::metrics::get().extras_placed.inc_by(plan.pods.len() as u64);
         Ok(())
     }

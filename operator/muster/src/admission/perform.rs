@@ -298,8 +298,55 @@ impl Admission {
         next: &mut Duration,
     ) -> Result<(bool, Option<Journal>), CommitError> {
         let (journal, idle) = self.step(workload, next).await?;
+        if idle && journal.as_ref().is_some_and(|j| j.state == State::Released) {
+            self.protect_released(workload).await?;
+        }
         let extras_of = journal.filter(|j| idle && self.may_place_extras(workload, j));
         Ok((idle, extras_of))
+    }
+
+    /// A released gang's claims that its release left unprotected (the protection
+    /// failed, the process stopped before it landed, or the gang was released by a
+    /// version of muster that did not protect them): protected now, where it is safe as
+    /// at a release. A claim muster allocated that no other gang holds, allocated, every
+    /// pod of the gang naming it released, alive and listed in `reservedFor`.
+    async fn protect_released(&self, workload: &Workload) -> Result<(), CommitError> {
+        let pods = self.gang_pods(workload);
+        let named: BTreeSet<String> = placement_of(workload)
+            .map(|p| p.claims.iter().cloned().collect())
+            .unwrap_or_default();
+        let unprotected: Vec<Arc<ResourceClaim>> = self
+            .gang_claims(workload)
+            .into_iter()
+            .filter(|c| named.contains(&c.name_any()) && ownership::muster_allocated(c) && ownership::allocated(c))
+            .filter(|c| !c.finalizers().iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER))
+            .filter(|c| !self.claim_view_used_by(workload, c, Vec::new()).held_elsewhere)
+            .filter(|c| {
+                let name = c.name_any();
+                let listed: BTreeSet<&str> = c
+                    .status
+                    .iter()
+                    .flat_map(|s| s.reserved_for.iter().flatten())
+                    .map(|r| r.uid.as_str())
+                    .collect();
+                let users: Vec<&Arc<Pod>> = pods.iter().filter(|p| claim_writes::names_claim(p, &name)).collect();
+                !users.is_empty()
+                    && users.iter().all(|p| {
+                        let alive = p.metadata.deletion_timestamp.is_none()
+                            && !matches!(
+                                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                                Some("Succeeded" | "Failed")
+                            );
+                        alive
+                            && !crate::workload::status::is_gated(p)
+                            && p.uid().is_some_and(|uid| listed.contains(uid.as_str()))
+                    })
+            })
+            .collect();
+        if unprotected.is_empty() {
+            return Ok(());
+        }
+        self.protect_listed(workload, unprotected).await
     }
 
     /// Whether a gang may have extras placed now: released, not suspended or evicted.
@@ -362,7 +409,8 @@ impl Admission {
                     pods: targets,
                     immediately,
                 } => {
-                    self.unprotect_claims(workload).await?;
+                    let going: BTreeSet<&str> = targets.iter().map(|t| t.uid.as_str()).collect();
+                    self.unprotect_claims(workload, &going).await?;
                     let seen = self.gang_pods(workload);
                     for target in targets {
                         // The pod as it was when the deletion was decided: a leader
@@ -419,41 +467,7 @@ impl Admission {
                     tracing::debug!(workload = %key(workload), "reserved; waiting for Kueue to admit before releasing");
                     write = None;
                 }
-                Effect::Release { pods: pins } => {
-                    // Claims that list every pod already are protected while the pods go.
-                    let listed = self.list_released_pods(workload, &pins).await?;
-                    let protected = self.protect_listed(workload, listed);
-                    let released = self.write_all(&pins, FaultPoint::AfterFirstRelease, |pin| {
-                        let api = pods.clone();
-                        let cached = self
-                            .gang_pods(workload)
-                            .into_iter()
-                            .find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str()));
-                        async move {
-                            self.ensure_leading();
-                            release::release(
-                                &api,
-                                &pin.pod.name,
-                                &pin.pod.uid,
-                                &pin.node,
-                                cached.as_deref(),
-                                self.settings.fencing,
-                                &|| self.ensure_leading(),
-                            )
-                            .await
-                            .map_err(CommitError::from)
-                        }
-                    });
-                    let (released, protected) = futures::join!(released, protected);
-                    if let Err(e) = protected {
-                        // Left unprotected, a spent claim is given back by the state
-                        // machine instead (`give_back_spent`).
-                        warn!(workload = %key(workload), error = %e, "protecting a released gang's claims failed");
-                    }
-                    for pod in released?.into_iter().flatten() {
-                        self.own_pods.remember(pod);
-                    }
-                }
+                Effect::Release { pods: pins } => self.release_pins(workload, &pins).await?,
                 Effect::DeleteWorkload => {
                     let api: Api<Workload> = Api::namespaced(self.client.clone(), &namespace);
                     kube_ops::done_if_gone_or_changed(
@@ -482,6 +496,51 @@ impl Admission {
             }
         }
         Ok(wrote)
+    }
+
+    /// Releases the gang's planned pods `pins`, each pinned to its node, all at once: the
+    /// claims that must list a pod first are listed (and protected) before, those that
+    /// list every pod already are protected meanwhile (see [`Self::list_released_pods`]).
+    pub(super) async fn release_pins(
+        &self,
+        workload: &Workload,
+        pins: &[muster_admission::Pin],
+    ) -> Result<(), CommitError> {
+        let namespace = workload.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        // Claims that list every pod already are protected while the pods go.
+        let listed = self.list_released_pods(workload, pins).await?;
+        let protected = self.protect_listed(workload, listed);
+        let released = self.write_all(pins, FaultPoint::AfterFirstRelease, |pin| {
+            let api = pods.clone();
+            let cached = self
+                .gang_pods(workload)
+                .into_iter()
+                .find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str()));
+            async move {
+                self.ensure_leading();
+                release::release(
+                    &api,
+                    &pin.pod.name,
+                    &pin.pod.uid,
+                    &pin.node,
+                    cached.as_deref(),
+                    self.settings.fencing,
+                    &|| self.ensure_leading(),
+                )
+                .await
+                .map_err(CommitError::from)
+            }
+        });
+        let (released, protected) = futures::join!(released, protected);
+        if let Err(e) = protected {
+            // Protected on a later look at the released gang (`protect_released`).
+            warn!(workload = %key(workload), error = %e, "protecting a released gang's claims failed");
+        }
+        for pod in released?.into_iter().flatten() {
+            self.own_pods.remember(pod);
+        }
+        Ok(())
     }
 
     /// Claims a record stops naming (every one, when the gang is queued again): a fresh
@@ -641,14 +700,18 @@ impl Admission {
                     .as_ref()
                     .and_then(|s| s.reserved_for.as_ref())
                     .is_some_and(|r| r.iter().any(|c| c.uid == pin.pod.uid));
-                if !to_protect && !listed {
-                    // Not the gang's to protect, and not reserved for the pod: another
-                    // release may have protected it since the caches looked, and
-                    // kube-controller-manager deallocated it with its last pod. Looked at
-                    // afresh before the pods go, left as it is.
+                // Not the gang's to protect, and not reserved for the pod: another
+                // release may have protected it since the caches looked, and
+                // kube-controller-manager may deallocate it with its last pod before
+                // kube-scheduler lists this one. One of muster's (another gang holds it
+                // too) lists the pod, on condition it is still allocated, and keeps no
+                // other protection; one another allocator made is read afresh and left as
+                // it is.
+                let listing = to_protect || ownership::muster_allocated(claim);
+                if !listing && !listed {
                     checked.insert(name.to_string());
                 }
-                if to_protect {
+                if listing {
                     let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));
                     entry
                         .1
@@ -699,10 +762,7 @@ impl Admission {
             let cached = claims[name].status.as_ref().and_then(|s| s.allocation.as_ref());
             let current = api.get_opt(name).await?;
             let fresh = current.as_ref().and_then(|c| c.status.as_ref()?.allocation.as_ref());
-            let same = |a: &k8s_openapi::api::resource::v1::AllocationResult| {
-                cached.is_some_and(|c| c.allocation_timestamp == a.allocation_timestamp)
-            };
-            if !fresh.is_some_and(same) {
+            if cached.is_none() || fresh != cached {
                 return Err(CommitError::Conflict(format!(
                     "claim {name} lost its allocation before its pods were released; looking again"
                 )));
@@ -710,11 +770,14 @@ impl Admission {
         }
         // Listed already: protected while the pods go.
         let mut listed = Vec::new();
-        consumers.retain(|name, (_, pods)| {
+        consumers.retain(|name, (to_protect, pods)| {
             let claim = &claims[name];
             if claim_writes::reservation_addition(claim, pods).is_none()
                 && claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
             {
+                if !*to_protect {
+                    return false;
+                }
                 listed.push(claim.clone());
                 false
             } else {
@@ -752,7 +815,11 @@ impl Admission {
                         )));
                     }
                     let seen = current.as_ref().unwrap_or(&claim);
-                    let finalizers = claim_writes::commit_finalizers(seen.finalizers(), true).filter(|_| to_protect);
+                    // Another gang that held it meanwhile fenced it (`held-at`): it is
+                    // that gang's to give back then, not kube-controller-manager's.
+                    let still_ours = claim_writes::held_at(seen) == claim_writes::held_at(&claim);
+                    let finalizers =
+                        claim_writes::commit_finalizers(seen.finalizers(), true).filter(|_| to_protect && still_ours);
                     if let Some(finalizers) = finalizers {
                         // Against the version just written or seen: a claim changed since
                         // is looked at again.
@@ -794,22 +861,25 @@ impl Admission {
                     // writer moved it (the protection does not depend on what changed,
                     // as long as the claim is still the allocation the pods were
                     // released onto).
+                    let allocation = |c: &ResourceClaim| c.status.as_ref().and_then(|s| s.allocation.clone());
+                    let listing = |c: &ResourceClaim| -> BTreeSet<String> {
+                        c.status
+                            .iter()
+                            .flat_map(|s| s.reserved_for.iter().flatten())
+                            .map(|r| r.uid.clone())
+                            .collect()
+                    };
                     for fresh in [false, true] {
                         if fresh {
                             self.ensure_leading();
                             match api.get_opt(&name).await? {
+                                // Still the allocation the pods were released onto, listing
+                                // every pod it did, and no other gang's since.
                                 Some(current)
                                     if current.metadata.uid == claim.metadata.uid
-                                        && current
-                                            .status
-                                            .as_ref()
-                                            .and_then(|s| s.allocation.as_ref())
-                                            .map(|a| &a.allocation_timestamp)
-                                            == claim
-                                                .status
-                                                .as_ref()
-                                                .and_then(|s| s.allocation.as_ref())
-                                                .map(|a| &a.allocation_timestamp) =>
+                                        && allocation(&current) == allocation(&claim)
+                                        && listing(&claim).is_subset(&listing(&current))
+                                        && claim_writes::held_at(&current) == claim_writes::held_at(&claim) =>
                                 {
                                     seen = current
                                 }
@@ -866,15 +936,31 @@ impl Admission {
     /// admission loop's priority order does not see (a victim's devices would go to
     /// whichever gang plans first after the event). Protection is for pods that end by
     /// themselves.
-    async fn unprotect_claims(&self, workload: &Workload) -> Result<(), CommitError> {
+    ///
+    /// Only the claims the pods being deleted (`going`, by uid) leave with no other pod of
+    /// the gang: a claim a pod that stays uses too is not freed by this deletion, and
+    /// keeps its protection for when that pod ends (an extra dropped leaves the core's
+    /// claims as they are).
+    async fn unprotect_claims(&self, workload: &Workload, going: &BTreeSet<&str>) -> Result<(), CommitError> {
         let named: BTreeSet<String> = placement_of(workload)
             .map(|p| p.claims.iter().cloned().collect())
             .unwrap_or_default();
+        let pods = self.gang_pods(workload);
+        let freed = |claim: &ResourceClaim| {
+            let name = claim.name_any();
+            let users: Vec<String> = pods
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none() && claim_writes::names_claim(p, &name))
+                .filter_map(|p| p.uid())
+                .collect();
+            users.iter().all(|u| going.contains(u.as_str()))
+        };
         let protected: Vec<Arc<ResourceClaim>> = self
             .gang_claims(workload)
             .into_iter()
             .filter(|c| named.contains(&c.name_any()) && ownership::muster_allocated(c))
             .filter(|c| c.finalizers().iter().any(|f| f == labels::DELETE_PROTECTION_FINALIZER))
+            .filter(|c| freed(c))
             .collect();
         if protected.is_empty() {
             return Ok(());
