@@ -18,6 +18,7 @@ use tracing::info;
 
 use crate::admission::places;
 use crate::admission::reserve::core_placement;
+use crate::admission::waiting::Held;
 use crate::admission::{Admission, CommitError, key};
 use crate::workload::membership;
 use crate::workload::observe;
@@ -31,14 +32,11 @@ pub(crate) struct PlannedExtras {
     pods: Vec<std::sync::Arc<Pod>>,
 }
 
-/// What became of a released gang's waiting extras.
-pub(crate) enum ExtrasOutcome {
-    /// Some were placed.
-    Placed,
-    /// They wait for room (or for what their plan needs).
-    Wait,
-    /// None wait, or they wait for a step of the gang's own (a place being vacated).
-    NoneWaiting,
+impl PlannedExtras {
+    /// The nodes the extras are planned on.
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = &str> {
+        self.plan.pods.iter().map(|p| p.node.as_str())
+    }
 }
 
 /// Whether a released gang's waiting extras fit now.
@@ -49,24 +47,13 @@ pub(crate) enum ExtrasPlan {
 }
 
 impl Admission {
-    /// Places the waiting extras of a released gang that now fit.
-    pub(crate) async fn place_extras(
+    /// The plan of the waiting extras of a released gang, if some fit now.
+    pub(super) async fn plan_extras(
         &self,
         workload: &Workload,
         journal: &Journal,
-    ) -> Result<ExtrasOutcome, CommitError> {
-        match self.plan_extras(workload, journal).await? {
-            ExtrasPlan::Fit(planned) => {
-                self.commit_extras(workload, journal, *planned).await?;
-                Ok(ExtrasOutcome::Placed)
-            }
-            ExtrasPlan::Wait => Ok(ExtrasOutcome::Wait),
-            ExtrasPlan::NoneWaiting => Ok(ExtrasOutcome::NoneWaiting),
-        }
-    }
-
-    /// The plan of the waiting extras of a released gang, if some fit now.
-    pub(crate) async fn plan_extras(&self, workload: &Workload, journal: &Journal) -> Result<ExtrasPlan, CommitError> {
+        held: &Held,
+    ) -> Result<ExtrasPlan, CommitError> {
         let attempt = membership::attempt(workload);
         let pods: Vec<std::sync::Arc<Pod>> = self
             .gang_pods(workload)
@@ -211,9 +198,9 @@ impl Admission {
         // On a snapshot and a blocking thread, like a gang's plan.
         let outcome = {
             let cluster = snapshot.clone();
-            // Off nodes held for long-waiting gangs (Kueue's decision is in each group's
-            // assigned domains).
-            let excluded = self.held_against(workload);
+            // Off nodes held for gangs of its priority or higher that waited longest or
+            // retry a commit (Kueue's decision is in each group's assigned domains).
+            let excluded = held.against(self.priority(workload));
             // Off nodes kube-scheduler refused the group's pods on lately.
             let avoid = super::refusals::avoid(workload, &extras, crate::workload::observe::now_millis());
             // Replacements go back where their predecessors ran, if they all still can.
@@ -244,7 +231,7 @@ impl Admission {
 
     /// Commits planned extras: recorded (not yet released), reserved and checked,
     /// recorded released, then released.
-    async fn commit_extras(
+    pub(super) async fn commit_extras(
         &self,
         workload: &Workload,
         journal: &Journal,

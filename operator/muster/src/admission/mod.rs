@@ -40,6 +40,7 @@ mod reservation_health;
 mod reserve;
 mod status;
 mod status_patch;
+mod waiting;
 mod work;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -63,6 +64,7 @@ use tracing::info;
 
 use crate::admission::fencing::Fencing;
 use crate::admission::ownership::Holders;
+use crate::admission::waiting::Waiting;
 use crate::cache::cluster::Index;
 use crate::cache::gang_index::GangIndex;
 use crate::cache::gang_objects::GangStores;
@@ -139,72 +141,6 @@ impl Default for Settings {
             fencing: Fencing::default(),
             preemption_scope: preemption_scope::PreemptionScope::default(),
             lease: None,
-        }
-    }
-}
-
-/// What the loop remembers about a gang that does not fit.
-#[derive(Clone)]
-pub(super) struct Waiting {
-    pub(super) since: Instant,
-    pub(super) next_try: Instant,
-    pub(super) failures: u32,
-    pub(super) changes_seen: u64,
-    /// The nodes it could use on the cluster with nothing else on it, if it would fit
-    /// there: only such a gang may hold the queue back once it has waited long (the
-    /// starvation rule), and only on these nodes.
-    pub(super) reach: Option<Arc<BTreeSet<String>>>,
-    /// When the first refusal that keeps it off a node lapses, if one does.
-    pub(super) lapse: Option<Instant>,
-}
-
-impl Waiting {
-    /// Whether the gang is tried again now, the cluster having seen `changes` changes:
-    /// after its backoff, if the cluster changed (or at least every five minutes), or
-    /// once a refusal that kept it off a node lapsed.
-    pub(super) fn due(&self, changes: u64) -> bool {
-        let now = Instant::now();
-        (now >= self.next_try && (self.changes_seen != changes || self.next_try.elapsed() > Duration::from_secs(300)))
-            || self.lapse.is_some_and(|lapse| now >= lapse)
-    }
-}
-
-/// Nodes held for gangs that have waited longest (the starvation rule): gangs of equal
-/// or lower priority are planned without them.
-#[derive(Clone, Default)]
-pub(super) struct Held {
-    /// Each holder's priority, name and nodes.
-    pub(super) holders: Vec<(i32, ObjectKey, Arc<BTreeSet<String>>)>,
-}
-
-impl Held {
-    pub(super) fn hold(&mut self, priority: i32, gang: &ObjectKey, reach: &Arc<BTreeSet<String>>) {
-        self.holders.push((priority, gang.clone(), reach.clone()));
-    }
-
-    /// The nodes held against a gang of `priority`.
-    pub(super) fn against(&self, priority: i32) -> BTreeSet<String> {
-        self.holders
-            .iter()
-            .filter(|(p, _, _)| *p >= priority)
-            .flat_map(|(_, _, nodes)| nodes.iter().cloned())
-            .collect()
-    }
-
-    /// "a has waited longest", "a and b have waited longest" ...
-    pub(super) fn message(&self, priority: i32) -> String {
-        let by: Vec<&str> = self
-            .holders
-            .iter()
-            .filter(|(p, _, _)| *p >= priority)
-            .map(|(_, g, _)| g.as_str())
-            .collect();
-        match by.as_slice() {
-            [one] => format!("{one} has waited longest and keeps the nodes it could use (starvation rule)"),
-            many => format!(
-                "{} have waited longest and keep the nodes they could use (starvation rule)",
-                many.join(", ")
-            ),
         }
     }
 }
@@ -289,8 +225,6 @@ pub struct Admission {
     /// Gangs waiting to be tried again (a lock only so that commits in flight can share
     /// the loop while it goes on planning; never held across an await).
     waiting: std::sync::Mutex<HashMap<ObjectKey, Waiting>>,
-    /// Nodes held by the starvation rule as of the last pass.
-    held: Held,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
     written: std::sync::Mutex<HashMap<ObjectKey, Arc<Workload>>>,
     /// Gangs whose Kueue check this pass answered Retry: the cache still shows the check
@@ -352,7 +286,6 @@ impl Admission {
             settings,
             wake,
             waiting: std::sync::Mutex::default(),
-            held: Held::default(),
             written: std::sync::Mutex::default(),
             answered_retry: std::sync::Mutex::default(),
             own_pods: OwnWrites::default(),

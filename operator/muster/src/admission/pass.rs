@@ -19,10 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
-use super::extras::ExtrasOutcome;
+use super::extras::ExtrasPlan;
 use super::ownership::Holders;
 use super::queue::{Admit, Attempt, Planned, PlannedGang};
-use super::{Admission, Held, key, placement_of, record_phases};
+use super::waiting::{Held, HoldReason};
+use super::{Admission, key, placement_of, record_phases};
 
 impl Admission {
     /// One look at every gang. Returns how long to wait at most before the next pass.
@@ -210,23 +211,6 @@ impl Admission {
                 ..
             } = entry;
             if let Some(journal) = extras_of {
-                // Room that appeared during the pass goes to a gang of higher priority
-                // the pass passed over, if it fits now: next pass, before these extras.
-                if self
-                    .room_goes_to_passed_over(
-                        &passed_over,
-                        priority,
-                        &held,
-                        room_freed,
-                        changes,
-                        &mut in_flight,
-                        &mut ended,
-                    )
-                    .await
-                {
-                    next = Duration::ZERO;
-                    break;
-                }
                 let current = self.current_workload(&name).unwrap_or(workload);
                 // Only on the journal the gang was last seen with: the pass may have
                 // written its status since (a victim evicted), and the extras' record
@@ -235,12 +219,55 @@ impl Admission {
                     self.work().extras_wait(&name, changes.wrapping_sub(1));
                     continue;
                 }
-                match alongside(&mut in_flight, &mut ended, self.place_extras(&current, &journal)).await {
-                    Ok(ExtrasOutcome::Placed | ExtrasOutcome::NoneWaiting) => self.work().extras_placed_or_gone(&name),
+                let planned = alongside(&mut in_flight, &mut ended, self.plan_extras(&current, &journal, &held)).await;
+                room_freed |= self.settle_commits(&mut ended, changes, &mut held, &mut next);
+                match planned {
+                    Ok(ExtrasPlan::Fit(planned)) => {
+                        // Room that appeared during the pass goes to a gang of higher
+                        // priority the pass passed over, if it fits now: next pass, before
+                        // these extras. Looked at after the extras' plan, so on a view at
+                        // least as new as theirs: any room they would take, it has seen.
+                        if self
+                            .room_goes_to_passed_over(
+                                &passed_over,
+                                priority,
+                                &held,
+                                room_freed,
+                                changes,
+                                &mut in_flight,
+                                &mut ended,
+                            )
+                            .await
+                        {
+                            next = Duration::ZERO;
+                            break;
+                        }
+                        // A commit that failed meanwhile keeps the nodes it planned.
+                        let held_now = held.against(priority);
+                        if planned.nodes().any(|n| held_now.contains(n)) {
+                            self.work().extras_wait(&name, changes.wrapping_sub(1));
+                            continue;
+                        }
+                        match alongside(
+                            &mut in_flight,
+                            &mut ended,
+                            self.commit_extras(&current, &journal, *planned),
+                        )
+                        .await
+                        {
+                            Ok(()) => self.work().extras_placed_or_gone(&name),
+                            Err(e) => {
+                                warn!(workload = %name, error = %e, "placing extras failed; retrying");
+                                self.work().extras_wait(&name, changes.wrapping_sub(1));
+                                next = next.min(Duration::from_secs(2));
+                            }
+                        }
+                    }
+                    Ok(ExtrasPlan::NoneWaiting) => self.work().extras_placed_or_gone(&name),
                     // Room that appears later in the pass is theirs before a gang of
                     // lower priority takes it; later passes try them once the cluster
                     // changed.
-                    Ok(ExtrasOutcome::Wait) => {
+                    Ok(ExtrasPlan::Wait) => {
                         self.work().extras_wait(&name, changes);
                         passed_over.push(PassedOver {
                             priority,
@@ -283,7 +310,10 @@ impl Admission {
                 if waiting.since.elapsed() > self.settings.starvation_after
                     && let Some(reach) = &waiting.reach
                 {
-                    held.hold(priority, &name, reach);
+                    held.hold(priority, &name, reach, HoldReason::WaitedLongest);
+                }
+                if let Some(nodes) = &waiting.holds {
+                    held.hold(priority, &name, nodes, HoldReason::Retrying);
                 }
                 continue;
             }
@@ -371,7 +401,7 @@ impl Admission {
                     extras_of: None,
                 });
             }
-            self.settle_attempt(&name, priority, outcome, changes, &mut held, &mut next);
+            self.settle_attempt(&name, priority, outcome, None, changes, &mut held, &mut next);
             // Kept off nodes by refusals: tried again once the first lapses, even if
             // nothing else changes by then.
             if fits_nowhere
@@ -391,8 +421,6 @@ impl Admission {
             self.make_due(&passed_over, changes);
             next = Duration::ZERO;
         }
-        // Extras of running gangs keep off them too, until the next pass says again.
-        self.held = held;
         next
     }
 }
@@ -400,6 +428,8 @@ impl Admission {
 impl Admission {
     /// Settles the commits that ended (see `settle_attempt`). Returns whether one of them
     /// did not commit: what it had taken is free again, with no watch event to say so.
+    /// A gang whose commit failed keeps the nodes its plan took until it tries again
+    /// (see `Waiting::holds`).
     fn settle_commits(
         &self,
         ended: &mut Vec<(PlannedGang, Result<Admit, super::CommitError>)>,
@@ -410,7 +440,15 @@ impl Admission {
         let mut freed = false;
         for (gang, outcome) in ended.drain(..) {
             freed |= !matches!(outcome, Ok(Admit::Committed));
-            self.settle_attempt(&gang.name, gang.priority, outcome, changes, held, next);
+            self.settle_attempt(
+                &gang.name,
+                gang.priority,
+                outcome,
+                Some(&gang.plan),
+                changes,
+                held,
+                next,
+            );
         }
         freed
     }
@@ -464,10 +502,7 @@ impl Admission {
                 .current_workload(&key(&higher.workload))
                 .unwrap_or_else(|| higher.workload.clone());
             let fits = match &higher.extras_of {
-                Some(journal) => matches!(
-                    self.plan_extras(workload, journal).await,
-                    Ok(super::extras::ExtrasPlan::Fit(_))
-                ),
+                Some(journal) => matches!(self.plan_extras(workload, journal, held).await, Ok(ExtrasPlan::Fit(_))),
                 None => matches!(
                     self.try_plan(workload, higher.priority, held, &mut HashMap::new())
                         .await,

@@ -22,7 +22,8 @@ use crate::workload::membership;
 use crate::workload::observe::{condition, finished};
 
 use super::preempt::nomination_of;
-use super::{Admission, CommitError, Held, Waiting, key, placement_of};
+use super::waiting::{Ended, Held, HoldReason, Waiting};
+use super::{Admission, CommitError, key, placement_of};
 
 /// How long Kueue waits before it gives quota again to a gang whose devices muster could
 /// not reserve inside Kueue's decision.
@@ -207,62 +208,52 @@ pub(super) enum Admit {
 }
 
 impl Admission {
-    /// Remembers how an attempt to admit gang `name` ended: a committed gang stops
-    /// waiting; any other waits with a growing backoff, and holds its nodes once it has
-    /// waited past the starvation limit.
+    /// Remembers how an attempt to admit gang `name` ended (see [`Waiting::settle`]): a
+    /// committed gang stops waiting; any other waits, holds its nodes once it has waited
+    /// past the starvation limit, and, if its commit did not go through, holds the nodes
+    /// its plan took (`planned`) until it tries again.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn settle_attempt(
         &self,
         name: &ObjectKey,
         priority: i32,
         outcome: Result<Admit, CommitError>,
+        planned: Option<&Plan>,
         changes: u64,
         held: &mut Held,
         next: &mut Duration,
     ) {
         let mut waiting = self.waiting();
-        if matches!(outcome, Ok(Admit::Committed)) {
-            waiting.remove(name);
-            return;
-        }
-        let reach = match &outcome {
-            Ok(Admit::DoesNotFit { reach }) => reach.clone(),
-            // A commit that failed, or an invalid request, waits like a gang that does
-            // not fit, but never holds the queue back.
-            Ok(Admit::Committed | Admit::RolledBack | Admit::Invalid) | Err(_) => None,
+        let ended = match outcome {
+            Ok(Admit::Committed) => {
+                waiting.remove(name);
+                return;
+            }
+            Ok(Admit::DoesNotFit { reach: Some(reach) }) => Ended::WaitsForCapacity(reach),
+            // An invalid request waits like a gang that never fits: it never holds the
+            // queue back.
+            Ok(Admit::DoesNotFit { reach: None } | Admit::Invalid) => Ended::NeverFits,
+            Ok(Admit::RolledBack) => Ended::Failed {
+                planned: planned.map(|plan| Arc::new(plan.nodes().into_iter().collect())),
+            },
+            Err(e) => {
+                warn!(workload = %name, error = %e, "admission failed");
+                Ended::Failed {
+                    planned: planned.map(|plan| Arc::new(plan.nodes().into_iter().collect())),
+                }
+            }
         };
-        if let Err(e) = &outcome {
-            warn!(workload = %name, error = %e, "admission failed");
-        }
-        let entry = waiting.entry(name.clone()).or_insert(Waiting {
-            since: Instant::now(),
-            next_try: Instant::now(),
-            failures: 0,
-            changes_seen: 0,
-            reach: None,
-            lapse: None,
-        });
-        entry.lapse = None;
-        entry.failures += 1;
-        // A commit that failed is tried again after its backoff whether or not the
-        // cluster changes meanwhile: nothing else may come to wake it.
-        let failed = matches!(outcome, Ok(Admit::RolledBack) | Err(_));
-        entry.changes_seen = if failed { u64::MAX } else { changes };
-        // A gang that would fit an emptied cluster waits for capacity: it is tried again
-        // as soon as the cluster changes, at most once a second. Anything else (a failed
-        // commit, a gang too big for the cluster) backs off: 1 s, 2 s, 4 s ... at most a
-        // minute between attempts.
-        let backoff = if reach.is_some() {
-            Duration::from_secs(1)
-        } else {
-            crate::ops::backoff::exponential(entry.failures, Duration::from_secs(60))
-        };
-        entry.reach = reach;
-        entry.next_try = Instant::now() + backoff;
+        let now = Instant::now();
+        let entry = waiting.entry(name.clone()).or_insert_with(|| Waiting::new(now));
+        let backoff = entry.settle(ended, changes, now);
         *next = (*next).min(backoff);
         if entry.since.elapsed() > self.settings.starvation_after
             && let Some(reach) = &entry.reach
         {
-            held.hold(priority, name, reach);
+            held.hold(priority, name, reach, HoldReason::WaitedLongest);
+        }
+        if let Some(nodes) = &entry.holds {
+            held.hold(priority, name, nodes, HoldReason::Retrying);
         }
     }
 
@@ -320,11 +311,6 @@ impl Admission {
                 members.len() as i32 >= g.min_count() && members.iter().all(|p| crate::workload::status::is_gated(p))
             });
         gated as i32 >= expected && external_ready
-    }
-
-    /// Nodes held by the starvation rule (as of the last pass) against `workload`.
-    pub(crate) fn held_against(&self, workload: &Workload) -> BTreeSet<String> {
-        self.held.against(self.priority(workload))
     }
 
     pub(super) fn priority(&self, workload: &Workload) -> i32 {
