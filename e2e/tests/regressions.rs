@@ -1220,54 +1220,58 @@ async fn issue22_review_room_goes_to_a_higher_gang_before_lower_extras() -> Resu
 /// up to (up to a minute: waiting for capacity counted as failing), while the lower
 /// gang's extras, tried at every change, took the node. A failed commit now backs off
 /// briefly and keeps the nodes it planned from gangs and extras of lower priority until
-/// it tries again. Here the commit fails once on purpose, at its first record.
+/// it tries again, also while the state machine undoes a commit whose plan was recorded
+/// (the gang is out of the queue meanwhile). Here the commit fails once on purpose,
+/// before its plan is recorded, then after.
 #[tokio::test]
 async fn a_failed_commit_keeps_its_room_from_lower_extras() -> Result<()> {
-    with_test("extras-after-failed-commit", &[], &[], |test| {
-        Box::pin(async move {
-            priority_classes(&test.client).await?;
-            test.create(ranked(gang("filler", 2, Some("rack-0000")), LOW)).await?;
-            assert_runs_as_planned(test, "filler").await?;
-            test.create(ranked(gang("blocker", 1, Some("rack-0000")), LOW)).await?;
-            assert_runs_as_planned(test, "blocker").await?;
-            let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), LOW);
-            elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
-            test.create(elastic).await?;
-            test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
-                .await?;
-            test.create(ranked(gang("high", 1, Some("rack-0000")), NEVER)).await?;
-            test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(60))
-                .await?;
-            // The same cluster under an operator whose next commit fails at its first
-            // record, committing one gang at a time.
-            if let Some(operator) = test.operator.take() {
-                operator.stop();
-            }
-            test.start_operator(&["--commit-parallelism", "1"], &[("MUSTER_FAIL_WRITE", "plan-record")])?;
-            test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(60))
-                .await?;
-            test.workloads().delete("blocker", &DeleteParams::default()).await?;
-            test.wait_phase("high", WorkloadPhase::Running, Duration::from_secs(60))
-                .await?;
-            let operator = test.operator.as_ref().context("operator")?;
-            ensure!(
-                operator.log().contains("failing the write plan-record once"),
-                "the higher gang's commit failed once"
-            );
-            let placement = test
-                .workloads()
-                .get("elastic")
-                .await?
-                .status
-                .and_then(|s| s.placement)
-                .context("placement")?;
-            ensure!(
-                placement.pods.iter().filter(|p| p.name.contains("workers")).count() == 1,
-                "the extras still wait: {:?}",
-                placement.pods
-            );
-            Ok(())
+    for failure in ["plan-record", "claim-reservation"] {
+        with_test(&format!("failed-{failure}"), &[], &[], |test| {
+            Box::pin(async move {
+                priority_classes(&test.client).await?;
+                test.create(ranked(gang("filler", 2, Some("rack-0000")), LOW)).await?;
+                assert_runs_as_planned(test, "filler").await?;
+                test.create(ranked(gang("blocker", 1, Some("rack-0000")), LOW)).await?;
+                assert_runs_as_planned(test, "blocker").await?;
+                let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), LOW);
+                elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
+                test.create(elastic).await?;
+                test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
+                    .await?;
+                test.create(ranked(gang("high", 1, Some("rack-0000")), NEVER)).await?;
+                test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(60))
+                    .await?;
+                // The same cluster under an operator whose next commit fails once,
+                // committing one gang at a time.
+                if let Some(operator) = test.operator.take() {
+                    operator.stop();
+                }
+                test.start_operator(&["--commit-parallelism", "1"], &[("MUSTER_FAIL_WRITE", failure)])?;
+                test.workloads().delete("blocker", &DeleteParams::default()).await?;
+                test.wait_phase("high", WorkloadPhase::Running, Duration::from_secs(60))
+                    .await?;
+                let operator = test.operator.as_ref().context("operator")?;
+                ensure!(
+                    operator.log().contains(&format!("failing the write {failure} once")),
+                    "the higher gang's commit failed once"
+                );
+                let placement = test
+                    .workloads()
+                    .get("elastic")
+                    .await?
+                    .status
+                    .and_then(|s| s.placement)
+                    .context("placement")?;
+                ensure!(
+                    placement.pods.iter().filter(|p| p.name.contains("workers")).count() == 1,
+                    "the extras still wait: {:?}",
+                    placement.pods
+                );
+                Ok(())
+            })
         })
-    })
-    .await
+        .await
+        .with_context(|| format!("a commit failing at {failure}"))?;
+    }
+    Ok(())
 }

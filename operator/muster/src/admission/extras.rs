@@ -200,7 +200,7 @@ impl Admission {
             let cluster = snapshot.clone();
             // Off nodes held for gangs of its priority or higher that waited longest or
             // retry a commit (Kueue's decision is in each group's assigned domains).
-            let excluded = held.against(self.priority(workload));
+            let excluded = held.against(self.priority(workload), &key(workload));
             // Off nodes kube-scheduler refused the group's pods on lately.
             let avoid = super::refusals::avoid(workload, &extras, crate::workload::observe::now_millis());
             // Replacements go back where their predecessors ran, if they all still can.

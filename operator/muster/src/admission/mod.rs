@@ -64,7 +64,7 @@ use tracing::info;
 
 use crate::admission::fencing::Fencing;
 use crate::admission::ownership::Holders;
-use crate::admission::waiting::Waiting;
+use crate::admission::waiting::{RetryHolds, Waiting};
 use crate::cache::cluster::Index;
 use crate::cache::gang_index::GangIndex;
 use crate::cache::gang_objects::GangStores;
@@ -225,6 +225,8 @@ pub struct Admission {
     /// Gangs waiting to be tried again (a lock only so that commits in flight can share
     /// the loop while it goes on planning; never held across an await).
     waiting: std::sync::Mutex<HashMap<ObjectKey, Waiting>>,
+    /// Gangs whose last commit did not go through, and the nodes they keep meanwhile.
+    retry_holds: std::sync::Mutex<RetryHolds>,
     /// Workloads as returned by this loop's own status writes, until the cache shows them.
     written: std::sync::Mutex<HashMap<ObjectKey, Arc<Workload>>>,
     /// Gangs whose Kueue check this pass answered Retry: the cache still shows the check
@@ -286,6 +288,7 @@ impl Admission {
             settings,
             wake,
             waiting: std::sync::Mutex::default(),
+            retry_holds: std::sync::Mutex::default(),
             written: std::sync::Mutex::default(),
             answered_retry: std::sync::Mutex::default(),
             own_pods: OwnWrites::default(),
@@ -436,5 +439,10 @@ impl Admission {
     /// The gangs waiting to be tried again.
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Waiting>> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The gangs whose last commit did not go through.
+    fn retry_holds(&self) -> std::sync::MutexGuard<'_, RetryHolds> {
+        self.retry_holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

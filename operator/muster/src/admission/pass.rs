@@ -46,6 +46,8 @@ impl Admission {
         self.prune_conflicts(&workloads);
         self.places.keep_only(&workloads.iter().map(|w| key(w)).collect());
         self.work().keep_only(&workloads.iter().map(|w| key(w)).collect());
+        self.retry_holds()
+            .keep_only(&workloads.iter().map(|w| key(w)).collect());
         self.collect_claims().await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
             store.iter().map(|p| convert::object_key(p.as_ref())).collect()
@@ -149,9 +151,12 @@ impl Admission {
                 extras_of: Some(journal),
             })
         }));
+        // Extras come after the waiting gangs of their priority: the pods a running gang
+        // can do without yield to a gang that cannot start (and to the nodes it keeps).
         queue.sort_by(|a, b| {
             b.priority
                 .cmp(&a.priority)
+                .then(a.extras_of.is_some().cmp(&b.extras_of.is_some()))
                 .then(a.created.cmp(&b.created))
                 .then(a.name.cmp(&b.name))
         });
@@ -185,7 +190,9 @@ impl Admission {
                             .is_some_and(|w| w.reach.is_some() && w.changes_seen != changes))
             })
             .collect();
+        // Nodes kept for gangs whose commit did not go through, queued or being undone.
         let mut held = Held::default();
+        self.retry_holds().hold_into(&mut held, Instant::now());
         // Commits under way, and those that ended while the pass was busy elsewhere.
         let this = &*self;
         let commit = |gang: PlannedGang| async move {
@@ -243,7 +250,7 @@ impl Admission {
                             break;
                         }
                         // A commit that failed meanwhile keeps the nodes it planned.
-                        let held_now = held.against(priority);
+                        let held_now = held.against(priority, &name);
                         if planned.nodes().any(|n| held_now.contains(n)) {
                             self.work().extras_wait(&name, changes.wrapping_sub(1));
                             continue;
@@ -311,9 +318,6 @@ impl Admission {
                     && let Some(reach) = &waiting.reach
                 {
                     held.hold(priority, &name, reach, HoldReason::WaitedLongest);
-                }
-                if let Some(nodes) = &waiting.holds {
-                    held.hold(priority, &name, nodes, HoldReason::Retrying);
                 }
                 continue;
             }

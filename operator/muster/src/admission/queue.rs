@@ -57,19 +57,23 @@ pub(super) fn reach(
     plan: &Plan,
     options: &PlanOptions,
 ) -> BTreeSet<String> {
+    if node_local(plan) {
+        placement::reachable_nodes(empty, request, options)
+    } else {
+        empty.nodes().map(|n| n.name.clone()).collect()
+    }
+}
+
+/// Whether every device a plan takes is tied to one of its nodes.
+fn node_local(plan: &Plan) -> bool {
     let planned: BTreeSet<String> = plan.nodes().into_iter().collect();
-    let node_local = plan.claims.iter().all(|c| {
+    plan.claims.iter().all(|c| {
         c.allocation.node_selector.as_ref().is_some_and(|s| {
             planned
                 .iter()
                 .any(|n| *s == muster_engine::selector::NodeSelector::for_node(n))
         })
-    });
-    if node_local {
-        placement::reachable_nodes(empty, request, options)
-    } else {
-        empty.nodes().map(|n| n.name.clone()).collect()
-    }
+    })
 }
 
 /// What decides whether a gang fits, without the names of its pods and claims: two
@@ -209,9 +213,9 @@ pub(super) enum Admit {
 
 impl Admission {
     /// Remembers how an attempt to admit gang `name` ended (see [`Waiting::settle`]): a
-    /// committed gang stops waiting; any other waits, holds its nodes once it has waited
-    /// past the starvation limit, and, if its commit did not go through, holds the nodes
-    /// its plan took (`planned`) until it tries again.
+    /// committed gang stops waiting; any other waits, and holds its nodes once it has
+    /// waited past the starvation limit. A gang whose commit did not go through keeps the
+    /// nodes its plan took (`planned`) until it tries again (see [`super::waiting::RetryHolds`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn settle_attempt(
         &self,
@@ -223,6 +227,25 @@ impl Admission {
         held: &mut Held,
         next: &mut Duration,
     ) {
+        let now = Instant::now();
+        let failed = match &outcome {
+            Ok(Admit::RolledBack) => true,
+            Err(e) => {
+                warn!(workload = %name, error = %e, "admission failed");
+                true
+            }
+            Ok(_) => false,
+        };
+        let in_a_row = if failed {
+            let nodes = planned.map(|plan| self.kept_for_retry(plan));
+            let mut holds = self.retry_holds();
+            let in_a_row = holds.failed(name, priority, nodes, now);
+            holds.hold_into(held, now);
+            in_a_row
+        } else {
+            self.retry_holds().tried(name);
+            0
+        };
         let mut waiting = self.waiting();
         let ended = match outcome {
             Ok(Admit::Committed) => {
@@ -233,17 +256,8 @@ impl Admission {
             // An invalid request waits like a gang that never fits: it never holds the
             // queue back.
             Ok(Admit::DoesNotFit { reach: None } | Admit::Invalid) => Ended::NeverFits,
-            Ok(Admit::RolledBack) => Ended::Failed {
-                planned: planned.map(|plan| Arc::new(plan.nodes().into_iter().collect())),
-            },
-            Err(e) => {
-                warn!(workload = %name, error = %e, "admission failed");
-                Ended::Failed {
-                    planned: planned.map(|plan| Arc::new(plan.nodes().into_iter().collect())),
-                }
-            }
+            Ok(Admit::RolledBack) | Err(_) => Ended::Failed { in_a_row },
         };
-        let now = Instant::now();
         let entry = waiting.entry(name.clone()).or_insert_with(|| Waiting::new(now));
         let backoff = entry.settle(ended, changes, now);
         *next = (*next).min(backoff);
@@ -252,8 +266,16 @@ impl Admission {
         {
             held.hold(priority, name, reach, HoldReason::WaitedLongest);
         }
-        if let Some(nodes) = &entry.holds {
-            held.hold(priority, name, nodes, HoldReason::Retrying);
+    }
+
+    /// The nodes a gang whose commit failed keeps until it tries again: those its plan
+    /// took, or every node if its plan takes devices not tied to one node (holding
+    /// nodes would not keep others off those).
+    fn kept_for_retry(&self, plan: &Plan) -> Arc<BTreeSet<String>> {
+        if node_local(plan) {
+            Arc::new(plan.nodes().into_iter().collect())
+        } else {
+            Arc::new(self.index.cluster().nodes().map(|n| n.name.clone()).collect())
         }
     }
 
@@ -395,7 +417,7 @@ impl Admission {
         };
         let started = Instant::now();
         // Kueue's decision (flavors, topology domains) is in each group's request.
-        let excluded = held.against(priority);
+        let excluded = held.against(priority, &key(workload));
         // Its own nomination is not in its way.
         let cluster = self.planning_view(&key(workload), priority);
         if uses_a_claim_allocated_meanwhile(&request, &cluster) {
@@ -460,7 +482,7 @@ impl Admission {
                     message.push_str("; it would not fit even on an empty cluster");
                 }
                 let reason = if planned.held_back {
-                    message = format!("{}; elsewhere: {message}", held.message(priority));
+                    message = format!("{}; elsewhere: {message}", held.message(priority, &key(workload)));
                     conditions::REASON_WAITING_BEHIND
                 } else {
                     conditions::REASON_UNSCHEDULABLE

@@ -259,6 +259,8 @@ impl Admission {
         self.checkpoint(FaultPoint::AfterPlanRecorded).await;
 
         let reserved = async {
+            self.injected_failure(FailWrite::ClaimReservation)
+                .map_err(|e| (e, Vec::new()))?;
             self.hold_found(workload, request, plan).await?;
             self.reserve(workload, plan).await
         };

@@ -2,7 +2,7 @@
 //! nodes it keeps from gangs of its priority or lower meanwhile — once it has waited
 //! past the starvation limit, or right after a commit of its that did not go through.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,10 @@ pub(super) const HOLDS_AFTER_FAILED_COMMITS: u32 = 3;
 /// fit even on an emptied cluster.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
+/// How long a failed commit's nodes are kept at most, should the gang not try again
+/// (it is suspended, or its undo takes long).
+const RETRY_HOLD_LIMIT: Duration = Duration::from_secs(30);
+
 /// How an attempt to admit a gang ended, for when and how it waits.
 pub(super) enum Ended {
     /// It would fit the cluster with nothing else on it, on these nodes: it waits for
@@ -24,9 +28,9 @@ pub(super) enum Ended {
     WaitsForCapacity(Arc<BTreeSet<String>>),
     /// It would not fit even on an emptied cluster, or its request is wrong for now.
     NeverFits,
-    /// Its commit (or the attempt) failed and was undone; `planned`: the nodes its plan
-    /// took, if it had one.
-    Failed { planned: Option<Arc<BTreeSet<String>>> },
+    /// Its commit (or the attempt) failed and was undone, the `in_a_row`-th time in a
+    /// row (see [`RetryHolds`]).
+    Failed { in_a_row: u32 },
 }
 
 /// What the loop remembers about a gang that does not fit.
@@ -34,18 +38,15 @@ pub(super) enum Ended {
 pub(super) struct Waiting {
     pub(super) since: Instant,
     pub(super) next_try: Instant,
-    /// Attempts in a row that backed off (failed, or would never fit): a gang that waits
-    /// for capacity starts over, so one conflict after a long wait costs a short backoff.
+    /// Attempts in a row that would never fit: a gang that waits for capacity starts
+    /// over. (Failed commits keep their own count, in [`RetryHolds`], so one conflict
+    /// after a long wait costs a short backoff.)
     pub(super) failures: u32,
     pub(super) changes_seen: u64,
     /// The nodes it could use on the cluster with nothing else on it, if it would fit
     /// there: only such a gang may hold the queue back once it has waited long (the
     /// starvation rule), and only on these nodes.
     pub(super) reach: Option<Arc<BTreeSet<String>>>,
-    /// The nodes its last plan took, if its commit did not go through (one of the first
-    /// [`HOLDS_AFTER_FAILED_COMMITS`] in a row): kept from gangs of its priority or lower,
-    /// and from waiting extras, until it tries again.
-    pub(super) holds: Option<Arc<BTreeSet<String>>>,
     /// When the first refusal that keeps it off a node lapses, if one does.
     pub(super) lapse: Option<Instant>,
 }
@@ -58,7 +59,6 @@ impl Waiting {
             failures: 0,
             changes_seen: 0,
             reach: None,
-            holds: None,
             lapse: None,
         }
     }
@@ -85,28 +85,88 @@ impl Waiting {
             Ended::WaitsForCapacity(reach) => {
                 self.failures = 0;
                 self.reach = Some(reach);
-                self.holds = None;
                 self.changes_seen = changes;
                 Duration::from_secs(1)
             }
             Ended::NeverFits => {
                 self.failures += 1;
                 self.reach = None;
-                self.holds = None;
                 self.changes_seen = changes;
                 crate::ops::backoff::exponential(self.failures, MAX_BACKOFF)
             }
-            Ended::Failed { planned } => {
-                self.failures += 1;
-                // It holds the queue back only through what its plan took, and only briefly.
+            Ended::Failed { in_a_row } => {
+                // It holds the queue back only through what its plan took (see
+                // `RetryHolds`), and only briefly.
                 self.reach = None;
-                self.holds = planned.filter(|_| self.failures <= HOLDS_AFTER_FAILED_COMMITS);
                 self.changes_seen = u64::MAX;
-                crate::ops::backoff::exponential(self.failures, MAX_BACKOFF)
+                crate::ops::backoff::exponential(in_a_row, MAX_BACKOFF)
             }
         };
         self.next_try = now + backoff;
         backoff
+    }
+}
+
+/// Gangs whose last commit did not go through: how many failed in a row, and the nodes
+/// the last one planned, kept from gangs and extras of its priority or lower until it
+/// tries again (for the first [`HOLDS_AFTER_FAILED_COMMITS`] in a row, and at most
+/// [`RETRY_HOLD_LIMIT`]). Apart from [`Waiting`]: a commit that failed after its plan was
+/// recorded is undone by the state machine, and the gang is out of the queue, its
+/// `Waiting` forgotten, until then.
+#[derive(Default)]
+pub(super) struct RetryHolds {
+    gangs: HashMap<ObjectKey, RetryHold>,
+}
+
+struct RetryHold {
+    priority: i32,
+    in_a_row: u32,
+    nodes: Option<Arc<BTreeSet<String>>>,
+    until: Instant,
+}
+
+impl RetryHolds {
+    /// A commit of `gang` failed, its plan on `planned` (if it had one). Returns how many
+    /// failed in a row.
+    pub(super) fn failed(
+        &mut self,
+        gang: &ObjectKey,
+        priority: i32,
+        planned: Option<Arc<BTreeSet<String>>>,
+        now: Instant,
+    ) -> u32 {
+        let hold = self.gangs.entry(gang.clone()).or_insert(RetryHold {
+            priority,
+            in_a_row: 0,
+            nodes: None,
+            until: now,
+        });
+        hold.in_a_row += 1;
+        hold.priority = priority;
+        hold.nodes = planned.filter(|_| hold.in_a_row <= HOLDS_AFTER_FAILED_COMMITS);
+        hold.until = now + RETRY_HOLD_LIMIT;
+        hold.in_a_row
+    }
+
+    /// `gang` tried again and did not fail (committed, or waits): it keeps nothing.
+    pub(super) fn tried(&mut self, gang: &ObjectKey) {
+        self.gangs.remove(gang);
+    }
+
+    /// Adds the holds standing at `now` to `held`.
+    pub(super) fn hold_into(&self, held: &mut Held, now: Instant) {
+        for (gang, hold) in &self.gangs {
+            if let Some(nodes) = &hold.nodes
+                && now < hold.until
+            {
+                held.hold(hold.priority, gang, nodes, HoldReason::Retrying);
+            }
+        }
+    }
+
+    /// Forgets the gangs that are gone.
+    pub(super) fn keep_only(&mut self, live: &std::collections::HashSet<ObjectKey>) {
+        self.gangs.retain(|gang, _| live.contains(gang));
     }
 }
 
@@ -144,24 +204,26 @@ impl Held {
         });
     }
 
-    /// The nodes held against a gang of `priority`.
-    pub(super) fn against(&self, priority: i32) -> BTreeSet<String> {
+    /// The nodes held against gang `gang` of `priority` (never its own).
+    pub(super) fn against(&self, priority: i32, gang: &ObjectKey) -> BTreeSet<String> {
         self.holders
             .iter()
-            .filter(|h| h.priority >= priority)
+            .filter(|h| h.priority >= priority && h.gang != *gang)
             .flat_map(|h| h.nodes.iter().cloned())
             .collect()
     }
 
-    /// "a has waited longest ...", "b keeps the nodes its commit planned ..." for the
-    /// holders a gang of `priority` is planned without.
-    pub(super) fn message(&self, priority: i32) -> String {
+    /// "a has waited longest ...", "b keeps the nodes it planned ..." for the holders
+    /// gang `gang` of `priority` is planned without.
+    pub(super) fn message(&self, priority: i32, gang: &ObjectKey) -> String {
         let by = |why: HoldReason| -> Vec<&str> {
-            self.holders
+            let names: BTreeSet<&str> = self
+                .holders
                 .iter()
-                .filter(|h| h.priority >= priority && h.why == why)
+                .filter(|h| h.priority >= priority && h.gang != *gang && h.why == why)
                 .map(|h| h.gang.as_str())
-                .collect()
+                .collect();
+            names.into_iter().collect()
         };
         let mut parts = Vec::new();
         match by(HoldReason::WaitedLongest).as_slice() {
@@ -196,68 +258,109 @@ mod tests {
         Arc::new(names.iter().map(|n| n.to_string()).collect())
     }
 
+    fn names(held: &BTreeSet<String>) -> Vec<&str> {
+        held.iter().map(String::as_str).collect()
+    }
+
     /// A gang that waited for capacity through many attempts, and whose commit then
     /// failed once, tries again within a second, not after the minute its attempts so far
-    /// would add up to; meanwhile it keeps the nodes it planned.
+    /// would add up to.
     #[test]
-    fn a_failed_commit_after_a_long_wait_backs_off_briefly_and_keeps_its_nodes() {
+    fn a_failed_commit_after_a_long_wait_backs_off_briefly() {
         let now = Instant::now();
         let mut waiting = Waiting::new(now);
         for changes in 1..=20 {
             waiting.settle(Ended::WaitsForCapacity(nodes(&["n1", "n2"])), changes, now);
         }
-        let backoff = waiting.settle(
-            Ended::Failed {
-                planned: Some(nodes(&["n1"])),
-            },
-            21,
-            now,
-        );
+        let backoff = waiting.settle(Ended::Failed { in_a_row: 1 }, 21, now);
         assert!(backoff <= Duration::from_secs(1), "backoff {backoff:?}");
-        assert_eq!(waiting.holds, Some(nodes(&["n1"])));
         // Tried again after its backoff even if nothing changes meanwhile.
         assert_ne!(waiting.changes_seen, 21);
+    }
+
+    /// Waits on a claim, or for the cache to show a deallocation, count as never fitting:
+    /// they do not lengthen the backoff of a failed commit after them.
+    #[test]
+    fn attempts_that_never_fit_do_not_lengthen_a_failed_commits_backoff() {
+        let now = Instant::now();
+        let mut waiting = Waiting::new(now);
+        for changes in 1..=5 {
+            waiting.settle(Ended::NeverFits, changes, now);
+        }
+        let mut holds = RetryHolds::default();
+        let gang = ObjectKey::new("ns", "high");
+        let in_a_row = holds.failed(&gang, 1, Some(nodes(&["n1"])), now);
+        let backoff = waiting.settle(Ended::Failed { in_a_row }, 6, now);
+        assert!(backoff <= Duration::from_secs(1), "backoff {backoff:?}");
     }
 
     #[test]
     fn a_gang_whose_commits_keep_failing_lets_go_of_its_nodes_and_backs_off_further() {
         let now = Instant::now();
+        let gang = ObjectKey::new("ns", "high");
+        let other = ObjectKey::new("ns", "low");
+        let mut holds = RetryHolds::default();
         let mut waiting = Waiting::new(now);
-        let mut last = Duration::ZERO;
+        let mut backoff = Duration::ZERO;
         for failed in 1..=HOLDS_AFTER_FAILED_COMMITS + 1 {
-            last = waiting.settle(
-                Ended::Failed {
-                    planned: Some(nodes(&["n1"])),
-                },
-                1,
-                now,
-            );
+            let in_a_row = holds.failed(&gang, 10, Some(nodes(&["n1"])), now);
+            assert_eq!(in_a_row, failed);
+            backoff = waiting.settle(Ended::Failed { in_a_row }, 1, now);
+            let mut held = Held::default();
+            holds.hold_into(&mut held, now);
             assert_eq!(
-                waiting.holds.is_some(),
+                !held.against(10, &other).is_empty(),
                 failed <= HOLDS_AFTER_FAILED_COMMITS,
                 "holds after {failed} failures"
             );
         }
-        assert!(last >= Duration::from_secs(4), "backoff after four failures {last:?}");
-        // Waiting for capacity again: it no longer keeps anything, and starts over.
-        waiting.settle(Ended::WaitsForCapacity(nodes(&["n1"])), 2, now);
-        assert_eq!(waiting.holds, None);
-        assert_eq!(waiting.failures, 0);
+        assert!(
+            backoff >= Duration::from_secs(4),
+            "backoff after four failures {backoff:?}"
+        );
+        // It tried again and waits for room: it keeps nothing, and starts over.
+        holds.tried(&gang);
+        let mut held = Held::default();
+        holds.hold_into(&mut held, now);
+        assert!(held.against(0, &other).is_empty());
+        assert_eq!(holds.failed(&gang, 10, None, now), 1);
+    }
+
+    /// The hold outlives the gang's `Waiting` (a commit undone by the state machine takes
+    /// the gang out of the queue), but not its limit, nor the gang.
+    #[test]
+    fn a_failed_commits_hold_lapses_and_goes_with_its_gang() {
+        let now = Instant::now();
+        let gang = ObjectKey::new("ns", "high");
+        let other = ObjectKey::new("ns", "low");
+        let mut holds = RetryHolds::default();
+        holds.failed(&gang, 10, Some(nodes(&["n1"])), now);
+        let mut held = Held::default();
+        holds.hold_into(&mut held, now + RETRY_HOLD_LIMIT);
+        assert!(held.against(0, &other).is_empty(), "lapsed");
+        holds.keep_only(&[other.clone()].into());
+        let mut held = Held::default();
+        holds.hold_into(&mut held, now);
+        assert!(held.against(0, &other).is_empty(), "gone with its gang");
     }
 
     #[test]
-    fn held_nodes_keep_off_gangs_of_equal_or_lower_priority_and_say_why() {
+    fn held_nodes_keep_off_gangs_of_equal_or_lower_priority_but_never_their_holder() {
         let mut held = Held::default();
         let a = ObjectKey::new("ns", "a");
         let b = ObjectKey::new("ns", "b");
+        let c = ObjectKey::new("ns", "c");
         held.hold(10, &a, &nodes(&["n1"]), HoldReason::WaitedLongest);
         held.hold(5, &b, &nodes(&["n2"]), HoldReason::Retrying);
-        assert_eq!(held.against(5), ["n1", "n2"].iter().map(|s| s.to_string()).collect());
-        assert_eq!(held.against(6), ["n1"].iter().map(|s| s.to_string()).collect());
-        assert_eq!(held.against(11), BTreeSet::new());
-        let message = held.message(5);
+        held.hold(5, &b, &nodes(&["n2"]), HoldReason::Retrying);
+        assert_eq!(names(&held.against(5, &c)), ["n1", "n2"]);
+        assert_eq!(names(&held.against(5, &b)), ["n1"]);
+        assert_eq!(names(&held.against(6, &c)), ["n1"]);
+        assert!(held.against(11, &c).is_empty());
+        let message = held.message(5, &c);
         assert!(message.contains("ns/a has waited longest"), "{message}");
         assert!(message.contains("ns/b keeps the nodes it planned"), "{message}");
-        assert!(!held.message(6).contains("ns/b"));
+        assert_eq!(message.matches("ns/b").count(), 1, "{message}");
+        assert!(!held.message(6, &c).contains("ns/b"));
     }
 }

@@ -113,17 +113,23 @@ impl FaultPoint {
 pub enum FailWrite {
     /// The first record of a commit (its plan, state `Reserving`).
     PlanRecord,
+    /// The reservation of a commit's claims, its plan recorded: the commit is undone
+    /// through the state machine.
+    ClaimReservation,
 }
 
 impl FailWrite {
     pub fn name(self) -> &'static str {
         match self {
             FailWrite::PlanRecord => "plan-record",
+            FailWrite::ClaimReservation => "claim-reservation",
         }
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        [FailWrite::PlanRecord].into_iter().find(|f| f.name() == text)
+        [FailWrite::PlanRecord, FailWrite::ClaimReservation]
+            .into_iter()
+            .find(|f| f.name() == text)
     }
 }
 
