@@ -11,7 +11,7 @@ use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use muster_admission::Journal;
-use muster_api::v1alpha1::Workload;
+use muster_api::v1alpha1::{AdmissionState, Workload};
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
 use std::collections::{BTreeSet, HashMap};
@@ -22,8 +22,12 @@ use tracing::warn;
 use super::extras::ExtrasPlan;
 use super::ownership::Holders;
 use super::queue::{Admit, Attempt, Planned, PlannedGang};
-use super::waiting::{Held, HoldReason};
+use super::waiting::{Held, HoldReason, Waiting};
 use super::{Admission, key, placement_of, record_phases};
+
+/// How soon a gang or extras kept off nodes held for a retry look again: the hold ends
+/// with no watch event to say so.
+const RETRY_HOLD_POLL: Duration = Duration::from_millis(500);
 
 impl Admission {
     /// One look at every gang. Returns how long to wait at most before the next pass.
@@ -46,8 +50,19 @@ impl Admission {
         self.prune_conflicts(&workloads);
         self.places.keep_only(&workloads.iter().map(|w| key(w)).collect());
         self.work().keep_only(&workloads.iter().map(|w| key(w)).collect());
-        self.retry_holds()
-            .keep_only(&workloads.iter().map(|w| key(w)).collect());
+        // Only gangs queued or being undone keep nodes for a retry: one whose commit went
+        // through after all (the state machine finished it) keeps nothing.
+        self.retry_holds().keep_only(
+            &workloads
+                .iter()
+                .filter(|w| {
+                    placement_of(w)
+                        .and_then(|p| p.state)
+                        .is_none_or(|s| s == AdmissionState::Reserving)
+                })
+                .map(|w| key(w))
+                .collect(),
+        );
         self.collect_claims().await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
             store.iter().map(|p| convert::object_key(p.as_ref())).collect()
@@ -168,6 +183,19 @@ impl Admission {
             .map(|e| e.name.clone())
             .collect();
         self.waiting().retain(|k, _| queued.contains(k));
+        // A gang back in the queue after its failed commit was undone keeps its backoff.
+        {
+            let mut waiting = self.waiting();
+            let holds = self.retry_holds();
+            let now = Instant::now();
+            for gang in &queued {
+                if !waiting.contains_key(gang)
+                    && let Some(at) = holds.next_try(gang)
+                {
+                    waiting.insert(gang.clone(), Waiting::retrying(now, at));
+                }
+            }
+        }
 
         let changes = self.index.changes();
         // A gang of lower priority is not planned while one of higher priority, waiting
@@ -253,6 +281,7 @@ impl Admission {
                         let held_now = held.against(priority, &name);
                         if planned.nodes().any(|n| held_now.contains(n)) {
                             self.work().extras_wait(&name, changes.wrapping_sub(1));
+                            next = next.min(RETRY_HOLD_POLL);
                             continue;
                         }
                         match alongside(
@@ -275,7 +304,13 @@ impl Admission {
                     // lower priority takes it; later passes try them once the cluster
                     // changed.
                     Ok(ExtrasPlan::Wait) => {
-                        self.work().extras_wait(&name, changes);
+                        // Nodes kept for a retry come free with no change to tell of it.
+                        if held.retrying_against(priority, &name) {
+                            self.work().extras_wait(&name, changes.wrapping_sub(1));
+                            next = next.min(RETRY_HOLD_POLL);
+                        } else {
+                            self.work().extras_wait(&name, changes);
+                        }
                         passed_over.push(PassedOver {
                             priority,
                             workload: current,
@@ -348,6 +383,8 @@ impl Admission {
                         next = Duration::ZERO;
                         break;
                     }
+                    // It tried again: what it kept for that is its plan's now.
+                    held.release_retrying(&name);
                     // The gangs planned after this one must see its devices and pods as
                     // taken. Its nomination, if it has one, holds on beside its plan until
                     // it is released: the plan may use only some of the nominated devices,
@@ -369,6 +406,11 @@ impl Admission {
                         ended.push(done);
                     }
                     room_freed |= self.settle_commits(&mut ended, changes, &mut held, &mut next);
+                    continue;
+                }
+                Ok(Attempt::HeldForRetry) => {
+                    // Planned again once the gangs keeping nodes for a retry have tried.
+                    next = next.min(RETRY_HOLD_POLL);
                     continue;
                 }
                 Ok(Attempt::Stale) => {

@@ -104,6 +104,9 @@ pub(super) enum Attempt {
     },
     /// Not planned: the caches are behind the index on one of its claims.
     Stale,
+    /// It would fit but for nodes kept for gangs whose commit did not go through: they
+    /// try again shortly, so it writes nothing, answers Kueue nothing, preempts nobody.
+    HeldForRetry,
     Done(Admit),
 }
 
@@ -214,8 +217,9 @@ pub(super) enum Admit {
 impl Admission {
     /// Remembers how an attempt to admit gang `name` ended (see [`Waiting::settle`]): a
     /// committed gang stops waiting; any other waits, and holds its nodes once it has
-    /// waited past the starvation limit. A gang whose commit did not go through keeps the
-    /// nodes its plan took (`planned`) until it tries again (see [`super::waiting::RetryHolds`]).
+    /// waited past the starvation limit. A gang whose commit (`planned`) did not go
+    /// through keeps the nodes its plan took until it tries again (see
+    /// [`super::waiting::RetryHolds`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn settle_attempt(
         &self,
@@ -228,23 +232,23 @@ impl Admission {
         next: &mut Duration,
     ) {
         let now = Instant::now();
-        let failed = match &outcome {
-            Ok(Admit::RolledBack) => true,
-            Err(e) => {
-                warn!(workload = %name, error = %e, "admission failed");
-                true
+        if let Err(e) = &outcome {
+            warn!(workload = %name, error = %e, "admission failed");
+        }
+        let commit_failed = planned.is_some() && matches!(outcome, Ok(Admit::RolledBack) | Err(_));
+        let in_a_row = match planned {
+            Some(plan) if commit_failed => {
+                let nodes = self.kept_for_retry(plan);
+                self.retry_holds().failed(name, priority, Some(nodes), now)
             }
-            Ok(_) => false,
-        };
-        let in_a_row = if failed {
-            let nodes = planned.map(|plan| self.kept_for_retry(plan));
-            let mut holds = self.retry_holds();
-            let in_a_row = holds.failed(name, priority, nodes, now);
-            holds.hold_into(held, now);
-            in_a_row
-        } else {
-            self.retry_holds().tried(name);
-            0
+            // A commit that went through, or a gang that tried again and waits: what it
+            // kept is free. (An error before a plan, a status write say, leaves it be.)
+            _ if outcome.is_ok() => {
+                self.retry_holds().tried(name);
+                held.release_retrying(name);
+                0
+            }
+            _ => 0,
         };
         let mut waiting = self.waiting();
         let ended = match outcome {
@@ -256,11 +260,17 @@ impl Admission {
             // An invalid request waits like a gang that never fits: it never holds the
             // queue back.
             Ok(Admit::DoesNotFit { reach: None } | Admit::Invalid) => Ended::NeverFits,
-            Ok(Admit::RolledBack) | Err(_) => Ended::Failed { in_a_row },
+            Ok(Admit::RolledBack) | Err(_) if commit_failed => Ended::Failed { in_a_row },
+            Ok(Admit::RolledBack) | Err(_) => Ended::Errored,
         };
         let entry = waiting.entry(name.clone()).or_insert_with(|| Waiting::new(now));
         let backoff = entry.settle(ended, changes, now);
         *next = (*next).min(backoff);
+        if commit_failed {
+            let mut holds = self.retry_holds();
+            holds.retry_at(name, entry.next_try);
+            holds.hold_into(held, now);
+        }
         if entry.since.elapsed() > self.settings.starvation_after
             && let Some(reach) = &entry.reach
         {
@@ -473,6 +483,9 @@ impl Admission {
             .get_or_create(&label)
             .observe(metrics::seconds(planned_in));
         match outcome {
+            Outcome::Unschedulable(_) if planned.held_back && held.only_retrying_against(priority, &key(workload)) => {
+                Ok(Attempt::HeldForRetry)
+            }
             Outcome::Unschedulable(why) => {
                 let mut message = why.to_string();
                 if let Some(kueue) = crate::kueue::explain(&request) {

@@ -28,9 +28,11 @@ pub(super) enum Ended {
     WaitsForCapacity(Arc<BTreeSet<String>>),
     /// It would not fit even on an emptied cluster, or its request is wrong for now.
     NeverFits,
-    /// Its commit (or the attempt) failed and was undone, the `in_a_row`-th time in a
-    /// row (see [`RetryHolds`]).
+    /// Its commit failed and was undone, the `in_a_row`-th time in a row (see
+    /// [`RetryHolds`]).
     Failed { in_a_row: u32 },
+    /// The attempt failed before a plan (a status write refused, say).
+    Errored,
 }
 
 /// What the loop remembers about a gang that does not fit.
@@ -60,6 +62,16 @@ impl Waiting {
             changes_seen: 0,
             reach: None,
             lapse: None,
+        }
+    }
+
+    /// A gang back in the queue after a failed commit was undone: tried again at `at`,
+    /// whether or not the cluster changes by then.
+    pub(super) fn retrying(now: Instant, at: Instant) -> Self {
+        Waiting {
+            next_try: at,
+            changes_seen: u64::MAX,
+            ..Waiting::new(now)
         }
     }
 
@@ -94,6 +106,12 @@ impl Waiting {
                 self.changes_seen = changes;
                 crate::ops::backoff::exponential(self.failures, MAX_BACKOFF)
             }
+            Ended::Errored => {
+                self.failures += 1;
+                self.reach = None;
+                self.changes_seen = u64::MAX;
+                crate::ops::backoff::exponential(self.failures, MAX_BACKOFF)
+            }
             Ended::Failed { in_a_row } => {
                 // It holds the queue back only through what its plan took (see
                 // `RetryHolds`), and only briefly.
@@ -123,6 +141,8 @@ struct RetryHold {
     in_a_row: u32,
     nodes: Option<Arc<BTreeSet<String>>>,
     until: Instant,
+    /// When it is to try again: its backoff, which outlives its `Waiting`.
+    retry_at: Instant,
 }
 
 impl RetryHolds {
@@ -140,12 +160,25 @@ impl RetryHolds {
             in_a_row: 0,
             nodes: None,
             until: now,
+            retry_at: now,
         });
         hold.in_a_row += 1;
         hold.priority = priority;
         hold.nodes = planned.filter(|_| hold.in_a_row <= HOLDS_AFTER_FAILED_COMMITS);
         hold.until = now + RETRY_HOLD_LIMIT;
         hold.in_a_row
+    }
+
+    /// `gang`, whose commit failed, is to try again at `at`.
+    pub(super) fn retry_at(&mut self, gang: &ObjectKey, at: Instant) {
+        if let Some(hold) = self.gangs.get_mut(gang) {
+            hold.retry_at = at;
+        }
+    }
+
+    /// When `gang`, whose last commit failed, is to try again.
+    pub(super) fn next_try(&self, gang: &ObjectKey) -> Option<Instant> {
+        self.gangs.get(gang).map(|h| h.retry_at)
     }
 
     /// `gang` tried again and did not fail (committed, or waits): it keeps nothing.
@@ -164,9 +197,10 @@ impl RetryHolds {
         }
     }
 
-    /// Forgets the gangs that are gone.
-    pub(super) fn keep_only(&mut self, live: &std::collections::HashSet<ObjectKey>) {
-        self.gangs.retain(|gang, _| live.contains(gang));
+    /// Forgets the gangs that are gone, or whose commit went through after all (the
+    /// state machine finished it): only those `retrying` still keep anything.
+    pub(super) fn keep_only(&mut self, retrying: &std::collections::HashSet<ObjectKey>) {
+        self.gangs.retain(|gang, _| retrying.contains(gang));
     }
 }
 
@@ -202,6 +236,29 @@ impl Held {
             nodes: nodes.clone(),
             why,
         });
+    }
+
+    /// Drops what `gang` keeps for a retry: it tried again.
+    pub(super) fn release_retrying(&mut self, gang: &ObjectKey) {
+        self.holders
+            .retain(|h| !(h.gang == *gang && h.why == HoldReason::Retrying));
+    }
+
+    /// Whether every hold against gang `gang` of `priority` is a retry's (and one is).
+    pub(super) fn only_retrying_against(&self, priority: i32, gang: &ObjectKey) -> bool {
+        let mut against = self
+            .holders
+            .iter()
+            .filter(|h| h.priority >= priority && h.gang != *gang)
+            .peekable();
+        against.peek().is_some() && against.all(|h| h.why == HoldReason::Retrying)
+    }
+
+    /// Whether a retry's hold stands against gang `gang` of `priority`.
+    pub(super) fn retrying_against(&self, priority: i32, gang: &ObjectKey) -> bool {
+        self.holders
+            .iter()
+            .any(|h| h.priority >= priority && h.gang != *gang && h.why == HoldReason::Retrying)
     }
 
     /// The nodes held against gang `gang` of `priority` (never its own).
@@ -362,5 +419,42 @@ mod tests {
         assert!(message.contains("ns/b keeps the nodes it planned"), "{message}");
         assert_eq!(message.matches("ns/b").count(), 1, "{message}");
         assert!(!held.message(6, &c).contains("ns/b"));
+    }
+
+    /// A gang kept off nodes only by a retry's hold waits without a word (no status, no
+    /// preemption); one starvation hold makes it a real wait. A hold goes once its holder
+    /// tried again.
+    #[test]
+    fn a_gang_held_back_only_for_a_retry_knows_it() {
+        let mut held = Held::default();
+        let a = ObjectKey::new("ns", "a");
+        let b = ObjectKey::new("ns", "b");
+        let c = ObjectKey::new("ns", "c");
+        assert!(!held.only_retrying_against(5, &c), "nothing holds");
+        held.hold(5, &b, &nodes(&["n2"]), HoldReason::Retrying);
+        assert!(held.only_retrying_against(5, &c));
+        assert!(held.retrying_against(5, &c));
+        assert!(!held.only_retrying_against(5, &b), "its own hold is not against it");
+        held.hold(10, &a, &nodes(&["n1"]), HoldReason::WaitedLongest);
+        assert!(!held.only_retrying_against(5, &c));
+        held.release_retrying(&b);
+        assert!(!held.retrying_against(5, &c));
+        assert_eq!(names(&held.against(5, &c)), ["n1"]);
+    }
+
+    /// A failed commit's backoff outlives the gang's `Waiting` (dropped while the commit
+    /// is undone): it comes back to the queue due at that time, not at once.
+    #[test]
+    fn a_gang_back_from_an_undone_commit_keeps_its_backoff() {
+        let now = Instant::now();
+        let gang = ObjectKey::new("ns", "high");
+        let mut holds = RetryHolds::default();
+        holds.failed(&gang, 10, Some(nodes(&["n1"])), now);
+        let at = now + Duration::from_secs(4);
+        holds.retry_at(&gang, at);
+        assert_eq!(holds.next_try(&gang), Some(at));
+        let waiting = Waiting::retrying(now, at);
+        assert_eq!(waiting.next_try, at);
+        assert_ne!(waiting.changes_seen, 0, "due after its backoff whatever changes");
     }
 }
