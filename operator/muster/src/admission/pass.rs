@@ -87,17 +87,27 @@ impl Admission {
         };
         // Released gangs that may have extras waiting: placed in the queue below.
         let mut with_extras: HashMap<ObjectKey, Journal> = HashMap::new();
-        let index_changes = self.index.changes();
+        // Extras waiting that saw the cluster as it is: not tried this pass, but room that
+        // appears during it is theirs before a gang of lower priority takes it.
+        let mut standing_extras: HashMap<ObjectKey, Journal> = HashMap::new();
+        // The one count of cluster changes this pass looks at: whatever comes later is
+        // room that appeared during the pass (see `room_goes_to_passed_over`).
+        let changes = self.index.changes();
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
             let gang = key(workload);
             if !selection.contains(&gang) {
                 // Extras that did not fit are tried again once the cluster changed.
-                let retry = self.work().extras_due(&gang, index_changes);
-                if retry
+                let retry = self.work().extras_due(&gang, changes);
+                let waiting = retry || self.work().extras_waiting(&gang);
+                if waiting
                     && let Some(journal) = observe::journal(workload)
                     && self.may_place_extras(workload, &journal)
                 {
-                    with_extras.insert(gang, journal);
+                    if retry {
+                        with_extras.insert(gang, journal);
+                    } else {
+                        standing_extras.insert(gang, journal);
+                    }
                 }
                 continue;
             }
@@ -197,7 +207,6 @@ impl Admission {
             }
         }
 
-        let changes = self.index.changes();
         // A gang of lower priority is not planned while one of higher priority, waiting
         // for capacity, has not looked at the same change yet: that one is due as well.
         // Extras are looked at every pass.
@@ -235,8 +244,18 @@ impl Admission {
         // Within a pass the cluster only fills up: a gang shaped like one that did not
         // fit does not fit either, and is not planned again.
         let mut unfit: HashMap<String, (String, Planned)> = HashMap::new();
-        // The gangs, and gangs' extras, this pass found no room for.
-        let mut passed_over: Vec<PassedOver> = Vec::new();
+        // The gangs, and gangs' extras, this pass found no room for (or did not try).
+        let mut passed_over: Vec<PassedOver> = workloads
+            .iter()
+            .filter_map(|w| {
+                let journal = standing_extras.remove(&key(w))?;
+                Some(PassedOver {
+                    priority: self.priority(w),
+                    workload: w.clone(),
+                    extras_of: Some(journal),
+                })
+            })
+            .collect();
         for (entry, due) in queue.into_iter().zip(due) {
             let Entry {
                 priority,

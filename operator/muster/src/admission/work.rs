@@ -131,6 +131,11 @@ impl Work {
         self.extras_waiting.remove(gang);
     }
 
+    /// Whether the gang has extras that did not fit.
+    pub(super) fn extras_waiting(&self, gang: &ObjectKey) -> bool {
+        self.extras_waiting.contains_key(gang)
+    }
+
     /// Whether the gang's waiting extras are to be tried again: the cluster changed since
     /// they did not fit.
     pub(super) fn extras_due(&self, gang: &ObjectKey, changes: u64) -> bool {
