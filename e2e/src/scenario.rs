@@ -447,8 +447,47 @@ where
     let _serial = exclusive().await;
     let mut test = Test::start(name, args, env).await?;
     let outcome = body(&mut test).await;
+    // What the operator did last says most about a failure seen only elsewhere (CI).
+    let outcome = outcome.map_err(|e| match test.operator.as_ref() {
+        Some(operator) => e.context(format!(
+            "failed; the operator's last log lines:\n{}",
+            log_tail(&operator.log(), OPERATOR_LOG_TAIL)
+        )),
+        None => e,
+    });
     let cleanup = test.finish().await;
     outcome.and(cleanup)
+}
+
+/// How many lines of the operator's log a failed test shows.
+const OPERATOR_LOG_TAIL: usize = 60;
+
+/// The last `lines` lines of `log`, without terminal colours.
+fn log_tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..]
+        .iter()
+        .map(|line| strip_colours(line))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `line` without ANSI colour sequences (ESC [ ... m).
+fn strip_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A launcher (2 CPU, no devices) and `workers` pods with eight GPUs and 16 CPUs each, in
@@ -779,5 +818,17 @@ impl Test {
             .status
             .and_then(|s| s.placement)
             .and_then(|p| p.state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_tests_log_tail_is_its_last_lines_without_colours() {
+        let log = "one\n\u{1b}[2mtwo\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m x\nthree";
+        assert_eq!(log_tail(log, 2), "two  INFO x\nthree");
+        assert_eq!(log_tail(log, 10), "one\ntwo  INFO x\nthree");
     }
 }

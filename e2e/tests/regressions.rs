@@ -1176,39 +1176,12 @@ async fn issue22_review_gangs_committed_together_all_hold_a_claim_they_found() -
 async fn issue22_review_room_goes_to_a_higher_gang_before_lower_extras() -> Result<()> {
     with_test("extras-order", &[], &[], |test| {
         Box::pin(async move {
-            priority_classes(&test.client).await?;
-            // rack-0000's four nodes: two for the filler, one for the blocker, one for the
-            // elastic gang's core; its two extras wait.
-            test.create(ranked(gang("filler", 2, Some("rack-0000")), LOW)).await?;
-            assert_runs_as_planned(test, "filler").await?;
-            test.create(ranked(gang("blocker", 1, Some("rack-0000")), LOW)).await?;
-            assert_runs_as_planned(test, "blocker").await?;
-            let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), LOW);
-            elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
-            test.create(elastic).await?;
-            test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
-                .await?;
-            // A gang of higher priority that does not preempt waits for a node.
-            test.create(ranked(gang("high", 1, Some("rack-0000")), NEVER)).await?;
-            test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(60))
-                .await?;
+            rack_full_with_extras_and_a_higher_gang_waiting(test).await?;
             // One node comes free: it is the higher gang's.
             test.workloads().delete("blocker", &DeleteParams::default()).await?;
             test.wait_phase("high", WorkloadPhase::Running, Duration::from_secs(60))
                 .await?;
-            let placement = test
-                .workloads()
-                .get("elastic")
-                .await?
-                .status
-                .and_then(|s| s.placement)
-                .context("placement")?;
-            ensure!(
-                placement.pods.iter().filter(|p| p.name.contains("workers")).count() == 1,
-                "the extras still wait: {:?}",
-                placement.pods
-            );
-            Ok(())
+            extras_still_wait(test).await
         })
     })
     .await
@@ -1228,19 +1201,7 @@ async fn a_failed_commit_keeps_its_room_from_lower_extras() -> Result<()> {
     for failure in ["plan-record", "claim-reservation"] {
         with_test(&format!("failed-{failure}"), &[], &[], |test| {
             Box::pin(async move {
-                priority_classes(&test.client).await?;
-                test.create(ranked(gang("filler", 2, Some("rack-0000")), LOW)).await?;
-                assert_runs_as_planned(test, "filler").await?;
-                test.create(ranked(gang("blocker", 1, Some("rack-0000")), LOW)).await?;
-                assert_runs_as_planned(test, "blocker").await?;
-                let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), LOW);
-                elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
-                test.create(elastic).await?;
-                test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
-                    .await?;
-                test.create(ranked(gang("high", 1, Some("rack-0000")), NEVER)).await?;
-                test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(60))
-                    .await?;
+                rack_full_with_extras_and_a_higher_gang_waiting(test).await?;
                 // The same cluster under an operator whose next commit fails once,
                 // committing one gang at a time.
                 if let Some(operator) = test.operator.take() {
@@ -1255,23 +1216,49 @@ async fn a_failed_commit_keeps_its_room_from_lower_extras() -> Result<()> {
                     operator.log().contains(&format!("failing the write {failure} once")),
                     "the higher gang's commit failed once"
                 );
-                let placement = test
-                    .workloads()
-                    .get("elastic")
-                    .await?
-                    .status
-                    .and_then(|s| s.placement)
-                    .context("placement")?;
-                ensure!(
-                    placement.pods.iter().filter(|p| p.name.contains("workers")).count() == 1,
-                    "the extras still wait: {:?}",
-                    placement.pods
-                );
-                Ok(())
+                extras_still_wait(test).await
             })
         })
         .await
         .with_context(|| format!("a commit failing at {failure}"))?;
     }
+    Ok(())
+}
+
+/// rack-0000's four nodes: two for the gang `filler`, one for `blocker`, one for the core
+/// of `elastic`, whose two extras wait; `high`, of higher priority and not preempting,
+/// waits for a node. All but `high` are of priority [`LOW`].
+async fn rack_full_with_extras_and_a_higher_gang_waiting(test: &Test) -> Result<()> {
+    priority_classes(&test.client).await?;
+    test.create(ranked(gang("filler", 2, Some("rack-0000")), LOW)).await?;
+    assert_runs_as_planned(test, "filler").await?;
+    test.create(ranked(gang("blocker", 1, Some("rack-0000")), LOW)).await?;
+    assert_runs_as_planned(test, "blocker").await?;
+    let mut elastic = ranked(gang("elastic", 3, Some("rack-0000")), LOW);
+    elastic["spec"]["podGroups"][1]["minCount"] = json!(1);
+    test.create(elastic).await?;
+    test.wait_phase("elastic", WorkloadPhase::Running, Duration::from_secs(60))
+        .await?;
+    test.create(ranked(gang("high", 1, Some("rack-0000")), NEVER)).await?;
+    test.wait_admitted_reason("high", "Unschedulable", Duration::from_secs(60))
+        .await?;
+    Ok(())
+}
+
+/// Of `elastic` (see [`rack_full_with_extras_and_a_higher_gang_waiting`]), only its core
+/// worker is placed.
+async fn extras_still_wait(test: &Test) -> Result<()> {
+    let placement = test
+        .workloads()
+        .get("elastic")
+        .await?
+        .status
+        .and_then(|s| s.placement)
+        .context("placement")?;
+    ensure!(
+        placement.pods.iter().filter(|p| p.name.contains("workers")).count() == 1,
+        "the extras still wait: {:?}",
+        placement.pods
+    );
     Ok(())
 }
