@@ -87,27 +87,17 @@ impl Admission {
         };
         // Released gangs that may have extras waiting: placed in the queue below.
         let mut with_extras: HashMap<ObjectKey, Journal> = HashMap::new();
-        // Extras waiting that saw the cluster as it is: not tried this pass, but room that
-        // appears during it is theirs before a gang of lower priority takes it.
-        let mut standing_extras: HashMap<ObjectKey, Journal> = HashMap::new();
-        // The one count of cluster changes this pass looks at: whatever comes later is
-        // room that appeared during the pass (see `room_goes_to_passed_over`).
-        let changes = self.index.changes();
+        // Released gangs not stepped whose extras wait: tried this pass if the cluster
+        // changed since (decided below, on the pass's one count of changes).
+        let mut extras_waiting: Vec<(ObjectKey, Journal)> = Vec::new();
         for workload in workloads.iter().filter(|w| w.metadata.deletion_timestamp.is_none()) {
             let gang = key(workload);
             if !selection.contains(&gang) {
-                // Extras that did not fit are tried again once the cluster changed.
-                let retry = self.work().extras_due(&gang, changes);
-                let waiting = retry || self.work().extras_waiting(&gang);
-                if waiting
+                if self.work().extras_waiting(&gang)
                     && let Some(journal) = observe::journal(workload)
                     && self.may_place_extras(workload, &journal)
                 {
-                    if retry {
-                        with_extras.insert(gang, journal);
-                    } else {
-                        standing_extras.insert(gang, journal);
-                    }
+                    extras_waiting.push((gang, journal));
                 }
                 continue;
             }
@@ -144,6 +134,22 @@ impl Admission {
         }
         // Kueue hears where each gang stands after its step, not before.
         self.sync_kueue().await;
+
+        // The one count of cluster changes this pass looks at, after the steps (whose
+        // writes free room): whatever comes later is room that appeared during the pass
+        // (see `room_goes_to_passed_over`).
+        let changes = self.index.changes();
+        // Extras that did not fit are tried again once the cluster changed. Those that
+        // saw the cluster as it is are not, but room that appears during the pass is
+        // theirs before a gang of lower priority takes it.
+        let mut standing_extras: HashMap<ObjectKey, Journal> = HashMap::new();
+        for (gang, journal) in extras_waiting {
+            if self.work().extras_due(&gang, changes) {
+                with_extras.insert(gang, journal);
+            } else {
+                standing_extras.insert(gang, journal);
+            }
+        }
 
         let created = |w: &Workload| {
             w.metadata
@@ -251,6 +257,7 @@ impl Admission {
                 let journal = standing_extras.remove(&key(w))?;
                 Some(PassedOver {
                     priority: self.priority(w),
+                    checked: Default::default(),
                     workload: w.clone(),
                     extras_of: Some(journal),
                 })
@@ -310,7 +317,22 @@ impl Admission {
                         )
                         .await
                         {
-                            Ok(()) => self.work().extras_placed_or_gone(&name),
+                            // Those that did not fit yet still wait: they look again next
+                            // pass, and room that appears during this one is theirs before a
+                            // gang of lower priority takes it.
+                            Ok(()) => {
+                                self.work().extras_wait(&name, changes.wrapping_sub(1));
+                                if let Some(current) = self.current_workload(&name)
+                                    && let Some(journal) = observe::journal(&current)
+                                {
+                                    passed_over.push(PassedOver {
+                                        priority,
+                                        checked: Default::default(),
+                                        workload: current,
+                                        extras_of: Some(journal),
+                                    });
+                                }
+                            }
                             Err(e) => {
                                 warn!(workload = %name, error = %e, "placing extras failed; retrying");
                                 self.work().extras_wait(&name, changes.wrapping_sub(1));
@@ -332,6 +354,7 @@ impl Admission {
                         }
                         passed_over.push(PassedOver {
                             priority,
+                            checked: Default::default(),
                             workload: current,
                             extras_of: Some(journal),
                         });
@@ -462,6 +485,7 @@ impl Admission {
             if fits_nowhere {
                 passed_over.push(PassedOver {
                     priority,
+                    checked: Default::default(),
                     workload: workload.clone(),
                     extras_of: None,
                 });
@@ -536,7 +560,13 @@ impl Admission {
         if !room_freed && self.index.changes() == changes {
             return false;
         }
-        if !alongside(in_flight, ended, self.one_passed_over_fits(passed_over, priority, held)).await {
+        if !alongside(
+            in_flight,
+            ended,
+            self.one_passed_over_fits(passed_over, priority, held, room_freed),
+        )
+        .await
+        {
             return false;
         }
         self.make_due(passed_over, changes);
@@ -561,13 +591,29 @@ impl Admission {
     /// Whether a gang of higher priority than `priority` that this pass found no room for,
     /// or the waiting extras of one, fits the cluster as it is now (planned again, with
     /// no shortcut by shape).
-    async fn one_passed_over_fits(&self, passed_over: &[PassedOver], priority: i32, held: &Held) -> bool {
+    async fn one_passed_over_fits(
+        &self,
+        passed_over: &[PassedOver],
+        priority: i32,
+        held: &Held,
+        room_freed: bool,
+    ) -> bool {
         for higher in passed_over.iter().filter(|p| p.priority > priority) {
+            // Planned again only once the cluster moved since it last did not fit.
+            let seen = (self.index.changes(), room_freed);
+            if higher.checked.get() == Some(seen) {
+                continue;
+            }
             let workload = &self
                 .current_workload(&key(&higher.workload))
                 .unwrap_or_else(|| higher.workload.clone());
             let fits = match &higher.extras_of {
-                Some(journal) => matches!(self.plan_extras(workload, journal, held).await, Ok(ExtrasPlan::Fit(_))),
+                // Only extras the pass would place: on the journal they were seen with.
+                Some(journal) => {
+                    observe::journal(workload).as_ref() == Some(journal)
+                        && self.may_place_extras(workload, journal)
+                        && matches!(self.plan_extras(workload, journal, held).await, Ok(ExtrasPlan::Fit(_)))
+                }
                 None => matches!(
                     self.try_plan(workload, higher.priority, held, &mut HashMap::new())
                         .await,
@@ -577,6 +623,7 @@ impl Admission {
             if fits {
                 return true;
             }
+            higher.checked.set(Some(seen));
         }
         false
     }
@@ -596,6 +643,10 @@ struct Entry {
 /// room for.
 struct PassedOver {
     priority: i32,
+    /// The count of cluster changes, and whether a failed commit had freed room, when
+    /// it was last found not to fit during the pass: not planned again until either
+    /// moves.
+    checked: std::cell::Cell<Option<(u64, bool)>>,
     workload: Arc<Workload>,
     extras_of: Option<Journal>,
 }
