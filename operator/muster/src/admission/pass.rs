@@ -113,6 +113,16 @@ impl Admission {
                         Some(journal) => {
                             with_extras.insert(gang, journal);
                         }
+                        // A step that wrote says nothing of its extras: those waiting
+                        // keep waiting (room that comes free is still theirs first).
+                        None if !idle && self.work().extras_waiting(&gang) => {
+                            let current = self.newest(workload);
+                            if let Some(journal) = observe::journal(&current)
+                                && self.may_place_extras(&current, &journal)
+                            {
+                                extras_waiting.push((gang, journal));
+                            }
+                        }
                         None => self.work().extras_placed_or_gone(&gang),
                     }
                 }
