@@ -265,12 +265,7 @@ impl Admission {
             .iter()
             .filter_map(|w| {
                 let journal = standing_extras.remove(&key(w))?;
-                Some(PassedOver {
-                    priority: self.priority(w),
-                    checked: Default::default(),
-                    workload: w.clone(),
-                    extras_of: Some(journal),
-                })
+                Some(PassedOver::new(self.priority(w), w.clone(), Some(journal)))
             })
             .collect();
         for (entry, due) in queue.into_iter().zip(due) {
@@ -335,12 +330,7 @@ impl Admission {
                                 if let Some(current) = self.current_workload(&name)
                                     && let Some(journal) = observe::journal(&current)
                                 {
-                                    passed_over.push(PassedOver {
-                                        priority,
-                                        checked: Default::default(),
-                                        workload: current,
-                                        extras_of: Some(journal),
-                                    });
+                                    passed_over.push(PassedOver::new(priority, current, Some(journal)));
                                 }
                             }
                             Err(e) => {
@@ -362,12 +352,7 @@ impl Admission {
                         } else {
                             self.work().extras_wait(&name, changes);
                         }
-                        passed_over.push(PassedOver {
-                            priority,
-                            checked: Default::default(),
-                            workload: current,
-                            extras_of: Some(journal),
-                        });
+                        passed_over.push(PassedOver::new(priority, current, Some(journal)));
                     }
                     Err(e) => {
                         warn!(workload = %name, error = %e, "placing extras failed; retrying");
@@ -493,12 +478,7 @@ impl Admission {
             };
             let fits_nowhere = matches!(outcome, Ok(Admit::DoesNotFit { .. }));
             if fits_nowhere {
-                passed_over.push(PassedOver {
-                    priority,
-                    checked: Default::default(),
-                    workload: workload.clone(),
-                    extras_of: None,
-                });
+                passed_over.push(PassedOver::new(priority, workload.clone(), None));
             }
             self.settle_attempt(&name, priority, outcome, None, changes, &mut held, &mut next);
             // Kept off nodes by refusals: tried again once the first lapses, even if
@@ -528,7 +508,7 @@ impl Admission {
     /// Settles the commits that ended (see `settle_attempt`). Returns whether one of them
     /// did not commit: what it had taken is free again, with no watch event to say so.
     /// A gang whose commit failed keeps the nodes its plan took until it tries again
-    /// (see `Waiting::holds`).
+    /// (see `super::waiting::RetryHolds`).
     fn settle_commits(
         &self,
         ended: &mut Vec<(PlannedGang, Result<Admit, super::CommitError>)>,
@@ -659,6 +639,17 @@ struct PassedOver {
     checked: std::cell::Cell<Option<(u64, bool)>>,
     workload: Arc<Workload>,
     extras_of: Option<Journal>,
+}
+
+impl PassedOver {
+    fn new(priority: i32, workload: Arc<Workload>, extras_of: Option<Journal>) -> Self {
+        PassedOver {
+            priority,
+            checked: Default::default(),
+            workload,
+            extras_of,
+        }
+    }
 }
 
 /// Runs `work` while the commits `in_flight` go on, keeping those that end in `ended`.
