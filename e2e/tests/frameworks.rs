@@ -685,6 +685,69 @@ async fn a_labelled_jobset_created_while_muster_is_down_never_runs_ungated() -> 
     .await
 }
 
+/// A labelled Job admitted by a follower's webhook while no operator leads is found by
+/// the next leader in its first list (whose items carry no apiVersion or kind), and
+/// becomes a gang owned by the Job.
+#[tokio::test]
+async fn a_labelled_job_created_while_no_operator_leads_becomes_a_gang_on_takeover() -> Result<()> {
+    let port = webhook_port().await?;
+    with_frameworks("takeover", move |test| {
+        Box::pin(async move {
+            // Someone else holds the Lease: the operator follows, serving the webhook.
+            let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(test.client.clone(), &test.ns);
+            let held = k8s_openapi::api::coordination::v1::Lease {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("muster".into()),
+                    ..Default::default()
+                },
+                spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                    holder_identity: Some("another-muster".into()),
+                    lease_duration_seconds: Some(3600),
+                    renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    )),
+                    ..Default::default()
+                }),
+            };
+            leases.create(&PostParams::default(), &held).await?;
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            let mut args = operator_args(port);
+            args.extend([
+                "--leader-elect".to_string(),
+                format!("--leader-election-namespace={}", test.ns),
+                "--leader-election-lease-duration=4".to_string(),
+            ]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            test.start_operator(&args, &[])?;
+            wait_webhook_ready(test).await?;
+            create_job(test, indexed_job("taken", 2, json!({}))).await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            ensure!(
+                test.workloads().get_opt("job-taken").await?.is_none(),
+                "a follower made a gang"
+            );
+            // The holder goes: the operator leads, and lists the Job it never saw.
+            leases.delete("muster", &DeleteParams::default()).await?;
+            let workloads = test.workloads();
+            let gang = wait::until("the Job's gang", Duration::from_secs(60), || {
+                let workloads = workloads.clone();
+                async move { workloads.get_opt("job-taken").await.map_err(Into::into) }
+            })
+            .await?;
+            let owner = gang.metadata.owner_references.unwrap_or_default();
+            ensure!(
+                owner.len() == 1 && owner[0].api_version == "batch/v1" && owner[0].kind == "Job",
+                "{owner:?}"
+            );
+            runs_as_one_gang(test, "job-taken", 2).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
 #[tokio::test]
 async fn unlabelled_jobsets_and_jobs_are_never_touched() -> Result<()> {
     with_frameworks("unlabelled", |test| {

@@ -369,9 +369,12 @@ pub fn derive(framework: Framework, object: &Value, cluster: &Cluster<'_>) -> Wo
             workload_labels.insert(QUEUE_LABEL.to_string(), queue.to_string());
         }
     }
+    // Named by the framework, not the object: items of a LIST carry no apiVersion or
+    // kind, and a Workload owned by "" is refused.
+    let resource = framework.resource();
     let owner = json!({
-        "apiVersion": object["apiVersion"],
-        "kind": object["kind"],
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
         "name": name,
         "uid": uid,
         "controller": true,
@@ -666,6 +669,30 @@ mod tests {
         assert_eq!(w.spec.suspend, Some(true));
         let w = derive(Framework::Job, &mutated(Framework::Job, job), &cluster());
         assert_eq!(invalid(&w), "");
+    }
+
+    #[test]
+    fn the_owner_is_named_by_the_framework_as_a_listed_job_has_no_kind() {
+        // Items of a LIST of built-in kinds carry no apiVersion or kind.
+        let job = mutated(
+            Framework::Job,
+            json!({
+                "metadata": {"name": "listed", "namespace": "team", "uid": "job-uid", "labels": {"muster.dev/gang": "true"}},
+                "spec": {"parallelism": 2, "completions": 2, "completionMode": "Indexed", "template": {}},
+            }),
+        );
+        let w = derive(Framework::Job, &job, &cluster());
+        let owner = &w.metadata.owner_references.as_ref().expect("an owner")[0];
+        assert_eq!(
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.name.as_str(),
+                owner.uid.as_str()
+            ),
+            ("batch/v1", "Job", "listed", "job-uid")
+        );
+        assert_eq!(owner.controller, Some(true));
     }
 
     #[test]
