@@ -556,11 +556,29 @@ pub async fn allocations(claims: &Api<ResourceClaim>) -> Result<BTreeMap<String,
 }
 
 /// The gang runs as planned: every pod on its planned node, every claim allocated on
-/// that node and reserved for its pod, all in one rack.
+/// that node and reserved for its pod, all in one rack. Checked on one read of
+/// everything, until it holds or 90 s pass: `phase` is a summary written apart from the
+/// placement, and may still say Running for a moment while the placement moved on (the
+/// operator killed before it wrote the phase, and not yet back).
 pub async fn assert_runs_as_planned(test: &Test, name: &str) -> Result<Workload> {
-    let workload = test
-        .wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
+    test.wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))
         .await?;
+    let what = format!("{name} to run as planned");
+    wait::until(&what, Duration::from_secs(90), || async {
+        let workload = test.workloads().get(name).await?;
+        if workload.status.as_ref().and_then(|s| s.phase) != Some(WorkloadPhase::Running) {
+            anyhow::bail!(
+                "{name} is at phase {:?}",
+                workload.status.as_ref().and_then(|s| s.phase)
+            );
+        }
+        runs_as_planned_now(test, name, workload).await.map(Some)
+    })
+    .await
+}
+
+/// Whether `workload`, just read at phase Running, runs as planned now.
+async fn runs_as_planned_now(test: &Test, name: &str, workload: Workload) -> Result<Workload> {
     let placement = workload
         .status
         .as_ref()

@@ -93,10 +93,10 @@ async fn converged(test: &Test, how: Drive) -> Result<()> {
                         let Some(taken) = held.get("intruder").and_then(|d| d.first()).cloned() else {
                             return Ok(None);
                         };
-                        let clear = held
-                            .iter()
-                            .filter(|(name, _)| name.as_str() != "intruder")
-                            .all(|(_, devices)| !devices.contains(&taken));
+                        // The gang's claims allocated again (none, right after the
+                        // crash, would pass vacuously), none on the taken device.
+                        let gang: Vec<_> = held.iter().filter(|(name, _)| name.as_str() != "intruder").collect();
+                        let clear = !gang.is_empty() && gang.iter().all(|(_, devices)| !devices.contains(&taken));
                         Ok(clear.then_some(()))
                     }
                 },
