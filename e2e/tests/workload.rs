@@ -383,6 +383,50 @@ async fn deleting_a_workload_removes_what_it_created() -> Result<()> {
     delete_namespace(&client, &ns).await
 }
 
+/// Deleting a namespace deletes its gangs' pods while the gangs are still there: muster
+/// does not ask the namespace again and again for objects it refuses to make.
+#[tokio::test]
+async fn a_namespace_being_deleted_is_not_asked_again_for_its_gangs_objects() -> Result<()> {
+    let cluster = cluster().await?;
+    let _serial = exclusive().await;
+    let client = cluster.control_plane.client().await?;
+    let ns = namespace(&client, "ns-gone").await?;
+    let operator = start_operator(cluster, "ns-gone")?;
+    create_templates(&client, &ns).await?;
+    let gangs = ["a", "b", "c", "d"];
+    for name in gangs {
+        create_workload(&client, &ns, unplaceable(name)).await?;
+        wait_for_created(&client, &ns, name).await?;
+    }
+    // Creates the API server refused with 403 (a terminating namespace's answer).
+    let refused = |samples: &BTreeMap<String, f64>| -> f64 {
+        samples
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("muster_api_errors_total{") && k.contains("verb=\"create\"") && k.contains("code=\"403\"")
+            })
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let before = refused(&muster_e2e::rbac::metrics(&operator).await?);
+    delete_namespace(&client, &ns).await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    wait::until("the namespace to be gone", Duration::from_secs(120), || {
+        let (namespaces, ns) = (namespaces.clone(), ns.clone());
+        async move { Ok(namespaces.get_opt(&ns).await?.is_none().then_some(())) }
+    })
+    .await?;
+    let asked = refused(&muster_e2e::rbac::metrics(&operator).await?) - before;
+    operator.stop();
+    // At most one try for each of the gangs' pods and Services.
+    let objects = gangs.len() * (3 + 1);
+    ensure!(
+        asked <= objects as f64,
+        "{asked} creates refused in the terminating namespace, for {objects} objects"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn operator_restart_creates_nothing_twice() -> Result<()> {
     let cluster = cluster().await?;

@@ -32,6 +32,7 @@ use crate::workload::gang::{self, ClaimSource, Gang};
 use crate::workload::membership;
 use crate::workload::pacing::{self, StatusPacer};
 use crate::workload::status::{self, Progress};
+use crate::workload::terminating::TerminatingNamespaces;
 
 /// Errors of one reconcile. All are retried with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +106,8 @@ pub struct Context {
     pacer: StatusPacer,
     /// What was told once already (refused pods, an ignored queue change).
     told: Mutex<HashSet<String>>,
+    /// Namespaces that refused a create because they are being deleted.
+    terminating: TerminatingNamespaces,
 }
 
 /// Things told once, remembered at most this many at a time.
@@ -179,6 +182,7 @@ impl WorkloadController {
             admission,
             pacer: StatusPacer::default(),
             told: Mutex::default(),
+            terminating: TerminatingNamespaces::default(),
         });
         WorkloadController { controller, context }
     }
@@ -348,11 +352,19 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         return Ok(requeue(put_off, kueue_again));
     }
 
+    // A namespace being deleted makes nothing new: asked again (at every deletion of a
+    // pod of its gangs), it would only refuse again.
+    if let Some(left) = ctx.terminating.quiet_for(&namespace, std::time::Instant::now()) {
+        return Ok(Action::requeue(left));
+    }
     let outcome = match create_missing(workload, &namespace, &gang, ctx).await {
         Ok(outcome) => outcome,
         // Nothing can be made there any more; the namespace's deletion reaches the
         // Workload and its objects soon, and that is reconciled then.
-        Err(Error::NamespaceTerminating { .. }) => return Ok(Action::await_change()),
+        Err(Error::NamespaceTerminating { namespace }) => {
+            ctx.terminating.refused(&namespace, std::time::Instant::now());
+            return Ok(Action::await_change());
+        }
         Err(e @ Error::NotOwned { .. }) => {
             let progress = Progress::Waiting {
                 reason: conditions::REASON_NAME_CONFLICT,

@@ -12,3 +12,4 @@ pub mod observe;
 pub mod pacing;
 pub mod rendezvous;
 pub mod status;
+pub mod terminating;
