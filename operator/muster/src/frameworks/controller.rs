@@ -502,9 +502,9 @@ async fn create(
         Err(e) if kube_ops::is_conflict(&e) => return Ok(Action::requeue(Duration::from_secs(1))),
         // Refused (a ResourceQuota on Workloads, a policy): the job is told why.
         Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
-            warn!(namespace = ?job.namespace(), job = %job.name_any(), workload = %name, refusal = %status.message, "the API server refused a job's Workload; trying again in a minute");
             let uid = job.uid().unwrap_or_default();
             if ctx.first_time(format!("{uid}/refused/{}", status.message)) {
+                warn!(namespace = ?job.namespace(), job = %job.name_any(), workload = %name, refusal = %status.message, "the API server refused a job's Workload; trying again every minute");
                 let note = format!(
                     "muster cannot create Workload {name}, the gang of this {kind}: {}",
                     status.message

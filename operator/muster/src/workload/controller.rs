@@ -311,9 +311,25 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         let put_off = write_status(workload, ctx, &Progress::AllCreated).await?;
         return Ok(requeue(put_off, None));
     }
+    // A namespace being deleted makes nothing new: asked again (at every deletion of a
+    // pod of its gangs), it would only refuse again.
+    if let Some(left) = ctx
+        .terminating
+        .quiet_for(&namespace, std::time::Instant::now(), created_at(workload))
+    {
+        return Ok(Action::requeue(left));
+    }
     tell_refused_pods(workload, ctx).await;
     let suspended = workload.spec.suspend == Some(true);
-    let kueue_again = match ensure_kueue_workload(workload, ctx).await? {
+    let kueue = match ensure_kueue_workload(workload, ctx).await {
+        Err(Error::NamespaceTerminating { namespace }) => {
+            ctx.terminating
+                .refused(&namespace, std::time::Instant::now(), std::time::SystemTime::now());
+            return Ok(Action::await_change());
+        }
+        other => other?,
+    };
+    let kueue_again = match kueue {
         Kueue::Waiting(waiting) if !suspended => {
             let put_off = write_status(workload, ctx, &waiting).await?;
             return Ok(requeue(put_off, Some(Duration::from_secs(15))));
@@ -352,17 +368,13 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         return Ok(requeue(put_off, kueue_again));
     }
 
-    // A namespace being deleted makes nothing new: asked again (at every deletion of a
-    // pod of its gangs), it would only refuse again.
-    if let Some(left) = ctx.terminating.quiet_for(&namespace, std::time::Instant::now()) {
-        return Ok(Action::requeue(left));
-    }
     let outcome = match create_missing(workload, &namespace, &gang, ctx).await {
         Ok(outcome) => outcome,
         // Nothing can be made there any more; the namespace's deletion reaches the
         // Workload and its objects soon, and that is reconciled then.
         Err(Error::NamespaceTerminating { namespace }) => {
-            ctx.terminating.refused(&namespace, std::time::Instant::now());
+            ctx.terminating
+                .refused(&namespace, std::time::Instant::now(), std::time::SystemTime::now());
             return Ok(Action::await_change());
         }
         Err(e @ Error::NotOwned { .. }) => {
@@ -593,7 +605,7 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
                     }));
                 }
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(refused_create(e, &namespace)),
         }
     }
     let Some(desired) = crate::kueue::desired(workload, queue, priority, topology, &charges) else {
@@ -622,7 +634,7 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
                 status.message
             ),
         })),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(refused_create(e, &namespace)),
     }
 }
 
@@ -1078,6 +1090,24 @@ async fn create_missing(
 /// `NamespaceTerminating` cause; the status carries no machine-readable cause here).
 fn is_namespace_terminating(status: &kube::core::Status) -> bool {
     status.code == 403 && status.message.contains("because it is being terminated")
+}
+
+/// A failed create as this controller's error: a terminating namespace's refusal told
+/// apart.
+fn refused_create(error: kube::Error, namespace: &str) -> Error {
+    match error {
+        kube::Error::Api(status) if is_namespace_terminating(&status) => Error::NamespaceTerminating {
+            namespace: namespace.to_string(),
+        },
+        other => Error::Kube(other),
+    }
+}
+
+/// When the API server made `workload`, as this process's clock reads it.
+fn created_at(workload: &Workload) -> Option<std::time::SystemTime> {
+    let created = workload.metadata.creation_timestamp.as_ref()?;
+    let since_epoch = created.0.duration_since(Timestamp::UNIX_EPOCH).unsigned_abs();
+    std::time::SystemTime::UNIX_EPOCH.checked_add(since_epoch)
 }
 
 /// Counts creations; failures the API refused as invalid are kept as messages (retrying
