@@ -723,14 +723,14 @@ async fn a_labelled_job_created_while_no_operator_leads_becomes_a_gang_on_takeov
             test.start_operator(&args, &[])?;
             wait_webhook_ready(test).await?;
             create_job(test, indexed_job("taken", 2, json!({}))).await?;
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            ensure!(
-                test.workloads().get_opt("job-taken").await?.is_none(),
-                "a follower made a gang"
-            );
+            let workloads = test.workloads();
+            wait::holds("no gang made by a follower", Duration::from_secs(2), || {
+                let workloads = workloads.clone();
+                async move { Ok(workloads.get_opt("job-taken").await?.is_none()) }
+            })
+            .await?;
             // The holder goes: the operator leads, and lists the Job it never saw.
             leases.delete("muster", &DeleteParams::default()).await?;
-            let workloads = test.workloads();
             let gang = wait::until("the Job's gang", Duration::from_secs(60), || {
                 let workloads = workloads.clone();
                 async move { workloads.get_opt("job-taken").await.map_err(Into::into) }

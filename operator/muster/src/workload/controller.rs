@@ -323,8 +323,7 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
     let suspended = workload.spec.suspend == Some(true);
     let kueue = match ensure_kueue_workload(workload, ctx).await {
         Err(Error::NamespaceTerminating { namespace }) => {
-            ctx.terminating
-                .refused(&namespace, std::time::Instant::now(), std::time::SystemTime::now());
+            ctx.terminating.refused_now(&namespace);
             return Ok(Action::await_change());
         }
         other => other?,
@@ -373,8 +372,7 @@ async fn apply(workload: &Workload, ctx: &Context) -> Result<Action, Error> {
         // Nothing can be made there any more; the namespace's deletion reaches the
         // Workload and its objects soon, and that is reconciled then.
         Err(Error::NamespaceTerminating { namespace }) => {
-            ctx.terminating
-                .refused(&namespace, std::time::Instant::now(), std::time::SystemTime::now());
+            ctx.terminating.refused_now(&namespace);
             return Ok(Action::await_change());
         }
         Err(e @ Error::NotOwned { .. }) => {
@@ -1163,9 +1161,6 @@ where
     ensure_leading(ctx);
     match api.create(&params, object).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if is_namespace_terminating(&status) => Err(Error::NamespaceTerminating {
-            namespace: object.meta().namespace.clone().unwrap_or_default(),
-        }),
         Err(e) if kube_ops::is_conflict(&e) => {
             let name = object.meta().name.clone().unwrap_or_default();
             match api.get_opt(&name).await? {
@@ -1173,7 +1168,10 @@ where
                 None => Ok(false),
             }
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(refused_create(
+            e,
+            object.meta().namespace.as_deref().unwrap_or_default(),
+        )),
     }
 }
 

@@ -36,6 +36,11 @@ impl TerminatingNamespaces {
         seen.insert(namespace.to_string(), (now, wall));
     }
 
+    /// `namespace` refused a create because it is being deleted, just now.
+    pub fn refused_now(&self, namespace: &str) {
+        self.refused(namespace, Instant::now(), SystemTime::now());
+    }
+
     /// How much longer a gang of `namespace` made at `created` is not to ask for new
     /// objects: while the namespace was seen terminating lately, and the gang was made
     /// before that (unknown: held back).
