@@ -1,5 +1,7 @@
 //! `muster.dev/v1alpha1`: the Workload custom resource.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
@@ -632,6 +634,14 @@ pub struct NominatedDevice {
     pub pool: String,
     /// Name of the device in its pool.
     pub device: String,
+    /// Set when the device allows several allocations and the nomination takes one share
+    /// of it, as the allocation's `shareID` will: the rest of the device stays free.
+    #[serde(default, rename = "shareID", skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// The capacity the share consumes, as quantities, as the allocation's
+    /// `consumedCapacity` will.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed_capacity: BTreeMap<String, String>,
 }
 
 /// Counts for one pod group.

@@ -8,10 +8,13 @@
 //! Nominations hold devices in the engine's state for a preemptor; they are plans, not
 //! allocations, and never make a conflict.
 
+use std::collections::BTreeMap;
+
 use muster_api::labels;
 use muster_engine::claim::{DeviceId, TaintEffect};
-use muster_engine::cluster::{ClusterState, DeviceReach};
+use muster_engine::cluster::{ClusterState, Device, DeviceReach};
 use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
+use muster_engine::quantity::Quantity;
 use muster_engine::selector::NodeTaintEffect;
 
 use super::fencing::Fencing;
@@ -81,38 +84,135 @@ fn exclusive_holders(cluster: &ClusterState, id: &DeviceId) -> u32 {
     all - nominated.min(all)
 }
 
-/// Whether the shares of a device together consume more of one of its capacities than
-/// the device has (in the newest generation of its pool).
-fn over_capacity(cluster: &ClusterState, id: &DeviceId) -> bool {
-    let Some(consumed) = cluster.consumed_capacity(id) else {
-        return false;
-    };
+/// Device `id` as the newest generation of its pool publishes it.
+fn published_device<'c>(cluster: &'c ClusterState, id: &DeviceId) -> Option<&'c Device> {
     let slices: Vec<_> = cluster
         .slices()
         .filter(|s| s.driver == id.driver && s.pool == id.pool)
         .collect();
     let newest = slices.iter().map(|s| s.generation).max();
-    let Some(device) = slices
+    slices
         .into_iter()
         .filter(|s| Some(s.generation) == newest)
         .flat_map(|s| &s.devices)
         .find(|d| d.name == id.device)
-    else {
+}
+
+/// Whether `consumed` is more of one of device `id`'s capacities than it has.
+fn exceeds(cluster: &ClusterState, id: &DeviceId, consumed: &BTreeMap<String, Quantity>) -> bool {
+    published_device(cluster, id).is_some_and(|device| {
+        consumed
+            .iter()
+            .any(|(name, total)| device.capacity.get(name).is_some_and(|c| *total > c.value))
+    })
+}
+
+/// What the shares of `id` consume together, leaving out those of the claims (by
+/// `namespace/name`) `left_out` says, and adding `extra`. A scan of every claim.
+fn consumed_without(
+    cluster: &ClusterState,
+    id: &DeviceId,
+    left_out: impl Fn(&str) -> bool,
+    extra: &BTreeMap<String, Quantity>,
+) -> BTreeMap<String, Quantity> {
+    let mut total = extra.clone();
+    let shares = cluster
+        .holder_names(id)
+        .into_iter()
+        .filter(|name| !left_out(name))
+        .flat_map(|name| cluster.claim_devices(&ClaimKey::from(name)).unwrap_or_default())
+        .filter(|result| result.share_id.is_some() && result.device_id() == *id);
+    for share in shares {
+        for (name, value) in &share.consumed_capacity {
+            let sum = total.entry(name.clone()).or_insert(Quantity::ZERO);
+            *sum = sum.checked_add(value).unwrap_or(*sum);
+        }
+    }
+    total
+}
+
+/// Whether the shares of a device together consume more of one of its capacities than
+/// the device has (in the newest generation of its pool). A nomination's share is
+/// counted on, not allocated: what it consumes is left out.
+fn over_capacity(cluster: &ClusterState, id: &DeviceId) -> bool {
+    let Some(consumed) = cluster.consumed_capacity(id) else {
         return false;
     };
-    consumed
+    // The scan only once the device looks over capacity with nominations in.
+    exceeds(cluster, id, consumed)
+        && exceeds(
+            cluster,
+            id,
+            &consumed_without(cluster, id, is_nomination_hold, &BTreeMap::new()),
+        )
+}
+
+/// Whether a share consuming `share` still fits on device `id` beside the shares of
+/// the claims `left_out` does not name.
+pub(crate) fn share_fits(
+    cluster: &ClusterState,
+    id: &DeviceId,
+    share: &BTreeMap<String, Quantity>,
+    left_out: impl Fn(&str) -> bool,
+) -> bool {
+    !exceeds(cluster, id, &consumed_without(cluster, id, left_out, share))
+}
+
+/// Whether a nomination for another claim than `claim` (`namespace/name`) counts on
+/// device `id`, which `claim` holds as it was found (a share of it, if `shared`): a
+/// nomination holds it whole, or `claim` holds it whole beside a nomination's share,
+/// or the shares with the nominations' are more than the device has. A scan of every
+/// claim.
+pub(crate) fn nomination_counts_on(cluster: &ClusterState, id: &DeviceId, shared: bool, claim: &str) -> bool {
+    let holders = cluster.holder_names(id);
+    let mut nominations = holders
         .iter()
-        .any(|(name, total)| device.capacity.get(name).is_some_and(|c| *total > c.value))
+        .filter(|name| nominated_claim(name).is_some_and(|nominated| nominated != claim))
+        .peekable();
+    if nominations.peek().is_none() {
+        return false;
+    }
+    if !shared {
+        return true;
+    }
+    let holds_whole = nominations.any(|name| {
+        cluster
+            .claim_devices(&ClaimKey::from(*name))
+            .unwrap_or_default()
+            .iter()
+            .any(|result| result.share_id.is_none() && result.device_id() == *id)
+    });
+    holds_whole
+        || cluster
+            .consumed_capacity(id)
+            .is_some_and(|consumed| exceeds(cluster, id, consumed))
+}
+
+/// Whether a claim (a nomination's hold left out) holds a share of `id`.
+fn shared_outside_nominations(cluster: &ClusterState, id: &DeviceId) -> bool {
+    if !cluster.device_shared(id) {
+        return false;
+    }
+    // Names are a scan of every claim: only where a share could be a nomination's.
+    cluster.holder_names(id).into_iter().any(|name| {
+        !is_nomination_hold(name)
+            && cluster
+                .claim_devices(&ClaimKey::from(name))
+                .unwrap_or_default()
+                .iter()
+                .any(|result| result.share_id.is_some() && result.device_id() == *id)
+    })
 }
 
 /// Whether the device of a claim's result is held against the rules: `shared` says
 /// whether the result is a share (it has a share ID); the claim itself is counted in
-/// the cluster's state.
+/// the cluster's state. Nominations' holds, exclusive or shares, are left out: they are
+/// what a preemptor counts on, not allocations.
 pub(crate) fn doubly_held(cluster: &ClusterState, id: &DeviceId, shared: bool) -> bool {
     if shared {
         exclusive_holders(cluster, id) > 0 || over_capacity(cluster, id)
     } else {
-        exclusive_holders(cluster, id) > 1 || cluster.device_shared(id)
+        exclusive_holders(cluster, id) > 1 || shared_outside_nominations(cluster, id)
     }
 }
 
@@ -234,6 +334,107 @@ mod tests {
         );
         hold(&mut cluster, "other", vec![result("gpu-1", None, None)]);
         assert!(doubly_held(&cluster, &id("gpu-1"), false));
+    }
+
+    /// A nomination holds a share of a device for its preemptor while the victims still
+    /// hold theirs: what it counts on is no allocation, so neither the victims' shares
+    /// nor an innocent gang's are over capacity because of it, and an exclusive holder
+    /// beside it is not a share beside an exclusive hold.
+    #[test]
+    fn a_nominations_share_is_no_conflict() {
+        let mut cluster = cluster();
+        hold(&mut cluster, "victim", vec![result("gpu-0", Some("s1"), Some(60))]);
+        hold(&mut cluster, "innocent", vec![result("gpu-0", Some("s2"), Some(30))]);
+        let preemptor = ObjectKey::new("ns", "high");
+        cluster.assume(
+            &PlanId::Nomination(preemptor.clone()),
+            &[],
+            &[AssumedClaim {
+                claim: nomination_hold("ns", "high-0-nic", &preemptor),
+                devices: vec![result("gpu-0", Some("s3"), Some(70))],
+            }],
+        );
+        assert!(
+            !doubly_held(&cluster, &id("gpu-0"), true),
+            "160 of 100, but 70 only nominated"
+        );
+        hold(&mut cluster, "intruder", vec![result("gpu-0", Some("s4"), Some(20))]);
+        assert!(doubly_held(&cluster, &id("gpu-0"), true), "110 of 100 allocated");
+
+        let mut cluster = ClusterState::new();
+        cluster.upsert_node(fixtures::node("node-0", 64, 512, &[]));
+        cluster.upsert_slice(fixtures::node_slice("node-0", vec![fixtures::gpu(1, "H100")]));
+        hold(&mut cluster, "mine", vec![result("gpu-1", None, None)]);
+        cluster.assume(
+            &PlanId::Nomination(preemptor.clone()),
+            &[],
+            &[AssumedClaim {
+                claim: nomination_hold("ns", "high-0-gpu", &preemptor),
+                devices: vec![result("gpu-1", Some("s5"), None)],
+            }],
+        );
+        assert!(
+            !doubly_held(&cluster, &id("gpu-1"), false),
+            "only a nomination shares it"
+        );
+        hold(&mut cluster, "other", vec![result("gpu-1", Some("s6"), None)]);
+        assert!(doubly_held(&cluster, &id("gpu-1"), false), "a claim shares it");
+    }
+
+    /// A claim found allocated and held as it is keeps its device from a nomination
+    /// that counts on it: one holding the device whole, or a share of it beside a
+    /// claim holding it whole, or shares that do not all fit beside the found one.
+    #[test]
+    fn a_found_claim_sees_a_nomination_counting_on_its_device_whole_or_shared() {
+        let preemptor = ObjectKey::new("ns", "high");
+        let nominate = |cluster: &mut ClusterState, result: DeviceResult| {
+            cluster.assume(
+                &PlanId::Nomination(preemptor.clone()),
+                &[],
+                &[AssumedClaim {
+                    claim: nomination_hold("ns", "high-0-nic", &preemptor),
+                    devices: vec![result],
+                }],
+            );
+        };
+        // A share found beside a nomination's share, room for both.
+        let mut cluster = cluster();
+        hold(&mut cluster, "found", vec![result("gpu-0", Some("s1"), Some(40))]);
+        assert!(
+            !nomination_counts_on(&cluster, &id("gpu-0"), true, "ns/found"),
+            "no nomination"
+        );
+        nominate(&mut cluster, result("gpu-0", Some("s2"), Some(60)));
+        assert!(
+            !nomination_counts_on(&cluster, &id("gpu-0"), true, "ns/found"),
+            "100 of 100"
+        );
+        // Not room for both: the nomination counts on the found share going.
+        nominate(&mut cluster, result("gpu-0", Some("s2"), Some(70)));
+        assert!(
+            nomination_counts_on(&cluster, &id("gpu-0"), true, "ns/found"),
+            "110 of 100"
+        );
+        // The nomination of the found claim itself counts on nothing it takes away.
+        assert!(!nomination_counts_on(&cluster, &id("gpu-0"), true, "ns/high-0-nic"));
+        // A device found held whole, nominated as a share.
+        let mut whole = self::cluster();
+        hold(&mut whole, "found", vec![result("gpu-1", None, None)]);
+        nominate(&mut whole, result("gpu-1", Some("s3"), None));
+        assert!(nomination_counts_on(&whole, &id("gpu-1"), false, "ns/found"));
+    }
+
+    #[test]
+    fn a_share_fits_beside_the_shares_it_is_not_told_to_leave_out() {
+        let mut cluster = cluster();
+        hold(&mut cluster, "victim", vec![result("gpu-0", Some("s1"), Some(60))]);
+        hold(&mut cluster, "other", vec![result("gpu-0", Some("s2"), Some(30))]);
+        let share: BTreeMap<String, Quantity> = [("bandwidth".to_string(), quantity(40))].into();
+        assert!(!share_fits(&cluster, &id("gpu-0"), &share, |_| false), "130 of 100");
+        assert!(
+            share_fits(&cluster, &id("gpu-0"), &share, |name| name == "ns/victim"),
+            "70 of 100 once the victim goes"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! nomination is dropped when the preemptor is suspended or deleted, or when it still
 //! does not fit once its victims are gone or after [`NOMINATION_LIFETIME`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::preemption::{
     Preemption, PreemptionCandidate, PreemptionOptions, PreemptionPolicy, Preemptor, preempt,
 };
+use muster_engine::quantity::Quantity;
 use muster_engine::resources::Resources;
 use tracing::{info, warn};
 
@@ -104,6 +105,12 @@ fn nomination(victims: &[ObjectKey], plan: &muster_engine::placement::Plan) -> N
                         driver: d.driver.clone(),
                         pool: d.pool.clone(),
                         device: d.device.clone(),
+                        share_id: d.share_id.clone(),
+                        consumed_capacity: d
+                            .consumed_capacity
+                            .iter()
+                            .map(|(name, value)| (name.clone(), value.to_string()))
+                            .collect(),
                     })
                     .collect(),
             })
@@ -314,19 +321,35 @@ impl Admission {
         }
         drop(holders);
         let cluster = self.index.cluster();
-        nominated_devices(nominated).find(|id| {
-            cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > 1
-                && cluster
-                    .exclusive_holder_names(id)
-                    .into_iter()
-                    .any(|name| !conflicts::is_nomination_hold(name) && !expected.contains(name))
+        let devices = nominated.claims.iter().flat_map(|c| &c.devices);
+        devices.map(nominated_result).find_map(|held| {
+            // The nomination's own hold is one of the exclusive holders, unless it holds
+            // a share of the device.
+            let own = u32::from(held.share_id.is_none());
+            let id = held.device_id();
+            let outside = |name: &str| !conflicts::is_nomination_hold(name) && !expected.contains(name);
+            let taken_whole = cluster.exclusive_holders(&id.driver, &id.pool, &id.device) > own
+                && cluster.exclusive_holder_names(&id).into_iter().any(outside);
+            // A share is taken too when the shares of others leave it no room (a scan of
+            // every claim: only for a shared device).
+            let no_room = held.share_id.is_some()
+                && !conflicts::share_fits(&cluster, &id, &held.consumed_capacity, |name| !outside(name));
+            (taken_whole || no_room).then_some(id)
         })
     }
 
     /// Moves every victim the nomination names that still holds its reservation (made
     /// before the nomination) to `TearingDown`, with the cause `Preempted`.
     async fn evict_victims(&self, preemptor: &Workload, nominated: &NominationStatus) -> Result<(), CommitError> {
-        let held: BTreeSet<DeviceId> = nominated_devices(nominated).collect();
+        // Devices nominated whole, and devices of which the nomination takes a share.
+        let (shares, whole): (Vec<DeviceResult>, Vec<DeviceResult>) = nominated
+            .claims
+            .iter()
+            .flat_map(|c| &c.devices)
+            .map(nominated_result)
+            .partition(|d| d.share_id.is_some());
+        let whole: BTreeSet<DeviceId> = whole.iter().map(DeviceResult::device_id).collect();
+        let shares: BTreeSet<DeviceId> = shares.iter().map(DeviceResult::device_id).collect();
         let nodes: BTreeSet<&str> = nominated.pods.iter().map(|p| p.node.as_str()).collect();
         let mut first = true;
         for victim in &nominated.victims {
@@ -344,18 +367,21 @@ impl Admission {
             // devices (a restart onto its reservation), it still is. What it counts on
             // is devices, and the CPU, memory and pods of the nominated nodes: a gang
             // admitted there before the nomination holds those (one admitted there
-            // since was planned around the nomination, on what it leaves free).
+            // since was planned around the nomination, on what it leaves free). So it
+            // is with a device of which the nomination takes a share: a gang admitted
+            // onto another share of it since left room for the nomination's.
+            let admitted_before = journal
+                .released_at
+                .zip(nominated.since.as_ref())
+                .is_some_and(|(released, since)| released <= observe::millis(since));
             let holds_nominated = self
                 .gang_claims(&workload)
                 .iter()
                 .filter(|c| journal.claims.contains(&c.name_any()))
                 .filter_map(|c| c.status.as_ref()?.allocation.as_ref())
                 .flat_map(|a| a.devices.iter().flat_map(|d| d.results.iter().flatten()))
-                .any(|r| held.contains(&conflicts::result_device(r)));
-            let admitted_before = journal
-                .released_at
-                .zip(nominated.since.as_ref())
-                .is_some_and(|(released, since)| released <= observe::millis(since));
+                .map(conflicts::result_device)
+                .any(|id| whole.contains(&id) || (admitted_before && shares.contains(&id)));
             let on_nominated_nodes = admitted_before && journal.pods.iter().any(|p| nodes.contains(p.node.as_str()));
             if !holds_nominated && !on_nominated_nodes {
                 continue;
@@ -430,7 +456,22 @@ impl Admission {
             // The caches may not show every freed device yet when the last victim is
             // queued: only a nomination whose devices look free is known not to help.
             let view = self.planning_view(&key(workload), priority);
-            let devices_free = nominated_devices(nominated).all(|id| !view.device_allocated(&id));
+            let devices_free = nominated
+                .claims
+                .iter()
+                .flat_map(|c| &c.devices)
+                .map(nominated_result)
+                .all(|held| {
+                    let id = held.device_id();
+                    !view.device_allocated(&id)
+                        && (held.share_id.is_none()
+                            || conflicts::share_fits(
+                                &view,
+                                &id,
+                                &held.consumed_capacity,
+                                conflicts::is_nomination_hold,
+                            ))
+                });
             // Its lifetime is kept every pass, by `hold_nominations`.
             if !victims_left && devices_free {
                 self.drop_nomination(workload, "its victims are gone and it still does not fit")
@@ -563,18 +604,30 @@ impl Admission {
     }
 }
 
-/// The devices a nomination holds.
-fn nominated_devices(nominated: &NominationStatus) -> impl Iterator<Item = DeviceId> + '_ {
-    nominated.claims.iter().flat_map(|c| &c.devices).map(|d| DeviceId {
-        driver: d.driver.clone(),
-        pool: d.pool.clone(),
-        device: d.device.clone(),
-    })
-}
-
-/// A nominated device as the engine holds it.
+/// A nominated device as the engine holds it: the share the plan took of a device that
+/// allows several allocations, with what it consumes, else the whole device. A share
+/// whose capacity cannot be read holds the whole device (too much rather than too
+/// little).
 fn nominated_result(d: &NominatedDevice) -> DeviceResult {
-    conflicts::held_device(&d.request, &d.driver, &d.pool, &d.device)
+    let mut result = conflicts::held_device(&d.request, &d.driver, &d.pool, &d.device);
+    let Some(share) = &d.share_id else {
+        return result;
+    };
+    let consumed: Result<BTreeMap<String, Quantity>, _> = d
+        .consumed_capacity
+        .iter()
+        .map(|(name, value)| Quantity::parse(value).map(|q| (name.clone(), q)))
+        .collect();
+    match consumed {
+        Ok(consumed) => {
+            result.share_id = Some(share.clone());
+            result.consumed_capacity = consumed;
+        }
+        Err(e) => {
+            warn!(device = %d.device, pool = %d.pool, error = %e, "a nominated share's capacity cannot be read; holding the whole device")
+        }
+    }
+    result
 }
 
 /// What a nominated pod takes from its node: what its own spec requests, else what the

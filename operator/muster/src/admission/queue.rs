@@ -162,11 +162,7 @@ pub(super) fn nominated_found_claim<'r>(
                 .iter()
                 .filter(|d| d.admin_access != Some(true))
                 .any(|d| {
-                    cluster
-                        .exclusive_holder_names(&d.device_id())
-                        .into_iter()
-                        .filter_map(super::conflicts::nominated_claim)
-                        .any(|claim| claim != key.as_str())
+                    super::conflicts::nomination_counts_on(cluster, &d.device_id(), d.share_id.is_some(), key.as_str())
                 })
         })
         .map(|(key, _)| key)

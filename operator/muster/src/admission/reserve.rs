@@ -922,4 +922,78 @@ mod tests {
             );
         }
     }
+
+    /// Issue 22, finding 7: a nomination that takes one share of a device that allows
+    /// several allocations holds that share and what it consumes, not the whole device:
+    /// the rest stays free for other claims, as it will once the preemptor is allocated.
+    #[tokio::test]
+    async fn a_nominated_share_of_a_device_holds_only_that_share() {
+        let index = Arc::new(Index::default());
+        index.update(|c| *c = fixtures::gpu_cluster(1, 1, 1, 1));
+        let admission = unreachable(index.clone());
+        let mut share = fixtures::device_result("nic", "node-0", "gpu-0");
+        share.share_id = Some("9a4c3f3e-5b7a-4c43-9a53-0d6c7e1f2a10".into());
+        share.consumed_capacity = [(
+            "bandwidth".to_string(),
+            muster_engine::quantity::Quantity::parse("40G").expect("quantity"),
+        )]
+        .into();
+        let plan = placement::Plan {
+            gang: "ns/high".into(),
+            topology_value: None,
+            preferred_values: vec![],
+            preferred_levels: vec![],
+            group_topology: vec![],
+            pods: vec![],
+            claims: vec![placement::ClaimAllocation {
+                claim: ObjectKey::new("ns", "high-nic").into(),
+                allocation: muster_engine::claim::Allocation {
+                    devices: vec![share.clone()],
+                    config: vec![],
+                    node_selector: None,
+                },
+            }],
+            unplaced: vec![],
+            volumes: vec![],
+        };
+        let nominated = super::super::preempt::tests_support::nomination_of_plan(&plan);
+        let workload: Workload = serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "high", "namespace": "ns", "resourceVersion": "7"},
+            "spec": {"podGroups": [{"name": "workers", "replicas": 1}]},
+            "status": {"nomination": nominated},
+        }))
+        .expect("workload");
+        // As stored: the share and its capacity survive the status's round trip.
+        let stored = &workload
+            .status
+            .as_ref()
+            .and_then(|s| s.nomination.as_ref())
+            .expect("nomination")
+            .claims[0]
+            .devices[0];
+        assert_eq!(stored.share_id, share.share_id);
+        assert_eq!(
+            stored.consumed_capacity.get("bandwidth").map(String::as_str),
+            Some("40G")
+        );
+
+        admission.assume_nomination(
+            &workload,
+            workload
+                .status
+                .as_ref()
+                .and_then(|s| s.nomination.as_ref())
+                .expect("nomination"),
+        );
+        let cluster = index.cluster();
+        let id = share.device_id();
+        assert!(!cluster.device_allocated(&id), "the device is not held whole");
+        assert!(cluster.device_shared(&id), "the nomination holds a share of it");
+        assert_eq!(
+            cluster.consumed_capacity(&id).and_then(|c| c.get("bandwidth")),
+            share.consumed_capacity.get("bandwidth"),
+            "and what the share consumes"
+        );
+    }
 }
