@@ -85,7 +85,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             create_parallelism: 32,
-            concurrency: 8,
+            concurrency: 32,
             lease: None,
         }
     }
@@ -245,7 +245,24 @@ async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Acti
     // The finalizer keeps a deleted Workload until its gang objects are gone, so that its
     // devices are given back even when the operator was down during the delete.
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &workload.namespace().unwrap_or_default());
-    let outcome = finalizer::finalizer(&api, labels::WORKLOAD_FINALIZER, workload.clone(), |event| async move {
+    // A new Workload gets its finalizer and its gang's objects in one reconcile: waiting
+    // for the watch to bring the finalizer back would put a whole queue's turn between
+    // a Workload's create and its pods'.
+    let workload = if workload.metadata.deletion_timestamp.is_none()
+        && !workload.finalizers().iter().any(|f| f == labels::WORKLOAD_FINALIZER)
+    {
+        ensure_leading(ctx);
+        match kube_ops::add_finalizer(&api, workload.as_ref().clone(), labels::WORKLOAD_FINALIZER).await {
+            Ok(written) => Arc::new(written),
+            // Gone, or changed since the cached copy: the watch event of that change
+            // brings it back.
+            Err(e) if kube_ops::is_not_found(&e) || kube_ops::is_conflict(&e) => return Ok(Action::await_change()),
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        workload.clone()
+    };
+    let outcome = finalizer::finalizer(&api, labels::WORKLOAD_FINALIZER, workload, |event| async move {
         match event {
             finalizer::Event::Apply(workload) => apply(&workload, ctx).await,
             finalizer::Event::Cleanup(workload) => clean_up(&workload, ctx).await,
@@ -1007,24 +1024,65 @@ async fn create_missing(
     let mut outcome = CreateOutcome::default();
     let uid = workload.uid().unwrap_or_default();
 
+    // The Service and the claims at once: only the pods must wait for their claims.
+    let (created_services, claims) = futures::join!(
+        create_service(workload, namespace, gang, &uid, ctx),
+        create_claims(workload, namespace, gang, &uid, ctx)
+    );
+    let claims = claims?;
+    outcome.created_services = created_services?;
+    outcome.created_claims = claims.created_claims;
+    outcome.still_missing = claims.still_missing;
+    outcome.failures = claims.failures;
+    outcome.waiting = claims.waiting;
+
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut to_create = Vec::new();
+    for pod in &gang.pods {
+        let pod_ref = ObjectRef::new(pod.metadata.name.as_deref().unwrap_or_default()).within(namespace);
+        match ctx.stores.pods.get(&pod_ref) {
+            Some(existing) => ensure_owned(existing.as_ref(), &uid, "Pod")?,
+            None => to_create.push(pod.clone()),
+        }
+    }
+    let results = create_all(&pods_api, to_create, &uid, "Pod", ctx).await;
+    tally(results, &mut outcome, |o| &mut o.created_pods)?;
+    Ok(outcome)
+}
+
+/// Makes the gang's headless Service unless it exists: 1 if made.
+async fn create_service(
+    workload: &Workload,
+    namespace: &str,
+    gang: &Gang,
+    uid: &str,
+    ctx: &Context,
+) -> Result<usize, Error> {
     let service_ref = ObjectRef::new(&workload.name_any()).within(namespace);
     // The Service gives muster's own pods their hostnames, unless the spec does without
     // them; a gang of other controllers' pods has theirs (a JobSet's Service has the
     // JobSet's name).
     let own_pods = workload.spec.pod_groups.iter().any(|g| g.template.is_some());
     match (ctx.stores.services.get(&service_ref), &gang.service) {
-        (Some(existing), _) => ensure_owned(existing.as_ref(), &uid, "Service")?,
+        (Some(existing), _) => ensure_owned(existing.as_ref(), uid, "Service").map(|()| 0),
         (None, Some(service)) if own_pods => {
             let api: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
-            if create(&api, service, &uid, "Service", ctx).await? {
-                outcome.created_services += 1;
-            }
+            Ok(usize::from(create(&api, service, uid, "Service", ctx).await?))
         }
-        (None, _) => {}
+        (None, _) => Ok(0),
     }
+}
 
-    // Claims before pods, so a pod never refers to a claim muster has not created yet.
-    let claims_api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), namespace);
+/// Makes the gang's claims that muster makes and that do not exist yet, from their
+/// templates: the outcome's claim counts, failures and waits.
+async fn create_claims(
+    workload: &Workload,
+    namespace: &str,
+    gang: &Gang,
+    uid: &str,
+    ctx: &Context,
+) -> Result<CreateOutcome, Error> {
+    let mut outcome = CreateOutcome::default();
     let templates_api: Api<ResourceClaimTemplate> = Api::namespaced(ctx.client.clone(), namespace);
     let mut templates: BTreeMap<String, Option<ResourceClaimTemplate>> = BTreeMap::new();
     let mut to_create = Vec::new();
@@ -1034,7 +1092,7 @@ async fn create_missing(
         }
         let claim_ref = ObjectRef::new(&claim.object_name).within(namespace);
         if let Some(existing) = ctx.stores.claims.get(&claim_ref) {
-            ensure_owned(existing.as_ref(), &uid, "ResourceClaim")?;
+            ensure_owned(existing.as_ref(), uid, "ResourceClaim")?;
             continue;
         }
         let template_name = match &claim.source {
@@ -1067,20 +1125,9 @@ async fn create_missing(
             }
         }
     }
-    let results = create_all(&claims_api, to_create, &uid, "ResourceClaim", ctx).await;
+    let claims_api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let results = create_all(&claims_api, to_create, uid, "ResourceClaim", ctx).await;
     tally(results, &mut outcome, |o| &mut o.created_claims)?;
-
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut to_create = Vec::new();
-    for pod in &gang.pods {
-        let pod_ref = ObjectRef::new(pod.metadata.name.as_deref().unwrap_or_default()).within(namespace);
-        match ctx.stores.pods.get(&pod_ref) {
-            Some(existing) => ensure_owned(existing.as_ref(), &uid, "Pod")?,
-            None => to_create.push(pod.clone()),
-        }
-    }
-    let results = create_all(&pods_api, to_create, &uid, "Pod", ctx).await;
-    tally(results, &mut outcome, |o| &mut o.created_pods)?;
     Ok(outcome)
 }
 
