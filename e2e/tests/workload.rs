@@ -418,7 +418,8 @@ async fn a_namespace_being_deleted_is_not_asked_again_for_its_gangs_objects() ->
     .await?;
     let asked = refused(&muster_e2e::rbac::metrics(&operator).await?) - before;
     operator.stop();
-    // At most one try for each of the gangs' pods and Services.
+    // At most one try for each of the gangs' objects of one kind or step: its pods, or its
+    // Service and claims (made together).
     let objects = gangs.len() * (3 + 1);
     ensure!(
         asked <= objects as f64,

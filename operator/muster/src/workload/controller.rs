@@ -108,7 +108,13 @@ pub struct Context {
     told: Mutex<HashSet<String>>,
     /// Namespaces that refused a create because they are being deleted.
     terminating: TerminatingNamespaces,
+    /// Creates in flight, across every reconcile: a burst of large gangs does not take
+    /// the client's whole burst from the admission loop's writes.
+    create_slots: tokio::sync::Semaphore,
 }
+
+/// At most this many creates in flight at once, of every reconcile together.
+const CREATE_SLOTS: usize = 128;
 
 /// Things told once, remembered at most this many at a time.
 const MAX_TOLD: usize = 10_000;
@@ -183,6 +189,7 @@ impl WorkloadController {
             pacer: StatusPacer::default(),
             told: Mutex::default(),
             terminating: TerminatingNamespaces::default(),
+            create_slots: tokio::sync::Semaphore::new(CREATE_SLOTS),
         });
         WorkloadController { controller, context }
     }
@@ -273,7 +280,8 @@ async fn reconcile_inner(workload: &Arc<Workload>, ctx: &Context) -> Result<Acti
         Ok(action) => Ok(action),
         Err(finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e)) => Err(e),
         // The Workload is gone, or its finalizers changed since the cached copy (the
-        // patch's test failed): the watch event of that change brings it back.
+        // removal's test failed): the watch event of that change brings it back. (The
+        // finalizer was added above: the helper never adds it.)
         Err(finalizer::Error::AddFinalizer(e) | finalizer::Error::RemoveFinalizer(e))
             if kube_ops::is_not_found(&e) || kube_ops::is_test_failed(&e) =>
         {
@@ -1025,12 +1033,13 @@ async fn create_missing(
     let uid = workload.uid().unwrap_or_default();
 
     // The Service and the claims at once: only the pods must wait for their claims.
-    let (created_services, claims) = futures::join!(
+    // The first error ends both, as one after the other did: a Service that is not the
+    // gang's, or a namespace being deleted, stops the claims.
+    let (created_services, claims) = futures::try_join!(
         create_service(workload, namespace, gang, &uid, ctx),
         create_claims(workload, namespace, gang, &uid, ctx)
-    );
-    let claims = claims?;
-    outcome.created_services = created_services?;
+    )?;
+    outcome.created_services = created_services;
     outcome.created_claims = claims.created_claims;
     outcome.still_missing = claims.still_missing;
     outcome.failures = claims.failures;
@@ -1205,6 +1214,8 @@ where
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
+    // Never closed: an error would only mean no limit.
+    let _slot = ctx.create_slots.acquire().await.ok();
     ensure_leading(ctx);
     match api.create(&params, object).await {
         Ok(_) => Ok(true),
