@@ -662,9 +662,8 @@ impl Admission {
     /// `reservedFor` (see [`claim_writes::reservation_addition`]) and then gets
     /// delete-protection, so that kube-controller-manager deallocates it with its last
     /// pod (see [`claim_writes::commit_finalizers`]) instead of reserving it again and
-    /// again for an ended pod. Every claim lists them; only a claim muster allocated that
-    /// no other gang holds is protected, and one with more consumers than `reservedFor`
-    /// holds is neither (it is read afresh). A claim that
+    /// again for an ended pod. Only a claim muster allocated that no other gang holds;
+    /// one with more consumers than `reservedFor` holds stays unprotected. A claim that
     /// lost its allocation meanwhile stops the release; the next look sees it and places
     /// the gang again. Returns the claims that list every pod already (the commit listed
     /// them): they need protection only, which may land while the pods go
@@ -691,26 +690,38 @@ impl Admission {
             };
             for name in claim_writes::claim_names(pod) {
                 let Some(claim) = claims.get(name) else { continue };
-                // Only claims of muster's that no other gang holds are protected.
+                // Only claims of muster's that no other gang holds: a claim another
+                // allocator made is left as it is (entries added there would outlive a
+                // gang that lets go of it without deallocating it).
                 let to_protect = ownership::muster_allocated(claim)
                     && !self.claim_view_used_by(workload, claim, Vec::new()).held_elsewhere;
-                // Every claim lists the pod, on condition it is still allocated: one not
-                // protected by this release (another gang holds it too, or another
-                // allocator made it) may be deallocated by kube-controller-manager with
-                // its last pod before kube-scheduler lists this one, and kube-scheduler
-                // would then allocate it itself, outside the plan. A listed pod that
-                // exists and has not ended keeps it allocated, as kube-scheduler's own
-                // listing does; a pod that stays gated (a release undone) keeps a claim
-                // the gang holds as it is allocated until the gang uses it or its pods go.
-                let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));
-                entry
-                    .1
-                    .push(k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
-                        api_group: None,
-                        resource: "pods".into(),
-                        name: pin.pod.name.clone(),
-                        uid: pin.pod.uid.clone(),
-                    });
+                let listed = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.reserved_for.as_ref())
+                    .is_some_and(|r| r.iter().any(|c| c.uid == pin.pod.uid));
+                // Not the gang's to protect, and not reserved for the pod: another
+                // release may have protected it since the caches looked, and
+                // kube-controller-manager may deallocate it with its last pod before
+                // kube-scheduler lists this one. One of muster's (another gang holds it
+                // too) lists the pod, on condition it is still allocated, and keeps no
+                // other protection; one another allocator made is read afresh and left as
+                // it is.
+                let listing = to_protect || ownership::muster_allocated(claim);
+                if !listing && !listed {
+                    checked.insert(name.to_string());
+                }
+                if listing {
+                    let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));
+                    entry
+                        .1
+                        .push(k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+                            api_group: None,
+                            resource: "pods".into(),
+                            name: pin.pod.name.clone(),
+                            uid: pin.pod.uid.clone(),
+                        });
+                }
             }
         }
         // The gang's pods released onto a claim earlier are listed with these: one may not
@@ -739,17 +750,12 @@ impl Admission {
             }
         }
         // A claim whose consumers would not fit in `reservedFor` is left to kube-scheduler,
-        // which refuses the pods beyond the limit (as the commit leaves it); it is read
-        // afresh, and stops the release if it lost its allocation.
+        // which refuses the pods beyond the limit (as the commit leaves it).
         consumers.retain(|name, (_, pods)| {
             let listed = claims[name].status.as_ref().and_then(|s| s.reserved_for.as_ref());
             let listed: Vec<&str> = listed.into_iter().flatten().map(|c| c.uid.as_str()).collect();
             let missing = pods.iter().filter(|p| !listed.contains(&p.uid.as_str())).count();
-            let fits = listed.len() + missing <= claim_writes::RESERVED_FOR_MAX;
-            if !fits {
-                checked.insert(name.clone());
-            }
-            fits
+            listed.len() + missing <= claim_writes::RESERVED_FOR_MAX
         });
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
         for name in &checked {
