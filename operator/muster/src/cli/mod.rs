@@ -66,9 +66,10 @@ struct RunArgs {
     /// Parallel create requests per Workload.
     #[arg(long, default_value_t = 32)]
     create_parallelism: usize,
-    /// Workloads reconciled at the same time: a reconcile mostly waits for the API
-    /// server, and a burst of gangs waits its turn for their pods to be made.
-    #[arg(long, default_value_t = 32)]
+    /// Workloads reconciled at the same time. More makes a burst of gangs' pods sooner,
+    /// but reconciles a gang again before the caches show what it made (refused creates),
+    /// and competes with the admission loop's writes: 32 was slower end to end here.
+    #[arg(long, default_value_t = 8)]
     concurrency: u16,
     /// Client-side limit of API requests per second.
     #[arg(long, default_value_t = 500.0, env = "MUSTER_KUBE_API_QPS")]

@@ -85,7 +85,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             create_parallelism: 32,
-            concurrency: 32,
+            concurrency: 8,
             lease: None,
         }
     }
