@@ -168,6 +168,9 @@ impl ControlPlane {
                 // Batched, so that writing the log does not lengthen requests.
                 "--audit-log-mode=batch".into(),
                 "--audit-log-maxbackup=0".into(),
+                // One file for the whole run (in MB): the default rotates it at 100 MB,
+                // and a reader of `audit.log` would miss what went before.
+                "--audit-log-maxsize=1000000".into(),
             ]);
         }
         wait_for_tcp(&mut processes, "etcd", ports.etcd_client, Duration::from_secs(60)).await?;
