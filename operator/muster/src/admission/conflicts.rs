@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use muster_api::labels;
-use muster_engine::claim::{DeviceId, TaintEffect};
+use muster_engine::claim::{DeviceId, DeviceResult, TaintEffect};
 use muster_engine::cluster::{ClusterState, Device, DeviceReach};
 use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use muster_engine::quantity::Quantity;
@@ -107,6 +107,21 @@ fn exceeds(cluster: &ClusterState, id: &DeviceId, consumed: &BTreeMap<String, Qu
     })
 }
 
+/// The results for `id` of the claims (by `namespace/name`) that `counted` names. A scan
+/// of every claim.
+fn results_for<'c>(
+    cluster: &'c ClusterState,
+    id: &'c DeviceId,
+    counted: impl Fn(&str) -> bool + 'c,
+) -> impl Iterator<Item = &'c DeviceResult> + 'c {
+    cluster
+        .holder_names(id)
+        .into_iter()
+        .filter(move |name| counted(name))
+        .flat_map(move |name| cluster.claim_devices(&ClaimKey::from(name)).unwrap_or_default())
+        .filter(move |result| result.device_id() == *id)
+}
+
 /// What the shares of `id` consume together, leaving out those of the claims (by
 /// `namespace/name`) `left_out` says, and adding `extra`. A scan of every claim.
 fn consumed_without(
@@ -116,12 +131,7 @@ fn consumed_without(
     extra: &BTreeMap<String, Quantity>,
 ) -> BTreeMap<String, Quantity> {
     let mut total = extra.clone();
-    let shares = cluster
-        .holder_names(id)
-        .into_iter()
-        .filter(|name| !left_out(name))
-        .flat_map(|name| cluster.claim_devices(&ClaimKey::from(name)).unwrap_or_default())
-        .filter(|result| result.share_id.is_some() && result.device_id() == *id);
+    let shares = results_for(cluster, id, move |name| !left_out(name)).filter(|result| result.share_id.is_some());
     for share in shares {
         for (name, value) in &share.consumed_capacity {
             let sum = total.entry(name.clone()).or_insert(Quantity::ZERO);
@@ -164,24 +174,17 @@ pub(crate) fn share_fits(
 /// or the shares with the nominations' are more than the device has. A scan of every
 /// claim.
 pub(crate) fn nomination_counts_on(cluster: &ClusterState, id: &DeviceId, shared: bool, claim: &str) -> bool {
-    let holders = cluster.holder_names(id);
-    let mut nominations = holders
-        .iter()
-        .filter(|name| nominated_claim(name).is_some_and(|nominated| nominated != claim))
-        .peekable();
-    if nominations.peek().is_none() {
+    let mut nominated = results_for(cluster, id, |name| {
+        nominated_claim(name).is_some_and(|nominated| nominated != claim)
+    })
+    .peekable();
+    if nominated.peek().is_none() {
         return false;
     }
     if !shared {
         return true;
     }
-    let holds_whole = nominations.any(|name| {
-        cluster
-            .claim_devices(&ClaimKey::from(*name))
-            .unwrap_or_default()
-            .iter()
-            .any(|result| result.share_id.is_none() && result.device_id() == *id)
-    });
+    let holds_whole = nominated.any(|result| result.share_id.is_none());
     holds_whole
         || cluster
             .consumed_capacity(id)
@@ -190,18 +193,9 @@ pub(crate) fn nomination_counts_on(cluster: &ClusterState, id: &DeviceId, shared
 
 /// Whether a claim (a nomination's hold left out) holds a share of `id`.
 fn shared_outside_nominations(cluster: &ClusterState, id: &DeviceId) -> bool {
-    if !cluster.device_shared(id) {
-        return false;
-    }
     // Names are a scan of every claim: only where a share could be a nomination's.
-    cluster.holder_names(id).into_iter().any(|name| {
-        !is_nomination_hold(name)
-            && cluster
-                .claim_devices(&ClaimKey::from(name))
-                .unwrap_or_default()
-                .iter()
-                .any(|result| result.share_id.is_some() && result.device_id() == *id)
-    })
+    cluster.device_shared(id)
+        && results_for(cluster, id, |name| !is_nomination_hold(name)).any(|result| result.share_id.is_some())
 }
 
 /// Whether the device of a claim's result is held against the rules: `shared` says
@@ -286,6 +280,19 @@ mod tests {
         cluster
     }
 
+    /// Preemptor `ns/high` nominates `result` for its claim `claim`.
+    fn nominate(cluster: &mut ClusterState, claim: &str, result: DeviceResult) {
+        let preemptor = ObjectKey::new("ns", "high");
+        cluster.assume(
+            &PlanId::Nomination(preemptor.clone()),
+            &[],
+            &[AssumedClaim {
+                claim: nomination_hold("ns", claim, &preemptor),
+                devices: vec![result],
+            }],
+        );
+    }
+
     fn hold(cluster: &mut ClusterState, claim: &str, results: Vec<DeviceResult>) {
         cluster.set_claim_allocation(&ClaimKey::from(ObjectKey::new("ns", claim)), Some(results));
     }
@@ -318,15 +325,7 @@ mod tests {
         let mut cluster = cluster();
         hold(&mut cluster, "mine", vec![result("gpu-1", None, None)]);
         assert!(!doubly_held(&cluster, &id("gpu-1"), false));
-        let preemptor = ObjectKey::new("ns", "high");
-        cluster.assume(
-            &PlanId::Nomination(preemptor.clone()),
-            &[],
-            &[AssumedClaim {
-                claim: nomination_hold("ns", "high-0-gpu", &preemptor),
-                devices: vec![result("gpu-1", None, None)],
-            }],
-        );
+        nominate(&mut cluster, "high-0-gpu", result("gpu-1", None, None));
         assert!(!doubly_held(&cluster, &id("gpu-1"), false));
         assert!(
             !cluster.claim_allocated(&ClaimKey::from(ObjectKey::new("ns", "high-0-gpu"))),
@@ -345,15 +344,7 @@ mod tests {
         let mut cluster = cluster();
         hold(&mut cluster, "victim", vec![result("gpu-0", Some("s1"), Some(60))]);
         hold(&mut cluster, "innocent", vec![result("gpu-0", Some("s2"), Some(30))]);
-        let preemptor = ObjectKey::new("ns", "high");
-        cluster.assume(
-            &PlanId::Nomination(preemptor.clone()),
-            &[],
-            &[AssumedClaim {
-                claim: nomination_hold("ns", "high-0-nic", &preemptor),
-                devices: vec![result("gpu-0", Some("s3"), Some(70))],
-            }],
-        );
+        nominate(&mut cluster, "high-0-nic", result("gpu-0", Some("s3"), Some(70)));
         assert!(
             !doubly_held(&cluster, &id("gpu-0"), true),
             "160 of 100, but 70 only nominated"
@@ -365,14 +356,7 @@ mod tests {
         cluster.upsert_node(fixtures::node("node-0", 64, 512, &[]));
         cluster.upsert_slice(fixtures::node_slice("node-0", vec![fixtures::gpu(1, "H100")]));
         hold(&mut cluster, "mine", vec![result("gpu-1", None, None)]);
-        cluster.assume(
-            &PlanId::Nomination(preemptor.clone()),
-            &[],
-            &[AssumedClaim {
-                claim: nomination_hold("ns", "high-0-gpu", &preemptor),
-                devices: vec![result("gpu-1", Some("s5"), None)],
-            }],
-        );
+        nominate(&mut cluster, "high-0-gpu", result("gpu-1", Some("s5"), None));
         assert!(
             !doubly_held(&cluster, &id("gpu-1"), false),
             "only a nomination shares it"
@@ -386,17 +370,6 @@ mod tests {
     /// claim holding it whole, or shares that do not all fit beside the found one.
     #[test]
     fn a_found_claim_sees_a_nomination_counting_on_its_device_whole_or_shared() {
-        let preemptor = ObjectKey::new("ns", "high");
-        let nominate = |cluster: &mut ClusterState, result: DeviceResult| {
-            cluster.assume(
-                &PlanId::Nomination(preemptor.clone()),
-                &[],
-                &[AssumedClaim {
-                    claim: nomination_hold("ns", "high-0-nic", &preemptor),
-                    devices: vec![result],
-                }],
-            );
-        };
         // A share found beside a nomination's share, room for both.
         let mut cluster = cluster();
         hold(&mut cluster, "found", vec![result("gpu-0", Some("s1"), Some(40))]);
@@ -404,13 +377,13 @@ mod tests {
             !nomination_counts_on(&cluster, &id("gpu-0"), true, "ns/found"),
             "no nomination"
         );
-        nominate(&mut cluster, result("gpu-0", Some("s2"), Some(60)));
+        nominate(&mut cluster, "high-0-nic", result("gpu-0", Some("s2"), Some(60)));
         assert!(
             !nomination_counts_on(&cluster, &id("gpu-0"), true, "ns/found"),
             "100 of 100"
         );
         // Not room for both: the nomination counts on the found share going.
-        nominate(&mut cluster, result("gpu-0", Some("s2"), Some(70)));
+        nominate(&mut cluster, "high-0-nic", result("gpu-0", Some("s2"), Some(70)));
         assert!(
             nomination_counts_on(&cluster, &id("gpu-0"), true, "ns/found"),
             "110 of 100"
@@ -420,7 +393,7 @@ mod tests {
         // A device found held whole, nominated as a share.
         let mut whole = self::cluster();
         hold(&mut whole, "found", vec![result("gpu-1", None, None)]);
-        nominate(&mut whole, result("gpu-1", Some("s3"), None));
+        nominate(&mut whole, "high-0-nic", result("gpu-1", Some("s3"), None));
         assert!(nomination_counts_on(&whole, &id("gpu-1"), false, "ns/found"));
     }
 

@@ -321,8 +321,7 @@ impl Admission {
         }
         drop(holders);
         let cluster = self.index.cluster();
-        let devices = nominated.claims.iter().flat_map(|c| &c.devices);
-        devices.map(nominated_result).find_map(|held| {
+        nominated_results(nominated).find_map(|held| {
             // The nomination's own hold is one of the exclusive holders, unless it holds
             // a share of the device.
             let own = u32::from(held.share_id.is_none());
@@ -342,12 +341,8 @@ impl Admission {
     /// before the nomination) to `TearingDown`, with the cause `Preempted`.
     async fn evict_victims(&self, preemptor: &Workload, nominated: &NominationStatus) -> Result<(), CommitError> {
         // Devices nominated whole, and devices of which the nomination takes a share.
-        let (shares, whole): (Vec<DeviceResult>, Vec<DeviceResult>) = nominated
-            .claims
-            .iter()
-            .flat_map(|c| &c.devices)
-            .map(nominated_result)
-            .partition(|d| d.share_id.is_some());
+        let (shares, whole): (Vec<DeviceResult>, Vec<DeviceResult>) =
+            nominated_results(nominated).partition(|d| d.share_id.is_some());
         let whole: BTreeSet<DeviceId> = whole.iter().map(DeviceResult::device_id).collect();
         let shares: BTreeSet<DeviceId> = shares.iter().map(DeviceResult::device_id).collect();
         let nodes: BTreeSet<&str> = nominated.pods.iter().map(|p| p.node.as_str()).collect();
@@ -456,22 +451,12 @@ impl Admission {
             // The caches may not show every freed device yet when the last victim is
             // queued: only a nomination whose devices look free is known not to help.
             let view = self.planning_view(&key(workload), priority);
-            let devices_free = nominated
-                .claims
-                .iter()
-                .flat_map(|c| &c.devices)
-                .map(nominated_result)
-                .all(|held| {
-                    let id = held.device_id();
-                    !view.device_allocated(&id)
-                        && (held.share_id.is_none()
-                            || conflicts::share_fits(
-                                &view,
-                                &id,
-                                &held.consumed_capacity,
-                                conflicts::is_nomination_hold,
-                            ))
-                });
+            let devices_free = nominated_results(nominated).all(|held| {
+                let id = held.device_id();
+                !view.device_allocated(&id)
+                    && (held.share_id.is_none()
+                        || conflicts::share_fits(&view, &id, &held.consumed_capacity, conflicts::is_nomination_hold))
+            });
             // Its lifetime is kept every pass, by `hold_nominations`.
             if !victims_left && devices_free {
                 self.drop_nomination(workload, "its victims are gone and it still does not fit")
@@ -602,6 +587,11 @@ impl Admission {
             .map(|c| ClaimKey::from(ObjectKey::new(&namespace, c)))
             .collect()
     }
+}
+
+/// Every device of a nomination as the engine holds it (see [`nominated_result`]).
+fn nominated_results(nominated: &NominationStatus) -> impl Iterator<Item = DeviceResult> + '_ {
+    nominated.claims.iter().flat_map(|c| &c.devices).map(nominated_result)
 }
 
 /// A nominated device as the engine holds it: the share the plan took of a device that

@@ -840,8 +840,21 @@ mod tests {
     use muster_engine::placement::{self, Outcome, PlanOptions};
     use serde_json::json;
 
+    use crate::admission::preempt::nomination_of;
     use crate::admission::{Admission, Settings};
     use crate::cache::cluster::Index;
+
+    /// Workload `ns/high` as it is once it nominated `plan`.
+    fn nominating(plan: &placement::Plan) -> Workload {
+        let nominated = super::super::preempt::tests_support::nomination_of_plan(plan);
+        serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "high", "namespace": "ns", "resourceVersion": "7"},
+            "spec": {"podGroups": [{"name": "workers", "replicas": 1}]},
+            "status": {"nomination": nominated},
+        }))
+        .expect("workload")
+    }
 
     /// An admission loop whose API server does not answer: every write fails.
     fn unreachable(index: Arc<Index>) -> Admission {
@@ -874,23 +887,9 @@ mod tests {
         let Outcome::Placed(plan) = placement::plan(&index.snapshot(), &request, &PlanOptions::default()) else {
             panic!("the gang fits");
         };
-        let nominated = super::super::preempt::tests_support::nomination_of_plan(&plan);
-        let workload: Workload = serde_json::from_value(json!({
-            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
-            "metadata": {"name": "high", "namespace": "ns", "resourceVersion": "7"},
-            "spec": {"podGroups": [{"name": "workers", "replicas": 1}]},
-            "status": {"nomination": nominated},
-        }))
-        .expect("workload");
+        let workload = nominating(&plan);
         let gang = ObjectKey::new("ns", "high");
-        admission.assume_nomination(
-            &workload,
-            workload
-                .status
-                .as_ref()
-                .and_then(|s| s.nomination.as_ref())
-                .expect("nomination"),
-        );
+        admission.assume_nomination(&workload, nomination_of(&workload).expect("nomination"));
         // As the pass does when the gang is placed: its plan is assumed beside its
         // nomination.
         let (pods, claims) = plan.assumption(&request);
@@ -956,36 +955,16 @@ mod tests {
             unplaced: vec![],
             volumes: vec![],
         };
-        let nominated = super::super::preempt::tests_support::nomination_of_plan(&plan);
-        let workload: Workload = serde_json::from_value(json!({
-            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
-            "metadata": {"name": "high", "namespace": "ns", "resourceVersion": "7"},
-            "spec": {"podGroups": [{"name": "workers", "replicas": 1}]},
-            "status": {"nomination": nominated},
-        }))
-        .expect("workload");
+        let workload = nominating(&plan);
         // As stored: the share and its capacity survive the status's round trip.
-        let stored = &workload
-            .status
-            .as_ref()
-            .and_then(|s| s.nomination.as_ref())
-            .expect("nomination")
-            .claims[0]
-            .devices[0];
+        let stored = &nomination_of(&workload).expect("nomination").claims[0].devices[0];
         assert_eq!(stored.share_id, share.share_id);
         assert_eq!(
             stored.consumed_capacity.get("bandwidth").map(String::as_str),
             Some("40G")
         );
 
-        admission.assume_nomination(
-            &workload,
-            workload
-                .status
-                .as_ref()
-                .and_then(|s| s.nomination.as_ref())
-                .expect("nomination"),
-        );
+        admission.assume_nomination(&workload, nomination_of(&workload).expect("nomination"));
         let cluster = index.cluster();
         let id = share.device_id();
         assert!(!cluster.device_allocated(&id), "the device is not held whole");

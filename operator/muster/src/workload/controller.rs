@@ -1029,21 +1029,16 @@ async fn create_missing(
     gang: &Gang,
     ctx: &Context,
 ) -> Result<CreateOutcome, Error> {
-    let mut outcome = CreateOutcome::default();
     let uid = workload.uid().unwrap_or_default();
 
     // The Service and the claims at once: only the pods must wait for their claims.
     // The first error ends both, as one after the other did: a Service that is not the
     // gang's, or a namespace being deleted, stops the claims.
-    let (created_services, claims) = futures::try_join!(
+    let (created_services, mut outcome) = futures::try_join!(
         create_service(workload, namespace, gang, &uid, ctx),
         create_claims(workload, namespace, gang, &uid, ctx)
     )?;
     outcome.created_services = created_services;
-    outcome.created_claims = claims.created_claims;
-    outcome.still_missing = claims.still_missing;
-    outcome.failures = claims.failures;
-    outcome.waiting = claims.waiting;
 
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let mut to_create = Vec::new();
