@@ -5,8 +5,15 @@
 //! of it is allocated, a kubelet, kube-controller-manager's cleanup of `reservedFor`,
 //! Kueue that admits, evicts and admits again, users who suspend, resume and delete
 //! pods, nodes that vanish, and intruders: pods outside muster that take free devices,
-//! join claims that gangs share, or allocate a device a gang holds after its commit's
-//! conflict check (so the gang must see the conflict and give way).
+//! join claims that gangs share (kube-scheduler allocates one that is not, and protects
+//! it, so kube-controller-manager deallocates it with its last pod), or allocate a device
+//! a gang holds after its commit's conflict check (so the gang must see the conflict and
+//! give way).
+//!
+//! A claim another allocator made lists the gang's pods from the gang's hold on it (and
+//! its release) until the gang lets go of it, which takes out the pods still behind the
+//! gate (deallocating it, as kube-controller-manager would, if that empties a protected
+//! claim); Kueue hears "Ready" only once a fresh read shows every such claim allocated.
 //!
 //! The operator follows muster's rules: gangs of two priorities; claims shared between
 //! gangs and with pods outside them, held by every gang whose journal names them and
@@ -37,8 +44,8 @@
 //! number of steps, and no gang may stay in one transitional state for long: no wedge,
 //! no leak, no nomination left.
 //!
-//! `MUSTER_MODEL_SCHEDULES` sets the number of schedules (default 10,000);
-//! `MUSTER_MODEL_SEED` replays one; `MUSTER_MODEL_LOG` sets how much of its log a
+//! `MUSTER_MODEL_SCHEDULES` sets the number of schedules (default 10,000), from seed
+//! `MUSTER_MODEL_FIRST_SEED` on (default 0); `MUSTER_MODEL_SEED` replays one; `MUSTER_MODEL_LOG` sets how much of its log a
 //! failure shows; `MUSTER_MODEL_KEEP_GOING` runs on past a violation, printing each and
 //! a count every 100,000 schedules, and fails at the end.
 
@@ -303,11 +310,14 @@ enum Op {
         reserved: Vec<String>,
     },
     /// A claim the gang found allocated and holds from its commit on: still as planned,
-    /// and fenced (its version moves).
+    /// and fenced (its version moves). One another allocator made lists the gang's pods
+    /// that name it, as the cache shows them, in the same write: kube-controller-manager
+    /// keeps it allocated while a pod it lists exists and has not ended.
     Hold {
         claim: String,
         devices: Vec<Dev>,
         expect_rv: u64,
+        listed: Vec<String>,
     },
     Check {
         planned: BTreeMap<Dev, String>,
@@ -367,7 +377,7 @@ impl Op {
             Op::FencePods { pods } => format!("fence {pods:?}"),
             Op::Release { pod, node, .. } => format!("release {pod} to {node}"),
             Op::Allocate { claim, devices, .. } => format!("allocate {claim} {devices:?}"),
-            Op::Hold { claim, .. } => format!("hold {claim}"),
+            Op::Hold { claim, listed, .. } => format!("hold {claim}, listing {listed:?}"),
             Op::Check { planned } => format!("check {planned:?}"),
             Op::DeleteWorkload { gang } => format!("delete workload {gang}"),
             Op::UndoOwn { gang, .. } => format!("undo {gang}'s writes"),
@@ -518,6 +528,9 @@ struct Stats {
     commits: u64,
     shared_holds: u64,
     let_go: u64,
+    /// Gated pods of a gang taken out of `reservedFor` of a claim another allocator made,
+    /// as the gang let go of it.
+    listings_undone: u64,
     /// Looks at a claim still reserved by a pod of the gang that is gone (or by a
     /// consumer the operator's caches cannot place).
     gone_consumers: u64,
@@ -544,6 +557,7 @@ impl std::ops::AddAssign for Stats {
         self.commits += o.commits;
         self.shared_holds += o.shared_holds;
         self.let_go += o.let_go;
+        self.listings_undone += o.listings_undone;
         self.gone_consumers += o.gone_consumers;
         self.collected += o.collected;
         self.conflict_teardowns += o.conflict_teardowns;
@@ -1090,6 +1104,9 @@ impl Sim {
                     c.allocation = Some(vec![d]);
                     c.ours = false;
                     c.doubled = false;
+                    // kube-scheduler gives a claim it allocates delete-protection:
+                    // kube-controller-manager deallocates it with its last pod.
+                    c.protected = true;
                     c.rv = rv;
                     vec![d]
                 }
@@ -1876,10 +1893,19 @@ impl Sim {
         self.op.live_revision = revision + 1;
         for (claim, devices) in found {
             let expect_rv = claims.get(&claim).map_or(0, |c| c.rv);
+            let listed = self
+                .op
+                .cache
+                .pods
+                .values()
+                .filter(|p| p.workload.as_deref() == Some(gang) && !p.deleting && p.claims.contains(&claim))
+                .map(|p| p.uid.clone())
+                .collect();
             self.op.queue.push_back(Op::Hold {
                 claim,
                 devices,
                 expect_rv,
+                listed,
             });
         }
         for (claim, devices) in allocations {
@@ -2107,6 +2133,12 @@ impl Sim {
             })
             .map(|p| &p.name)
             .collect();
+        let gated: BTreeSet<String> = view
+            .pods
+            .values()
+            .filter(|p| p.workload.as_deref() == Some(gang) && p.gated)
+            .map(|p| p.uid.clone())
+            .collect();
         let fenced: Vec<(String, PodObj)> = view
             .pods
             .into_iter()
@@ -2153,6 +2185,39 @@ impl Sim {
                 self.violated(format!(
                     "{gang} lets go of {claim}, which muster allocated, while only its own pods reserve it \
                      ({reserved:?}): it stays allocated for no one"
+                ));
+            }
+        }
+        // A claim another allocator made that the gang lets go of no longer lists the
+        // gang's pods still behind the gate (its hold or a release listed them): nothing
+        // else would take them out while the pods exist. The last entry going from a
+        // protected claim deallocates it, as kube-controller-manager does.
+        for claim in &dropped {
+            let Some(c) = self
+                .world
+                .claims
+                .get(claim)
+                .filter(|c| !c.ours && c.allocation.is_some())
+            else {
+                continue;
+            };
+            if !c.reserved_for.iter().any(|u| gated.contains(u)) {
+                continue;
+            }
+            self.stats.listings_undone += 1;
+            let claim_name = claim.clone();
+            let mut emptied = false;
+            self.write_claim(claim, |c| {
+                c.reserved_for.retain(|u| !gated.contains(u));
+                if c.reserved_for.is_empty() && c.protected {
+                    deallocate(c);
+                    c.protected = false;
+                    emptied = true;
+                }
+            });
+            if emptied {
+                self.note(format!(
+                    "{gang} takes its last gated pod out of {claim_name}, deallocating it"
                 ));
             }
         }
@@ -2370,21 +2435,10 @@ impl Sim {
                         continue;
                     };
                     let to_protect = c.ours && !held_elsewhere;
-                    // One not the gang's to protect and not muster's, not reserved for
-                    // the pod as the operator sees it, is read afresh, and left as it is;
-                    // one of muster's another gang holds too lists the pods, unprotected.
-                    if !to_protect && !c.ours {
-                        let listed = self
-                            .op
-                            .view()
-                            .claims
-                            .get(&claim)
-                            .is_some_and(|c| c.reserved_for.contains(&uid));
-                        if !listed && c.allocation.is_none() {
-                            return false;
-                        }
-                        continue;
-                    }
+                    // Every claim lists the pods, on condition it is still allocated
+                    // (kube-controller-manager could otherwise deallocate one with its last
+                    // pod before kube-scheduler lists this one); only one the gang is to
+                    // protect is protected.
                     if c.allocation.is_none() {
                         return false;
                     }
@@ -2458,6 +2512,7 @@ impl Sim {
                 claim,
                 devices,
                 expect_rv,
+                listed,
             } => {
                 let Some(c) = self.world.claims.get(&claim) else {
                     return false;
@@ -2465,8 +2520,20 @@ impl Sim {
                 if c.rv != expect_rv || c.allocation.as_ref() != Some(&devices) {
                     return false;
                 }
-                // Held by a second gang, a claim of muster's is muster's to give back.
-                self.write_claim(&claim, |c| c.protected &= !c.ours);
+                // Held by a second gang, a claim of muster's is muster's to give back;
+                // one another allocator made lists the gang's pods.
+                self.note(format!("hold {claim}, listing {listed:?}"));
+                self.write_claim(&claim, |c| {
+                    if c.ours {
+                        c.protected = false;
+                    } else {
+                        for uid in listed {
+                            if !c.reserved_for.contains(&uid) {
+                                c.reserved_for.push(uid);
+                            }
+                        }
+                    }
+                });
                 true
             }
             Op::Check { planned } => {
@@ -2622,6 +2689,23 @@ impl Sim {
                 let Some(w) = self.world.workloads.get(&gang) else {
                     return true;
                 };
+                // The claims another allocator made are read afresh first: one
+                // kube-controller-manager deallocated behind the caches (the gang's pods it
+                // listed went) holds the answer back, and the next look sees it.
+                let lost_found = holding(&w.journal).is_some_and(|j| {
+                    j.claims.iter().any(|c| {
+                        self.world
+                            .claims
+                            .get(c)
+                            .is_none_or(|c| !c.ours && c.allocation.is_none())
+                    })
+                });
+                if lost_found {
+                    self.note(format!(
+                        "{gang}'s answer to Kueue waits: a claim it found lost its allocation"
+                    ));
+                    return true;
+                }
                 let holds_all = |journal: &Option<Journal>, claims: &BTreeMap<String, ClaimObj>| {
                     journal.as_ref().is_some_and(|j| {
                         matches!(j.state, State::Reserved | State::Released)
@@ -2981,11 +3065,16 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
         .unwrap_or(10_000);
     // On demand, a long run goes on past a violation, prints each, and fails at the end.
     let keep_going = std::env::var_os("MUSTER_MODEL_KEEP_GOING").is_some();
+    // A long run may be split across processes, each from its own first seed.
+    let first: u64 = std::env::var("MUSTER_MODEL_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let started = std::time::Instant::now();
     let mut steps = 0;
     let mut stats = Stats::default();
     let mut violations: Vec<u64> = Vec::new();
-    for seed in 0..schedules {
+    for seed in first..first + schedules {
         match run(seed) {
             Ok((chaos, calm, seen)) => {
                 steps += chaos + calm;
@@ -2997,10 +3086,10 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
             }
             Err(e) => panic!("{e}"),
         }
-        if keep_going && (seed + 1) % 100_000 == 0 {
+        if keep_going && (seed + 1 - first).is_multiple_of(100_000) {
             println!(
                 "model: {} schedules, {} violations, {:.0}s",
-                seed + 1,
+                seed + 1 - first,
                 violations.len(),
                 started.elapsed().as_secs_f64()
             );
@@ -3027,10 +3116,13 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
 /// kube-controller-manager deallocated behind the caches (488537), a nomination
 /// outliving a gang suspended after its release (13903), a deposed leader's record over
 /// its successor's (49514), a nomination no longer held while its drop had not landed
-/// (128397), and protection listing only the pods released now (141848).
+/// (128397), protection listing only the pods released now (141848), and a pod released
+/// onto a claim another allocator made, which kube-controller-manager deallocated with
+/// the last pod outside the gang before kube-scheduler listed the gang's (304452,
+/// 492994).
 #[test]
 fn schedules_that_found_defects_stay_clean() {
-    for seed in [13_903, 49_514, 128_397, 141_848, 488_537] {
+    for seed in [13_903, 49_514, 128_397, 141_848, 304_452, 488_537, 492_994] {
         if let Err(e) = run(seed) {
             panic!("{e}");
         }
