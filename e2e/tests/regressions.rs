@@ -8,6 +8,7 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use muster_api::labels;
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
@@ -1261,4 +1262,201 @@ async fn extras_still_wait(test: &Test) -> Result<()> {
         placement.pods
     );
     Ok(())
+}
+
+/// The uids `reservedFor` of claim `name` lists, and whether it is allocated.
+async fn listing_of(test: &Test, name: &str) -> Result<(bool, Vec<String>)> {
+    let status = test.claims().get(name).await?.status.unwrap_or_default();
+    let listed = status
+        .reserved_for
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.uid)
+        .collect();
+    Ok((status.allocation.is_some(), listed))
+}
+
+/// Waits until claim `name` no longer lists `uid` (kube-controller-manager took a pod that
+/// is gone out of it).
+async fn wait_unlisted(test: &Test, name: &str, uid: &str) -> Result<()> {
+    wait::until(
+        &format!("{name} to no longer list {uid}"),
+        Duration::from_secs(60),
+        || async {
+            let (_, listed) = listing_of(test, name).await?;
+            Ok((!listed.iter().any(|u| u == uid)).then_some(()))
+        },
+    )
+    .await
+}
+
+/// The claim `scratch`, allocated by kube-scheduler for the pod `outsider` outside any
+/// gang (and so protected: kube-controller-manager deallocates it with its last pod).
+/// Returns the outsider's uid and node, and the allocation.
+async fn found_by_kube_scheduler(test: &Test) -> Result<(String, String, serde_json::Value)> {
+    test.claims()
+        .create(&PostParams::default(), &user_claim("scratch", 1)?)
+        .await?;
+    test.pods()
+        .create(&PostParams::default(), &outside_user("outsider", "scratch")?)
+        .await?;
+    let (uid, node) = test.wait_pod_running("outsider").await?;
+    let claim = test.claims().get("scratch").await?;
+    ensure!(
+        claim
+            .finalizers()
+            .iter()
+            .any(|f| f == labels::DELETE_PROTECTION_FINALIZER),
+        "kube-scheduler protects a claim it allocates: {:?}",
+        claim.metadata.finalizers
+    );
+    let held = allocation_of(test, "scratch").await?.context("scratch allocated")?;
+    Ok((uid, node, held))
+}
+
+/// Issue 22, the model's seeds 304452 and 492994: a gang held a claim kube-scheduler had
+/// allocated for a pod outside any gang, but was no entry in its `reservedFor` until
+/// kube-scheduler bound the gang's pod. When the pod outside ended first,
+/// kube-controller-manager deallocated the claim under the released gang, and
+/// kube-scheduler would then allocate it itself, outside muster's plan. Now the gang's
+/// hold lists its pods there. The gang's pod is kept from binding here (its node's CPUs
+/// are taken) while the pod outside goes.
+#[tokio::test]
+async fn issue22_model_a_claim_found_allocated_stays_with_the_gang_when_its_last_outside_pod_ends() -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-issue22-found-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let _ = std::fs::remove_file(&go_on);
+    let paused = [
+        ("MUSTER_PAUSE_POINT", "after-reserved"),
+        ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+    ];
+    let resume = go_on.clone();
+    let outcome = with_test("found-outlives", &[], &paused, |test| {
+        Box::pin(async move {
+            let (outsider, node, held) = found_by_kube_scheduler(test).await?;
+            test.create(claim_sharers("sharer", 1, "scratch", None)).await?;
+            let operator = test.operator.as_ref().context("operator")?;
+            wait::until(
+                "the commit to pause before its release",
+                Duration::from_secs(60),
+                || {
+                    let reached = operator.log().contains("pause point after-reserved reached");
+                    async move { Ok(reached.then_some(())) }
+                },
+            )
+            .await?;
+            let pod = test.pods().get("sharer-workers-0").await?;
+            let gang_pod = pod.metadata.uid.clone().unwrap_or_default();
+            let (_, listed) = listing_of(test, "scratch").await?;
+            ensure!(
+                listed.contains(&gang_pod) && listed.contains(&outsider),
+                "the gang's hold lists its pod beside the outsider: {listed:?}"
+            );
+            // The node's CPUs are taken: the gang's pod is released but not bound.
+            let blocker: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "blocker"},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "main", "image": "tool", "resources": {"requests": {"cpu": "50"}}}],
+                },
+            }))?;
+            test.pods().create(&PostParams::default(), &blocker).await?;
+            test.wait_pod_running("blocker").await?;
+            std::fs::write(&resume, b"")?;
+            test.wait_unschedulable("sharer-workers-0").await?;
+
+            // The last pod outside the gang ends.
+            test.pods()
+                .delete(
+                    "outsider",
+                    &DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..DeleteParams::default()
+                    },
+                )
+                .await?;
+            wait_unlisted(test, "scratch", &outsider).await?;
+            wait::holds(
+                "scratch to stay allocated for the gang",
+                Duration::from_secs(3),
+                || async { Ok(allocation_of(test, "scratch").await?.as_ref() == Some(&held)) },
+            )
+            .await?;
+            test.pods().delete("blocker", &DeleteParams::default()).await?;
+            test.wait_phase("sharer", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            ensure!(
+                allocation_of(test, "scratch").await? == Some(held),
+                "the gang runs on the allocation it held"
+            );
+            Ok(())
+        })
+    })
+    .await;
+    let _ = std::fs::remove_file(&go_on);
+    outcome
+}
+
+/// Issue 22, the undo of that listing: a gang that lets go of a claim another allocator
+/// made takes its pods still behind the gate out of `reservedFor` (nothing else would
+/// while they exist), and deallocates it if that leaves a protected claim with no entry,
+/// as kube-controller-manager would have done when the last pod outside ended. Here the
+/// operator dies after the hold and before the release; the pod outside ends; the next
+/// operator undoes the commit, and the gang's next commit allocates the claim afresh.
+#[tokio::test]
+async fn issue22_model_a_gang_letting_go_of_a_found_claim_takes_its_gated_pods_out() -> Result<()> {
+    with_test(
+        "found-undone",
+        &[],
+        &[("MUSTER_FAULT_POINT", "after-reserved")],
+        |test| {
+            Box::pin(async move {
+                let (outsider, _, _) = found_by_kube_scheduler(test).await?;
+                test.create(claim_sharers("sharer", 1, "scratch", None)).await?;
+                let operator = test.operator.as_mut().context("operator")?;
+                operator
+                    .wait_aborted_at("after-reserved", Duration::from_secs(90))
+                    .await?;
+                test.operator = None;
+                test.pods()
+                    .delete(
+                        "outsider",
+                        &DeleteParams {
+                            grace_period_seconds: Some(0),
+                            ..DeleteParams::default()
+                        },
+                    )
+                    .await?;
+                wait_unlisted(test, "scratch", &outsider).await?;
+                let gang_pod = test
+                    .pods()
+                    .get("sharer-workers-0")
+                    .await?
+                    .metadata
+                    .uid
+                    .unwrap_or_default();
+                ensure!(
+                    listing_of(test, "scratch").await? == (true, vec![gang_pod.clone()]),
+                    "only the gang's gated pod keeps scratch allocated"
+                );
+
+                test.start_operator(&[], &[])?;
+                test.wait_phase("sharer", WorkloadPhase::Running, Duration::from_secs(90))
+                    .await?;
+                let claim = test.claims().get("scratch").await?;
+                ensure!(
+                    claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER),
+                    "the gang let go of kube-scheduler's allocation, and muster allocated scratch afresh: {:?}",
+                    claim.metadata.finalizers
+                );
+                let (uid, _) = test.wait_pod_running("sharer-workers-0").await?;
+                ensure!(
+                    listing_of(test, "scratch").await? == (true, vec![uid]),
+                    "scratch is allocated for the running pod alone"
+                );
+                Ok(())
+            })
+        },
+    )
+    .await
 }

@@ -95,8 +95,58 @@ pub fn held_at(claim: &ResourceClaim) -> Option<&String> {
 /// fails (422) once the claim was deallocated; `None` if the claim as read is not
 /// allocated, or lists every consumer already.
 pub fn reservation_addition(claim: &ResourceClaim, consumers: &[ResourceClaimConsumerReference]) -> Option<Value> {
+    let allocation = claim.status.as_ref()?.allocation.as_ref()?;
+    let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
+    let tests = vec![json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp})];
+    addition(claim, consumers, tests)
+}
+
+/// Like [`reservation_addition`], for a claim another allocator made (kube-scheduler,
+/// for a pod outside any gang): a gang that holds it lists its pods there from its
+/// commit on, so that kube-controller-manager does not deallocate it when the last pod
+/// outside the gang ends (it keeps an entry whose pod exists and has not ended). Such an
+/// allocation may carry no timestamp, so the patch tests each device the allocation
+/// holds as read instead (their driver, pool and device: fields every version has), and
+/// fails (422) once the claim was deallocated or allocated elsewhere.
+pub fn found_claim_listing(claim: &ResourceClaim, consumers: &[ResourceClaimConsumerReference]) -> Option<Value> {
     let status = claim.status.as_ref()?;
     let allocation = status.allocation.as_ref()?;
+    let listed: Vec<&str> = status.reserved_for.iter().flatten().map(|c| c.uid.as_str()).collect();
+    let mut adding: Vec<&str> = consumers
+        .iter()
+        .map(|c| c.uid.as_str())
+        .filter(|u| !listed.contains(u))
+        .collect();
+    adding.sort_unstable();
+    adding.dedup();
+    // No room: kube-scheduler lists the pods itself and refuses those beyond the limit.
+    if listed.len() + adding.len() > RESERVED_FOR_MAX {
+        return None;
+    }
+    addition(claim, consumers, device_tests(allocation))
+}
+
+/// Tests that the allocation is still the one read: each result's device.
+fn device_tests(allocation: &k8s_openapi::api::resource::v1::AllocationResult) -> Vec<Value> {
+    let results = allocation.devices.iter().flat_map(|d| d.results.iter().flatten());
+    let mut tests = Vec::new();
+    for (i, result) in results.enumerate() {
+        for (field, value) in [
+            ("driver", &result.driver),
+            ("pool", &result.pool),
+            ("device", &result.device),
+        ] {
+            let path = format!("/status/allocation/devices/results/{i}/{field}");
+            tests.push(json!({"op": "test", "path": path, "value": value}));
+        }
+    }
+    tests
+}
+
+/// The patch adding `consumers` that `claim` does not list yet, after the uid test and
+/// `tests` of its allocation.
+fn addition(claim: &ResourceClaim, consumers: &[ResourceClaimConsumerReference], tests: Vec<Value>) -> Option<Value> {
+    let status = claim.status.as_ref()?;
     let listed: Vec<&ResourceClaimConsumerReference> = status.reserved_for.iter().flatten().collect();
     let mut missing: Vec<&ResourceClaimConsumerReference> = Vec::new();
     for consumer in consumers {
@@ -111,8 +161,7 @@ pub fn reservation_addition(claim: &ResourceClaim, consumers: &[ResourceClaimCon
     if let Some(uid) = claim.uid() {
         operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
     }
-    let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
-    operations.push(json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp}));
+    operations.extend(tests);
     if listed.is_empty() {
         operations.push(json!({"op": "test", "path": "/status/reservedFor", "value": null}));
         operations.push(json!({"op": "add", "path": "/status/reservedFor", "value": missing}));
@@ -190,9 +239,158 @@ pub fn deallocation(claim: &ResourceClaim) -> Option<Value> {
     Some(Value::Array(operations))
 }
 
+/// What taking a gang's pods out of a claim another allocator made does.
+#[derive(Debug, PartialEq)]
+pub struct Removal {
+    /// The JSON patch for the claim's status.
+    pub patch: Value,
+    /// It takes out the last entry of a claim with kube-controller-manager's
+    /// delete-protection, and deallocates the claim in the same write, as
+    /// kube-controller-manager does when its own cleanup takes the last pod out.
+    pub deallocates: bool,
+}
+
+/// The patch that takes the entries of `gated` (uids of the gang's pods still behind the
+/// gate) out of `reservedFor` of `claim`, a claim another allocator made that the gang
+/// lets go of: its hold or a release listed them, and nothing else takes out the entry of
+/// a pod that exists and has not ended. Each entry is tested at its index before it goes,
+/// so an entry added or removed meanwhile before it fails the patch (422) instead of
+/// taking out another. If no entry would be left on a protected claim, the whole list is
+/// tested as read and the allocation goes with it: without the gang's entries,
+/// kube-controller-manager would have deallocated it when its last pod went. `None` if
+/// the claim as read is not allocated or lists none of them.
+pub fn gated_removal(claim: &ResourceClaim, gated: &BTreeSet<&str>) -> Option<Removal> {
+    let status = claim.status.as_ref()?;
+    let allocation = status.allocation.as_ref()?;
+    let listed: Vec<&ResourceClaimConsumerReference> = status.reserved_for.iter().flatten().collect();
+    let going: Vec<usize> = (0..listed.len())
+        .filter(|i| gated.contains(listed[*i].uid.as_str()))
+        .collect();
+    if going.is_empty() {
+        return None;
+    }
+    let protected = claim.finalizers().iter().any(|f| f == DELETE_PROTECTION_FINALIZER);
+    let deallocates = protected && going.len() == listed.len();
+    let mut operations = Vec::new();
+    if let Some(uid) = claim.uid() {
+        operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
+    operations.extend(device_tests(allocation));
+    if deallocates {
+        let value = serde_json::to_value(&listed).ok()?;
+        operations.push(json!({"op": "test", "path": "/status/reservedFor", "value": value}));
+        operations.push(json!({"op": "remove", "path": "/status/reservedFor"}));
+        operations.push(json!({"op": "remove", "path": "/status/allocation"}));
+    } else {
+        for i in going.into_iter().rev() {
+            let path = format!("/status/reservedFor/{i}");
+            operations.push(json!({"op": "test", "path": format!("{path}/uid"), "value": listed[i].uid}));
+            operations.push(json!({"op": "remove", "path": path}));
+        }
+    }
+    Some(Removal {
+        patch: Value::Array(operations),
+        deallocates,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn found(reserved: &[&str], protected: bool) -> ResourceClaim {
+        let finalizers: Vec<&str> = if protected {
+            vec![DELETE_PROTECTION_FINALIZER]
+        } else {
+            vec![]
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "s", "namespace": "ns", "uid": "su", "finalizers": finalizers},
+            "spec": {"devices": {}},
+            "status": {
+                "allocation": {"devices": {"results": [{"request": "gpu", "driver": "d", "pool": "p", "device": "g3"}]}},
+                "reservedFor": reserved.iter().map(|u| json!({"resource": "pods", "name": u, "uid": u})).collect::<Vec<_>>(),
+            },
+        }))
+        .expect("claim")
+    }
+
+    fn consumer(uid: &str) -> ResourceClaimConsumerReference {
+        ResourceClaimConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: uid.into(),
+            uid: uid.into(),
+        }
+    }
+
+    #[test]
+    fn a_claim_another_allocator_made_lists_the_gang_on_condition_of_its_devices() {
+        let claim = found(&["outsider"], true);
+        assert_eq!(
+            found_claim_listing(&claim, &[consumer("w0"), consumer("outsider")]),
+            Some(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "su"},
+                {"op": "test", "path": "/status/allocation/devices/results/0/driver", "value": "d"},
+                {"op": "test", "path": "/status/allocation/devices/results/0/pool", "value": "p"},
+                {"op": "test", "path": "/status/allocation/devices/results/0/device", "value": "g3"},
+                {"op": "add", "path": "/status/reservedFor/-", "value": {"resource": "pods", "name": "w0", "uid": "w0"}},
+            ]))
+        );
+        assert_eq!(
+            found_claim_listing(&found(&["w0"], true), &[consumer("w0")]),
+            None,
+            "listed"
+        );
+        let mut free = claim.clone();
+        free.status.as_mut().expect("status").allocation = None;
+        free.status.as_mut().expect("status").reserved_for = None;
+        assert_eq!(found_claim_listing(&free, &[consumer("w0")]), None, "not allocated");
+        let full: Vec<String> = (0..RESERVED_FOR_MAX).map(|i| format!("p{i}")).collect();
+        let full: Vec<&str> = full.iter().map(String::as_str).collect();
+        assert_eq!(
+            found_claim_listing(&found(&full, true), &[consumer("w0")]),
+            None,
+            "no room in reservedFor: kube-scheduler refuses the pods beyond the limit"
+        );
+    }
+
+    #[test]
+    fn letting_go_takes_out_only_gated_pods_and_deallocates_as_kube_controller_manager_would() {
+        let gated = BTreeSet::from(["w0", "w1"]);
+        // The pod outside stays: each gated entry goes at its index, tested first.
+        let removal = gated_removal(&found(&["w0", "outsider", "w1"], true), &gated).expect("a removal");
+        assert!(!removal.deallocates);
+        let operations = removal.patch.as_array().expect("array").clone();
+        assert_eq!(
+            operations[4..],
+            [
+                json!({"op": "test", "path": "/status/reservedFor/2/uid", "value": "w1"}),
+                json!({"op": "remove", "path": "/status/reservedFor/2"}),
+                json!({"op": "test", "path": "/status/reservedFor/0/uid", "value": "w0"}),
+                json!({"op": "remove", "path": "/status/reservedFor/0"}),
+            ]
+        );
+        // Only gated pods were left (the pod outside ended): a protected claim goes.
+        let removal = gated_removal(&found(&["w0", "w1"], true), &gated).expect("a removal");
+        assert!(removal.deallocates);
+        let operations = removal.patch.as_array().expect("array").clone();
+        assert_eq!(
+            operations[4..],
+            [
+                json!({"op": "test", "path": "/status/reservedFor", "value": [
+                    {"resource": "pods", "name": "w0", "uid": "w0"},
+                    {"resource": "pods", "name": "w1", "uid": "w1"},
+                ]}),
+                json!({"op": "remove", "path": "/status/reservedFor"}),
+                json!({"op": "remove", "path": "/status/allocation"}),
+            ]
+        );
+        // Unprotected, nobody deallocates it: it stays allocated, as it was found.
+        let removal = gated_removal(&found(&["w0"], false), &gated).expect("a removal");
+        assert!(!removal.deallocates);
+        assert_eq!(gated_removal(&found(&["outsider"], true), &gated), None, "none listed");
+    }
 
     fn pod(name: &str, uid: &str, claims: Value, statuses: Value) -> Arc<Pod> {
         Arc::new(

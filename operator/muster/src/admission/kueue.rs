@@ -433,6 +433,14 @@ impl Admission {
                 Err(()) => return Ok(()),
             }
         }
+        // A claim another allocator made that kube-controller-manager deallocated behind
+        // the caches holds the answer back: the gang's next step sees it.
+        if deciding
+            && matches!(journal, Some(State::Reserved | State::Released))
+            && !self.found_claims_still_allocated(workload).await?
+        {
+            return Ok(());
+        }
         if matches!(journal, Some(State::Reserved | State::Released))
             && let Some(placement) = placement_of(workload)
         {

@@ -19,12 +19,14 @@
 //! Its parts: `pass` is one pass; `perform` performs the state machine's effects;
 //! `queue` orders and plans waiting gangs; `reserve` commits a plan and gives
 //! allocations back; `status` writes the loop's part of a Workload's status; `extras`,
-//! `release`, `fencing` and `kueue` are the steps they share.
+//! `release`, `fencing` and `kueue` are the steps they share; `found_claims` keeps the
+//! claims another allocator made that a gang holds listing the gang's pods.
 
 mod claim_writes;
 mod conflicts;
 pub mod extras;
 pub mod fencing;
+mod found_claims;
 pub mod kueue;
 mod ownership;
 mod pass;

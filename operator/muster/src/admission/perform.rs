@@ -547,7 +547,8 @@ impl Admission {
     /// read must show each unallocated, or allocated for someone the gang may leave it to
     /// (see [`muster_admission::ownership::may_let_go`]: never a pod of the gang that is
     /// gone, nor one the caches cannot place), so that a cache behind an allocation never
-    /// lets one leak. Each unallocated one is then fenced: its resourceVersion
+    /// lets one leak. One another allocator made no longer lists the gang's pods still
+    /// behind the gate ([`Self::unlist_from_found`]). Each unallocated one is then fenced: its resourceVersion
     /// moves, so an allocation a deposed leader prepared against an older version (it
     /// reads a claim before its last Lease check) fails instead of landing after the gang
     /// let go.
@@ -569,6 +570,10 @@ impl Admission {
             if ownership::allocated(&claim) {
                 let seen = self.claim_view(workload, &claim);
                 if muster_admission::ownership::may_let_go(&seen, &pods, journal.as_ref()) {
+                    // One another allocator made no longer lists the gang's gated pods.
+                    if !ownership::muster_allocated(&claim) {
+                        self.unlist_from_found(workload, api, claim).await?;
+                    }
                     continue;
                 }
                 return Err(CommitError::Conflict(format!(
@@ -659,11 +664,12 @@ impl Admission {
     }
 
     /// Before pods are released onto the claims of a gang, each claim lists them in
-    /// `reservedFor` (see [`claim_writes::reservation_addition`]) and then gets
-    /// delete-protection, so that kube-controller-manager deallocates it with its last
-    /// pod (see [`claim_writes::commit_finalizers`]) instead of reserving it again and
-    /// again for an ended pod. Only a claim muster allocated that no other gang holds;
-    /// one with more consumers than `reservedFor` holds stays unprotected. A claim that
+    /// `reservedFor` (see [`claim_writes::reservation_addition`]; for a claim another
+    /// allocator made, [`Self::list_on_found`]), and a claim muster allocated that no other
+    /// gang holds then gets delete-protection, so that kube-controller-manager deallocates
+    /// it with its last pod (see [`claim_writes::commit_finalizers`]) instead of reserving
+    /// it again and again for an ended pod. One with more consumers than `reservedFor`
+    /// holds is neither listed nor protected. A claim that
     /// lost its allocation meanwhile stops the release; the next look sees it and places
     /// the gang again. Returns the claims that list every pod already (the commit listed
     /// them): they need protection only, which may land while the pods go
@@ -683,45 +689,29 @@ impl Admission {
         // Per claim: whether it is to be protected, and the pods released onto it.
         type Consumers = Vec<k8s_openapi::api::resource::v1::ResourceClaimConsumerReference>;
         let mut consumers: BTreeMap<String, (bool, Consumers)> = BTreeMap::new();
-        let mut checked: BTreeSet<String> = BTreeSet::new();
         for pin in pins {
             let Some(pod) = pods.iter().find(|p| p.uid().as_deref() == Some(pin.pod.uid.as_str())) else {
                 continue;
             };
             for name in claim_writes::claim_names(pod) {
                 let Some(claim) = claims.get(name) else { continue };
-                // Only claims of muster's that no other gang holds: a claim another
-                // allocator made is left as it is (entries added there would outlive a
-                // gang that lets go of it without deallocating it).
+                // Only claims of muster's that no other gang holds are protected. Every
+                // claim lists the pod, on condition it is still allocated: one not
+                // protected by this release (another gang holds it too, or another
+                // allocator made it) may be deallocated by kube-controller-manager with
+                // its last pod before kube-scheduler lists this one, and kube-scheduler
+                // would then allocate it itself, outside the plan.
                 let to_protect = ownership::muster_allocated(claim)
                     && !self.claim_view_used_by(workload, claim, Vec::new()).held_elsewhere;
-                let listed = claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.reserved_for.as_ref())
-                    .is_some_and(|r| r.iter().any(|c| c.uid == pin.pod.uid));
-                // Not the gang's to protect, and not reserved for the pod: another
-                // release may have protected it since the caches looked, and
-                // kube-controller-manager may deallocate it with its last pod before
-                // kube-scheduler lists this one. One of muster's (another gang holds it
-                // too) lists the pod, on condition it is still allocated, and keeps no
-                // other protection; one another allocator made is read afresh and left as
-                // it is.
-                let listing = to_protect || ownership::muster_allocated(claim);
-                if !listing && !listed {
-                    checked.insert(name.to_string());
-                }
-                if listing {
-                    let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));
-                    entry
-                        .1
-                        .push(k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
-                            api_group: None,
-                            resource: "pods".into(),
-                            name: pin.pod.name.clone(),
-                            uid: pin.pod.uid.clone(),
-                        });
-                }
+                let entry = consumers.entry(name.to_string()).or_insert((to_protect, Vec::new()));
+                entry
+                    .1
+                    .push(k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+                        api_group: None,
+                        resource: "pods".into(),
+                        name: pin.pod.name.clone(),
+                        uid: pin.pod.uid.clone(),
+                    });
             }
         }
         // The gang's pods released onto a claim earlier are listed with these: one may not
@@ -758,22 +748,18 @@ impl Admission {
             listed.len() + missing <= claim_writes::RESERVED_FOR_MAX
         });
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        for name in &checked {
-            let cached = claims[name].status.as_ref().and_then(|s| s.allocation.as_ref());
-            let current = api.get_opt(name).await?;
-            let fresh = current.as_ref().and_then(|c| c.status.as_ref()?.allocation.as_ref());
-            if cached.is_none() || fresh != cached {
-                return Err(CommitError::Conflict(format!(
-                    "claim {name} lost its allocation before its pods were released; looking again"
-                )));
-            }
-        }
         // Listed already: protected while the pods go.
         let mut listed = Vec::new();
         consumers.retain(|name, (to_protect, pods)| {
             let claim = &claims[name];
-            if claim_writes::reservation_addition(claim, pods).is_none()
+            let addition = if ownership::muster_allocated(claim) {
+                claim_writes::reservation_addition(claim, pods)
+            } else {
+                claim_writes::found_claim_listing(claim, pods)
+            };
+            if addition.is_none()
                 && claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
+                && (ownership::muster_allocated(claim) || claim.metadata.deletion_timestamp.is_none())
             {
                 if !*to_protect {
                     return false;
@@ -792,6 +778,9 @@ impl Admission {
                 let api = api.clone();
                 let claim = claims[&name].clone();
                 async move {
+                    if !ownership::muster_allocated(&claim) {
+                        return self.list_on_found(&api, &claim, &consumers).await;
+                    }
                     let mut current = None;
                     if let Some(patch) = claim_writes::reservation_addition(&claim, &consumers) {
                         let patch: json_patch::Patch =

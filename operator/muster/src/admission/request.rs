@@ -31,6 +31,8 @@ pub enum RequestError {
     MissingTemplate(String),
     #[error("ResourceClaim {0} does not exist")]
     MissingClaim(String),
+    #[error("ResourceClaim {0} is being deleted: kube-scheduler refuses pods that use it")]
+    ClaimBeingDeleted(String),
     #[error(
         "pod group {group} has {have} of its {need} pods; they come from another controller and join with the \
          muster.dev/workload and muster.dev/pod-group labels"
@@ -64,7 +66,10 @@ impl RequestError {
     pub fn may_never_come(&self) -> bool {
         matches!(
             self,
-            RequestError::MissingClaim(_) | RequestError::ClaimNotGenerated { .. } | RequestError::TooFewPods { .. }
+            RequestError::MissingClaim(_)
+                | RequestError::ClaimBeingDeleted(_)
+                | RequestError::ClaimNotGenerated { .. }
+                | RequestError::TooFewPods { .. }
         )
     }
 
@@ -73,6 +78,7 @@ impl RequestError {
         matches!(
             self,
             RequestError::MissingClaim(_)
+                | RequestError::ClaimBeingDeleted(_)
                 | RequestError::ClaimNotGenerated { .. }
                 | RequestError::TooFewPods { .. }
                 | RequestError::DeallocationNotSeen(_)
@@ -118,6 +124,10 @@ impl<'a> ClaimSources<'a> {
     ) -> Result<(ClaimSpec, Option<Allocation>), RequestError> {
         let key = ClaimKey::new(namespace, name);
         if let Some(claim) = self.claims.get(&key) {
+            // One of muster's being deleted is given back by muster first, as any other.
+            if claim.metadata.deletion_timestamp.is_some() && !super::ownership::muster_allocated(claim) {
+                return Err(RequestError::ClaimBeingDeleted(key.to_string()));
+            }
             let object = format!("ResourceClaim {key}");
             let spec = convert::claim_spec(&object, &claim.spec.clone().unwrap_or_default())?;
             let allocation = claim
@@ -461,5 +471,23 @@ spec:
         let sources = ClaimSources::new(&objects.templates, &[]);
         let e = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaim team/scratch does not exist");
+    }
+
+    #[test]
+    fn a_claim_another_allocator_made_that_is_being_deleted_is_waited_out() {
+        let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
+        let mut claims = objects.claims.clone();
+        for claim in claims
+            .iter_mut()
+            .filter(|c| c.metadata.name.as_deref() == Some("scratch"))
+        {
+            claim.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        }
+        let sources = ClaimSources::new(&objects.templates, &claims);
+        let e = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap_err();
+        assert_eq!(e, RequestError::ClaimBeingDeleted("team/scratch".into()));
+        assert!(e.is_waiting() && !e.is_permanent(), "it goes, and may be made again");
     }
 }

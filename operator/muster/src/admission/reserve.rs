@@ -416,11 +416,14 @@ impl Admission {
             // Another gang holding the same claim (a commit running beside this one)
             // moves its version as well: read and check it again then.
             let mut attempts = 0;
-            while !self
-                .fence_found(&api, found, planned, &gang)
-                .await
-                .map_err(|e| (e, Vec::new()))?
-            {
+            let fenced = loop {
+                if let Some(fenced) = self
+                    .fence_found(&api, found, planned, &gang)
+                    .await
+                    .map_err(|e| (e, Vec::new()))?
+                {
+                    break fenced;
+                }
                 attempts += 1;
                 if attempts >= HOLD_FOUND_ATTEMPTS {
                     return Err((
@@ -430,6 +433,20 @@ impl Admission {
                         Vec::new(),
                     ));
                 }
+            };
+            // One another allocator made lists the gang's pods from now on, so that
+            // kube-controller-manager keeps it allocated when the pods outside end.
+            if !ownership::muster_allocated(&fenced) {
+                let planned_pods: BTreeSet<&str> = plan.pods.iter().map(|p| p.pod.name()).collect();
+                let consumers = claim_writes::planned_consumers(&self.gang_pods(workload), &planned_pods);
+                let listing = consumers.get(found.name()).map(Vec::as_slice).unwrap_or_default();
+                if let Some(listed) = self
+                    .list_on_found(&api, &fenced, listing)
+                    .await
+                    .map_err(|e| (e, Vec::new()))?
+                {
+                    self.own_claims.remember(listed);
+                }
             }
         }
         Ok(())
@@ -437,15 +454,15 @@ impl Admission {
 
     /// Fences one claim a gang found allocated and holds from its commit on, after a
     /// fresh read shows it still allocated as planned (`planned`: the allocation the
-    /// plan saw). `Ok(false)`: the claim changed between the read and the write, and is
-    /// to be read and checked again.
+    /// plan saw), returning the claim as fenced. `Ok(None)`: the claim changed between
+    /// the read and the write, and is to be read and checked again.
     async fn fence_found(
         &self,
         api: &Api<ResourceClaim>,
         found: &ClaimKey,
         planned: Option<&muster_engine::claim::Allocation>,
         gang: &ObjectKey,
-    ) -> Result<bool, CommitError> {
+    ) -> Result<Option<ResourceClaim>, CommitError> {
         let name = found.name();
         self.ensure_leading();
         let current = api.get_opt(name).await?;
@@ -488,10 +505,10 @@ impl Admission {
         self.ensure_leading();
         match api.patch(name, &params, &Patch::Merge(&fence)).await {
             Ok(fenced) => {
-                self.own_claims.remember(fenced);
-                Ok(true)
+                self.own_claims.remember(fenced.clone());
+                Ok(Some(fenced))
             }
-            Err(e) if kube_ops::is_conflict(&e) => Ok(false),
+            Err(e) if kube_ops::is_conflict(&e) => Ok(None),
             Err(e) if kube_ops::is_not_found(&e) => Err(CommitError::Conflict(format!(
                 "ResourceClaim {found}, which {gang} shares, was deleted meanwhile"
             ))),

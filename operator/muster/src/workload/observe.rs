@@ -466,10 +466,15 @@ pub fn claim(
     known_outside: impl Fn(&ResourceClaimConsumerReference) -> bool,
 ) -> ClaimView {
     let status = claim.status.as_ref();
+    let ours = claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
+    // A claim another allocator made that is being deleted is nothing to build on:
+    // kube-scheduler refuses new pods on it and the API server new `reservedFor` entries.
+    // (muster's own keep counting as allocated until muster gives them back.)
+    let usable = ours || claim.metadata.deletion_timestamp.is_none();
     ClaimView {
         name: claim.name_any(),
-        allocated: status.is_some_and(|s| s.allocation.is_some()),
-        ours: claim.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER),
+        allocated: usable && status.is_some_and(|s| s.allocation.is_some()),
+        ours,
         held_elsewhere,
         used_by,
         protected: claim
