@@ -1893,13 +1893,19 @@ impl Sim {
         self.op.live_revision = revision + 1;
         for (claim, devices) in found {
             let expect_rv = claims.get(&claim).map_or(0, |c| c.rv);
+            // The planned pods, as the operator's `planned_consumers` picks them.
             let listed = self
                 .op
                 .cache
                 .pods
-                .values()
-                .filter(|p| p.workload.as_deref() == Some(gang) && !p.deleting && p.claims.contains(&claim))
-                .map(|p| p.uid.clone())
+                .iter()
+                .filter(|(name, p)| {
+                    p.workload.as_deref() == Some(gang)
+                        && !p.deleting
+                        && p.claims.contains(&claim)
+                        && journal.planned(name).is_some()
+                })
+                .map(|(_, p)| p.uid.clone())
                 .collect();
             self.op.queue.push_back(Op::Hold {
                 claim,
@@ -2190,8 +2196,9 @@ impl Sim {
         }
         // A claim another allocator made that the gang lets go of no longer lists the
         // gang's pods still behind the gate (its hold or a release listed them): nothing
-        // else would take them out while the pods exist. The last entry going from a
-        // protected claim deallocates it, as kube-controller-manager does.
+        // else would take them out while the pods exist. Its last holder (as the operator
+        // sees the gangs) deallocates a protected one left with no entry, as
+        // kube-controller-manager does when it takes the last pod out.
         for claim in &dropped {
             let Some(c) = self
                 .world
@@ -2201,7 +2208,10 @@ impl Sim {
             else {
                 continue;
             };
-            if !c.reserved_for.iter().any(|u| gated.contains(u)) {
+            let last_holder = !holders.get(claim).is_some_and(|h| h.iter().any(|g| g != gang));
+            let listed_gated = c.reserved_for.iter().any(|u| gated.contains(u));
+            let left_empty = c.reserved_for.iter().all(|u| gated.contains(u));
+            if !(listed_gated || last_holder && c.protected && left_empty) {
                 continue;
             }
             self.stats.listings_undone += 1;
@@ -2209,7 +2219,7 @@ impl Sim {
             let mut emptied = false;
             self.write_claim(claim, |c| {
                 c.reserved_for.retain(|u| !gated.contains(u));
-                if c.reserved_for.is_empty() && c.protected {
+                if c.reserved_for.is_empty() && c.protected && last_holder {
                     deallocate(c);
                     c.protected = false;
                     emptied = true;

@@ -87,6 +87,23 @@ pub fn held_at(claim: &ResourceClaim) -> Option<&String> {
     claim.metadata.annotations.as_ref()?.get(CLAIM_HELD_AT)
 }
 
+/// The test that the `muster.dev/held-at` fence is as read: a gang that holds the claim
+/// as found, or lets go of it, moves it, so a write a deposed leader prepared before
+/// fails. (A path through a map that is not there fails a test: the map itself is
+/// tested then.)
+fn held_at_test(claim: &ResourceClaim) -> Value {
+    match &claim.metadata.annotations {
+        None => json!({"op": "test", "path": "/metadata/annotations", "value": null}),
+        Some(annotations) => {
+            let path = format!(
+                "/metadata/annotations/{}",
+                CLAIM_HELD_AT.replace('~', "~0").replace('/', "~1")
+            );
+            json!({"op": "test", "path": path, "value": annotations.get(CLAIM_HELD_AT)})
+        }
+    }
+}
+
 /// The JSON patch that adds `consumers` to the `reservedFor` of `claim` where they are not
 /// listed yet: before a claim is given delete-protection at its pods' release, every pod
 /// released onto it is listed (a pod made again since the commit is listed under its old
@@ -106,8 +123,10 @@ pub fn reservation_addition(claim: &ResourceClaim, consumers: &[ResourceClaimCon
 /// commit on, so that kube-controller-manager does not deallocate it when the last pod
 /// outside the gang ends (it keeps an entry whose pod exists and has not ended). Such an
 /// allocation may carry no timestamp, so the patch tests each device the allocation
-/// holds as read instead (their driver, pool and device: fields every version has), and
-/// fails (422) once the claim was deallocated or allocated elsewhere.
+/// holds as read instead (their driver, pool, device and share: fields every version
+/// has), and fails (422) once the claim was deallocated or allocated elsewhere. It tests
+/// the `held-at` fence as read too, which a gang letting go of the claim moves: a listing
+/// a deposed leader prepared cannot land after its successor let go.
 pub fn found_claim_listing(claim: &ResourceClaim, consumers: &[ResourceClaimConsumerReference]) -> Option<Value> {
     let status = claim.status.as_ref()?;
     let allocation = status.allocation.as_ref()?;
@@ -123,7 +142,9 @@ pub fn found_claim_listing(claim: &ResourceClaim, consumers: &[ResourceClaimCons
     if listed.len() + adding.len() > RESERVED_FOR_MAX {
         return None;
     }
-    addition(claim, consumers, device_tests(allocation))
+    let mut tests = vec![held_at_test(claim)];
+    tests.extend(device_tests(allocation));
+    addition(claim, consumers, tests)
 }
 
 /// Tests that the allocation is still the one read: each result's device.
@@ -132,9 +153,10 @@ fn device_tests(allocation: &k8s_openapi::api::resource::v1::AllocationResult) -
     let mut tests = Vec::new();
     for (i, result) in results.enumerate() {
         for (field, value) in [
-            ("driver", &result.driver),
-            ("pool", &result.pool),
-            ("device", &result.device),
+            ("driver", Some(&result.driver)),
+            ("pool", Some(&result.pool)),
+            ("device", Some(&result.device)),
+            ("shareID", result.share_id.as_ref()),
         ] {
             let path = format!("/status/allocation/devices/results/{i}/{field}");
             tests.push(json!({"op": "test", "path": path, "value": value}));
@@ -215,18 +237,7 @@ pub fn deallocation(claim: &ResourceClaim) -> Option<Value> {
     if let Some(uid) = claim.uid() {
         operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
     }
-    // A path through a map that is not there fails a test: test the map itself then.
-    match &claim.metadata.annotations {
-        None => operations.push(json!({"op": "test", "path": "/metadata/annotations", "value": null})),
-        Some(annotations) => {
-            let held_at = annotations.get(CLAIM_HELD_AT);
-            let path = format!(
-                "/metadata/annotations/{}",
-                CLAIM_HELD_AT.replace('~', "~0").replace('/', "~1")
-            );
-            operations.push(json!({"op": "test", "path": path, "value": held_at}));
-        }
-    }
+    operations.push(held_at_test(claim));
     let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
     operations.push(json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp}));
     let reserved = status.reserved_for.as_ref().filter(|r| !r.is_empty());
@@ -255,31 +266,42 @@ pub struct Removal {
 /// lets go of: its hold or a release listed them, and nothing else takes out the entry of
 /// a pod that exists and has not ended. Each entry is tested at its index before it goes,
 /// so an entry added or removed meanwhile before it fails the patch (422) instead of
-/// taking out another. If no entry would be left on a protected claim, the whole list is
-/// tested as read and the allocation goes with it: without the gang's entries,
-/// kube-controller-manager would have deallocated it when its last pod went. `None` if
-/// the claim as read is not allocated or lists none of them.
-pub fn gated_removal(claim: &ResourceClaim, gated: &BTreeSet<&str>) -> Option<Removal> {
+/// taking out another. If no entry would be left on a protected claim and the gang is its
+/// last holder (`last_holder`), the whole list is tested as read and the allocation goes
+/// with it: without the gang's entries, kube-controller-manager would have deallocated
+/// it when its last pod went (a claim another gang holds is that gang's to let go of).
+/// The patch tests the uid, the `held-at` fence, the finalizers, the allocation's
+/// timestamp and its devices as read, so a removal a deposed leader prepared fails once
+/// its successor let go of the claim (moving the fence) or muster allocated it afresh.
+/// `None` if the claim as read is not allocated, or there is nothing to do.
+pub fn gated_removal(claim: &ResourceClaim, gated: &BTreeSet<&str>, last_holder: bool) -> Option<Removal> {
     let status = claim.status.as_ref()?;
     let allocation = status.allocation.as_ref()?;
     let listed: Vec<&ResourceClaimConsumerReference> = status.reserved_for.iter().flatten().collect();
     let going: Vec<usize> = (0..listed.len())
         .filter(|i| gated.contains(listed[*i].uid.as_str()))
         .collect();
-    if going.is_empty() {
+    let protected = claim.finalizers().iter().any(|f| f == DELETE_PROTECTION_FINALIZER);
+    let deallocates = last_holder && protected && going.len() == listed.len();
+    if going.is_empty() && !deallocates {
         return None;
     }
-    let protected = claim.finalizers().iter().any(|f| f == DELETE_PROTECTION_FINALIZER);
-    let deallocates = protected && going.len() == listed.len();
     let mut operations = Vec::new();
     if let Some(uid) = claim.uid() {
         operations.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
     }
+    operations.push(held_at_test(claim));
+    let finalizers = serde_json::to_value(claim.metadata.finalizers.as_ref().filter(|f| !f.is_empty())).ok()?;
+    operations.push(json!({"op": "test", "path": "/metadata/finalizers", "value": finalizers}));
+    let timestamp = serde_json::to_value(&allocation.allocation_timestamp).ok()?;
+    operations.push(json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp}));
     operations.extend(device_tests(allocation));
     if deallocates {
-        let value = serde_json::to_value(&listed).ok()?;
+        let value = serde_json::to_value(Some(&listed).filter(|l| !l.is_empty())).ok()?;
         operations.push(json!({"op": "test", "path": "/status/reservedFor", "value": value}));
-        operations.push(json!({"op": "remove", "path": "/status/reservedFor"}));
+        if !listed.is_empty() {
+            operations.push(json!({"op": "remove", "path": "/status/reservedFor"}));
+        }
         operations.push(json!({"op": "remove", "path": "/status/allocation"}));
     } else {
         for i in going.into_iter().rev() {
@@ -331,9 +353,11 @@ mod tests {
             found_claim_listing(&claim, &[consumer("w0"), consumer("outsider")]),
             Some(json!([
                 {"op": "test", "path": "/metadata/uid", "value": "su"},
+                {"op": "test", "path": "/metadata/annotations", "value": null},
                 {"op": "test", "path": "/status/allocation/devices/results/0/driver", "value": "d"},
                 {"op": "test", "path": "/status/allocation/devices/results/0/pool", "value": "p"},
                 {"op": "test", "path": "/status/allocation/devices/results/0/device", "value": "g3"},
+                {"op": "test", "path": "/status/allocation/devices/results/0/shareID", "value": null},
                 {"op": "add", "path": "/status/reservedFor/-", "value": {"resource": "pods", "name": "w0", "uid": "w0"}},
             ]))
         );
@@ -358,12 +382,22 @@ mod tests {
     #[test]
     fn letting_go_takes_out_only_gated_pods_and_deallocates_as_kube_controller_manager_would() {
         let gated = BTreeSet::from(["w0", "w1"]);
-        // The pod outside stays: each gated entry goes at its index, tested first.
-        let removal = gated_removal(&found(&["w0", "outsider", "w1"], true), &gated).expect("a removal");
+        // The pod outside stays: each gated entry goes at its index, tested first, after
+        // the claim is tested as read.
+        let removal = gated_removal(&found(&["w0", "outsider", "w1"], true), &gated, true).expect("a removal");
         assert!(!removal.deallocates);
         let operations = removal.patch.as_array().expect("array").clone();
         assert_eq!(
-            operations[4..],
+            operations[..4],
+            [
+                json!({"op": "test", "path": "/metadata/uid", "value": "su"}),
+                json!({"op": "test", "path": "/metadata/annotations", "value": null}),
+                json!({"op": "test", "path": "/metadata/finalizers", "value": [DELETE_PROTECTION_FINALIZER]}),
+                json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": null}),
+            ]
+        );
+        assert_eq!(
+            operations[8..],
             [
                 json!({"op": "test", "path": "/status/reservedFor/2/uid", "value": "w1"}),
                 json!({"op": "remove", "path": "/status/reservedFor/2"}),
@@ -372,11 +406,11 @@ mod tests {
             ]
         );
         // Only gated pods were left (the pod outside ended): a protected claim goes.
-        let removal = gated_removal(&found(&["w0", "w1"], true), &gated).expect("a removal");
+        let removal = gated_removal(&found(&["w0", "w1"], true), &gated, true).expect("a removal");
         assert!(removal.deallocates);
         let operations = removal.patch.as_array().expect("array").clone();
         assert_eq!(
-            operations[4..],
+            operations[8..],
             [
                 json!({"op": "test", "path": "/status/reservedFor", "value": [
                     {"resource": "pods", "name": "w0", "uid": "w0"},
@@ -386,10 +420,29 @@ mod tests {
                 json!({"op": "remove", "path": "/status/allocation"}),
             ]
         );
-        // Unprotected, nobody deallocates it: it stays allocated, as it was found.
-        let removal = gated_removal(&found(&["w0"], false), &gated).expect("a removal");
+        // Another gang holds it too: only the gang's own entries go.
+        let removal = gated_removal(&found(&["w0", "w1"], true), &gated, false).expect("a removal");
         assert!(!removal.deallocates);
-        assert_eq!(gated_removal(&found(&["outsider"], true), &gated), None, "none listed");
+        // The last holder of a protected claim no pod lists any more gives it back.
+        let removal = gated_removal(&found(&[], true), &gated, true).expect("a deallocation");
+        assert!(removal.deallocates);
+        let operations = removal.patch.as_array().expect("array").clone();
+        assert_eq!(
+            operations[8..],
+            [
+                json!({"op": "test", "path": "/status/reservedFor", "value": null}),
+                json!({"op": "remove", "path": "/status/allocation"}),
+            ]
+        );
+        // Unprotected, nobody deallocates it: it stays allocated, as it was found.
+        let removal = gated_removal(&found(&["w0"], false), &gated, true).expect("a removal");
+        assert!(!removal.deallocates);
+        assert_eq!(
+            gated_removal(&found(&["outsider"], true), &gated, true),
+            None,
+            "none listed"
+        );
+        assert_eq!(gated_removal(&found(&[], false), &gated, true), None, "nothing to do");
     }
 
     fn pod(name: &str, uid: &str, claims: Value, statuses: Value) -> Arc<Pod> {

@@ -10,10 +10,15 @@
 //!   `reservedFor`, on condition the claim still holds the devices read
 //!   ([`claim_writes::found_claim_listing`]): kube-controller-manager keeps the entry of a
 //!   pod that exists and has not ended;
-//! - the gang letting go of it takes its pods still behind the gate out again (nothing
-//!   else would while they exist), and deallocates a protected claim if that leaves no
-//!   entry, as kube-controller-manager would have ([`claim_writes::gated_removal`]). The
-//!   entries of released pods go with the pods, by kube-controller-manager's cleanup.
+//! - the gang letting go of it fences it (a listing a deposed leader prepared fails),
+//!   takes its pods still behind the gate out again (nothing else would while they
+//!   exist), and, as the claim's last holder, deallocates a protected claim that this
+//!   leaves with no entry, as kube-controller-manager would have
+//!   ([`claim_writes::gated_removal`]). The entries of released pods go with the pods,
+//!   by kube-controller-manager's cleanup;
+//! - a released gang's pods that are not bound yet and that such a claim does not list
+//!   (kube-scheduler's Unreserve takes an entry out whoever wrote it) are listed again on
+//!   a later look.
 //!
 //! A claim being deleted takes no new entry (the API server refuses it, and
 //! kube-scheduler refuses pods on such a claim): the gang gives it up (see
@@ -24,9 +29,12 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
+use muster_api::labels;
 use muster_api::v1alpha1::Workload;
+use serde_json::json;
 
 use crate::kube_ops;
+use crate::workload::observe;
 
 use super::{Admission, CommitError, claim_writes, key};
 
@@ -97,16 +105,23 @@ impl Admission {
         )))
     }
 
-    /// Takes the gang's pods still behind the gate out of `reservedFor` of `claim` (read
-    /// afresh), a claim another allocator made that the gang lets go of, deallocating it
-    /// if that leaves a protected claim with no entry. A claim moved meanwhile is read
-    /// again and tried again; one that keeps moving fails with a conflict, so the record
-    /// that lets go waits for the next look.
-    pub(super) async fn unlist_from_found(
+    /// Lets go of `claim` (read afresh), a claim another allocator made: first fences it
+    /// (moves its `held-at` fence, against the version read), so that a listing a deposed
+    /// leader prepared fails instead of landing after the gang let go; then takes the
+    /// gang's pods still behind the gate out of `reservedFor`, deallocating it if that
+    /// leaves a protected claim with no entry and the gang was its last holder
+    /// (`last_holder`), and then takes kube-controller-manager's delete-protection off it,
+    /// as kube-controller-manager does after its own deallocation. A claim moved meanwhile
+    /// is read again and tried again; one that keeps moving fails with a conflict, so the
+    /// record that lets go waits for the next look. Call it only once the gang's pods the
+    /// record stops releasing are fenced: a pod released after all (a deposed leader's
+    /// release) must not count as gated.
+    pub(super) async fn let_go_of_found(
         &self,
         workload: &Workload,
         api: &Api<ResourceClaim>,
         claim: ResourceClaim,
+        last_holder: bool,
     ) -> Result<(), CommitError> {
         let name = claim.name_any();
         let pods = self.gang_pods(workload);
@@ -116,31 +131,67 @@ impl Admission {
             .filter_map(|p| p.uid())
             .collect();
         let gated: BTreeSet<&str> = gated.iter().map(String::as_str).collect();
+        let changing = || {
+            CommitError::Conflict(format!(
+                "claim {name} kept changing while {} let go of it; looking again",
+                key(workload)
+            ))
+        };
         let mut seen = claim;
-        for attempt in 1..=ATTEMPTS {
-            let Some(removal) = claim_writes::gated_removal(&seen, &gated) else {
-                return Ok(());
-            };
-            let patch: json_patch::Patch = serde_json::from_value(removal.patch).map_err(kube::Error::SerdeError)?;
-            self.ensure_leading();
-            match api
-                .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
-                .await
-            {
-                Ok(written) => {
-                    if removal.deallocates {
+        let params = PatchParams {
+            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let mut fenced = false;
+        for _ in 0..ATTEMPTS {
+            if !fenced {
+                let fence = json!({
+                    "metadata": {
+                        "resourceVersion": seen.resource_version(),
+                        "annotations": {labels::CLAIM_HELD_AT: observe::now_millis().to_string()},
+                    },
+                });
+                self.ensure_leading();
+                match api.patch(&name, &params, &Patch::Merge(&fence)).await {
+                    Ok(written) => {
+                        seen = written;
+                        fenced = true;
+                    }
+                    Err(e) if kube_ops::is_not_found(&e) => return Ok(()),
+                    Err(e) if kube_ops::is_conflict(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if fenced {
+                let Some(removal) = claim_writes::gated_removal(&seen, &gated, last_holder) else {
+                    self.own_claims.remember(seen);
+                    return Ok(());
+                };
+                let patch: json_patch::Patch =
+                    serde_json::from_value(removal.patch).map_err(kube::Error::SerdeError)?;
+                self.ensure_leading();
+                match api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                    .await
+                {
+                    Ok(written) if removal.deallocates => {
                         tracing::info!(
                             workload = %key(workload), claim = %name,
-                            "the last entry of a claim another allocator made was the gang's: deallocated, as kube-controller-manager would have"
+                            "the gang's pods were the last entries of a claim another allocator made: deallocated, as kube-controller-manager would have"
                         );
+                        self.ensure_leading();
+                        kube_ops::remove_finalizer(api, &written, labels::DELETE_PROTECTION_FINALIZER).await?;
+                        self.own_claims.remember(written);
+                        return Ok(());
                     }
-                    self.own_claims.remember(written);
-                    return Ok(());
+                    Ok(written) => {
+                        self.own_claims.remember(written);
+                        return Ok(());
+                    }
+                    Err(e) if kube_ops::is_not_found(&e) => return Ok(()),
+                    Err(e) if kube_ops::is_test_failed(&e) => {}
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) if kube_ops::is_not_found(&e) => return Ok(()),
-                Err(e) if kube_ops::is_test_failed(&e) && attempt < ATTEMPTS => {}
-                Err(e) if kube_ops::is_test_failed(&e) => break,
-                Err(e) => return Err(e.into()),
             }
             self.ensure_leading();
             match api.get_opt(&name).await? {
@@ -148,39 +199,91 @@ impl Admission {
                 None => return Ok(()),
             }
         }
-        Err(CommitError::Conflict(format!(
-            "claim {name} kept changing while {} took its gated pods out of it; looking again",
-            key(workload)
-        )))
+        Err(changing())
     }
 
     /// Whether every claim of the gang's journal that another allocator made is, read
-    /// afresh, still allocated and not being deleted: kube-controller-manager may have
-    /// deallocated one behind the caches (the pods of the gang listed there went). Kueue
-    /// hears "Ready" only then.
+    /// afresh, still the claim the caches show, allocated to the same devices and not
+    /// being deleted: kube-controller-manager may have deallocated one behind the caches
+    /// (the pods of the gang listed there went). Kueue hears "Ready" only then.
     pub(super) async fn found_claims_still_allocated(&self, workload: &Workload) -> Result<bool, CommitError> {
-        let named: BTreeSet<String> = super::placement_of(workload)
-            .map(|p| p.claims.iter().cloned().collect())
+        let named: Vec<String> = super::placement_of(workload)
+            .map(|p| p.claims.clone())
             .unwrap_or_default();
-        let found: Vec<String> = self
-            .gang_claims(workload)
-            .iter()
-            .filter(|c| named.contains(&c.name_any()) && !super::ownership::muster_allocated(c))
-            .map(|c| c.name_any())
-            .collect();
-        if found.is_empty() {
-            return Ok(true);
-        }
+        let cached = self.gang_claims(workload);
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
-        for name in found {
+        for name in named {
+            let seen = cached
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
+            if seen.is_some_and(|c| super::ownership::muster_allocated(c)) {
+                continue;
+            }
             self.ensure_leading();
             let Some(current) = api.get_opt(&name).await? else {
                 return Ok(false);
             };
-            if current.metadata.deletion_timestamp.is_some() || !super::ownership::allocated(&current) {
+            let same = seen.is_none_or(|c| c.metadata.uid == current.metadata.uid && devices(c) == devices(&current));
+            if super::ownership::muster_allocated(&current) {
+                continue;
+            }
+            if !same || current.metadata.deletion_timestamp.is_some() || !super::ownership::allocated(&current) {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    /// A released gang's pods that a claim another allocator made does not list (a
+    /// release that stopped before its listing, or kube-scheduler's Unreserve after a
+    /// failed bind, which takes the entry out whoever wrote it): listed now, while they
+    /// are released, alive and not bound, so that kube-controller-manager cannot
+    /// deallocate the claim under them when the last pod outside ends.
+    pub(super) async fn relist_released_on_found(&self, workload: &Workload) -> Result<(), CommitError> {
+        let named: BTreeSet<String> = super::placement_of(workload)
+            .map(|p| p.claims.iter().cloned().collect())
+            .unwrap_or_default();
+        let pods = self.gang_pods(workload);
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        for claim in self.gang_claims(workload) {
+            let name = claim.name_any();
+            if !named.contains(&name)
+                || super::ownership::muster_allocated(&claim)
+                || !super::ownership::allocated(&claim)
+                || claim.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            let waiting: Vec<ResourceClaimConsumerReference> = pods
+                .iter()
+                .filter(|p| {
+                    let ended = matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    );
+                    let bound = p.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+                    !crate::workload::status::is_gated(p)
+                        && !bound
+                        && !ended
+                        && p.metadata.deletion_timestamp.is_none()
+                        && claim_writes::names_claim(p, &name)
+                })
+                .filter_map(|p| {
+                    Some(ResourceClaimConsumerReference {
+                        api_group: None,
+                        resource: "pods".into(),
+                        name: p.name_any(),
+                        uid: p.uid()?,
+                    })
+                })
+                .collect();
+            if waiting.is_empty() || claim_writes::found_claim_listing(&claim, &waiting).is_none() {
+                continue;
+            }
+            if let Some(listed) = self.list_on_found(&api, &claim, &waiting).await? {
+                self.own_claims.remember(listed);
+            }
+        }
+        Ok(())
     }
 }

@@ -300,6 +300,7 @@ impl Admission {
         let (journal, idle) = self.step(workload, next).await?;
         if idle && journal.as_ref().is_some_and(|j| j.state == State::Released) {
             self.protect_released(workload).await?;
+            self.relist_released_on_found(workload).await?;
         }
         let extras_of = journal.filter(|j| idle && self.may_place_extras(workload, j));
         Ok((idle, extras_of))
@@ -548,7 +549,7 @@ impl Admission {
     /// (see [`muster_admission::ownership::may_let_go`]: never a pod of the gang that is
     /// gone, nor one the caches cannot place), so that a cache behind an allocation never
     /// lets one leak. One another allocator made no longer lists the gang's pods still
-    /// behind the gate ([`Self::unlist_from_found`]). Each unallocated one is then fenced: its resourceVersion
+    /// behind the gate ([`Self::let_go_of_found`]). Each unallocated one is then fenced: its resourceVersion
     /// moves, so an allocation a deposed leader prepared against an older version (it
     /// reads a claim before its last Lease check) fails instead of landing after the gang
     /// let go.
@@ -572,7 +573,7 @@ impl Admission {
                 if muster_admission::ownership::may_let_go(&seen, &pods, journal.as_ref()) {
                     // One another allocator made no longer lists the gang's gated pods.
                     if !ownership::muster_allocated(&claim) {
-                        self.unlist_from_found(workload, api, claim).await?;
+                        self.let_go_of_found(workload, api, claim, !seen.held_elsewhere).await?;
                     }
                     continue;
                 }

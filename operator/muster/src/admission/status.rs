@@ -55,12 +55,14 @@ impl Admission {
     /// Writes a status record of the state machine (against the journal observed), and
     /// keeps the metrics and the cluster model in step with it.
     pub(crate) async fn record(&self, workload: &Workload, record: Record) -> Result<Arc<Workload>, CommitError> {
-        // What the record stops holding and releasing is fenced first.
+        // What the record stops holding and releasing is fenced first: the pods before
+        // the claims, so that a pod taken out of a claim as gated cannot be one a deposed
+        // leader's release let go meanwhile.
         let claims: Api<ResourceClaim> =
             Api::namespaced(self.client.clone(), &workload.namespace().unwrap_or_default());
+        self.fence_unreleased_pods(workload, record.journal.as_ref()).await?;
         self.fence_dropped_claims(workload, record.journal.as_ref(), &claims)
             .await?;
-        self.fence_unreleased_pods(workload, record.journal.as_ref()).await?;
         let update = StatusUpdate {
             conditions: record
                 .conditions
