@@ -827,6 +827,36 @@ impl Test {
         .await
     }
 
+    /// Waits until the operator reached its pause point `point` (`MUSTER_PAUSE_POINT`).
+    pub async fn wait_paused(&self, point: &str) -> Result<()> {
+        let operator = self.operator.as_ref().context("operator")?;
+        let line = format!("pause point {point} reached");
+        wait::until(
+            &format!("the operator to pause {point}"),
+            Duration::from_secs(60),
+            || {
+                let reached = operator.log().contains(&line);
+                async move { Ok(reached.then_some(())) }
+            },
+        )
+        .await
+    }
+
+    /// Takes node `node`'s CPUs with a pod `name` bound there directly, and waits until
+    /// it runs: a pod released onto the node is then not bound until it goes.
+    pub async fn block_cpus(&self, name: &str, node: &str) -> Result<()> {
+        let blocker: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "main", "image": "tool", "resources": {"requests": {"cpu": "50"}}}],
+            },
+        }))?;
+        self.pods().create(&PostParams::default(), &blocker).await?;
+        self.wait_pod_running(name).await?;
+        Ok(())
+    }
+
     /// The placement state of `name` (`None`: queued).
     pub async fn state(&self, name: &str) -> Result<Option<AdmissionState>> {
         Ok(self

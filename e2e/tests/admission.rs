@@ -428,16 +428,7 @@ async fn a_released_gang_that_cannot_be_scheduled_is_torn_down_and_placed_again(
         let go_on = go_on.clone();
         Box::pin(async move {
             test.create(gang("unlucky", 3, None)).await?;
-            let operator = test.operator.as_ref().context("operator")?;
-            wait::until(
-                "the commit to pause before its release",
-                Duration::from_secs(60),
-                || {
-                    let reached = operator.log().contains("pause point after-reserved reached");
-                    async move { Ok(reached.then_some(())) }
-                },
-            )
-            .await?;
+            test.wait_paused("after-reserved").await?;
             // Between plan and bind, another pod takes the CPU of one planned worker node.
             let workload = test.workloads().get("unlucky").await?;
             let placement = workload.status.and_then(|s| s.placement).context("placement")?;

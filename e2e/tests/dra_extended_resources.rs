@@ -152,12 +152,7 @@ async fn extended_resources_a_device_class_maps_are_reserved_as_claims_before_re
             test.create(example).await?;
 
             // Every claim is reserved on its pod's planned node while the pods still wait.
-            let operator = test.operator.as_ref().context("operator")?;
-            wait::until("the commit to pause once reserved", Duration::from_secs(60), || {
-                let reached = operator.log().contains("pause point after-reserved reached");
-                async move { Ok(reached.then_some(())) }
-            })
-            .await?;
+            test.wait_paused("after-reserved").await?;
             let placement = test
                 .workloads()
                 .get("extended-gpus")

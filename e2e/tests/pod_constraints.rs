@@ -524,12 +524,7 @@ async fn refused_gang(name: &str, crash: Option<&'static str>) -> Result<()> {
             let rack_0 = json!({RACK_LABEL: "rack-0000"});
             test.create(workers("refused", 2, json!({}), json!({"nodeSelector": rack_0})))
                 .await?;
-            let operator = test.operator.as_ref().context("operator")?;
-            wait::until("the commit to pause before release", Duration::from_secs(60), || {
-                let reached = operator.log().contains("pause point after-reserved reached");
-                async move { Ok(reached.then_some(())) }
-            })
-            .await?;
+            test.wait_paused("after-reserved").await?;
             let planned = planned_nodes(test, "refused").await?;
             let refused_pod = "refused-workers-0";
             let refused_node = planned.get(refused_pod).context("worker 0 planned")?.clone();

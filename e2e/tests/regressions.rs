@@ -182,12 +182,7 @@ async fn defect_4_an_allocation_written_after_the_conflict_check_is_caught() -> 
         let go_on = go_on.clone();
         Box::pin(async move {
             test.create(gang("victim", 1, None)).await?;
-            let operator = test.operator.as_ref().context("operator")?;
-            wait::until("the commit to pause after its check", Duration::from_secs(60), || {
-                let reached = operator.log().contains("pause point after-reserved reached");
-                async move { Ok(reached.then_some(())) }
-            })
-            .await?;
+            test.wait_paused("after-reserved").await?;
             // Another scheduler writes an allocation of one of the gang's devices now.
             let (pool, device) = test.intrude_on("victim-workers-0-gpus").await?;
             std::fs::write(&go_on, b"")?;
@@ -507,6 +502,19 @@ async fn allocation_of(test: &Test, name: &str) -> Result<Option<serde_json::Val
         .map(|a| serde_json::to_value(a).unwrap_or_default()))
 }
 
+/// Once the pod `blocker` goes, gang `name` runs, on the allocation `held` of claim
+/// `scratch`.
+async fn runs_on_once_unblocked(test: &Test, name: &str, held: serde_json::Value) -> Result<()> {
+    test.pods().delete("blocker", &DeleteParams::default()).await?;
+    test.wait_phase(name, WorkloadPhase::Running, Duration::from_secs(60))
+        .await?;
+    ensure!(
+        allocation_of(test, "scratch").await? == Some(held),
+        "{name} runs on the allocation it held"
+    );
+    Ok(())
+}
+
 /// `name` stays released, never restarted, for `seconds`.
 async fn stays_released(test: &Test, name: &str, seconds: u64) -> Result<()> {
     let api = test.workloads();
@@ -636,23 +644,10 @@ async fn issue22_1c_a_finishing_gang_keeps_a_claim_another_released_gang_holds()
                 ],
             )?;
             test.create(claim_sharers("joiner", 1, "scratch", None)).await?;
-            let operator = test.operator.as_ref().context("operator")?;
-            wait::until("joiner's commit to pause", Duration::from_secs(60), || {
-                let reached = operator.log().contains("pause point after-reserved reached");
-                async move { Ok(reached.then_some(())) }
-            })
-            .await?;
+            test.wait_paused("after-reserved").await?;
             // The node's CPUs are taken meanwhile: joiner's pod is released but cannot be
             // bound until the blocker goes.
-            let blocker: Pod = serde_json::from_value(json!({
-                "metadata": {"name": "blocker"},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "main", "image": "tool", "resources": {"requests": {"cpu": "50"}}}],
-                },
-            }))?;
-            test.pods().create(&PostParams::default(), &blocker).await?;
-            test.wait_pod_running("blocker").await?;
+            test.block_cpus("blocker", &node).await?;
             let held = allocation_of(test, "scratch").await?.context("scratch allocated")?;
             std::fs::write(&resume, b"")?;
             test.wait_unschedulable("joiner-workers-0").await?;
@@ -679,14 +674,7 @@ async fn issue22_1c_a_finishing_gang_keeps_a_claim_another_released_gang_holds()
                 allocation_of(test, "scratch").await?.as_ref() == Some(&held),
                 "the finished gang left joiner's claim allocated as muster planned it"
             );
-            test.pods().delete("blocker", &DeleteParams::default()).await?;
-            test.wait_phase("joiner", WorkloadPhase::Running, Duration::from_secs(60))
-                .await?;
-            ensure!(
-                allocation_of(test, "scratch").await? == Some(held),
-                "joiner runs on the allocation muster made"
-            );
-            Ok(())
+            runs_on_once_unblocked(test, "joiner", held).await
         })
     })
     .await;
@@ -1335,16 +1323,7 @@ async fn issue22_model_a_claim_found_allocated_stays_with_the_gang_when_its_last
         Box::pin(async move {
             let (outsider, node, held) = found_by_kube_scheduler(test).await?;
             test.create(claim_sharers("sharer", 1, "scratch", None)).await?;
-            let operator = test.operator.as_ref().context("operator")?;
-            wait::until(
-                "the commit to pause before its release",
-                Duration::from_secs(60),
-                || {
-                    let reached = operator.log().contains("pause point after-reserved reached");
-                    async move { Ok(reached.then_some(())) }
-                },
-            )
-            .await?;
+            test.wait_paused("after-reserved").await?;
             let pod = test.pods().get("sharer-workers-0").await?;
             let gang_pod = pod.metadata.uid.clone().unwrap_or_default();
             let (_, listed) = listing_of(test, "scratch").await?;
@@ -1353,15 +1332,7 @@ async fn issue22_model_a_claim_found_allocated_stays_with_the_gang_when_its_last
                 "the gang's hold lists its pod beside the outsider: {listed:?}"
             );
             // The node's CPUs are taken: the gang's pod is released but not bound.
-            let blocker: Pod = serde_json::from_value(json!({
-                "metadata": {"name": "blocker"},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "main", "image": "tool", "resources": {"requests": {"cpu": "50"}}}],
-                },
-            }))?;
-            test.pods().create(&PostParams::default(), &blocker).await?;
-            test.wait_pod_running("blocker").await?;
+            test.block_cpus("blocker", &node).await?;
             std::fs::write(&resume, b"")?;
             test.wait_unschedulable("sharer-workers-0").await?;
 
@@ -1382,14 +1353,7 @@ async fn issue22_model_a_claim_found_allocated_stays_with_the_gang_when_its_last
                 || async { Ok(allocation_of(test, "scratch").await?.as_ref() == Some(&held)) },
             )
             .await?;
-            test.pods().delete("blocker", &DeleteParams::default()).await?;
-            test.wait_phase("sharer", WorkloadPhase::Running, Duration::from_secs(60))
-                .await?;
-            ensure!(
-                allocation_of(test, "scratch").await? == Some(held),
-                "the gang runs on the allocation it held"
-            );
-            Ok(())
+            runs_on_once_unblocked(test, "sharer", held).await
         })
     })
     .await;
