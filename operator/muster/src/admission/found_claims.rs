@@ -31,6 +31,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
+use muster_engine::key::ObjectKey;
 use serde_json::json;
 
 use crate::kube_ops;
@@ -109,8 +110,8 @@ impl Admission {
     /// (moves its `held-at` fence, against the version read), so that a listing a deposed
     /// leader prepared fails instead of landing after the gang let go; then takes the
     /// gang's pods still behind the gate out of `reservedFor`, deallocating it if that
-    /// leaves a protected claim with no entry and the gang was its last holder
-    /// (`last_holder`), and then takes kube-controller-manager's delete-protection off it,
+    /// leaves a protected claim with no entry and no other live gang holds it, and then
+    /// takes kube-controller-manager's delete-protection off it,
     /// as kube-controller-manager does after its own deallocation. A claim moved meanwhile
     /// is read again and tried again; one that keeps moving fails with a conflict, so the
     /// record that lets go waits for the next look. Call it only once the gang's pods the
@@ -121,16 +122,9 @@ impl Admission {
         workload: &Workload,
         api: &Api<ResourceClaim>,
         claim: ResourceClaim,
-        last_holder: bool,
     ) -> Result<(), CommitError> {
         let name = claim.name_any();
-        let pods = self.gang_pods(workload);
-        let gated: BTreeSet<String> = pods
-            .iter()
-            .filter(|p| crate::workload::status::is_gated(p))
-            .filter_map(|p| p.uid())
-            .collect();
-        let gated: BTreeSet<&str> = gated.iter().map(String::as_str).collect();
+        let claim_key = ObjectKey::new(&claim.namespace().unwrap_or_default(), &name);
         let changing = || {
             CommitError::Conflict(format!(
                 "claim {name} kept changing while {} let go of it; looking again",
@@ -163,6 +157,16 @@ impl Admission {
                 }
             }
             if fenced {
+                // As the caches show them now: a commit beside this one may have changed
+                // who holds the claim since the last try.
+                let gated: BTreeSet<String> = self
+                    .gang_pods(workload)
+                    .iter()
+                    .filter(|p| crate::workload::status::is_gated(p))
+                    .filter_map(|p| p.uid())
+                    .collect();
+                let gated: BTreeSet<&str> = gated.iter().map(String::as_str).collect();
+                let last_holder = !self.holders().held_by_another_live_gang(&claim_key, &key(workload));
                 let Some(removal) = claim_writes::gated_removal(&seen, &gated, last_holder) else {
                     self.own_claims.remember(seen);
                     return Ok(());
@@ -179,9 +183,7 @@ impl Admission {
                             workload = %key(workload), claim = %name,
                             "the gang's pods were the last entries of a claim another allocator made: deallocated, as kube-controller-manager would have"
                         );
-                        self.ensure_leading();
-                        kube_ops::remove_finalizer(api, &written, labels::DELETE_PROTECTION_FINALIZER).await?;
-                        self.own_claims.remember(written);
+                        self.unprotect_deallocated(api, written).await?;
                         return Ok(());
                     }
                     Ok(written) => {
@@ -200,6 +202,41 @@ impl Admission {
             }
         }
         Err(changing())
+    }
+
+    /// Takes kube-controller-manager's delete-protection off `claim`, which muster just
+    /// deallocated, on condition it is still unallocated and unreserved: kube-scheduler
+    /// may allocate it again meanwhile and keep the finalizer as it finds it, and that
+    /// allocation's protection must stay. If the claim changed, the finalizer is left as it
+    /// is (kube-controller-manager takes it off when the claim is deleted).
+    async fn unprotect_deallocated(&self, api: &Api<ResourceClaim>, claim: ResourceClaim) -> Result<(), CommitError> {
+        let Some(position) = claim
+            .finalizers()
+            .iter()
+            .position(|f| f == labels::DELETE_PROTECTION_FINALIZER)
+        else {
+            self.own_claims.remember(claim);
+            return Ok(());
+        };
+        let path = format!("/metadata/finalizers/{position}");
+        let patch = json!([
+            {"op": "test", "path": "/metadata/uid", "value": claim.uid()},
+            {"op": "test", "path": "/status/allocation", "value": null},
+            {"op": "test", "path": "/status/reservedFor", "value": null},
+            {"op": "test", "path": path, "value": labels::DELETE_PROTECTION_FINALIZER},
+            {"op": "remove", "path": path},
+        ]);
+        let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        self.ensure_leading();
+        match api
+            .patch(&claim.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(written) => self.own_claims.remember(written),
+            Err(e) if kube_ops::is_test_failed(&e) || kube_ops::is_not_found(&e) => self.own_claims.remember(claim),
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
     }
 
     /// Whether every claim of the gang's journal that another allocator made is, read
@@ -224,10 +261,13 @@ impl Admission {
                 return Ok(false);
             };
             let same = seen.is_none_or(|c| c.metadata.uid == current.metadata.uid && devices(c) == devices(&current));
+            if !same {
+                return Ok(false);
+            }
             if super::ownership::muster_allocated(&current) {
                 continue;
             }
-            if !same || current.metadata.deletion_timestamp.is_some() || !super::ownership::allocated(&current) {
+            if current.metadata.deletion_timestamp.is_some() || !super::ownership::allocated(&current) {
                 return Ok(false);
             }
         }

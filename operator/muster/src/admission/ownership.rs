@@ -103,6 +103,13 @@ impl Holders {
     pub(crate) fn held_elsewhere(&self, claim: &ObjectKey, gang: &ObjectKey) -> bool {
         self.of_claim(claim).any(|h| h.gang != *gang)
     }
+
+    /// A gang other than `gang` whose Workload is not being deleted holds `claim`: one
+    /// being deleted takes no more steps, so it never lets go of a claim it did not
+    /// allocate (its pods' entries go with its pods).
+    pub(crate) fn held_by_another_live_gang(&self, claim: &ObjectKey, gang: &ObjectKey) -> bool {
+        self.of_claim(claim).any(|h| h.gang != *gang && !h.deleting)
+    }
 }
 
 /// muster wrote the claim's allocation: its finalizer is on the claim.

@@ -573,7 +573,7 @@ impl Admission {
                 if muster_admission::ownership::may_let_go(&seen, &pods, journal.as_ref()) {
                     // One another allocator made no longer lists the gang's gated pods.
                     if !ownership::muster_allocated(&claim) {
-                        self.let_go_of_found(workload, api, claim, !seen.held_elsewhere).await?;
+                        self.let_go_of_found(workload, api, claim).await?;
                     }
                     continue;
                 }
