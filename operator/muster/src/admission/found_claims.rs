@@ -43,7 +43,7 @@ use super::{Admission, CommitError, claim_writes, key};
 const ATTEMPTS: usize = 3;
 
 /// The devices a claim's allocation holds (driver, pool, device), as read.
-fn devices(claim: &ResourceClaim) -> Option<Vec<(String, String, String)>> {
+pub(super) fn devices(claim: &ResourceClaim) -> Option<Vec<(String, String, String)>> {
     let allocation = claim.status.as_ref()?.allocation.as_ref()?;
     Some(
         allocation
@@ -131,70 +131,47 @@ impl Admission {
                 key(workload)
             ))
         };
-        let mut seen = claim;
-        let params = PatchParams {
-            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
-            ..PatchParams::default()
+        let Some(mut seen) = self.fence_held_at(api, claim).await? else {
+            return Ok(());
         };
-        let mut fenced = false;
         for _ in 0..ATTEMPTS {
-            if !fenced {
-                let fence = json!({
-                    "metadata": {
-                        "resourceVersion": seen.resource_version(),
-                        "annotations": {labels::CLAIM_HELD_AT: observe::now_millis().to_string()},
-                    },
-                });
-                self.ensure_leading();
-                match api.patch(&name, &params, &Patch::Merge(&fence)).await {
-                    Ok(written) => {
-                        seen = written;
-                        fenced = true;
-                    }
-                    Err(e) if kube_ops::is_not_found(&e) => return Ok(()),
-                    Err(e) if kube_ops::is_conflict(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if fenced {
-                // As the caches show them now: a commit beside this one may have changed
-                // who holds the claim since the last try.
-                let gated: BTreeSet<String> = self
-                    .gang_pods(workload)
-                    .iter()
-                    .filter(|p| crate::workload::status::is_gated(p))
-                    .filter_map(|p| p.uid())
-                    .collect();
-                let gated: BTreeSet<&str> = gated.iter().map(String::as_str).collect();
-                let last_holder = !self.holders().held_by_another_live_gang(&claim_key, &key(workload));
-                let Some(removal) = claim_writes::gated_removal(&seen, &gated, last_holder) else {
-                    self.own_claims.remember(seen);
+            // As the caches show them now: a commit beside this one may have changed who
+            // holds the claim since the last try.
+            let gated: BTreeSet<String> = self
+                .gang_pods(workload)
+                .iter()
+                .filter(|p| crate::workload::status::is_gated(p))
+                .filter_map(|p| p.uid())
+                .collect();
+            let gated: BTreeSet<&str> = gated.iter().map(String::as_str).collect();
+            let last_holder = !self.holders().held_by_another_live_gang(&claim_key, &key(workload));
+            let Some(removal) = claim_writes::gated_removal(&seen, &gated, last_holder) else {
+                self.own_claims.remember(seen);
+                return Ok(());
+            };
+            let patch: json_patch::Patch = serde_json::from_value(removal.patch).map_err(kube::Error::SerdeError)?;
+            self.ensure_leading();
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(written) if removal.deallocates => {
+                    tracing::info!(
+                        workload = %key(workload), claim = %name,
+                        "the gang's pods were the last entries of a claim another allocator made: deallocated, as kube-controller-manager would have"
+                    );
+                    self.unprotect_deallocated(api, written).await?;
                     return Ok(());
-                };
-                let patch: json_patch::Patch =
-                    serde_json::from_value(removal.patch).map_err(kube::Error::SerdeError)?;
-                self.ensure_leading();
-                match api
-                    .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
-                    .await
-                {
-                    Ok(written) if removal.deallocates => {
-                        tracing::info!(
-                            workload = %key(workload), claim = %name,
-                            "the gang's pods were the last entries of a claim another allocator made: deallocated, as kube-controller-manager would have"
-                        );
-                        self.unprotect_deallocated(api, written).await?;
-                        return Ok(());
-                    }
-                    Ok(written) => {
-                        self.own_claims.remember(written);
-                        return Ok(());
-                    }
-                    Err(e) if kube_ops::is_not_found(&e) => return Ok(()),
-                    Err(e) if kube_ops::is_test_failed(&e) => {}
-                    Err(e) => return Err(e.into()),
                 }
+                Ok(written) => {
+                    self.own_claims.remember(written);
+                    return Ok(());
+                }
+                Err(e) if kube_ops::is_not_found(&e) => return Ok(()),
+                Err(e) if kube_ops::is_test_failed(&e) => {}
+                Err(e) => return Err(e.into()),
             }
+            // Fenced already: a fresh read is enough.
             self.ensure_leading();
             match api.get_opt(&name).await? {
                 Some(current) => seen = current,
@@ -202,6 +179,46 @@ impl Admission {
             }
         }
         Err(changing())
+    }
+
+    /// Moves the `muster.dev/held-at` fence of `claim`, against the version read (once
+    /// more on a fresh read if another writer moved it), so that a listing or removal a
+    /// deposed leader prepared against the fence as it was fails. Returns the claim as
+    /// fenced; `None` if it is gone.
+    pub(super) async fn fence_held_at(
+        &self,
+        api: &Api<ResourceClaim>,
+        claim: ResourceClaim,
+    ) -> Result<Option<ResourceClaim>, CommitError> {
+        let name = claim.name_any();
+        let params = PatchParams {
+            field_manager: Some(labels::ADMISSION_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let mut seen = claim;
+        for _ in 0..ATTEMPTS {
+            let fence = json!({
+                "metadata": {
+                    "resourceVersion": seen.resource_version(),
+                    "annotations": {labels::CLAIM_HELD_AT: observe::now_millis().to_string()},
+                },
+            });
+            self.ensure_leading();
+            match api.patch(&name, &params, &Patch::Merge(&fence)).await {
+                Ok(written) => return Ok(Some(written)),
+                Err(e) if kube_ops::is_not_found(&e) => return Ok(None),
+                Err(e) if kube_ops::is_conflict(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.ensure_leading();
+            match api.get_opt(&name).await? {
+                Some(current) => seen = current,
+                None => return Ok(None),
+            }
+        }
+        Err(CommitError::Conflict(format!(
+            "claim {name} kept changing while it was fenced; looking again"
+        )))
     }
 
     /// Takes kube-controller-manager's delete-protection off `claim`, which muster just

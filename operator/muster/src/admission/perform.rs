@@ -758,9 +758,10 @@ impl Admission {
             } else {
                 claim_writes::found_claim_listing(claim, pods)
             };
+            // One another allocator made always goes on, to be fenced.
             if addition.is_none()
                 && claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
-                && (ownership::muster_allocated(claim) || claim.metadata.deletion_timestamp.is_none())
+                && ownership::muster_allocated(claim)
             {
                 if !*to_protect {
                     return false;
@@ -779,8 +780,21 @@ impl Admission {
                 let api = api.clone();
                 let claim = claims[&name].clone();
                 async move {
+                    // One another allocator made is fenced first, listed or not: a
+                    // removal a deposed leader prepared (a record that let go of it, which
+                    // this leader did not follow) cannot land under pods released now.
                     if !ownership::muster_allocated(&claim) {
-                        return self.list_on_found(&api, &claim, &consumers).await;
+                        let fenced = self.fence_held_at(&api, (*claim).clone()).await?;
+                        let Some(fenced) = fenced.filter(|f| {
+                            f.metadata.uid == claim.metadata.uid
+                                && super::found_claims::devices(f) == super::found_claims::devices(&claim)
+                        }) else {
+                            return Err(CommitError::Conflict(format!(
+                                "claim {name} lost its allocation before its pods were released; looking again"
+                            )));
+                        };
+                        let listed = self.list_on_found(&api, &fenced, &consumers).await?;
+                        return Ok(Some(listed.unwrap_or(fenced)));
                     }
                     let mut current = None;
                     if let Some(patch) = claim_writes::reservation_addition(&claim, &consumers) {
