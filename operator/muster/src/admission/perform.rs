@@ -753,15 +753,10 @@ impl Admission {
         let mut listed = Vec::new();
         consumers.retain(|name, (to_protect, pods)| {
             let claim = &claims[name];
-            let addition = if ownership::muster_allocated(claim) {
-                claim_writes::reservation_addition(claim, pods)
-            } else {
-                claim_writes::found_claim_listing(claim, pods)
-            };
             // One another allocator made always goes on, to be fenced.
-            if addition.is_none()
+            if ownership::muster_allocated(claim)
+                && claim_writes::reservation_addition(claim, pods).is_none()
                 && claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
-                && ownership::muster_allocated(claim)
             {
                 if !*to_protect {
                     return false;

@@ -388,6 +388,9 @@ impl Admission {
         plan: &Plan,
     ) -> Result<(), (CommitError, Vec<ResourceClaim>)> {
         let gang = key(workload);
+        // The gang's planned pods, by the claim each names, to list on a claim another
+        // allocator made: found once, when the first such claim comes.
+        let mut consumers = None;
         let held: BTreeSet<&str> = super::placement_of(workload)
             .iter()
             .filter(|p| p.state.is_some())
@@ -437,8 +440,10 @@ impl Admission {
             // One another allocator made lists the gang's pods from now on, so that
             // kube-controller-manager keeps it allocated when the pods outside end.
             if !ownership::muster_allocated(&fenced) {
-                let planned_pods: BTreeSet<&str> = plan.pods.iter().map(|p| p.pod.name()).collect();
-                let consumers = claim_writes::planned_consumers(&self.gang_pods(workload), &planned_pods);
+                let consumers = consumers.get_or_insert_with(|| {
+                    let planned: BTreeSet<&str> = plan.pods.iter().map(|p| p.pod.name()).collect();
+                    claim_writes::planned_consumers(&self.gang_pods(workload), &planned)
+                });
                 let listing = consumers.get(found.name()).map(Vec::as_slice).unwrap_or_default();
                 if let Some(listed) = self
                     .list_on_found(&api, &fenced, listing)
