@@ -304,6 +304,16 @@ const NOT_IN_AN_ORDINARY_LIFE: &[(&str, &str, &str)] = &[
         "jobsets.jobset.x-k8s.io",
         "following a user's suspend of a JobSet's gang (this life suspends a Job's)",
     ),
+    (
+        "patch",
+        "trainjobs.trainer.kubeflow.org",
+        "requeueing a TrainJob's gang by its suspend (this life suspends a Job)",
+    ),
+    (
+        "patch",
+        "pods/status",
+        "the DisruptionTarget condition on a pod of a controller muster cannot suspend, before its teardown deletes it",
+    ),
 ];
 
 #[tokio::test]

@@ -25,6 +25,24 @@ Workload owns, where the OwnerReferencesPermissionEnforcement admission plugin i
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- /* A pod of a controller muster cannot suspend gets the DisruptionTarget condition
+before muster deletes it, as kube-scheduler's preemption gives it. */}}
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
+{{- /* A gang of a Job's, JobSet's or TrainJob's pods is requeued by suspending the job
+(its controller takes the pods away without counting a failure) and resuming it once
+every device is given back: muster watches what it marked, and finds a JobSet's
+TrainJob by listing the JobSet. The adoption of labelled jobs uses the same verbs. */}}
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -62,15 +80,9 @@ selectors), claims, volumes, storage classes and CSI attach limits. */}}
   verbs: ["create", "patch"]
 {{- if .Values.webhook.enabled }}
 {{- /* Labelled JobSets (TrainJobs make JobSets) and Jobs become gangs: muster reads them
-(and the Jobs JobSets make, to verify their pods), creates the Workload each one owns,
-makes it again when the job changes before its gang is admitted, and suspends or resumes
-a job whose Workload a user suspended or resumed. */}}
-- apiGroups: ["batch"]
-  resources: ["jobs"]
-  verbs: ["list", "watch", "patch"]
-- apiGroups: ["jobset.x-k8s.io"]
-  resources: ["jobsets"]
-  verbs: ["list", "watch", "patch"]
+(and the Jobs JobSets make, to verify their pods; the verbs on jobs are above), creates
+the Workload each one owns, makes it again when the job changes before its gang is
+admitted, and suspends or resumes a job whose Workload a user suspended or resumed. */}}
 - apiGroups: ["muster.dev"]
   resources: ["workloads"]
   verbs: ["get", "create", "delete"]

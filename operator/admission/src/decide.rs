@@ -1,13 +1,13 @@
 //! The next step of a placed gang, for every recorded state.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::failure::{self, Failure, FailureAction, FailureKind};
 use crate::ownership;
 use crate::refusal::{self, Refusal};
 use crate::{
-    Condition, ConditionType, Effect, EventKind, Gang, Journal, Millis, NodeHealth, Phase, Pin, PlannedPod, PodView,
-    Reason, Record, Restarts, Settings, State, Step,
+    Condition, ConditionType, Disruption, Effect, EventKind, Gang, Journal, Millis, NodeHealth, Phase, Pin, PlannedPod,
+    PodView, Reason, Record, Restarts, Settings, State, Step,
 };
 
 /// What to do next for a gang, from what is observed. A gang without a journal is
@@ -43,14 +43,20 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
         // gang then stays out of the queue.
         State::Reserving => undo_reserving(gang, journal),
         _ if gang.spec.job_ended.is_some() => job_ended(gang, journal),
-        _ if gang.spec.suspend => Step::effects(vec![record(
-            Some(journal.moved(State::Suspending, gang.now)),
-            vec![admitted(
-                false,
-                Reason::Suspended,
-                "spec.suspend is true: giving back the gang's pods and devices".into(),
-            )],
-        )]),
+        _ if gang.spec.stopped() => {
+            let message = if gang.spec.suspend {
+                "spec.suspend is true: giving back the gang's pods and devices"
+            } else {
+                "Kueue took the gang back: giving back its pods and devices"
+            };
+            Step::effects(vec![record(
+                Some(journal.moved(State::Suspending, gang.now)),
+                vec![admitted(false, Reason::Suspended, message.into())],
+            )])
+        }
+        // An owner muster suspended while the gang is placed again (a deposed leader's
+        // suspend that landed late): resumed, so that its pods come back.
+        State::Reserved | State::Released if gang.owners.marked => Step::effects(vec![Effect::ResumeOwners]),
         // A device of the gang is allocated to another claim as well: the gang gives
         // way, since muster can only take back what it allocated.
         State::Reserved | State::Released if !gang.conflicted.is_empty() => {
@@ -104,12 +110,50 @@ fn stale<'g>(gang: &'g Gang) -> impl Iterator<Item = &'g PodView> {
 /// release that landed after its successor gave the gang back) while it has not started
 /// or has ended: the gang could never be admitted again with it there. A running one
 /// is left alone: a journal lost from outside must not kill a running gang.
+///
+/// An owner muster suspended to requeue the gang is resumed, unless the Workload is
+/// suspended: its controller makes the pods again, behind the gate (under Kueue, they
+/// wait there for Kueue's next admission).
 fn queued(gang: &Gang) -> Step {
     let released = gang
         .pods
         .iter()
         .filter(|p| p.attempt.is_some() && !p.gated && p.phase != Phase::Running);
-    Step::effects(delete(gang, stale(gang).filter(|p| p.gated).chain(released)))
+    let mut effects = resume_owners(gang);
+    effects.extend(delete(
+        gang,
+        stale(gang).filter(|p| p.gated).chain(released),
+        Disruption::Termination,
+    ));
+    Step::effects(effects)
+}
+
+/// Resumes the owners muster suspended for the gang, unless the Workload itself is
+/// suspended (then they wait for its resume).
+fn resume_owners(gang: &Gang) -> Vec<Effect> {
+    if gang.owners.marked && !gang.spec.suspend {
+        vec![Effect::ResumeOwners]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Stops `pods` for a teardown, a suspend or a restart: what an object muster can
+/// suspend makes, by suspending that object (its controller takes the pods away without
+/// counting a failure; one that ended stays, holding nothing), the rest by deleting it,
+/// another controller's with the `DisruptionTarget` condition first. `None` once nothing
+/// is left to stop; the effects are empty while the owners' controllers are at it.
+fn stop<'p>(gang: &Gang, pods: impl IntoIterator<Item = &'p PodView>, disruption: Disruption) -> Option<Vec<Effect>> {
+    let pods: Vec<&PodView> = pods.into_iter().filter(|p| !(p.owned && p.phase.terminal())).collect();
+    if pods.is_empty() {
+        return None;
+    }
+    let mut effects = Vec::new();
+    if !gang.owners.suspended && pods.iter().any(|p| p.owned && !p.deleting) {
+        effects.push(Effect::SuspendOwners);
+    }
+    effects.extend(delete(gang, pods.into_iter().filter(|p| !p.owned), disruption));
+    Some(effects)
 }
 
 fn record(journal: Option<Journal>, conditions: Vec<Condition>) -> Effect {
@@ -144,31 +188,23 @@ fn event(kind: EventKind, warning: bool, action: &'static str, note: String) -> 
 }
 
 /// Deletes the pods not already being deleted: at once where their node is gone (no
-/// kubelet will confirm the end), with their grace period elsewhere.
-fn delete<'p>(gang: &Gang, pods: impl IntoIterator<Item = &'p PodView>) -> Vec<Effect> {
-    let (mut immediately, mut graceful) = (Vec::new(), Vec::new());
+/// kubelet will confirm the end), with their grace period elsewhere. Another
+/// controller's pods are given the `DisruptionTarget` condition (`disruption`) first.
+fn delete<'p>(gang: &Gang, pods: impl IntoIterator<Item = &'p PodView>, disruption: Disruption) -> Vec<Effect> {
+    let mut groups: BTreeMap<(bool, bool), Vec<crate::PodRef>> = BTreeMap::new();
     for pod in pods.into_iter().filter(|p| !p.deleting) {
-        let entry = pod.reference();
-        if pod.node.as_deref().is_some_and(|n| gang.node(n) == NodeHealth::Gone) {
-            immediately.push(entry);
-        } else {
-            graceful.push(entry);
-        }
+        let gone = pod.node.as_deref().is_some_and(|n| gang.node(n) == NodeHealth::Gone);
+        let others = pod.attempt.is_none();
+        groups.entry((!gone, others)).or_default().push(pod.reference());
     }
-    let mut effects = Vec::new();
-    if !immediately.is_empty() {
-        effects.push(Effect::DeletePods {
-            pods: immediately,
-            immediately: true,
-        });
-    }
-    if !graceful.is_empty() {
-        effects.push(Effect::DeletePods {
-            pods: graceful,
-            immediately: false,
-        });
-    }
-    effects
+    groups
+        .into_iter()
+        .map(|((graceful, others), pods)| Effect::DeletePods {
+            pods,
+            immediately: !graceful,
+            disruption: others.then_some(disruption),
+        })
+        .collect()
 }
 
 /// Where a set of claims stands in being given back.
@@ -871,7 +907,7 @@ fn extras(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     for extra in journal.pods.iter().filter(|p| p.extra && p.released_at.is_none()) {
         let pod = gang.current_pods().find(|p| p.name == extra.name);
         if let Some(pod) = pod.filter(|p| !p.gated) {
-            effects.extend(delete(gang, [pod]));
+            effects.extend(delete(gang, [pod], Disruption::Termination));
             continue;
         }
         match give_back(gang, &extra.claims) {
@@ -908,15 +944,19 @@ fn extras(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
 }
 
 /// Released pods not all scheduled in time, a reservation given back, or pods that
-/// never appeared: delete the released pods, give the claims back, queue.
+/// never appeared: stop the released pods (suspending their owners where muster can),
+/// give the claims back, resume the owners, queue.
 fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
     let planned: BTreeSet<&str> = journal.pods.iter().map(|p| p.name.as_str()).collect();
-    let left: Vec<&PodView> = gang
+    let left = gang
         .current_pods()
-        .filter(|p| planned.contains(p.name.as_str()) && !p.gated)
-        .collect();
-    if !left.is_empty() {
-        return Step::effects(delete(gang, left));
+        .filter(|p| planned.contains(p.name.as_str()) && !p.gated);
+    let disruption = match journal.cause {
+        Some((Reason::Preempted, _)) => Disruption::Preemption,
+        _ => Disruption::Termination,
+    };
+    if let Some(effects) = stop(gang, left, disruption) {
+        return Step::effects(effects);
     }
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => held(effect),
@@ -925,7 +965,9 @@ fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
                 .cause
                 .clone()
                 .unwrap_or((Reason::ScheduleTimeout, "the gang was taken apart".into()));
-            Step::effects(vec![record(None, vec![admitted(false, reason, message)])])
+            let mut effects = resume_owners(gang);
+            effects.push(record(None, vec![admitted(false, reason, message)]));
+            Step::effects(effects)
         }
     }
 }
@@ -933,14 +975,13 @@ fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
 /// The retired attempt's pods go; then the gang goes back onto its reservation or
 /// gives it back and is queued.
 fn restarting(gang: &Gang, journal: &Journal) -> Step {
-    let left: Vec<&PodView> = gang
+    let left = gang
         .pods
         .iter()
         .filter(|p| journal.retired.contains(&p.uid))
-        .chain(stale(gang))
-        .collect();
-    if !left.is_empty() {
-        return Step::effects(delete(gang, left));
+        .chain(stale(gang));
+    if let Some(effects) = stop(gang, left, Disruption::Termination) {
+        return Step::effects(effects);
     }
     let attempt = gang.restarts;
     // The backoff runs from the failure (when Restarting was recorded); the gang keeps
@@ -987,36 +1028,41 @@ fn restarting(gang: &Gang, journal: &Journal) -> Step {
         Claims::Held(effect) => held(effect),
         Claims::Free => {
             let message = format!("attempt {attempt} is queued to be placed again");
-            Step::effects(vec![record(
+            let mut effects = resume_owners(gang);
+            effects.push(record(
                 None,
                 vec![
                     condition(ConditionType::Restarting, false, Reason::Restarted, message.clone()),
                     admitted(false, Reason::Restarted, message),
                 ],
-            )])
+            ));
+            Step::effects(effects)
         }
     }
 }
 
-/// `spec.suspend`: the released pods go, then the claims are given back. A resume in
-/// the middle finishes the suspension first; then the gang is queued.
+/// `spec.suspend`, or Kueue took the gang back: the released pods go (suspending their
+/// owners where muster can), then the claims are given back. A resume in the middle
+/// finishes the suspension first; then the gang is queued, its owners resumed unless
+/// the Workload is suspended.
 fn suspending(gang: &Gang, journal: &Journal) -> Step {
-    let left: Vec<&PodView> = gang.pods.iter().filter(|p| !p.gated).collect();
-    if !left.is_empty() {
-        return Step::effects(delete(gang, left));
+    let left = gang.pods.iter().filter(|p| !p.gated);
+    if let Some(effects) = stop(gang, left, Disruption::Termination) {
+        return Step::effects(effects);
     }
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => held(effect),
         Claims::Free => {
             let message = if gang.spec.suspend {
                 "spec.suspend is true: the gang holds nothing"
+            } else if gang.spec.evicted {
+                "Kueue took the gang back: it holds nothing and waits for Kueue to admit it again"
             } else {
                 "the gang was suspended and gave everything back; resumed, it is queued again"
             };
-            Step::effects(vec![record(
-                None,
-                vec![admitted(false, Reason::Suspended, message.into())],
-            )])
+            let mut effects = resume_owners(gang);
+            effects.push(record(None, vec![admitted(false, Reason::Suspended, message.into())]));
+            Step::effects(effects)
         }
     }
 }
@@ -1028,7 +1074,7 @@ fn suspending(gang: &Gang, journal: &Journal) -> Step {
 /// it would find its claims unallocated and allocate them itself.
 fn finishing(gang: &Gang, journal: &Journal) -> Step {
     let running: Vec<&PodView> = gang.pods.iter().filter(|p| !p.phase.terminal()).collect();
-    let mut effects = delete(gang, running);
+    let mut effects = delete(gang, running, Disruption::Termination);
     let may_be_bound = gang
         .pods
         .iter()

@@ -148,13 +148,45 @@ pub struct Pin {
     pub node: String,
 }
 
+/// Why muster deletes pods another controller made and cannot suspend: the
+/// `DisruptionTarget` condition it gives them first, as kube-scheduler's preemption does,
+/// so that a `podFailurePolicy` rule on `DisruptionTarget` can ignore the loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disruption {
+    /// A gang of higher priority takes the devices.
+    Preemption,
+    /// Any other teardown (a schedule timeout, a refusal, a conflict, a suspend).
+    Termination,
+}
+
+impl Disruption {
+    /// The condition's reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Disruption::Preemption => "PreemptionByMuster",
+            Disruption::Termination => "TerminationByMuster",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
     /// Write the status (see [`Record`]).
     Record(Record),
     /// Delete these pods with their grace period, or at once when their node is gone
-    /// (no kubelet will confirm the end).
-    DeletePods { pods: Vec<PodRef>, immediately: bool },
+    /// (no kubelet will confirm the end); pods another controller made get the
+    /// `DisruptionTarget` condition first (`disruption`).
+    DeletePods {
+        pods: Vec<PodRef>,
+        immediately: bool,
+        disruption: Option<Disruption>,
+    },
+    /// Suspend every object that makes the gang's pods and that muster can suspend,
+    /// marked as muster's (see [`crate::Owners`]): their controllers take the pods away.
+    SuspendOwners,
+    /// Resume the objects muster marked as suspended for this gang, taking the mark off:
+    /// their controllers make the pods again, behind the gate.
+    ResumeOwners,
     /// Clear the allocation of these claims, each against a fresh read, and only while
     /// its `reservedFor` lists no pod but those in `idle` (uids of the gang's pods that
     /// cannot use the devices: terminated, or never released): a pod that may still run

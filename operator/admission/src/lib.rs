@@ -27,9 +27,11 @@ pub mod ownership;
 pub mod refusal;
 
 pub use decide::decide;
-pub use effect::{Condition, ConditionType, Effect, EventKind, Pin, PodRef, Reason, Record, Restarts, Step};
+pub use effect::{
+    Condition, ConditionType, Disruption, Effect, EventKind, Pin, PodRef, Reason, Record, Restarts, Step,
+};
 pub use journal::{Journal, PlannedPod, State};
-pub use observe::{ClaimView, Consumer, Gang, GroupSpec, JobEnd, NodeHealth, Phase, PodView, Settings, Spec};
+pub use observe::{ClaimView, Consumer, Gang, GroupSpec, JobEnd, NodeHealth, Owners, Phase, PodView, Settings, Spec};
 
 /// Wall-clock time in milliseconds since the Unix epoch, as recorded in the journal.
 pub type Millis = i64;

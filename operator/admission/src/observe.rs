@@ -31,7 +31,12 @@ impl Default for Settings {
 /// The part of the Workload spec the state machine reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Spec {
+    /// The Workload's `spec.suspend`.
     pub suspend: bool,
+    /// Kueue took the gang back (evicted it, or its admission went): it is taken apart
+    /// as for a suspend, but its pods' owners may make their pods again at once, to wait
+    /// behind the gate for Kueue's next admission.
+    pub evicted: bool,
     pub groups: Vec<GroupSpec>,
     /// Groups whose success is the gang's (empty: every group).
     pub success_groups: Vec<String>,
@@ -65,6 +70,11 @@ pub struct GroupSpec {
 }
 
 impl Spec {
+    /// The gang must hold nothing: suspended, or evicted by Kueue.
+    pub fn stopped(&self) -> bool {
+        self.suspend || self.evicted
+    }
+
     pub fn group(&self, name: &str) -> Option<&GroupSpec> {
         self.groups.iter().find(|g| g.name == name)
     }
@@ -115,6 +125,10 @@ pub struct PodView {
     pub conditions: Vec<(String, String)>,
     /// kube-scheduler's `PodScheduled=False` condition, while it has not bound the pod.
     pub unscheduled: Option<Unscheduled>,
+    /// Made by an object muster can suspend (a Job, a JobSet, a TrainJob): muster stops it
+    /// by suspending that object, whose controller then takes it away without counting a
+    /// failure, never by deleting it (see [`Owners`]).
+    pub owned: bool,
 }
 
 impl PodView {
@@ -167,6 +181,22 @@ pub struct ClaimView {
     pub protected: bool,
 }
 
+/// The objects whose controllers make the gang's pods, where muster can suspend them (a
+/// Job, a JobSet, a TrainJob). A teardown suspends them, marked as muster's, rather than
+/// delete their pods: their controllers then take the pods away without counting a
+/// failure against `backoffLimit`, `podFailurePolicy` or `maxRestarts`; once every claim
+/// is given back, muster resumes what it marked, and the controllers make the pods again
+/// behind muster's gate, where they wait to be placed again (as Kueue requeues a job).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owners {
+    /// Every such object of the gang carries muster's mark for this gang and is
+    /// suspended (or is known to have just been made so).
+    pub suspended: bool,
+    /// Some such object carries muster's mark for this gang: muster suspended it, and
+    /// muster resumes it.
+    pub marked: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeHealth {
     Ready,
@@ -205,6 +235,8 @@ pub struct Gang<'a> {
     pub conflicted: &'a [String],
     /// `status.schedulerRefusals`: refusals the gang remembers.
     pub refusals: &'a [Refusal],
+    /// The objects that make the gang's pods, where muster can suspend them.
+    pub owners: Owners,
     pub now: Millis,
 }
 

@@ -56,8 +56,8 @@ use muster_admission::failure;
 use muster_admission::ownership;
 use muster_admission::refusal::{Refusal, Unscheduled};
 use muster_admission::{
-    ClaimView, ConditionType, Consumer, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView,
-    Reason, Record, Settings, Spec, State, decide,
+    ClaimView, ConditionType, Consumer, Effect, Gang, GroupSpec, Journal, NodeHealth, Owners, Phase, PlannedPod,
+    PodView, Reason, Record, Settings, Spec, State, decide,
 };
 
 type Dev = u32;
@@ -638,6 +638,7 @@ impl Sim {
             let kueue = rng.chance(25).then(Kueue::default);
             let spec = Spec {
                 suspend: false,
+                evicted: false,
                 groups: vec![GroupSpec {
                     name: "w".into(),
                     min_count,
@@ -1405,8 +1406,7 @@ impl Sim {
             }
         }
         let mut spec = w.spec.clone();
-        let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
-        spec.suspend |= evicted;
+        spec.evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
         let gang_view = Gang {
             spec: &spec,
             journal: journal.as_ref(),
@@ -1420,6 +1420,7 @@ impl Sim {
             reuse_problems: Some(&[]),
             conflicted: &conflicted,
             refusals: &w.refusals,
+            owners: Owners::default(),
             now: self.world.now,
         };
         if let Some(j) = journal.as_ref()
@@ -1441,7 +1442,7 @@ impl Sim {
                     revision: w.revision,
                     record,
                 }),
-                Effect::DeletePods { pods, immediately } => {
+                Effect::DeletePods { pods, immediately, .. } => {
                     for pod in pods {
                         let rv = pods_view.get(&pod.name).map_or(0, |p| p.rv);
                         self.op.queue.push_back(Op::Delete {
@@ -1485,6 +1486,9 @@ impl Sim {
                     }
                 }
                 Effect::DeleteWorkload => self.op.queue.push_back(Op::DeleteWorkload { gang: gang.to_string() }),
+                Effect::SuspendOwners | Effect::ResumeOwners => {
+                    self.violated(format!("{gang}: its pods have no owner to suspend or resume"));
+                }
                 Effect::Event { .. } => {}
             }
         }
@@ -1567,6 +1571,7 @@ impl Sim {
                 exit_codes: vec![],
                 conditions: vec![],
                 unscheduled: p.unscheduled.clone(),
+                owned: false,
             })
             .collect()
     }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use muster_admission::failure;
 use muster_admission::refusal::{self, Refusal, Unscheduled};
 use muster_admission::{
-    ClaimView, ConditionType, Consumer, Effect, Gang, GroupSpec, Journal, NodeHealth, Phase, PlannedPod, PodView,
-    Reason, Restarts, Settings, Spec, State, Step, decide,
+    ClaimView, ConditionType, Consumer, Disruption, Effect, Gang, GroupSpec, Journal, NodeHealth, Owners, Phase,
+    PlannedPod, PodView, Reason, Restarts, Settings, Spec, State, Step, decide,
 };
 
 const SETTINGS: Settings = Settings {
@@ -18,6 +18,7 @@ const SETTINGS: Settings = Settings {
 fn spec(min_count: i32, managed: bool) -> Spec {
     Spec {
         suspend: false,
+        evicted: false,
         groups: vec![GroupSpec {
             name: "w".into(),
             min_count,
@@ -74,6 +75,7 @@ fn pod(name: &str, uid: &str, attempt: Option<i32>, gated: bool, phase: Phase, b
         exit_codes: vec![],
         conditions: vec![],
         unscheduled: None,
+        owned: false,
     }
 }
 
@@ -125,6 +127,7 @@ fn step_remembering(
         reuse_problems: Some(&[]),
         conflicted: &[],
         refusals,
+        owners: Owners::default(),
         now,
     };
     decide(&gang, &SETTINGS)
@@ -544,6 +547,7 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
         reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
+        owners: Owners::default(),
         now: 0,
     };
     let s = decide(&queued, &SETTINGS);
@@ -551,7 +555,8 @@ fn pods_of_an_old_attempt_go_while_the_gang_is_queued_or_restarting() {
         s.effects,
         vec![Effect::DeletePods {
             pods: vec![stale.reference()],
-            immediately: false
+            immediately: false,
+            disruption: None,
         }]
     );
     // Restarting: a pod made for the old attempt after the restart was recorded goes too.
@@ -596,6 +601,7 @@ fn a_queued_gangs_pod_that_no_reservation_released_goes() {
         reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
+        owners: Owners::default(),
         now: 0,
     };
     // Only muster's own released pod that is not running goes: not the gated one, not
@@ -604,7 +610,8 @@ fn a_queued_gangs_pod_that_no_reservation_released_goes() {
         decide(&queued, &SETTINGS).effects,
         vec![Effect::DeletePods {
             pods: vec![orphan.reference()],
-            immediately: false
+            immediately: false,
+            disruption: None,
         }]
     );
 }
@@ -635,6 +642,7 @@ fn a_released_gang_whose_device_another_claim_also_holds_gives_way() {
         reuse_problems: Some(&[]),
         conflicted: &conflicted,
         refusals: &[],
+        owners: Owners::default(),
         now: 1000,
     };
     let s = decide(&gang, &SETTINGS);
@@ -707,6 +715,7 @@ fn failed_step_on(spec: &Spec, restarts: i32, counted: i32, failed: PodView, nod
         reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
+        owners: Owners::default(),
         now: 5000,
     };
     decide(&gang, &SETTINGS)
@@ -1253,6 +1262,7 @@ fn a_job_that_ended_before_its_gang_was_placed_finishes_it() {
         reuse_problems: Some(&[]),
         conflicted: &[],
         refusals: &[],
+        owners: Owners::default(),
         now: 1000,
     };
     let s = decide(&gang, &SETTINGS);
@@ -1318,6 +1328,7 @@ fn a_restart_that_cannot_reuse_its_reservation_decides_once_and_says_why() {
             reuse_problems,
             conflicted: &[],
             refusals: &[],
+            owners: Owners::default(),
             now: 1000,
         };
         decide(&g, &SETTINGS)
@@ -1344,4 +1355,247 @@ fn a_restart_that_cannot_reuse_its_reservation_decides_once_and_says_why() {
     );
     let reused = decide_with(Some(&[]));
     assert_eq!(recorded_state(&reused), Some(Some(State::Reserved)));
+}
+
+/// A gang's step with `owners`, for the tests of the owner's suspend.
+fn step_with_owners(
+    spec: &Spec,
+    journal: Option<&Journal>,
+    pods: &[PodView],
+    claims: &[ClaimView],
+    owners: Owners,
+) -> Step {
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let gang = Gang {
+        spec,
+        journal,
+        restarts: 0,
+        counted_restarts: 0,
+        finished_at: None,
+        pods,
+        claims,
+        nodes: &nodes,
+        devices_published: true,
+        reuse_problems: Some(&[]),
+        conflicted: &[],
+        refusals: &[],
+        owners,
+        now: 10_000,
+    };
+    decide(&gang, &SETTINGS)
+}
+
+/// A pod a Job (or JobSet, TrainJob) makes.
+fn owned(name: &str, uid: &str, phase: Phase) -> PodView {
+    PodView {
+        owned: true,
+        ..pod(name, uid, None, false, phase, true)
+    }
+}
+
+fn suspends_owners(step: &Step) -> bool {
+    step.effects.iter().any(|e| matches!(e, Effect::SuspendOwners))
+}
+
+fn resumes_owners(step: &Step) -> bool {
+    step.effects.iter().any(|e| matches!(e, Effect::ResumeOwners))
+}
+
+const MARKED: Owners = Owners {
+    suspended: true,
+    marked: true,
+};
+
+/// Issue 33: a preempted gang of a Job's pods suspends the Job (its controller takes the
+/// pods away without counting a failure) rather than delete them; once the pods are gone
+/// and the claims given back, the Job is resumed and the gang queued; its pods come
+/// back behind the gate.
+#[test]
+fn a_teardown_suspends_the_pods_owner_waits_for_its_controller_and_resumes_it_once_queued() {
+    let spec = replaced_by_controller(2);
+    let mut j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("job-0", false, Some(0)), planned("job-1", false, Some(0))],
+        &["job-0-gpu", "job-1-gpu"],
+    );
+    j.cause = Some((Reason::Preempted, "preempted by ns/high".into()));
+    let pods = [
+        owned("job-0", "u0", Phase::Running),
+        owned("job-1", "u1", Phase::Running),
+    ];
+    let claims = [claim("job-0-gpu", true, &["u0"]), claim("job-1-gpu", true, &["u1"])];
+
+    // 1. The owner is suspended; nothing is deleted.
+    let s = step_with_owners(&spec, Some(&j), &pods, &claims, Owners::default());
+    assert_eq!(s.effects, vec![Effect::SuspendOwners], "{s:?}");
+    // 2. Suspended (as the caches show or the operator remembers): the gang waits for the
+    //    owner's controller, asking nothing again.
+    let s = step_with_owners(&spec, Some(&j), &pods, &claims, MARKED);
+    assert!(s.effects.is_empty(), "{s:?}");
+    let stopping: Vec<PodView> = pods
+        .iter()
+        .map(|p| PodView {
+            deleting: true,
+            ..p.clone()
+        })
+        .collect();
+    let s = step_with_owners(&spec, Some(&j), &stopping, &claims, MARKED);
+    assert!(s.effects.is_empty(), "{s:?}");
+    // 3. The pods are gone: the claims are given back.
+    let emptied = [claim("job-0-gpu", true, &[]), claim("job-1-gpu", true, &[])];
+    let s = step_with_owners(&spec, Some(&j), &[], &emptied, MARKED);
+    assert_eq!(deallocates(&s).len(), 2, "{s:?}");
+    assert!(!resumes_owners(&s), "not while a claim is held: {s:?}");
+    // 4. Everything given back: the owner is resumed, then the gang is queued.
+    let free = [claim("job-0-gpu", false, &[]), claim("job-1-gpu", false, &[])];
+    let s = step_with_owners(&spec, Some(&j), &[], &free, MARKED);
+    assert!(matches!(s.effects[0], Effect::ResumeOwners), "{s:?}");
+    assert_eq!(recorded_state(&s), Some(None), "{s:?}");
+    assert_eq!(deletes(&s), 0);
+}
+
+/// A queued gang whose owner muster suspended resumes it (a restart between the two
+/// writes above), also while Kueue has it evicted (the pods wait at the gate for Kueue),
+/// but not while the Workload itself is suspended.
+#[test]
+fn a_queued_gang_resumes_the_owner_it_suspended_unless_the_workload_is_suspended() {
+    let spec = replaced_by_controller(1);
+    let s = step_with_owners(&spec, None, &[], &[], MARKED);
+    assert_eq!(s.effects, vec![Effect::ResumeOwners]);
+    let evicted = Spec {
+        evicted: true,
+        ..spec.clone()
+    };
+    let s = step_with_owners(&evicted, None, &[], &[], MARKED);
+    assert_eq!(s.effects, vec![Effect::ResumeOwners]);
+    let suspended = Spec {
+        suspend: true,
+        ..spec.clone()
+    };
+    let s = step_with_owners(&suspended, None, &[], &[], MARKED);
+    assert!(s.effects.is_empty(), "{s:?}");
+    let s = step_with_owners(&spec, None, &[], &[], Owners::default());
+    assert!(s.effects.is_empty(), "{s:?}");
+}
+
+/// A user's suspend of the Workload suspends the owner too, and the gang stays queued
+/// with the owner suspended until the Workload is resumed.
+#[test]
+fn a_suspended_workload_suspends_the_owner_and_keeps_it_suspended() {
+    let spec = Spec {
+        suspend: true,
+        ..replaced_by_controller(1)
+    };
+    let j = journal(
+        State::Suspending,
+        0,
+        vec![planned("job-0", false, Some(0))],
+        &["job-0-gpu"],
+    );
+    let pods = [owned("job-0", "u0", Phase::Running)];
+    let s = step_with_owners(
+        &spec,
+        Some(&j),
+        &pods,
+        &[claim("job-0-gpu", true, &["u0"])],
+        Owners::default(),
+    );
+    assert_eq!(s.effects, vec![Effect::SuspendOwners]);
+    let s = step_with_owners(&spec, Some(&j), &[], &[claim("job-0-gpu", false, &[])], MARKED);
+    assert!(!resumes_owners(&s), "{s:?}");
+    assert_eq!(recorded_state(&s), Some(None));
+}
+
+/// A pod its owner's controller ended stays (a suspended Job keeps what succeeded or
+/// failed); it holds no device, so the teardown does not wait for it.
+#[test]
+fn an_owned_pod_that_ended_is_left_to_its_controller() {
+    let spec = replaced_by_controller(2);
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("job-0", false, Some(0)), planned("job-1", false, Some(0))],
+        &["job-0-gpu"],
+    );
+    let pods = [
+        owned("job-0", "u0", Phase::Succeeded),
+        owned("job-1", "u1", Phase::Failed),
+    ];
+    let s = step_with_owners(
+        &spec,
+        Some(&j),
+        &pods,
+        &[claim("job-0-gpu", true, &["u0"])],
+        Owners::default(),
+    );
+    assert!(!suspends_owners(&s), "{s:?}");
+    assert_eq!(deletes(&s), 0, "{s:?}");
+    assert_eq!(deallocates(&s), vec!["job-0-gpu".to_string()]);
+}
+
+/// Issue 33: pods of a controller muster cannot suspend are deleted with the
+/// `DisruptionTarget` condition first, `PreemptionByMuster` for a preemption and
+/// `TerminationByMuster` otherwise; muster's own pods get none.
+#[test]
+fn another_controllers_pods_are_marked_disrupted_before_they_go() {
+    let mut j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("sts-0", false, Some(0)), planned("g-w-1", false, Some(0))],
+        &[],
+    );
+    j.cause = Some((Reason::Preempted, "preempted by ns/high".into()));
+    let pods = [
+        pod("sts-0", "u0", None, false, Phase::Running, true),
+        pod("g-w-1", "u1", Some(0), false, Phase::Running, true),
+    ];
+    let s = step_with_owners(&spec(2, false), Some(&j), &pods, &[], Owners::default());
+    let mut by_disruption: Vec<(Option<Disruption>, Vec<String>)> = s
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::DeletePods { pods, disruption, .. } => {
+                Some((*disruption, pods.iter().map(|p| p.name.clone()).collect()))
+            }
+            _ => None,
+        })
+        .collect();
+    by_disruption.sort_by_key(|(d, _)| d.is_some());
+    assert_eq!(
+        by_disruption,
+        vec![
+            (None, vec!["g-w-1".to_string()]),
+            (Some(Disruption::Preemption), vec!["sts-0".to_string()])
+        ]
+    );
+    assert_eq!(Disruption::Preemption.reason(), "PreemptionByMuster");
+    j.cause = Some((Reason::ScheduleTimeout, "late".into()));
+    let s = step_with_owners(&spec(2, false), Some(&j), &pods[..1], &[], Owners::default());
+    assert!(
+        matches!(
+            &s.effects[..],
+            [Effect::DeletePods {
+                disruption: Some(Disruption::Termination),
+                ..
+            }]
+        ),
+        "{s:?}"
+    );
+}
+
+/// An owner suspended for the gang while it is placed (a deposed leader's suspend that
+/// landed after its successor placed the gang again) is resumed.
+#[test]
+fn a_placed_gangs_owner_found_suspended_by_muster_is_resumed() {
+    let spec = replaced_by_controller(1);
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("job-0", false, Some(0))],
+        &["job-0-gpu"],
+    );
+    let pods = [owned("job-0", "u0", Phase::Running)];
+    let s = step_with_owners(&spec, Some(&j), &pods, &[claim("job-0-gpu", true, &["u0"])], MARKED);
+    assert_eq!(s.effects, vec![Effect::ResumeOwners]);
 }

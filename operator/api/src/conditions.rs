@@ -128,6 +128,11 @@ pub const EVENT_UNSCHEDULABLE: &str = "Unschedulable";
 /// Event: the gang was evicted whole for a gang of higher priority (the note names it);
 /// also the `Admitted` reason it reports while queued again.
 pub const EVENT_PREEMPTED: &str = "Preempted";
+/// Event: muster suspended the Job, JobSet or TrainJob that makes the gang's pods, to
+/// requeue the gang without a failure counted against the job.
+pub const EVENT_JOB_SUSPENDED: &str = "JobSuspended";
+/// Event: muster resumed the job it suspended; its pods wait behind the gate.
+pub const EVENT_JOB_RESUMED: &str = "JobResumed";
 pub const REASON_PREEMPTED: &str = "Preempted";
 /// Event: the gang evicts gangs of lower priority and holds their devices meanwhile.
 pub const EVENT_NOMINATED: &str = "Nominated";

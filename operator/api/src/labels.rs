@@ -92,3 +92,9 @@ pub const IGNORED_CHANGE: &str = "muster.dev/ignored-change";
 /// Annotation on a derived Workload: how its job ended, as the job's own status says
 /// (`Succeeded: <why>` or `Failed: <why>`). The gang ends with it.
 pub const JOB_ENDED: &str = "muster.dev/job-ended";
+/// Label on a Job, JobSet or TrainJob that muster suspended to requeue a gang of its pods
+/// (value `true`): muster watches what it marked, and resumes it once the gang gave
+/// every device back.
+pub const REQUEUED: &str = "muster.dev/requeued";
+/// Annotation beside [`REQUEUED`]: `<uid>/<name>` of the Workload whose gang it is.
+pub const REQUEUED_FOR: &str = "muster.dev/requeued-for";

@@ -25,6 +25,7 @@ pub mod frameworks;
 pub mod kube_ops;
 pub mod kueue;
 pub mod ops;
+pub mod owners;
 pub mod report;
 pub mod snapshot;
 pub mod webhook;

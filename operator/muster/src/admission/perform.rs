@@ -13,9 +13,9 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use muster_admission::{ClaimView, Effect, EventKind, Gang, Journal, NodeHealth, PodView, State};
-use muster_api::labels;
+use muster_admission::{ClaimView, Disruption, Effect, EventKind, Gang, Journal, NodeHealth, PodView, State};
 use muster_api::v1alpha1::{AdmissionState, Workload};
+use muster_api::{conditions, labels};
 use muster_engine::cluster::PlanId;
 use muster_engine::key::ObjectKey;
 use serde_json::json;
@@ -24,6 +24,7 @@ use tracing::warn;
 use crate::kube_ops;
 use crate::ops::faults::Write;
 use crate::ops::metrics::{self};
+use crate::owners;
 use crate::workload::membership;
 use crate::workload::observe::{self};
 
@@ -44,6 +45,8 @@ pub(super) fn write_of(effect: &Effect) -> Option<Write> {
         Effect::DeletePods { .. } => Some(Write::Delete),
         Effect::Deallocate { .. } => Some(Write::Deallocate),
         Effect::Release { .. } => Some(Write::Release),
+        Effect::SuspendOwners => Some(Write::Suspend),
+        Effect::ResumeOwners => Some(Write::Resume),
         Effect::DeleteWorkload | Effect::Event { .. } => None,
     }
 }
@@ -193,12 +196,19 @@ impl Admission {
     /// The core's picture of a placed gang, and its next step.
     pub(super) fn observe_and_decide(&self, workload: &Workload) -> (Option<Journal>, muster_admission::Step) {
         let journal = observe::journal(workload);
-        let mut spec = observe::spec(workload);
         // An eviction by Kueue takes the gang apart as a suspend does; the Workload
         // controller keeps its gated pods for the next admission.
-        spec.suspend |= self.evicted_by_kueue(workload);
+        let mut spec = observe::spec(workload);
+        spec.evicted = self.evicted_by_kueue(workload);
         let pods = self.gang_pods(workload);
-        let pod_views: Vec<PodView> = pods.iter().map(|p| observe::pod(p)).collect();
+        let pod_owners: Vec<owners::Owner> = pods.iter().filter_map(|p| owners::of_pod(p)).collect();
+        let pod_views: Vec<PodView> = pods
+            .iter()
+            .map(|p| PodView {
+                owned: owners::of_pod(p).is_some(),
+                ..observe::pod(p)
+            })
+            .collect();
         let claims = self.gang_claims(workload);
         let mut users = claim_writes::claim_users(&pods);
         let claim_views: Vec<ClaimView> = claims
@@ -279,6 +289,7 @@ impl Admission {
             reuse_problems: reuse_problems.as_deref(),
             conflicted: &conflicted,
             refusals: &refusals,
+            owners: self.stores.owners.owners(workload, &pod_owners),
             now: observe::now_millis(),
         };
         let mut step = muster_admission::decide(&gang, &self.core_settings());
@@ -409,6 +420,7 @@ impl Admission {
                 Effect::DeletePods {
                     pods: targets,
                     immediately,
+                    disruption,
                 } => {
                     let going: BTreeSet<&str> = targets.iter().map(|t| t.uid.as_str()).collect();
                     self.unprotect_claims(workload, &going).await?;
@@ -421,6 +433,9 @@ impl Admission {
                             .iter()
                             .find(|p| p.uid().as_deref() == Some(target.uid.as_str()))
                             .and_then(|p| p.metadata.resource_version.clone());
+                        if let Some(disruption) = disruption {
+                            self.mark_disrupted(&pods, &target, disruption).await?;
+                        }
                         self.ensure_leading();
                         let params = DeleteParams {
                             grace_period_seconds: immediately.then_some(0),
@@ -469,6 +484,49 @@ impl Admission {
                     write = None;
                 }
                 Effect::Release { pods: pins } => self.release_pins(workload, &pins).await?,
+                Effect::SuspendOwners => {
+                    let targets: BTreeSet<owners::Owner> = self
+                        .gang_pods(workload)
+                        .iter()
+                        .filter_map(|p| owners::of_pod(p))
+                        .collect();
+                    let suspended =
+                        owners::writes::suspend(&self.client, workload, &targets, &|| self.ensure_leading()).await?;
+                    self.stores.owners.suspended_now(workload);
+                    for owner in suspended {
+                        let note = format!(
+                            "suspended {} {} to requeue the gang: its controller takes the pods away without counting a failure, and muster resumes it once every device is given back",
+                            owner.kind.resource().kind,
+                            owner.name
+                        );
+                        self.event(
+                            workload,
+                            EventType::Normal,
+                            conditions::EVENT_JOB_SUSPENDED,
+                            "Requeue",
+                            note,
+                        );
+                    }
+                }
+                Effect::ResumeOwners => {
+                    let marked = self.stores.owners.of(workload);
+                    owners::writes::resume(&self.client, &marked, &|| self.ensure_leading()).await?;
+                    self.stores.owners.resumed_now(workload, &marked);
+                    for owner in &marked {
+                        let note = format!(
+                            "resumed {} {}: its pods wait behind the gate until the gang is placed again",
+                            owner.owner.kind.resource().kind,
+                            owner.owner.name
+                        );
+                        self.event(
+                            workload,
+                            EventType::Normal,
+                            conditions::EVENT_JOB_RESUMED,
+                            "Requeue",
+                            note,
+                        );
+                    }
+                }
                 Effect::DeleteWorkload => {
                     let api: Api<Workload> = Api::namespaced(self.client.clone(), &namespace);
                     kube_ops::done_if_gone_or_changed(
@@ -497,6 +555,37 @@ impl Admission {
             }
         }
         Ok(wrote)
+    }
+
+    /// Gives `target` the `DisruptionTarget` condition before muster deletes it, as
+    /// kube-scheduler's preemption does, so that a `podFailurePolicy` rule on
+    /// `DisruptionTarget` can ignore its loss. Conditional on its uid.
+    async fn mark_disrupted(
+        &self,
+        pods: &Api<Pod>,
+        target: &muster_admission::PodRef,
+        disruption: Disruption,
+    ) -> Result<(), CommitError> {
+        let message = match disruption {
+            Disruption::Preemption => "muster: preempted to make room for a gang of higher priority",
+            Disruption::Termination => "muster: the gang is taken apart to be placed again",
+        };
+        let patch = json!({
+            "metadata": {"uid": target.uid},
+            "status": {"conditions": [{
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": disruption.reason(),
+                "message": message,
+                "lastTransitionTime": super::now(),
+            }]},
+        });
+        self.ensure_leading();
+        kube_ops::done_if_gone_or_changed(
+            pods.patch_status(&target.name, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await,
+        )?;
+        Ok(())
     }
 
     /// Releases the gang's planned pods `pins`, each pinned to its node, all at once: the

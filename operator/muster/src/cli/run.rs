@@ -81,6 +81,11 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         let (stores, mut watches) =
             crate::cache::gang_objects::gang_watches(&client, wake.clone(), index.touched.clone(), kueue);
         let kueue_watch = watches.kueue.take();
+        // What muster suspended to requeue gangs is cached here; changes wake the loop.
+        let marked_owners = stores.owners.clone();
+        let follow_owners = marked_owners
+            .clone()
+            .follow(client.clone(), index.touched.clone(), wake.clone());
         let controller = WorkloadController::new(
             client.clone(),
             controller::Settings {
@@ -154,6 +159,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
                 namespace_selector: settings.adopt_namespace_selector.clone(),
                 priorities: priorities.clone(),
                 lease: adopt_guard.clone(),
+                owners: marked_owners.clone(),
             };
             crate::frameworks::controller::run_all(client.clone(), index.clone(), adoption).await;
         };
@@ -169,6 +175,7 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             _ = controller.run() => Ended::Stopped,
             _ = admission.run() => Ended::Stopped,
             _ = follow_kueue => Ended::Stopped,
+            _ = follow_owners => Ended::Stopped,
             _ = adopt => Ended::Stopped,
             _ = keep => Ended::LostLease,
         };

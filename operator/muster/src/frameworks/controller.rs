@@ -86,6 +86,9 @@ pub struct Settings {
     /// The cluster's PriorityClasses.
     pub priorities: Store<PriorityClass>,
     pub lease: Option<crate::ops::leader::LeaseGuard>,
+    /// What the admission loop suspended to requeue gangs: a job it suspended (or whose
+    /// TrainJob it did) is the admission loop's to resume, not a user's suspend.
+    pub owners: Arc<crate::owners::watch::Marked>,
 }
 
 /// A namespace's labels and when they were read.
@@ -624,6 +627,11 @@ async fn follow_suspend(
     admitted: bool,
 ) -> Result<(), Error> {
     let job_suspended = ctx.framework.suspended(object);
+    if job_suspended && requeued_by_muster(ctx, job, existing) {
+        // The admission loop suspended it to requeue the gang, and resumes it: no user
+        // moved, and the gang stays as it is.
+        return Ok(());
+    }
     let held = existing.annotations().contains_key(labels::INVALID) && !admitted;
     let seen = existing.annotations().get(labels::JOB_SUSPEND).map(|v| v == "true");
     let workload_suspended = existing.spec.suspend == Some(true);
@@ -659,6 +667,32 @@ async fn follow_suspend(
     ensure_leading(ctx);
     kube_ops::done_if_gone(workloads.patch(&name, &params, &Patch::Merge(&patch)).await)?;
     Ok(())
+}
+
+/// Whether the admission loop suspended `job` to requeue `workload`'s gang: the job
+/// carries its mark, or the TrainJob that made it (a JobSet) does.
+fn requeued_by_muster(ctx: &Context, job: &DynamicObject, workload: &Workload) -> bool {
+    if crate::owners::mark_of(job) == Some(crate::owners::mark(workload).as_str()) {
+        return true;
+    }
+    let Some(trainjob) = job
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .filter(|o| {
+            crate::owners::OwnerKind::of_reference(&o.api_version, &o.kind) == Some(crate::owners::OwnerKind::TrainJob)
+        })
+    else {
+        return false;
+    };
+    // Trainer applies the JobSet again a moment after its TrainJob is resumed.
+    ctx.settings.owners.just_resumed(&trainjob.uid)
+        || ctx
+            .settings
+            .owners
+            .of(workload)
+            .iter()
+            .any(|m| m.owner.uid == trainjob.uid && m.suspended)
 }
 
 /// Tells the job when its gang is admitted or cannot be placed, once per change of the

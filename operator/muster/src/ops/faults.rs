@@ -16,10 +16,21 @@ pub enum Write {
     Delete,
     Deallocate,
     Release,
+    /// The owners of the gang's pods suspended, marked as muster's.
+    Suspend,
+    /// The owners muster suspended resumed.
+    Resume,
 }
 
 impl Write {
-    const ALL: [Write; 4] = [Write::Record, Write::Delete, Write::Deallocate, Write::Release];
+    const ALL: [Write; 6] = [
+        Write::Record,
+        Write::Delete,
+        Write::Deallocate,
+        Write::Release,
+        Write::Suspend,
+        Write::Resume,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -27,6 +38,8 @@ impl Write {
             Write::Delete => "delete",
             Write::Deallocate => "deallocate",
             Write::Release => "release",
+            Write::Suspend => "suspend",
+            Write::Resume => "resume",
         }
     }
 }
@@ -214,13 +227,17 @@ mod tests {
     #[test]
     fn every_fault_point_parses_back_from_its_name() {
         let all = FaultPoint::all();
-        assert_eq!(all.len(), 7 + 8 * 4);
+        assert_eq!(all.len(), 7 + 8 * 6);
         for point in all {
             assert_eq!(FaultPoint::parse(&point.name()), Some(point));
         }
         assert_eq!(
             FaultPoint::parse("after-tearing-down-deallocate"),
             Some(FaultPoint::After(State::TearingDown, Write::Deallocate))
+        );
+        assert_eq!(
+            FaultPoint::parse("after-tearing-down-suspend"),
+            Some(FaultPoint::After(State::TearingDown, Write::Suspend))
         );
     }
 }

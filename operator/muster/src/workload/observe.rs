@@ -173,6 +173,8 @@ pub fn job_ended(workload: &Workload) -> Option<muster_admission::JobEnd> {
 pub fn spec(workload: &Workload) -> Spec {
     Spec {
         suspend: workload.spec.suspend == Some(true),
+        // What Kueue says is the admission loop's to tell.
+        evicted: false,
         groups: workload
             .spec
             .pod_groups
@@ -347,6 +349,8 @@ pub fn pod(pod: &Pod) -> PodView {
             .map(|c| (c.type_.clone(), c.status.clone()))
             .collect(),
         unscheduled: unscheduled(pod),
+        // Whose pods they are is the admission loop's to tell.
+        owned: false,
     }
 }
 
