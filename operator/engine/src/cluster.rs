@@ -847,12 +847,15 @@ impl ClusterState {
     }
 
     /// What a watch reports about a claim. While a plan assumes the claim, a report of
-    /// no allocation is older than the plan's own write and is ignored: only an
-    /// allocation the cluster shows, or [`ClusterState::forget`], replaces the assumed one.
+    /// no allocation before the watch showed any is older than the plan's own write and
+    /// is ignored: only an allocation the cluster shows, or [`ClusterState::forget`],
+    /// replaces the assumed one. Once the watch showed an allocation, a report of none is
+    /// newer (the claim was given back since) and applies.
     pub fn observe_claim_allocation(&mut self, key: &ClaimKey, devices: Option<Vec<DeviceResult>>) {
         if let Some(plan) = self.assumed.values_mut().find(|p| p.claims.iter().any(|c| c == key)) {
+            let seen_allocated = matches!(plan.observed_claims.get(key), Some(Some(_)));
             plan.observed_claims.insert(key.clone(), devices.clone());
-            if devices.is_none() {
+            if devices.is_none() && !seen_allocated {
                 return;
             }
         }
@@ -868,11 +871,15 @@ impl ClusterState {
     }
 
     /// What a watch reports about a pod that is not bound (or gone): its usage is
-    /// dropped, unless a plan assumes the pod on its node.
+    /// dropped, unless a plan assumes the pod on its node and the watch has not shown it
+    /// bound yet (once it has, the pod went since, and its usage goes).
     pub fn observe_pod_unbound(&mut self, key: &PodKey) {
         if let Some(plan) = self.assumed.values_mut().find(|p| p.pods.iter().any(|pod| pod == key)) {
+            let seen_bound = matches!(plan.observed_pods.get(key), Some(Some(_)));
             plan.observed_pods.insert(key.clone(), None);
-            return;
+            if !seen_bound {
+                return;
+            }
         }
         self.remove_pod(key);
     }
@@ -1321,5 +1328,36 @@ mod tests {
         c.observe_pod_unbound(&"ns/q".into());
         assert!(!c.device_allocated(&id("g1")));
         assert_eq!(c.free_resources(&node).cpu_millis, 8000);
+    }
+
+    /// Found by the e2e test of a gang deleted right after its release: once the watch
+    /// has shown the plan's own write, a later report that the claim is unallocated (or
+    /// the pod gone) is newer than that write and applies at once; the confirmation that
+    /// follows must not keep the assumed devices and pod for good.
+    #[test]
+    fn a_report_after_the_plans_own_write_is_newer_and_applies_before_the_confirmation() {
+        let (mut c, node, req) = one_node_and_a_pod_request();
+        c.assume(
+            &plan_id(),
+            &[assumed_pod("ns/q", &req)],
+            &[assumed_claim("ns/claim", "g0")],
+        );
+        // The watch shows the plan's writes (the allocation, the pod bound)...
+        c.observe_claim_allocation(&"ns/claim".into(), Some(vec![result("g0", None, &[])]));
+        c.observe_pod_bound(
+            &"ns/q".into(),
+            PodEntry {
+                node: "n1".into(),
+                requests: req.clone(),
+                traits: Default::default(),
+            },
+        );
+        // ...then the claim deallocated and the pod gone, before the gang's release is
+        // confirmed.
+        c.observe_claim_allocation(&"ns/claim".into(), None);
+        c.observe_pod_unbound(&"ns/q".into());
+        c.confirm(&plan_id());
+        assert!(!c.device_allocated(&id("g0")), "the device is free again");
+        assert_eq!(c.free_resources(&node).cpu_millis, 8000, "the pod's CPU is free again");
     }
 }
