@@ -238,6 +238,10 @@ impl Admission {
             .filter(|p| matches!(p, PlanId::Nomination(g) if !holding.contains(g)))
             .cloned()
             .collect();
+        // A hold that ends frees its room without a watch event to say so.
+        if !stale.is_empty() {
+            self.index.note_room_freed();
+        }
         for plan in stale {
             self.index.update(|c| c.forget(&plan));
         }
@@ -435,6 +439,7 @@ impl Admission {
         )
         .await?;
         self.index.update(|c| c.forget(&PlanId::Nomination(key(workload))));
+        self.index.note_room_freed();
         Ok(())
     }
 

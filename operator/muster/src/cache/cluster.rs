@@ -91,6 +91,13 @@ impl Index {
         self.changes.load(Ordering::SeqCst)
     }
 
+    /// Counts a change the admission loop made itself that frees room (a hold or an
+    /// assumption forgotten): no watch event tells it, and gangs waiting for capacity
+    /// are tried again only once the count moves.
+    pub fn note_room_freed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Whether every watched kind has listed at least once.
     pub fn is_ready(&self) -> bool {
         self.listed.load(Ordering::SeqCst) >= KINDS
