@@ -24,8 +24,9 @@ fn low_in_rack() -> Value {
     json!({"priorityClassName": LOW, "nodeSelector": {RACK_LABEL: RACK}})
 }
 
-/// Waits until `name`'s Workload has `pods` pods, every one behind the gate and none
-/// being deleted: the job's controller made them again, and they hold nothing.
+/// Waits until `name`'s Workload has `pods` pods that have not ended, every one behind
+/// the gate and none being deleted: the job's controller made them again, and they hold
+/// nothing.
 async fn waits_behind_the_gate(test: &Test, name: &str, pods: usize) -> Result<Vec<Pod>> {
     let api = test.pods();
     wait::until(
@@ -41,6 +42,13 @@ async fn waits_behind_the_gate(test: &Test, name: &str, pods: usize) -> Result<V
                     .items
                     .into_iter()
                     .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    // A pod that ended stays with its Job, holding nothing.
+                    .filter(|p| {
+                        !matches!(
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                            Some("Succeeded" | "Failed")
+                        )
+                    })
                     .collect();
                 let gated = list.iter().all(|p| {
                     p.spec
@@ -383,7 +391,12 @@ async fn a_job_joined_to_a_workload_by_hand_is_requeued_by_its_suspend() -> Resu
 }
 
 fn start_operator(test: &mut Test, port: u16, fault: Option<&str>) -> Result<()> {
-    let args = operator_args(port);
+    start_operator_with(test, port, fault, &[])
+}
+
+fn start_operator_with(test: &mut Test, port: u16, fault: Option<&str>, extra: &[&str]) -> Result<()> {
+    let mut args = operator_args(port);
+    args.extend(extra.iter().map(|a| a.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let env: Vec<(&str, &str)> = fault.map(|f| ("MUSTER_FAULT_POINT", f)).into_iter().collect();
     test.start_operator(&args, &env)
@@ -421,4 +434,168 @@ async fn a_requeue_converges_when_the_operator_is_killed_after_any_of_its_writes
         .with_context(|| format!("killed {fault}"))?;
     }
     Ok(())
+}
+
+/// Issue 33: a Job's gang that lost a member whose replacement cannot be placed (its
+/// node's CPUs taken meanwhile, the rest of the rack full) holds the other members'
+/// devices only for the schedule timeout from the recorded vacancy, across an operator
+/// restart in the middle: then it is requeued whole through the Job's suspend, and a gang
+/// of the same priority waiting for those devices runs; the two run in turn.
+#[tokio::test]
+async fn a_gang_short_of_a_replacement_holds_its_devices_only_for_the_schedule_timeout() -> Result<()> {
+    let timeout = 20;
+    let port = webhook_port().await?;
+    let args = ["--schedule-timeout", "20"];
+    with_frameworks_and("vacancy-bound", &args, &[], move |test| {
+        Box::pin(async move {
+            let in_rack = json!({"nodeSelector": {RACK_LABEL: RACK}});
+            let first = indexed_job("first", 4, json!({"spec": {"template": {"spec": in_rack.clone()}}}));
+            create_job(test, first).await?;
+            runs_as_one_gang(test, "job-first", 4).await?;
+            // A gang of the same priority that fits only on three of the first's nodes.
+            let second = indexed_job("second", 3, json!({"spec": {"template": {"spec": in_rack}}}));
+            create_job(test, second).await?;
+
+            // A pod of the first fails; its node's CPUs are taken before the Job replaces it.
+            let pods = test.gang_pods("job-first").await?;
+            let failing = pods.first().context("a pod")?;
+            let failing_name = failing.metadata.name.clone().unwrap_or_default();
+            let node = failing
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .context("bound")?;
+            test.exit_pod(&failing_name, 1).await?;
+            test.block_cpus("hog", &node).await?;
+            let workloads = test.workloads();
+            let since = wait::until("the vacancy to be recorded", Duration::from_secs(60), || {
+                let workloads = workloads.clone();
+                async move {
+                    let w = workloads.get("job-first").await?;
+                    let vacancy = w
+                        .status
+                        .and_then(|s| s.placement)
+                        .and_then(|p| p.vacancies.into_iter().next());
+                    Ok(vacancy.map(|v| v.since.0))
+                }
+            })
+            .await?;
+            ensure!(
+                test.workloads()
+                    .get("job-second")
+                    .await?
+                    .status
+                    .and_then(|s| s.placement)
+                    .is_none(),
+                "the second waits while the first holds its places"
+            );
+
+            // The operator restarts in the middle: the bound is the recorded one.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            start_operator_with(test, port, None, &args)?;
+            wait_webhook_ready(test).await?;
+
+            test.wait_admitted_reason("job-first", "ReplacementTimeout", Duration::from_secs(90))
+                .await?;
+            let waited = k8s_openapi::jiff::Timestamp::now().duration_since(since);
+            ensure!(
+                waited.as_secs() <= timeout + 15,
+                "the first held a partial reservation {}s after its vacancy (bound {timeout}s)",
+                waited.as_secs()
+            );
+            // The second runs on what the first gave back; the first waits behind the gate.
+            runs_as_one_gang(test, "job-second", 3).await?;
+            waits_behind_the_gate(test, "job-first", 4).await?;
+            let first = Kind::Job.api(test).get("first").await?;
+            ensure!(
+                first.data["status"]["failed"].as_i64().unwrap_or(0) <= 1,
+                "only the pod that failed counts: {}",
+                first.data["status"]
+            );
+
+            // In turn: once the second is gone and the node free, the first runs again.
+            Kind::Job
+                .api(test)
+                .delete("second", &kube::api::DeleteParams::background())
+                .await?;
+            test.pods().delete("hog", &Default::default()).await?;
+            runs_as_one_gang(test, "job-first", 4).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Issue 33: pods of a controller muster cannot suspend (a ReplicaSet's here) are
+/// deleted by a teardown, with the `DisruptionTarget` condition first, as
+/// kube-scheduler's preemption gives it: `PreemptionByMuster` when a gang of higher
+/// priority takes their devices.
+#[tokio::test]
+async fn pods_of_a_controller_muster_cannot_suspend_are_marked_disrupted_before_they_go() -> Result<()> {
+    with_frameworks("disrupted", |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            let mut workload = ranked(muster_e2e::scenario::workload_of_joining_pods("sts", "workers", 2), LOW);
+            workload["spec"]["failurePolicy"] = json!({"restartedBy": "PodController"});
+            test.create(workload).await?;
+            let mut template = muster_e2e::scenario::job_joining("sts", "workers", 2)["spec"]["template"].clone();
+            template["metadata"]["annotations"] = json!({"muster-e2e-terminate-after": "30s"});
+            template["spec"]["restartPolicy"] = json!("Always");
+            merge(&mut template["spec"], low_in_rack());
+            let replicaset = json!({
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {"name": "sts"},
+                "spec": {
+                    "replicas": 2,
+                    "selector": {"matchLabels": {"muster.dev/workload": "sts"}},
+                    "template": template,
+                },
+            });
+            let replicasets: Api<DynamicObject> =
+                Api::namespaced_with(test.client.clone(), &test.ns, &resource("apps", "v1", "ReplicaSet", "replicasets"));
+            create(&replicasets, replicaset).await?;
+            test.wait_phase("sts", muster_api::v1alpha1::WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+
+            test.create(ranked(gang("high", 4, Some(RACK)), HIGH)).await?;
+            let pods = test.pods();
+            let reasons = wait::until("the ReplicaSet's pods to be marked and deleted", Duration::from_secs(60), || {
+                let pods = pods.clone();
+                async move {
+                    let going: Vec<Pod> = pods
+                        .list(&ListParams::default().labels("muster.dev/workload=sts"))
+                        .await?
+                        .items
+                        .into_iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_some())
+                        .collect();
+                    let reasons: Vec<String> = going
+                        .iter()
+                        .filter_map(|p| {
+                            p.status
+                                .as_ref()?
+                                .conditions
+                                .as_ref()?
+                                .iter()
+                                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                                .and_then(|c| c.reason.clone())
+                        })
+                        .collect();
+                    Ok((going.len() == 2 && reasons.len() == 2).then_some(reasons))
+                }
+            })
+            .await?;
+            ensure!(
+                reasons.iter().all(|r| r == "PreemptionByMuster"),
+                "the condition's reason: {reasons:?}"
+            );
+            assert_runs_as_planned(test, "high").await?;
+            replicasets.delete("sts", &kube::api::DeleteParams::background()).await?;
+            Ok(())
+        })
+    })
+    .await
 }

@@ -59,6 +59,7 @@ pub fn reserving(placement: &Placement, now: Millis) -> Journal {
         cause: None,
         topology_value: placement.topology_value.clone(),
         devices: placement.devices,
+        vacancies: Vec::new(),
     }
 }
 
@@ -138,7 +139,9 @@ pub fn with_extras(journal: &Journal, extras: &Placement) -> Journal {
 }
 
 /// Extras whose claims are allocated and checked, about to be released.
-/// Replacements of core pods (placed as core) become core pods of the gang here.
+/// Replacements of core pods (placed as core) become core pods of the gang here, and
+/// fill the vacancies of their group, oldest first (a vacancy whose group is not known
+/// is filled by any replacement).
 pub fn extras_released(journal: &Journal, extras: &Placement, now: Millis) -> Journal {
     let mut released = journal.clone();
     for pod in released.pods.iter_mut() {
@@ -148,6 +151,22 @@ pub fn extras_released(journal: &Journal, extras: &Placement, now: Millis) -> Jo
                 pod.extra = false;
                 pod.claims.clear();
             }
+        }
+    }
+    released.vacancies.sort_by_key(|v| v.since);
+    for replacement in extras.pods.iter().filter(|p| !p.extra) {
+        let filled = released
+            .vacancies
+            .iter()
+            .position(|v| v.group.is_some() && v.group == replacement.group)
+            .or_else(|| {
+                released
+                    .vacancies
+                    .iter()
+                    .position(|v| v.group.is_none() || replacement.group.is_none())
+            });
+        if let Some(at) = filled {
+            released.vacancies.remove(at);
         }
     }
     released

@@ -67,7 +67,16 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
             tear_down(gang, journal, Reason::Conflict, message, EventKind::RolledBack)
         }
         State::Reserved => reserved(gang, journal, settings),
-        State::Released => released(gang, journal, settings),
+        State::Released => {
+            let step = released(gang, journal, settings);
+            // The oldest vacancy's bound is looked at when it is due.
+            match journal.vacancies.iter().map(|v| v.since).min() {
+                Some(since) if step.record().is_none() => {
+                    step.then_recheck_in(since + settings.schedule_timeout - gang.now)
+                }
+                _ => step,
+            }
+        }
         State::TearingDown => tearing_down(gang, journal),
         State::Restarting => restarting(gang, journal),
     }
@@ -517,6 +526,9 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         if let Some(step) = vacate(gang, journal) {
             return step;
         }
+        if let Some(step) = vacancies_overdue(gang, journal, settings) {
+            return step;
+        }
     } else if let Some((reason, message, failures)) = core_failure(gang, journal) {
         return fail_or_restart(gang, journal, reason, message, &failures);
     }
@@ -613,6 +625,7 @@ fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
         for pod in restored.pods.iter_mut().filter(|p| back.contains(&p.name.as_str())) {
             pod.released_at = journal.released_at;
         }
+        restored.vacancies.retain(|v| !back.contains(&v.pod.as_str()));
         return Some(Step::effects(vec![record(Some(restored), vec![])]));
     }
     let newly: Vec<&str> = journal
@@ -624,6 +637,32 @@ fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
         let mut leaving = journal.clone();
         for pod in leaving.pods.iter_mut().filter(|p| newly.contains(&p.name.as_str())) {
             pod.released_at = None;
+        }
+        // Where each replacement goes back to, and since when the gang is short of it:
+        // recorded before anything is given back (the devices go with the claims).
+        for planned in journal.core().filter(|p| newly.contains(&p.name.as_str())) {
+            let pod = pod_of(planned);
+            // As the commit recorded them, else as its own claims show them still.
+            let devices: Vec<String> = if planned.devices.is_empty() {
+                pod.map(|pod| {
+                    gang.claims
+                        .iter()
+                        .filter(|c| c.allocated && c.used_by.iter().all(|u| u == &pod.uid) && !c.used_by.is_empty())
+                        .flat_map(|c| c.devices.iter().cloned())
+                        .collect()
+                })
+                .unwrap_or_default()
+            } else {
+                planned.devices.clone()
+            };
+            leaving.vacancies.push(crate::Vacancy {
+                pod: planned.name.clone(),
+                group: planned.group.clone().or_else(|| pod.and_then(|p| p.group.clone())),
+                index: pod.and_then(|p| p.index),
+                node: planned.node.clone(),
+                devices,
+                since: gang.now,
+            });
         }
         let message = format!(
             "{} core pods failed or went ({}); their controller replaces them, and muster gives back what they held and places the replacements, onto the same nodes and devices where these are free",
@@ -685,6 +724,30 @@ fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
             Some(Step::effects(vec![record(Some(kept), vec![])]))
         }
     }
+}
+
+/// A place vacated for its controller's replacement longer than the schedule timeout:
+/// the gang is requeued whole (its owners suspended, every device given back) rather
+/// than hold its other members' devices for a replacement that does not come or does
+/// not fit. Otherwise, when to look again.
+fn vacancies_overdue(gang: &Gang, journal: &Journal, settings: &Settings) -> Option<Step> {
+    let oldest = journal.vacancies.iter().min_by_key(|v| v.since)?;
+    if gang.now - oldest.since < settings.schedule_timeout {
+        return None;
+    }
+    let message = format!(
+        "{} vacated places were not filled within {}s (the first on {}); requeueing the whole gang rather than hold the devices of its other pods",
+        journal.vacancies.len(),
+        settings.schedule_timeout / 1000,
+        oldest.node
+    );
+    Some(tear_down(
+        gang,
+        journal,
+        Reason::ReplacementTimeout,
+        message,
+        EventKind::RolledBack,
+    ))
 }
 
 /// Of `planned` (each with the time it was released), the pods kube-scheduler refused on

@@ -40,6 +40,9 @@ pub enum Reason {
     JobCompleted,
     /// The pods' controller says their job failed.
     JobFailed,
+    /// A replacement its controller makes was not placed within the schedule timeout:
+    /// the gang is requeued whole rather than hold its other members' devices.
+    ReplacementTimeout,
 }
 
 impl Reason {
@@ -64,11 +67,12 @@ impl Reason {
             Reason::PodReplaced => "PodReplaced",
             Reason::JobCompleted => "JobCompleted",
             Reason::JobFailed => "JobFailed",
+            Reason::ReplacementTimeout => "ReplacementTimeout",
         }
     }
 
     pub fn parse(text: &str) -> Option<Reason> {
-        const ALL: [Reason; 19] = [
+        const ALL: [Reason; 20] = [
             Reason::Reserving,
             Reason::Admitted,
             Reason::RolledBack,
@@ -88,6 +92,7 @@ impl Reason {
             Reason::PodReplaced,
             Reason::JobCompleted,
             Reason::JobFailed,
+            Reason::ReplacementTimeout,
         ];
         ALL.into_iter().find(|r| r.as_str() == text)
     }
@@ -169,6 +174,8 @@ impl Disruption {
     }
 }
 
+// A step has a handful of effects: boxing the record would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
     /// Write the status (see [`Record`]).

@@ -33,6 +33,8 @@ pub enum State {
 pub struct PlannedPod {
     pub name: String,
     pub node: String,
+    /// Its group, where the plan recorded it (journals written before did not).
+    pub group: Option<String>,
     /// Beyond its group's minCount: its loss does not restart the gang.
     pub extra: bool,
     /// When an extra was released; `None` while its reservation is being made (a plan
@@ -40,6 +42,28 @@ pub struct PlannedPod {
     pub released_at: Option<Millis>,
     /// An extra's own claims (not shared with the gang), given back when it is dropped.
     pub claims: Vec<String>,
+    /// The devices of its own claims (`driver/pool/device`), recorded where its
+    /// controller replaces it: kube-controller-manager may deallocate them before muster
+    /// sees it went, and its [`Vacancy`] keeps them for its replacement.
+    pub devices: Vec<String>,
+}
+
+/// A place of the gang whose core pod failed or went, kept for the replacement its
+/// controller makes (`restartedBy: PodController`): where the replacement goes back to,
+/// and since when the gang is short of it. The gang holds its other members' devices for
+/// at most the schedule timeout from `since`; then it is requeued whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Vacancy {
+    /// The pod that left it.
+    pub pod: String,
+    /// The member it was: its group and its index in the group, where known.
+    pub group: Option<String>,
+    pub index: Option<i32>,
+    pub node: String,
+    /// The devices its own claims held (`driver/pool/device`).
+    pub devices: Vec<String>,
+    /// When the place became vacant.
+    pub since: Millis,
 }
 
 /// The recorded placement of a gang (`status.placement`).
@@ -65,6 +89,8 @@ pub struct Journal {
     pub topology_value: Option<String>,
     pub nodes: Vec<String>,
     pub devices: i32,
+    /// Places vacated for replacements not placed yet.
+    pub vacancies: Vec<Vacancy>,
 }
 
 impl Journal {
@@ -82,6 +108,7 @@ impl Journal {
             topology_value: None,
             nodes: Vec::new(),
             devices: 0,
+            vacancies: Vec::new(),
         }
     }
 

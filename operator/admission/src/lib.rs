@@ -30,7 +30,7 @@ pub use decide::decide;
 pub use effect::{
     Condition, ConditionType, Disruption, Effect, EventKind, Pin, PodRef, Reason, Record, Restarts, Step,
 };
-pub use journal::{Journal, PlannedPod, State};
+pub use journal::{Journal, PlannedPod, State, Vacancy};
 pub use observe::{ClaimView, Consumer, Gang, GroupSpec, JobEnd, NodeHealth, Owners, Phase, PodView, Settings, Spec};
 
 /// Wall-clock time in milliseconds since the Unix epoch, as recorded in the journal.

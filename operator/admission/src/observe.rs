@@ -105,6 +105,8 @@ pub struct PodView {
     pub name: String,
     pub uid: String,
     pub group: Option<String>,
+    /// Its index within its group, where it carries one (a Job's completion index).
+    pub index: Option<i32>,
     /// The attempt label of muster's own pods; `None` for other controllers' pods.
     pub attempt: Option<i32>,
     /// Still behind muster's scheduling gate.
@@ -179,6 +181,8 @@ pub struct ClaimView {
     /// It carries kube-controller-manager's delete-protection: its allocation goes with
     /// the last pod in `reservedFor`, so no restart may count on it.
     pub protected: bool,
+    /// The devices of its allocation (`driver/pool/device`).
+    pub devices: Vec<String>,
 }
 
 /// The objects whose controllers make the gang's pods, where muster can suspend them (a

@@ -1522,6 +1522,7 @@ impl Sim {
     fn claim_view(&self, gang: &str, name: &str, c: &ClaimObj, view: &View) -> ClaimView {
         ClaimView {
             name: name.to_string(),
+            devices: c.allocation.iter().flatten().map(|d| d.to_string()).collect(),
             allocated: c.allocation.is_some(),
             ours: c.ours,
             held_elsewhere: view.holders.get(name).is_some_and(|h| h.iter().any(|g| g != gang)),
@@ -1561,6 +1562,7 @@ impl Sim {
                 name: name.clone(),
                 uid: p.uid.clone(),
                 group: Some(p.group.clone()),
+                index: None,
                 attempt: p.attempt,
                 gated: p.gated,
                 phase: p.phase,
@@ -1708,6 +1710,8 @@ impl Sim {
             placement.pods.push(PlannedPod {
                 name: name.clone(),
                 node: node_of(d),
+                group: Some("w".into()),
+                devices: vec![],
                 extra: i as i32 >= min,
                 released_at: None,
                 claims: if i as i32 >= min { vec![pod_claim(name)] } else { vec![] },
@@ -2012,6 +2016,8 @@ impl Sim {
             placement.pods.push(PlannedPod {
                 name: name.clone(),
                 node: node_of(d),
+                group: Some("w".into()),
+                devices: vec![],
                 extra: true,
                 released_at: None,
                 claims: vec![pod_claim(name)],

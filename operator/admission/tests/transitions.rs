@@ -38,9 +38,11 @@ fn planned(name: &str, extra: bool, released_at: Option<i64>) -> PlannedPod {
     PlannedPod {
         name: name.into(),
         node: "n1".into(),
+        group: Some("w".into()),
         extra,
         released_at,
         claims: if extra { vec![format!("{name}-gpu")] } else { vec![] },
+        devices: vec![],
     }
 }
 
@@ -57,6 +59,7 @@ fn journal(state: State, since: i64, pods: Vec<PlannedPod>, claims: &[&str]) -> 
         topology_value: None,
         nodes: vec!["n1".into()],
         devices: 1,
+        vacancies: vec![],
     }
 }
 
@@ -65,6 +68,7 @@ fn pod(name: &str, uid: &str, attempt: Option<i32>, gated: bool, phase: Phase, b
         name: name.into(),
         uid: uid.into(),
         group: Some("w".into()),
+        index: None,
         attempt,
         gated,
         phase,
@@ -87,6 +91,7 @@ fn claim(name: &str, allocated: bool, reserved_for: &[&str]) -> ClaimView {
         allocated,
         ours: true,
         held_elsewhere: false,
+        devices: vec![format!("gpu/n1/{name}")],
         used_by: Vec::new(),
         protected: false,
         reserved_for: reserved_for
@@ -1598,4 +1603,140 @@ fn a_placed_gangs_owner_found_suspended_by_muster_is_resumed() {
     let pods = [owned("job-0", "u0", Phase::Running)];
     let s = step_with_owners(&spec, Some(&j), &pods, &[claim("job-0-gpu", true, &["u0"])], MARKED);
     assert_eq!(s.effects, vec![Effect::ResumeOwners]);
+}
+
+/// Issue 33: a vacated place is recorded in the journal (where its replacement goes back
+/// to: node, devices, since when), so that it survives an operator restart; a
+/// replacement not placed within the schedule timeout requeues the whole gang, which
+/// then gives back every device its other members held.
+#[test]
+fn a_vacancy_is_recorded_and_bounds_how_long_the_gang_holds_its_other_members_devices() {
+    let spec = replaced_by_controller(2);
+    let j = journal(
+        State::Released,
+        0,
+        vec![planned("job-0", false, Some(0)), planned("job-1", false, Some(0))],
+        &["job-0-gpu", "job-1-gpu"],
+    );
+    let failed = PodView {
+        index: Some(0),
+        ..owned("job-0", "u0", Phase::Failed)
+    };
+    let pods = [failed, owned("job-1", "u1", Phase::Running)];
+    let used = |mut c: ClaimView, by: &str| {
+        c.used_by = vec![by.to_string()];
+        c
+    };
+    let claims = [
+        used(claim("job-0-gpu", true, &["u0"]), "u0"),
+        used(claim("job-1-gpu", true, &["u1"]), "u1"),
+    ];
+    let s = step_with_owners(&spec, Some(&j), &pods, &claims, Owners::default());
+    let leaving = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!(leaving.vacancies.len(), 1, "{leaving:?}");
+    let vacancy = &leaving.vacancies[0];
+    assert_eq!(
+        (
+            vacancy.pod.as_str(),
+            vacancy.group.as_deref(),
+            vacancy.index,
+            vacancy.node.as_str()
+        ),
+        ("job-0", Some("w"), Some(0), "n1")
+    );
+    assert_eq!(
+        vacancy.devices,
+        vec!["gpu/n1/job-0-gpu".to_string()],
+        "only the leaving pod's own claim"
+    );
+    assert_eq!(vacancy.since, 10_000);
+
+    // The place is given back and leaves the journal; the vacancy stays.
+    let mut vacant = leaving.clone();
+    vacant.pods.retain(|p| p.name != "job-0");
+    vacant.claims.retain(|c| c != "job-0-gpu");
+    let running = [owned("job-1", "u1", Phase::Running)];
+    let held = [used(claim("job-1-gpu", true, &["u1"]), "u1")];
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let at = |now: i64| {
+        let gang = Gang {
+            spec: &spec,
+            journal: Some(&vacant),
+            restarts: 0,
+            counted_restarts: 0,
+            finished_at: None,
+            pods: &running,
+            claims: &held,
+            nodes: &nodes,
+            devices_published: true,
+            reuse_problems: Some(&[]),
+            conflicted: &[],
+            refusals: &[],
+            owners: Owners::default(),
+            now,
+        };
+        decide(&gang, &SETTINGS)
+    };
+    // Within the bound: looked at again when it is due.
+    let s = at(10_000 + 60_000);
+    assert!(s.record().is_none(), "{s:?}");
+    assert!(s.recheck_in.is_some_and(|r| r <= 60_000), "{s:?}");
+    // Past it: the whole gang is requeued.
+    let s = at(10_000 + SETTINGS.schedule_timeout);
+    let tearing = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!(tearing.state, State::TearingDown);
+    assert_eq!(tearing.cause.map(|c| c.0), Some(Reason::ReplacementTimeout));
+}
+
+/// The replacement's commit fills its group's vacancy once it is reserved (not before:
+/// a commit that stops leaves the vacancy and its bound), and a pod wrongly taken for
+/// gone takes its place and its vacancy back.
+#[test]
+fn a_placed_replacement_fills_its_vacancy_and_a_pod_back_in_place_takes_its_own_back() {
+    let mut j = journal(
+        State::Released,
+        0,
+        vec![planned("job-1", false, Some(0))],
+        &["job-1-gpu"],
+    );
+    j.vacancies = vec![muster_admission::Vacancy {
+        pod: "job-0".into(),
+        group: Some("w".into()),
+        index: Some(0),
+        node: "n1".into(),
+        devices: vec![],
+        since: 5,
+    }];
+    let replacement = muster_admission::commit::Placement {
+        pods: vec![planned("job-0-again", false, None)],
+        claims: vec!["job-0-again-gpu".into()],
+        topology_value: None,
+        devices: 1,
+    };
+    let grown = muster_admission::commit::with_extras(&j, &replacement);
+    assert_eq!(
+        grown.vacancies.len(),
+        1,
+        "still vacant while the replacement's commit runs"
+    );
+    let released = muster_admission::commit::extras_released(&grown, &replacement, 100);
+    assert!(released.vacancies.is_empty(), "{released:?}");
+
+    // Taken for gone while its node was missing from the cache, and back.
+    let spec = replaced_by_controller(2);
+    let mut leaving = journal(
+        State::Released,
+        0,
+        vec![planned("job-0", false, None), planned("job-1", false, Some(0))],
+        &["job-0-gpu", "job-1-gpu"],
+    );
+    leaving.vacancies = j.vacancies.clone();
+    let pods = [
+        owned("job-0", "u0", Phase::Running),
+        owned("job-1", "u1", Phase::Running),
+    ];
+    let s = step_with_owners(&spec, Some(&leaving), &pods, &[], Owners::default());
+    let back = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert!(back.vacancies.is_empty(), "{back:?}");
+    assert_eq!(back.planned("job-0").and_then(|p| p.released_at), Some(0));
 }

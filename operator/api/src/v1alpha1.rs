@@ -704,6 +704,9 @@ pub struct PlannedPod {
     pub name: String,
     /// Node the pod is pinned to when it is released.
     pub node: String,
+    /// The pod's group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Placed beyond its group's minCount: losing it does not restart the gang.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub extra: bool,
@@ -719,6 +722,10 @@ pub struct PlannedPod {
     /// An extra pod's own ResourceClaims, deallocated when it is dropped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claims: Vec<String>,
+    /// The devices of the pod's own claims (`driver/pool/device`), recorded where its
+    /// controller replaces it, so that its replacement goes back onto them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
 }
 
 /// The placement muster chose for the gang, and how far its commit got.
@@ -757,4 +764,30 @@ pub struct PlacementStatus {
     /// next attempt starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired_pods: Vec<String>,
+    /// Places whose pod failed or went, kept for the replacements their controller makes
+    /// (`failurePolicy.restartedBy: PodController`): where each goes back to, and since
+    /// when. Past the schedule timeout the whole gang is requeued.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vacancies: Vec<Vacancy>,
+}
+
+/// A place vacated for the replacement of a gang's pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Vacancy {
+    /// The pod that left it.
+    pub pod: String,
+    /// Its pod group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The member's index in its group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<i32>,
+    /// The node it was on.
+    pub node: String,
+    /// The devices its own claims held, as `driver/pool/device`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// When it became vacant.
+    pub since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }

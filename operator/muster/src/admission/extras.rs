@@ -239,7 +239,7 @@ impl Admission {
     ) -> Result<(), CommitError> {
         let PlannedExtras { extras, plan, pods } = planned;
         info!(workload = %key(workload), pods = plan.pods.len(), "placing extra pods");
-        let mut placement = core_placement(&extras, &plan);
+        let mut placement = core_placement(&extras, &plan, places::restarted_by_pod_controller(workload));
         // Replacements of core pods carry their own claims while their commit runs (it
         // is dropped like an extra's if it stops); their devices the gang counted already.
         for replacement in placement.pods.iter_mut().filter(|p| !p.extra) {

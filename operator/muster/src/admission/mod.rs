@@ -220,6 +220,8 @@ pub struct Admission {
     pub(crate) index: Arc<Index>,
     workloads: Store<Workload>,
     pub(crate) stores: GangStores,
+    /// What this loop suspended to requeue gangs of a job's pods (see `owners`).
+    owners: Arc<crate::owners::watch::Marked>,
     priorities: Store<PriorityClass>,
     recorder: Recorder,
     pub(crate) settings: Settings,
@@ -266,16 +268,23 @@ pub(crate) fn now() -> Time {
     Time(Timestamp::now())
 }
 
+/// The caches the admission loop reads, besides the cluster index.
+pub struct Caches {
+    pub workloads: Store<Workload>,
+    pub stores: GangStores,
+    /// What the loop suspended to requeue gangs of a job's pods.
+    pub owners: Arc<crate::owners::watch::Marked>,
+    pub priorities: Store<PriorityClass>,
+}
+
 impl Admission {
-    pub fn new(
-        client: Client,
-        index: Arc<Index>,
-        workloads: Store<Workload>,
-        stores: GangStores,
-        priorities: Store<PriorityClass>,
-        settings: Settings,
-        wake: Arc<Notify>,
-    ) -> Self {
+    pub fn new(client: Client, index: Arc<Index>, caches: Caches, settings: Settings, wake: Arc<Notify>) -> Self {
+        let Caches {
+            workloads,
+            stores,
+            owners,
+            priorities,
+        } = caches;
         let reporter = Reporter {
             controller: labels::ADMISSION_FIELD_MANAGER.into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -286,6 +295,7 @@ impl Admission {
             index,
             workloads,
             stores,
+            owners,
             priorities,
             settings,
             wake,

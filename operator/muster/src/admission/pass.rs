@@ -192,12 +192,12 @@ impl Admission {
                 extras_of: Some(journal),
             })
         }));
-        // Extras come after the waiting gangs of their priority: the pods a running gang
-        // can do without yield to a gang that cannot start (and to the nodes it keeps).
+        // Within a priority: replacements for vacated places first, then waiting gangs,
+        // then extras (see `Standing`).
         queue.sort_by(|a, b| {
             b.priority
                 .cmp(&a.priority)
-                .then(a.extras_of.is_some().cmp(&b.extras_of.is_some()))
+                .then(a.standing().cmp(&b.standing()))
                 .then(a.created.cmp(&b.created))
                 .then(a.name.cmp(&b.name))
         });
@@ -629,6 +629,36 @@ struct Entry {
     extras_of: Option<Journal>,
 }
 
+/// Where an entry of the queue stands among those of its priority, first to last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Standing {
+    /// The waiting pods of a running gang short of a member its controller replaces: the
+    /// gang holds its other members' devices meanwhile (for at most the schedule
+    /// timeout), so its replacements go before a gang that holds nothing yet.
+    Replacements,
+    /// A gang waiting to be placed.
+    Gang,
+    /// The pods beyond a running gang's minCount: they yield to a gang that cannot start
+    /// (and to the nodes it keeps).
+    Extras,
+}
+
+impl Standing {
+    fn of(extras_of: Option<&Journal>) -> Standing {
+        match extras_of {
+            None => Standing::Gang,
+            Some(journal) if !journal.vacancies.is_empty() => Standing::Replacements,
+            Some(_) => Standing::Extras,
+        }
+    }
+}
+
+impl Entry {
+    fn standing(&self) -> Standing {
+        Standing::of(self.extras_of.as_ref())
+    }
+}
+
 /// A gang (or, with `extras_of`, a released gang's waiting extras) the pass found no
 /// room for.
 struct PassedOver {
@@ -695,7 +725,24 @@ fn due_below(priorities: &[i32], due: &[bool]) -> Vec<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::due_below;
+    use super::{Standing, due_below};
+
+    #[test]
+    fn replacements_go_before_waiting_gangs_and_extras_after_them() {
+        let mut journal = muster_admission::Journal::finished(0);
+        assert_eq!(Standing::of(None), Standing::Gang);
+        assert_eq!(Standing::of(Some(&journal)), Standing::Extras);
+        journal.vacancies.push(muster_admission::Vacancy {
+            pod: "job-0".into(),
+            group: None,
+            index: None,
+            node: "n1".into(),
+            devices: vec![],
+            since: 0,
+        });
+        assert_eq!(Standing::of(Some(&journal)), Standing::Replacements);
+        assert!(Standing::Replacements < Standing::Gang && Standing::Gang < Standing::Extras);
+    }
 
     #[test]
     fn a_gang_is_due_when_one_of_lower_priority_behind_it_is() {

@@ -159,7 +159,11 @@ impl Admission {
                 Some(Some(AdmissionState::Released | AdmissionState::Restarting)) => {
                     self.index.update(|c| c.confirm(&plan))
                 }
-                _ => self.index.update(|c| c.forget(&plan)),
+                // A commit that gave up, or a gang gone: its room is free again.
+                _ => {
+                    self.index.update(|c| c.forget(&plan));
+                    self.index.note_room_freed();
+                }
             }
         }
     }
@@ -206,6 +210,10 @@ impl Admission {
             .iter()
             .map(|p| PodView {
                 owned: owners::of_pod(p).is_some(),
+                index: membership::group_of(workload, p).and_then(|g| match g.template {
+                    Some(_) => membership::pod_index(p),
+                    None => membership::member_index(p, g),
+                }),
                 ..observe::pod(p)
             })
             .collect();
@@ -289,7 +297,7 @@ impl Admission {
             reuse_problems: reuse_problems.as_deref(),
             conflicted: &conflicted,
             refusals: &refusals,
-            owners: self.stores.owners.owners(workload, &pod_owners),
+            owners: self.owners.owners(workload, &pod_owners),
             now: observe::now_millis(),
         };
         let mut step = muster_admission::decide(&gang, &self.core_settings());
@@ -492,7 +500,7 @@ impl Admission {
                         .collect();
                     let suspended =
                         owners::writes::suspend(&self.client, workload, &targets, &|| self.ensure_leading()).await?;
-                    self.stores.owners.suspended_now(workload);
+                    self.owners.suspended_now(workload);
                     for owner in suspended {
                         let note = format!(
                             "suspended {} {} to requeue the gang: its controller takes the pods away without counting a failure, and muster resumes it once every device is given back",
@@ -509,9 +517,9 @@ impl Admission {
                     }
                 }
                 Effect::ResumeOwners => {
-                    let marked = self.stores.owners.of(workload);
+                    let marked = self.owners.of(workload);
                     owners::writes::resume(&self.client, &marked, &|| self.ensure_leading()).await?;
-                    self.stores.owners.resumed_now(workload, &marked);
+                    self.owners.resumed_now(workload, &marked);
                     for owner in &marked {
                         let note = format!(
                             "resumed {} {}: its pods wait behind the gate until the gang is placed again",

@@ -2,21 +2,23 @@
 //! index. A replacement the pods' controller makes for a member (a JobSet restarting its
 //! Jobs, a Job replacing a failed pod), and a member of a gang muster restarts, is
 //! planned back there first (`PlanOptions::previous`), so a restart comes back onto the
-//! same devices when they are still free. Kept in memory: after an operator restart,
-//! restarts are planned afresh.
+//! same devices when they are still free. Kept in memory, and for a vacated place in the
+//! journal (`status.placement.vacancies`), so that a restarted operator or a new leader
+//! still puts a replacement back where its predecessor ran.
 //!
 //! While a member's place is vacant (its pod failed or went, its replacement not placed
 //! yet), its devices are held for the gang as a nomination holds devices: against gangs
-//! that could not preempt it, for at most [`VACANCY_HOLD`].
+//! that could not preempt it, for as long as the journal names the vacancy (the state
+//! machine requeues the whole gang once it is older than the schedule timeout).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use muster_admission::State;
 use muster_api::v1alpha1::{RestartedBy, Workload};
+use muster_engine::claim::DeviceId;
 use muster_engine::cluster::{AssumedClaim, PlanId};
 use muster_engine::key::ObjectKey;
 use muster_engine::placement::{Plan, PreviousPlace, PreviousPlaces};
@@ -25,11 +27,6 @@ use muster_engine::request::GangRequest;
 use super::{Admission, conflicts, key};
 use crate::workload::{membership, observe};
 
-/// How long the devices of a vacant place are held for the controller's replacement (a
-/// JobSet recreating its Jobs takes seconds; a job that never replaces its pod must
-/// not keep devices from others).
-pub(crate) const VACANCY_HOLD: Duration = Duration::from_secs(300);
-
 /// A member: its group and its index within the group.
 type Member = (String, i32);
 
@@ -37,8 +34,33 @@ type Member = (String, i32);
 #[derive(Default)]
 pub(crate) struct Places {
     gangs: Mutex<HashMap<ObjectKey, BTreeMap<Member, PreviousPlace>>>,
-    /// Since when each place has been seen vacant.
-    vacant_since: Mutex<HashMap<(ObjectKey, Member), Instant>>,
+}
+
+/// A device a vacancy records (`driver/pool/device`; a pool may hold slashes).
+fn device(text: &str) -> Option<DeviceId> {
+    let (driver, rest) = text.split_once('/')?;
+    let (pool, device) = rest.rsplit_once('/')?;
+    Some(DeviceId {
+        driver: driver.to_string(),
+        pool: pool.to_string(),
+        device: device.to_string(),
+    })
+}
+
+/// The places the journal of `workload` records as vacant, by member.
+fn recorded_vacancies(workload: &Workload) -> BTreeMap<Member, PreviousPlace> {
+    observe::journal(workload)
+        .into_iter()
+        .flat_map(|j| j.vacancies)
+        .filter_map(|v| {
+            let member = (v.group?, v.index?);
+            let place = PreviousPlace {
+                node: v.node,
+                devices: v.devices.iter().filter_map(|d| device(d)).collect(),
+            };
+            Some((member, place))
+        })
+        .collect()
 }
 
 /// Whether the pods' own controller restarts the gang (`restartedBy: PodController`).
@@ -100,9 +122,12 @@ impl Places {
         request: &GangRequest,
     ) -> PreviousPlaces {
         let gangs = self.gangs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(places) = gangs.get(&crate::admission::key(workload)) else {
-            return PreviousPlaces::new();
-        };
+        // What this process remembers, else what the journal recorded of a vacated
+        // place (after a restart or a change of leader).
+        let mut places = recorded_vacancies(workload);
+        if let Some(remembered) = gangs.get(&crate::admission::key(workload)) {
+            places.extend(remembered.iter().map(|(m, p)| (m.clone(), p.clone())));
+        }
         request
             .groups
             .iter()
@@ -119,30 +144,6 @@ impl Places {
     pub(crate) fn keep_only(&self, gangs: &std::collections::HashSet<ObjectKey>) {
         let mut places = self.gangs.lock().unwrap_or_else(|e| e.into_inner());
         places.retain(|gang, _| gangs.contains(gang));
-        let mut vacant = self.vacant_since.lock().unwrap_or_else(|e| e.into_inner());
-        vacant.retain(|(gang, _), _| gangs.contains(gang));
-    }
-
-    /// The places of `gang` no member in `in_place` fills, vacant for less than
-    /// [`VACANCY_HOLD`]; forgets when the others became vacant.
-    fn vacant(&self, gang: &ObjectKey, in_place: &BTreeSet<Member>) -> Vec<(Member, PreviousPlace)> {
-        let places = self.gangs.lock().unwrap_or_else(|e| e.into_inner());
-        let mut since = self.vacant_since.lock().unwrap_or_else(|e| e.into_inner());
-        since.retain(|(g, member), _| g != gang || !in_place.contains(member));
-        let Some(places) = places.get(gang) else {
-            return Vec::new();
-        };
-        places
-            .iter()
-            .filter(|(member, _)| !in_place.contains(*member))
-            .filter(|(member, _)| {
-                let at = *since
-                    .entry((gang.clone(), (*member).clone()))
-                    .or_insert_with(Instant::now);
-                at.elapsed() < VACANCY_HOLD
-            })
-            .map(|(member, place)| (member.clone(), place.clone()))
-            .collect()
     }
 }
 
@@ -161,33 +162,19 @@ impl Admission {
             let Some(journal) = observe::journal(workload).filter(|j| j.state == State::Released) else {
                 continue;
             };
-            let pods = self.gang_pods(workload);
-            // Members whose pod is placed and alive; a pod that failed or is going
-            // leaves its place vacant from now, before the journal says so.
-            let alive = |pod: &Pod| {
-                pod.metadata.deletion_timestamp.is_none()
-                    && pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed")
-            };
-            let in_place: BTreeSet<Member> = journal
-                .pods
-                .iter()
-                .filter(|p| p.released_at.is_some())
-                .filter_map(|p| pods.iter().find(|pod| pod.name_any() == p.name))
-                .filter(|pod| alive(pod))
-                .filter_map(|pod| member(workload, pod))
-                .collect();
             let gang = key(workload);
-            let vacant = self.places.vacant(&gang, &in_place);
             let namespace = workload.namespace().unwrap_or_default();
-            // Held from the moment the place is vacant, before the old claim is given
-            // back: a gang planned in between must not take what it frees.
-            let claims: Vec<AssumedClaim> = vacant
+            // Held from the record of the vacancy on, before the old claim is given back:
+            // a gang planned in between must not take what it frees.
+            let claims: Vec<AssumedClaim> = journal
+                .vacancies
                 .iter()
-                .map(|((group, index), place)| AssumedClaim {
-                    claim: conflicts::nomination_hold(&namespace, &format!("vacant-{group}-{index}"), &gang),
-                    devices: place
+                .map(|vacancy| AssumedClaim {
+                    claim: conflicts::nomination_hold(&namespace, &format!("vacant-{}", vacancy.pod), &gang),
+                    devices: vacancy
                         .devices
                         .iter()
+                        .filter_map(|d| device(d))
                         .map(|d| conflicts::held_device("vacant", &d.driver, &d.pool, &d.device))
                         .collect(),
                 })
@@ -201,5 +188,21 @@ impl Admission {
             holding.insert(gang);
         }
         holding
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_device_parses_back_whatever_slashes_its_pool_has() {
+        let id = device("gpu.example.com/zone-a/rack-1/node-3/gpu-7").expect("a device");
+        assert_eq!(
+            (id.driver.as_str(), id.pool.as_str(), id.device.as_str()),
+            ("gpu.example.com", "zone-a/rack-1/node-3", "gpu-7")
+        );
+        assert_eq!(id.to_string(), "gpu.example.com/zone-a/rack-1/node-3/gpu-7");
+        assert_eq!(device("no-slashes"), None);
     }
 }

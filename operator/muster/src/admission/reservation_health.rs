@@ -211,9 +211,11 @@ mod tests {
                 .map(|(name, node)| PlannedPod {
                     name: name.to_string(),
                     node: node.to_string(),
+                    group: None,
                     extra: false,
                     released_at: None,
                     claims: vec![],
+                    devices: vec![],
                 })
                 .collect(),
             claims: vec![],
@@ -223,6 +225,7 @@ mod tests {
             cause: None,
             topology_value: None,
             nodes: vec![],
+            vacancies: vec![],
             devices: 0,
         }
     }

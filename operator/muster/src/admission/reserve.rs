@@ -77,8 +77,10 @@ pub(crate) fn found_allocated<'r>(request: &'r GangRequest, plan: &Plan) -> Vec<
 }
 
 /// The engine's plan in the state machine's terms: an extra's own claims go with it, and
-/// the claims the gang found allocated are named with those it allocates.
-pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Placement {
+/// the claims the gang found allocated are named with those it allocates. With
+/// `record_devices` (a gang whose controller replaces its pods), each pod's own devices
+/// are recorded, for the vacancy its loss leaves.
+pub(crate) fn core_placement(request: &GangRequest, plan: &Plan, record_devices: bool) -> commit::Placement {
     let own_claims: BTreeMap<&PodKey, &Vec<PodClaim>> = request
         .groups
         .iter()
@@ -95,6 +97,7 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
                 muster_admission::PlannedPod {
                     name: p.pod.name().to_string(),
                     node: p.node.clone(),
+                    group: Some(p.group.clone()),
                     extra,
                     released_at: None,
                     claims: if extra {
@@ -104,6 +107,22 @@ pub(crate) fn core_placement(request: &GangRequest, plan: &Plan) -> commit::Plac
                             .flat_map(|c| c.iter())
                             .filter(|c| !shared.contains(c.key.as_str()))
                             .map(|c| c.key.name().to_string())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    devices: if record_devices {
+                        let own: BTreeSet<&str> = own_claims
+                            .get(&p.pod)
+                            .into_iter()
+                            .flat_map(|c| c.iter())
+                            .filter(|c| !shared.contains(c.key.as_str()))
+                            .map(|c| c.key.as_str())
+                            .collect();
+                        plan.claims
+                            .iter()
+                            .filter(|c| own.contains(c.claim.as_str()))
+                            .flat_map(|c| c.allocation.devices.iter().map(|d| d.device_id().to_string()))
                             .collect()
                     } else {
                         Vec::new()
@@ -236,7 +255,7 @@ impl Admission {
         plan: &Plan,
     ) -> Result<bool, CommitError> {
         let gang = key(workload);
-        let placement = core_placement(request, plan);
+        let placement = core_placement(request, plan, super::places::restarted_by_pod_controller(workload));
         let journal = commit::reserving(&placement, observe::now_millis());
         let written = match self.injected_failure(FailWrite::PlanRecord) {
             Ok(()) => {
@@ -888,9 +907,12 @@ mod tests {
         Admission::new(
             client,
             index,
-            reflector::store().0,
-            stores,
-            reflector::store().0,
+            crate::admission::Caches {
+                workloads: reflector::store().0,
+                stores,
+                owners: Arc::default(),
+                priorities: reflector::store().0,
+            },
             Settings::default(),
             notify,
         )

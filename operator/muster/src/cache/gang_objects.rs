@@ -101,9 +101,6 @@ pub struct GangStores {
     /// Kueue's AdmissionChecks and ResourceFlavors, when the cluster serves Kueue.
     pub kueue_checks: Option<Store<DynamicObject>>,
     pub kueue_flavors: Option<Store<DynamicObject>>,
-    /// The Jobs, JobSets and TrainJobs muster suspended to requeue gangs of their pods
-    /// (driven by [`crate::owners::watch::Marked::follow`]).
-    pub owners: Arc<crate::owners::watch::Marked>,
 }
 
 impl GangStores {
@@ -320,7 +317,6 @@ pub fn gang_watches(
             kueue: kueue_store,
             kueue_checks,
             kueue_flavors,
-            owners: Arc::default(),
         },
         GangWatches {
             pods: pod_events,

@@ -82,7 +82,8 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
             crate::cache::gang_objects::gang_watches(&client, wake.clone(), index.touched.clone(), kueue);
         let kueue_watch = watches.kueue.take();
         // What muster suspended to requeue gangs is cached here; changes wake the loop.
-        let marked_owners = stores.owners.clone();
+        // The Jobs, JobSets and TrainJobs muster suspended to requeue gangs of their pods.
+        let marked_owners = Arc::new(crate::owners::watch::Marked::default());
         let follow_owners = marked_owners
             .clone()
             .follow(client.clone(), index.touched.clone(), wake.clone());
@@ -107,9 +108,12 @@ pub async fn run(client: Client, settings: Settings, health: Arc<Health>) -> End
         let admission = Admission::new(
             client.clone(),
             index.clone(),
-            controller.store(),
-            stores,
-            priorities.clone(),
+            crate::admission::Caches {
+                workloads: controller.store(),
+                stores,
+                owners: marked_owners.clone(),
+                priorities: priorities.clone(),
+            },
             crate::admission::Settings {
                 lease: guard,
                 ..settings.admission.clone()

@@ -32,8 +32,7 @@ pub enum Framework {
 }
 
 /// JobSet's labels on its Jobs and pods.
-pub const JOBSET_UID: &str = "jobset.sigs.k8s.io/jobset-uid";
-pub const JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
+pub use crate::owners::{JOBSET_NAME, JOBSET_UID};
 pub const REPLICATED_JOB: &str = "jobset.sigs.k8s.io/replicatedjob-name";
 
 /// The group of a Job's own Workload, as Kueue names a Job's only pod set.
@@ -64,16 +63,18 @@ pub struct PodSet {
 }
 
 impl PodSet {
-    /// Pods of one Job that run at once: `parallelism`, or fewer `completions`.
+    /// Pods of one Job that run at once: `parallelism`, or fewer `completions` (none
+    /// for a Job of `parallelism: 0` or `completions: 0`).
     pub fn pods_per_job(&self) -> i64 {
         self.completions
             .map_or(self.parallelism, |c| c.min(self.parallelism))
-            .max(1)
+            .max(0)
     }
 
-    /// Pods of the whole set: Jobs × pods per Job.
+    /// Pods of the whole set: Jobs × pods per Job (none for a replicated job of
+    /// `replicas: 0`). A set of no pods is no group of the gang.
     pub fn pods(&self) -> i64 {
-        self.jobs.max(1).saturating_mul(self.pods_per_job())
+        self.jobs.max(0).saturating_mul(self.pods_per_job())
     }
 }
 
@@ -149,6 +150,13 @@ impl Framework {
                 })
                 .collect(),
         }
+    }
+
+    /// Whether the object makes no pods at all (each of its Jobs has `parallelism: 0` or
+    /// `completions: 0`, or none is made): it needs no gang.
+    pub fn makes_no_pods(self, object: &Value) -> bool {
+        let sets = self.pod_sets(object);
+        !sets.is_empty() && sets.iter().all(|s| s.pods() == 0)
     }
 
     /// The object's Workload name (what the webhook labels its pods with).

@@ -19,7 +19,9 @@ use kube::api::{ApiResource, GroupVersionKind};
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
 
-use crate::frameworks::{JOBSET_NAME, JOBSET_UID};
+/// JobSet's labels on its Jobs and their pods: the JobSet's uid and name.
+pub const JOBSET_UID: &str = "jobset.sigs.k8s.io/jobset-uid";
+pub const JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
 
 /// A kind of object muster suspends to requeue a gang of its pods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -63,13 +63,14 @@ fn admission_state(state: State) -> AdmissionState {
 }
 
 /// Reasons a gang being taken apart reports when it is queued again.
-const CAUSES: [Reason; 6] = [
+const CAUSES: [Reason; 7] = [
     Reason::RolledBack,
     Reason::Conflict,
     Reason::ScheduleTimeout,
     Reason::ReleaseTimeout,
     Reason::Preempted,
     Reason::SchedulerRefused,
+    Reason::ReplacementTimeout,
 ];
 
 /// The journal of a Workload, if it has one. The cause of a teardown or a failed
@@ -96,6 +97,7 @@ pub fn journal(workload: &Workload) -> Option<Journal> {
             .map(|p| CorePlannedPod {
                 name: p.name.clone(),
                 node: p.node.clone(),
+                group: p.group.clone(),
                 extra: p.extra,
                 // Before extras carried their own release time (journals without
                 // `since`), the gang's stood for it; a core pod released with the gang
@@ -107,6 +109,7 @@ pub fn journal(workload: &Workload) -> Option<Journal> {
                     None => released_at.filter(|_| state == State::Released),
                 },
                 claims: p.claims.clone(),
+                devices: p.devices.clone(),
             })
             .collect(),
         claims: placement.claims.clone(),
@@ -117,6 +120,18 @@ pub fn journal(workload: &Workload) -> Option<Journal> {
         topology_value: placement.topology_value.clone(),
         nodes: placement.nodes.clone(),
         devices: placement.devices,
+        vacancies: placement
+            .vacancies
+            .iter()
+            .map(|v| muster_admission::Vacancy {
+                pod: v.pod.clone(),
+                group: v.group.clone(),
+                index: v.index,
+                node: v.node.clone(),
+                devices: v.devices.clone(),
+                since: millis(&v.since),
+            })
+            .collect(),
     })
 }
 
@@ -134,6 +149,7 @@ pub fn placement(journal: &Journal) -> PlacementStatus {
             .map(|p| PlannedPod {
                 name: p.name.clone(),
                 node: p.node.clone(),
+                group: p.group.clone(),
                 extra: p.extra,
                 // A core pod released with the gang goes without a time of its own.
                 released_at: p
@@ -145,12 +161,25 @@ pub fn placement(journal: &Journal) -> PlacementStatus {
                     && journal.state == State::Released
                     && journal.released_at.is_some(),
                 claims: p.claims.clone(),
+                devices: p.devices.clone(),
             })
             .collect(),
         claims: journal.claims.clone(),
         released_at: journal.released_at.map(time),
         reuse_reservation: journal.reuse_reservation,
         retired_pods: journal.retired.clone(),
+        vacancies: journal
+            .vacancies
+            .iter()
+            .map(|v| muster_api::v1alpha1::Vacancy {
+                pod: v.pod.clone(),
+                group: v.group.clone(),
+                index: v.index,
+                node: v.node.clone(),
+                devices: v.devices.clone(),
+                since: time(v.since),
+            })
+            .collect(),
     }
 }
 
@@ -349,7 +378,8 @@ pub fn pod(pod: &Pod) -> PodView {
             .map(|c| (c.type_.clone(), c.status.clone()))
             .collect(),
         unscheduled: unscheduled(pod),
-        // Whose pods they are is the admission loop's to tell.
+        // The member's index and whose pods they are are the admission loop's to tell.
+        index: None,
         owned: false,
     }
 }
@@ -478,6 +508,13 @@ pub fn claim(
     ClaimView {
         name: claim.name_any(),
         allocated: usable && status.is_some_and(|s| s.allocation.is_some()),
+        devices: status
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .into_iter()
+            .flat_map(|d| d.results.iter().flatten())
+            .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
+            .collect(),
         ours,
         held_elsewhere,
         used_by,
@@ -511,24 +548,30 @@ mod tests {
                 CorePlannedPod {
                     name: "g-w-0".into(),
                     node: "n1".into(),
+                    group: Some("w".into()),
                     extra: false,
                     released_at: None,
                     claims: vec![],
+                    devices: vec![],
                 },
                 CorePlannedPod {
                     name: "g-w-1".into(),
                     node: "n2".into(),
+                    group: Some("w".into()),
                     extra: true,
                     released_at: Some(1_700_000_001_000),
                     claims: vec!["g-w-1-gpus".into()],
+                    devices: vec![],
                 },
                 // Being dropped (or not released yet): stays so, not the gang's time.
                 CorePlannedPod {
                     name: "g-w-2".into(),
                     node: "n2".into(),
+                    group: None,
                     extra: true,
                     released_at: None,
                     claims: vec!["g-w-2-gpus".into()],
+                    devices: vec![],
                 },
             ],
             claims: vec!["g-w-0-gpus".into(), "g-w-1-gpus".into()],
@@ -539,6 +582,14 @@ mod tests {
             topology_value: Some("rack-1".into()),
             nodes: vec!["n1".into(), "n2".into()],
             devices: 16,
+            vacancies: vec![muster_admission::Vacancy {
+                pod: "g-w-3".into(),
+                group: Some("w".into()),
+                index: Some(3),
+                node: "n3".into(),
+                devices: vec!["gpu.example.com/n3/gpu-0".into()],
+                since: 1_700_000_002_000,
+            }],
         };
         let mut workload: Workload = serde_json::from_value(serde_json::json!({
             "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
