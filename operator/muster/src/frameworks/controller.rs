@@ -58,6 +58,8 @@ pub const EVENT_UNSCHEDULABLE: &str = "GangUnschedulable";
 pub const EVENT_RECREATED: &str = "GangRecreated";
 /// The job changed after its gang was admitted: the change waits for a new job.
 pub const EVENT_CHANGE_IGNORED: &str = "GangChangeIgnored";
+/// The job makes no pods (every replicated job or Job of it has none): it needs no gang.
+pub const EVENT_NO_PODS: &str = "GangNotNeeded";
 
 /// How often the cluster is asked again whether it serves JobSets.
 const SERVED_RECHECK: Duration = Duration::from_secs(60);
@@ -404,6 +406,17 @@ async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action,
     }
     let desired = ctx.cluster_facts(|cluster| derive(ctx.framework, &object, cluster));
     let name = desired.name_any();
+    if ctx.framework.makes_no_pods(&object) {
+        // Nothing to start together, and no pod to wait for (the shape cannot change).
+        if ctx.first_time(format!("{uid}/no-pods")) {
+            let note = format!(
+                "the {} makes no pods (its replicas, parallelism or completions are 0): there is nothing to run as a gang, so muster makes no Workload for it",
+                ctx.framework.kind()
+            );
+            publish(&ctx, &job, EventType::Normal, EVENT_NO_PODS, note).await;
+        }
+        return Ok(Action::await_change());
+    }
     let workloads: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
 
     let Some(existing) = workloads.get_opt(&name).await? else {

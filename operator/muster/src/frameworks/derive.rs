@@ -196,11 +196,10 @@ pub fn derive(framework: Framework, object: &Value, cluster: &Cluster<'_>) -> Wo
 
     let mut groups = Vec::new();
     let mut lowest: Option<(Option<String>, i32)> = None;
-    for set in sets.iter().take(MAX_POD_GROUPS) {
+    // A set of no pods (`replicas: 0`, `parallelism: 0`, `completions: 0`) is no group:
+    // the gang does not wait for pods that never come.
+    for set in sets.iter().filter(|s| s.pods() > 0).take(MAX_POD_GROUPS) {
         let at = &set.at;
-        if set.parallelism < 1 {
-            problems.push(format!("{at}.parallelism: {} pods never make a gang", set.parallelism));
-        }
         if let Some(completions) = set.completions
             && completions > set.parallelism
         {
@@ -326,7 +325,8 @@ pub fn derive(framework: Framework, object: &Value, cluster: &Cluster<'_>) -> Wo
         });
     }
     if groups.is_empty() {
-        // Held and invalid: a Workload needs a group to exist at all.
+        // Held and invalid: a Workload needs a group to exist at all (a job of no pods
+        // gets none: see `Framework::makes_no_pods`).
         groups.push(PodGroup {
             name: "none".into(),
             replicas: 1,
@@ -478,7 +478,7 @@ mod tests {
 
     /// `object` as muster's webhook admits it.
     fn mutated(framework: Framework, object: Value) -> Value {
-        match admit(framework, Operation::Create, &object, None) {
+        match admit(framework, Operation::Create, &object, None, "x2v4b") {
             Verdict::Admit(changed) => changed,
             Verdict::Refuse(why) => panic!("refused: {why}"),
         }
@@ -505,6 +505,36 @@ mod tests {
             .as_ref()
             .and_then(|a| a.get(labels::INVALID).cloned())
             .unwrap_or_default()
+    }
+
+    /// Issue 33: a replicated job of `replicas: 0`, or a Job of `parallelism: 0` or
+    /// `completions: 0`, contributes no pods: it is no group, and a job of no pods at all
+    /// is no gang, rather than a gang waiting for pods that never come.
+    #[test]
+    fn a_set_of_no_pods_is_no_group_and_a_job_of_none_is_no_gang() {
+        let object = jobset(json!({}), json!({"parallelism": 1, "completions": 1}));
+        let mut object = object;
+        object["spec"]["replicatedJobs"][1]["replicas"] = json!(0);
+        let w = derive(Framework::JobSet, &object, &cluster());
+        assert_eq!(invalid(&w), "");
+        let groups: Vec<&str> = w.spec.pod_groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(groups, ["launcher"]);
+
+        for (parallelism, completions) in [(0, 4), (4, 0)] {
+            let job = mutated(
+                Framework::Job,
+                json!({
+                    "apiVersion": "batch/v1", "kind": "Job",
+                    "metadata": {"name": "idle", "namespace": "team", "uid": "j", "labels": {"muster.dev/gang": "true"}},
+                    "spec": {"parallelism": parallelism, "completions": completions, "completionMode": "Indexed",
+                             "template": {"spec": {"priorityClassName": "low"}}},
+                }),
+            );
+            assert!(
+                Framework::Job.makes_no_pods(&job),
+                "parallelism {parallelism}, completions {completions}: no pods, no gang"
+            );
+        }
     }
 
     #[test]

@@ -45,8 +45,41 @@ fn shape(framework: Framework, object: &Value) -> Vec<(String, i64)> {
         .collect()
 }
 
-/// Decides on `object` (and, for an update, `old`) of `framework`.
-pub fn admit(framework: Framework, operation: Operation, object: &Value, old: Option<&Value>) -> Verdict {
+/// The name the API server would generate from `generate_name` with `suffix`: the base
+/// cut so that the whole stays within 63 characters, as the API server cuts it.
+fn generated_name(generate_name: &str, suffix: &str) -> String {
+    const MAX_BASE: usize = 63 - 5;
+    let base: String = generate_name.chars().take(MAX_BASE).collect();
+    format!("{base}{suffix}")
+}
+
+/// Five characters for a generated name, from the request's uid (itself random), in the
+/// alphabet the API server uses.
+pub fn name_suffix(seed: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut hash = seed.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (0..5)
+        .map(|_| {
+            let c = ALPHABET[(hash % ALPHABET.len() as u64) as usize];
+            hash /= ALPHABET.len() as u64;
+            char::from(c)
+        })
+        .collect()
+}
+
+/// Decides on `object` (and, for an update, `old`) of `framework`. A labelled job made
+/// with `generateName` and no name is given its name here (`generateName` and
+/// `name_suffix`, as the API server would), since its gang's Workload and its pods'
+/// labels are named after it.
+pub fn admit(
+    framework: Framework,
+    operation: Operation,
+    object: &Value,
+    old: Option<&Value>,
+    name_suffix: &str,
+) -> Verdict {
     let now = labelled(object);
     let kind = framework.kind();
     if operation == Operation::Update {
@@ -88,13 +121,21 @@ pub fn admit(framework: Framework, operation: Operation, object: &Value, old: Op
             labels::QUEUE_NAME
         ));
     }
-    let name = object["metadata"]["name"].as_str().unwrap_or_default();
-    if name.is_empty() {
-        return Verdict::Refuse(format!(
-            "metadata.name: a {kind} labelled {} needs a name of its own (generateName is not supported), which its gang's Workload is named after",
-            labels::ADOPT
-        ));
+    let mut named = object.clone();
+    if object["metadata"]["name"].as_str().unwrap_or_default().is_empty() {
+        match object["metadata"]["generateName"].as_str().filter(|g| !g.is_empty()) {
+            Some(generate) if operation == Operation::Create => {
+                named["metadata"]["name"] = json!(generated_name(generate, name_suffix));
+            }
+            _ => {
+                return Verdict::Refuse(format!(
+                    "metadata.name: a {kind} labelled {} needs a name (or generateName), which its gang's Workload is named after",
+                    labels::ADOPT
+                ));
+            }
+        }
     }
+    let object = &named;
     match (operation, old) {
         (Operation::Create, _) => {
             let problems = limits(framework, object);
@@ -183,7 +224,7 @@ mod tests {
     #[test]
     fn every_pod_template_gets_the_gate_and_the_gangs_labels() {
         let object = jobset(json!({"muster.dev/gang": "true"}));
-        let changed = admitted(admit(Framework::JobSet, Operation::Create, &object, None));
+        let changed = admitted(admit(Framework::JobSet, Operation::Create, &object, None, "x2v4b"));
         let template = &changed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
         assert_eq!(
             template["spec"]["schedulingGates"],
@@ -196,7 +237,7 @@ mod tests {
         assert_eq!(launcher["metadata"]["labels"]["muster.dev/pod-group"], "launcher");
         // Again: nothing more changes.
         assert_eq!(
-            admit(Framework::JobSet, Operation::Update, &changed, Some(&changed)),
+            admit(Framework::JobSet, Operation::Update, &changed, Some(&changed), "x2v4b"),
             Verdict::Admit(changed.clone())
         );
         // A later webhook dropped the gate: it comes back.
@@ -204,7 +245,7 @@ mod tests {
         dropped["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["schedulingGates"] =
             json!([{"name": "other"}]);
         assert_eq!(
-            admit(Framework::JobSet, Operation::Update, &dropped, Some(&changed)),
+            admit(Framework::JobSet, Operation::Update, &dropped, Some(&changed), "x2v4b"),
             Verdict::Admit(changed.clone())
         );
     }
@@ -217,14 +258,14 @@ mod tests {
         suspended["spec"]["suspend"] = json!(true);
         for object in [&queued, &suspended] {
             assert!(matches!(
-                admit(Framework::JobSet, Operation::Create, object, None),
+                admit(Framework::JobSet, Operation::Create, object, None, "x2v4b"),
                 Verdict::Refuse(m) if m.contains("kueue.x-k8s.io/queue-name") && m.contains("muster.dev/queue-name")
             ));
         }
         // Nothing strips it: an unlabelled job keeps it untouched (not muster's).
         let plain = jobset(json!({"kueue.x-k8s.io/queue-name": "team"}));
         assert_eq!(
-            admit(Framework::JobSet, Operation::Create, &plain, None),
+            admit(Framework::JobSet, Operation::Create, &plain, None, "x2v4b"),
             Verdict::Admit(plain.clone())
         );
         // Added later: refused too.
@@ -233,11 +274,12 @@ mod tests {
             Operation::Create,
             &jobset(json!({"muster.dev/gang": "true"})),
             None,
+            "x2v4b",
         ));
         let mut later = labelled.clone();
         later["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = json!("team");
         assert!(matches!(
-            admit(Framework::JobSet, Operation::Update, &later, Some(&labelled)),
+            admit(Framework::JobSet, Operation::Update, &later, Some(&labelled), "x2v4b"),
             Verdict::Refuse(_)
         ));
     }
@@ -246,28 +288,43 @@ mod tests {
     fn unlabelled_objects_pass_and_the_label_cannot_come_or_go_later() {
         let plain = jobset(json!({}));
         assert_eq!(
-            admit(Framework::JobSet, Operation::Create, &plain, None),
+            admit(Framework::JobSet, Operation::Create, &plain, None, "x2v4b"),
             Verdict::Admit(plain.clone())
         );
         let labelled = jobset(json!({"muster.dev/gang": "true"}));
         assert!(matches!(
-            admit(Framework::JobSet, Operation::Update, &labelled, Some(&plain)),
+            admit(Framework::JobSet, Operation::Update, &labelled, Some(&plain), "x2v4b"),
             Verdict::Refuse(m) if m.contains("only be set when the JobSet is created")
         ));
         assert!(matches!(
-            admit(Framework::JobSet, Operation::Update, &plain, Some(&labelled)),
+            admit(Framework::JobSet, Operation::Update, &plain, Some(&labelled), "x2v4b"),
             Verdict::Refuse(m) if m.contains("cannot be removed")
         ));
         assert!(matches!(
-            admit(Framework::JobSet, Operation::Create, &jobset(json!({"muster.dev/gang": "yes"})), None),
+            admit(Framework::JobSet, Operation::Create, &jobset(json!({"muster.dev/gang": "yes"})), None, "x2v4b"),
             Verdict::Refuse(m) if m.contains("\"yes\" is not a value muster knows")
         ));
         let mut unnamed = labelled.clone();
         unnamed["metadata"]["name"] = json!(null);
         assert!(matches!(
-            admit(Framework::JobSet, Operation::Create, &unnamed, None),
+            admit(Framework::JobSet, Operation::Create, &unnamed, None, "x2v4b"),
             Verdict::Refuse(m) if m.contains("generateName")
         ));
+        // Made with generateName (as Argo or Kubeflow Pipelines make jobs): named here,
+        // and its pods labelled for the Workload of that name.
+        unnamed["metadata"]["generateName"] = json!("train-");
+        let Verdict::Admit(named) = admit(Framework::JobSet, Operation::Create, &unnamed, None, "x2v4b") else {
+            panic!("admitted");
+        };
+        assert_eq!(named["metadata"]["name"], "train-x2v4b");
+        assert_eq!(
+            named["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"][labels::WORKLOAD],
+            "jobset-train-x2v4b"
+        );
+        let long = "a".repeat(70);
+        assert_eq!(generated_name(&long, "x2v4b").len(), 63);
+        assert_eq!(name_suffix("uid-1"), name_suffix("uid-1"));
+        assert_ne!(name_suffix("uid-1"), name_suffix("uid-2"));
     }
 
     #[test]
@@ -275,7 +332,7 @@ mod tests {
         let mut huge = jobset(json!({"muster.dev/gang": "true"}));
         huge["spec"]["replicatedJobs"][0]["replicas"] = json!(5000);
         assert!(matches!(
-            admit(Framework::JobSet, Operation::Create, &huge, None),
+            admit(Framework::JobSet, Operation::Create, &huge, None, "x2v4b"),
             Verdict::Refuse(m) if m.contains("5001 pods; a gang has at most 4096")
         ));
         let created = admitted(admit(
@@ -283,11 +340,12 @@ mod tests {
             Operation::Create,
             &jobset(json!({"muster.dev/gang": "true"})),
             None,
+            "x2v4b",
         ));
         let mut scaled = created.clone();
         scaled["spec"]["replicatedJobs"][0]["replicas"] = json!(3);
         assert!(matches!(
-            admit(Framework::JobSet, Operation::Update, &scaled, Some(&created)),
+            admit(Framework::JobSet, Operation::Update, &scaled, Some(&created), "x2v4b"),
             Verdict::Refuse(m) if m.contains("fixed shape")
         ));
     }
@@ -298,7 +356,7 @@ mod tests {
         let mut new = old.clone();
         new["metadata"]["annotations"] = json!({"note": "x"});
         assert_eq!(
-            admit(Framework::JobSet, Operation::Update, &new, Some(&old)),
+            admit(Framework::JobSet, Operation::Update, &new, Some(&old), "x2v4b"),
             Verdict::Admit(new.clone())
         );
     }

@@ -31,7 +31,7 @@ pub fn respond(body: &[u8]) -> Result<Value, String> {
     };
     let object = &request["object"];
     let old = Some(&request["oldObject"]).filter(|o| o.is_object());
-    let response = match mutate::admit(framework, operation, object, old) {
+    let response = match mutate::admit(framework, operation, object, old, &mutate::name_suffix(uid)) {
         Verdict::Admit(changed) => {
             let patch = json_patch::diff(object, &changed);
             if patch.0.is_empty() {
