@@ -1335,3 +1335,58 @@ async fn a_labelled_job_of_an_unlabelled_jobset_is_told_it_runs_outside_any_gang
     })
     .await
 }
+
+/// Issue 33: a labelled Job made with `generateName` (as Argo, Kubeflow Pipelines and
+/// Airflow make them) is named by muster's webhook and runs as a gang.
+#[tokio::test]
+async fn a_labelled_job_made_with_generate_name_runs_as_a_gang() -> Result<()> {
+    with_frameworks("generate-name", |test| {
+        Box::pin(async move {
+            let mut job = indexed_job("unused", 2, json!({}));
+            job["metadata"] = json!({
+                "generateName": "sweep-",
+                "labels": {"muster.dev/gang": "true"},
+                "annotations": {"muster.dev/required-topology": RACK_LABEL},
+            });
+            create_job(test, job).await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let name = jobs
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find_map(|j| j.metadata.name.filter(|n| n.starts_with("sweep-")))
+                .context("the Job, named")?;
+            ensure!(name.len() == "sweep-".len() + 5, "a generated name: {name}");
+            runs_as_one_gang(test, &format!("job-{name}"), 2).await?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// Issue 33: a replicated job of `replicas: 0` is no group of its JobSet's gang (which
+/// runs without waiting for it), and a Job of `parallelism: 0` needs no gang at all.
+#[tokio::test]
+async fn a_set_of_no_pods_is_no_group_and_a_job_of_none_needs_no_gang() -> Result<()> {
+    with_frameworks("no-pods", |test| {
+        Box::pin(async move {
+            let mut jobset = labelled_jobset("partial", 2, json!({}));
+            jobset["spec"]["replicatedJobs"][1]["replicas"] = json!(0);
+            create(&jobsets(test), jobset).await?;
+            runs_as_one_gang(test, "jobset-partial", 1).await?;
+            let workload = test.workloads().get("jobset-partial").await?;
+            let groups: Vec<String> = workload.spec.pod_groups.iter().map(|g| g.name.clone()).collect();
+            ensure!(groups == ["launcher"], "only the launcher is a group: {groups:?}");
+
+            create_job(test, indexed_job("idle", 4, json!({"spec": {"parallelism": 0}}))).await?;
+            wait_job_event(test, "idle", "GangNotNeeded", "makes no pods").await?;
+            ensure!(
+                test.workloads().get_opt("job-idle").await?.is_none(),
+                "no Workload for a Job of no pods"
+            );
+            Ok(())
+        })
+    })
+    .await
+}

@@ -554,46 +554,59 @@ async fn pods_of_a_controller_muster_cannot_suspend_are_marked_disrupted_before_
                     "template": template,
                 },
             });
-            let replicasets: Api<DynamicObject> =
-                Api::namespaced_with(test.client.clone(), &test.ns, &resource("apps", "v1", "ReplicaSet", "replicasets"));
+            let replicasets: Api<DynamicObject> = Api::namespaced_with(
+                test.client.clone(),
+                &test.ns,
+                &resource("apps", "v1", "ReplicaSet", "replicasets"),
+            );
             create(&replicasets, replicaset).await?;
-            test.wait_phase("sts", muster_api::v1alpha1::WorkloadPhase::Running, Duration::from_secs(90))
-                .await?;
+            test.wait_phase(
+                "sts",
+                muster_api::v1alpha1::WorkloadPhase::Running,
+                Duration::from_secs(90),
+            )
+            .await?;
 
             test.create(ranked(gang("high", 4, Some(RACK)), HIGH)).await?;
             let pods = test.pods();
-            let reasons = wait::until("the ReplicaSet's pods to be marked and deleted", Duration::from_secs(60), || {
-                let pods = pods.clone();
-                async move {
-                    let going: Vec<Pod> = pods
-                        .list(&ListParams::default().labels("muster.dev/workload=sts"))
-                        .await?
-                        .items
-                        .into_iter()
-                        .filter(|p| p.metadata.deletion_timestamp.is_some())
-                        .collect();
-                    let reasons: Vec<String> = going
-                        .iter()
-                        .filter_map(|p| {
-                            p.status
-                                .as_ref()?
-                                .conditions
-                                .as_ref()?
-                                .iter()
-                                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-                                .and_then(|c| c.reason.clone())
-                        })
-                        .collect();
-                    Ok((going.len() == 2 && reasons.len() == 2).then_some(reasons))
-                }
-            })
+            let reasons = wait::until(
+                "the ReplicaSet's pods to be marked and deleted",
+                Duration::from_secs(60),
+                || {
+                    let pods = pods.clone();
+                    async move {
+                        let going: Vec<Pod> = pods
+                            .list(&ListParams::default().labels("muster.dev/workload=sts"))
+                            .await?
+                            .items
+                            .into_iter()
+                            .filter(|p| p.metadata.deletion_timestamp.is_some())
+                            .collect();
+                        let reasons: Vec<String> = going
+                            .iter()
+                            .filter_map(|p| {
+                                p.status
+                                    .as_ref()?
+                                    .conditions
+                                    .as_ref()?
+                                    .iter()
+                                    .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                                    .and_then(|c| c.reason.clone())
+                            })
+                            .collect();
+                        Ok((going.len() == 2 && reasons.len() == 2).then_some(reasons))
+                    }
+                },
+            )
             .await?;
             ensure!(
                 reasons.iter().all(|r| r == "PreemptionByMuster"),
                 "the condition's reason: {reasons:?}"
             );
             assert_runs_as_planned(test, "high").await?;
-            replicasets.delete("sts", &kube::api::DeleteParams::background()).await?;
+            replicasets
+                .delete("sts", &kube::api::DeleteParams::background())
+                .await?;
             Ok(())
         })
     })
