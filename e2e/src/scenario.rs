@@ -374,12 +374,20 @@ impl Test {
         if let Err(e) = jobs.delete_collection(&background, &ListParams::default()).await {
             problems.push(anyhow::Error::new(e).context("deleting the test's Jobs"));
         }
-        if let Err(e) = self
-            .workloads()
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-        {
-            problems.push(anyhow::Error::new(e).context("deleting the test's Workloads"));
+        // One at a time: the chart's policy refuses to delete the running gang of a job on
+        // its own, and the garbage collector deletes that one with its job (above).
+        match self.workloads().list(&ListParams::default()).await {
+            Ok(list) => {
+                for workload in list.items {
+                    let name = workload.metadata.name.unwrap_or_default();
+                    match self.workloads().delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 || e.message.contains("is the running gang of") => {}
+                        Err(e) => problems.push(anyhow::Error::new(e).context(format!("deleting Workload {name}"))),
+                    }
+                }
+            }
+            Err(e) => problems.push(anyhow::Error::new(e).context("listing the test's Workloads")),
         }
         // Claims the test made itself (a user's, shared by gangs) go too; muster clears
         // what it allocated on them once no pod uses them.

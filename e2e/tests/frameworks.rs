@@ -1390,3 +1390,31 @@ async fn a_set_of_no_pods_is_no_group_and_a_job_of_none_needs_no_gang() -> Resul
     })
     .await
 }
+
+/// Issue 33: the Workload of a labelled Job cannot be deleted on its own while its gang
+/// runs (the chart's policy, run by the API server): the Job's pods would run on
+/// without it, and the Workload muster made again could never admit them. Deleting the
+/// Job takes the Workload with it and gives every device back.
+#[tokio::test]
+async fn a_running_jobs_workload_cannot_be_deleted_on_its_own() -> Result<()> {
+    with_frameworks("keep-gang", |test| {
+        Box::pin(async move {
+            create_job(test, indexed_job("kept", 2, json!({}))).await?;
+            runs_as_one_gang(test, "job-kept", 2).await?;
+            let refused = match test.workloads().delete("job-kept", &DeleteParams::default()).await {
+                Ok(_) => anyhow::bail!("the running gang's Workload was deleted on its own"),
+                Err(e) => e.to_string(),
+            };
+            ensure!(
+                refused.contains("is the running gang of Job kept") && refused.contains("delete the Job"),
+                "{refused}"
+            );
+            runs_as_one_gang(test, "job-kept", 2).await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.delete("kept", &DeleteParams::background()).await?;
+            all_given_back(test, "job-kept").await?;
+            Ok(())
+        })
+    })
+    .await
+}

@@ -102,7 +102,15 @@ impl ControlPlane {
         let ports = Ports::pick()?;
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
         let kubeconfig = run_dir.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &server, &pki)?;
+        write_kubeconfig(&kubeconfig, &server, &pki, &pki.admin_cert, &pki.admin_key)?;
+        let controller_manager_kubeconfig = run_dir.join("kube-controller-manager.kubeconfig");
+        write_kubeconfig(
+            &controller_manager_kubeconfig,
+            &server,
+            &pki,
+            &pki.controller_manager_cert,
+            &pki.controller_manager_key,
+        )?;
 
         let mut processes = ProcessGroup::new()?;
         let s = |p: &Path| p.display().to_string();
@@ -215,7 +223,10 @@ impl ControlPlane {
             args
         };
         let mut kcm_args = common(ports.controller_manager, "kube-controller-manager");
+        kcm_args.retain(|a| !a.starts_with("--kubeconfig="));
         kcm_args.extend([
+            format!("--kubeconfig={}", s(&controller_manager_kubeconfig)),
+            "--use-service-account-credentials=true".into(),
             format!("--root-ca-file={}", s(&pki.ca_cert)),
             format!("--service-account-private-key-file={}", s(&pki.service_account_key)),
             "--node-monitor-grace-period=40s".into(),
@@ -409,7 +420,7 @@ where
     }
 }
 
-fn write_kubeconfig(path: &Path, server: &str, pki: &Pki) -> Result<()> {
+fn write_kubeconfig(path: &Path, server: &str, pki: &Pki, cert: &Path, key: &Path) -> Result<()> {
     let b64 = |p: &Path| -> Result<String> {
         Ok(base64::engine::general_purpose::STANDARD.encode(fs::read(p).with_context(|| p.display().to_string())?))
     };
@@ -434,8 +445,8 @@ contexts:
 current-context: muster-e2e
 ",
         ca = b64(&pki.ca_cert)?,
-        cert = b64(&pki.admin_cert)?,
-        key = b64(&pki.admin_key)?,
+        cert = b64(cert)?,
+        key = b64(key)?,
     );
     fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }

@@ -19,6 +19,9 @@ pub struct Pki {
     pub serving_key: PathBuf,
     pub admin_cert: PathBuf,
     pub admin_key: PathBuf,
+    /// kube-controller-manager's client certificate (user `system:kube-controller-manager`).
+    pub controller_manager_cert: PathBuf,
+    pub controller_manager_key: PathBuf,
     pub service_account_key: PathBuf,
     pub service_account_public_key: PathBuf,
 }
@@ -62,6 +65,16 @@ impl Pki {
         admin.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         let admin_cert = admin.signed_by(&admin_key, &issuer)?;
 
+        // kube-controller-manager as on a real cluster: its own user, and each controller
+        // through its ServiceAccount (`--use-service-account-credentials`), so that
+        // policies which tell the garbage collector from a user see what they would.
+        let controller_manager_key = KeyPair::generate()?;
+        let mut controller_manager = CertificateParams::default();
+        controller_manager.distinguished_name = name("system:kube-controller-manager", None);
+        controller_manager.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        controller_manager.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        let controller_manager_cert = controller_manager.signed_by(&controller_manager_key, &issuer)?;
+
         let service_account_key = KeyPair::generate()?;
 
         let pki = Pki {
@@ -70,6 +83,8 @@ impl Pki {
             serving_key: dir.join("apiserver.key"),
             admin_cert: dir.join("admin.crt"),
             admin_key: dir.join("admin.key"),
+            controller_manager_cert: dir.join("controller-manager.crt"),
+            controller_manager_key: dir.join("controller-manager.key"),
             service_account_key: dir.join("sa.key"),
             service_account_public_key: dir.join("sa.pub"),
         };
@@ -78,6 +93,8 @@ impl Pki {
         write(&pki.serving_key, &serving_key.serialize_pem())?;
         write(&pki.admin_cert, &admin_cert.pem())?;
         write(&pki.admin_key, &admin_key.serialize_pem())?;
+        write(&pki.controller_manager_cert, &controller_manager_cert.pem())?;
+        write(&pki.controller_manager_key, &controller_manager_key.serialize_pem())?;
         write(&pki.service_account_key, &service_account_key.serialize_pem())?;
         write(&pki.service_account_public_key, &service_account_key.public_key_pem())?;
         Ok(pki)
