@@ -928,7 +928,7 @@ impl ClusterState {
             .filter(|(_, held)| {
                 held.devices
                     .iter()
-                    .any(|d| d.admin_access != Some(true) && counts(d) && d.device_id() == *id)
+                    .any(|d| d.admin_access != Some(true) && counts(d) && d.is_for(id))
             })
             .map(|(name, _)| name.as_str())
             .collect();

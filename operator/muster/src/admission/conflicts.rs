@@ -121,7 +121,7 @@ fn results_for<'c>(
         .into_iter()
         .filter(move |name| counted(name))
         .flat_map(move |name| cluster.claim_devices(&ClaimKey::from(name)).unwrap_or_default())
-        .filter(move |result| result.device_id() == *id)
+        .filter(move |result| result.is_for(id))
 }
 
 /// What the shares of `id` consume together, leaving out those of the claims (by
