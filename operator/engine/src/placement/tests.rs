@@ -1,6 +1,6 @@
 use super::*;
 use crate::claim::{DeviceId, DeviceResult};
-use crate::cluster::PlanId;
+use crate::cluster::{PlanId, locked};
 use crate::fixtures::*;
 use crate::request::{GroupRequest, SharedClaim, TopologyRequest};
 use crate::selector::Toleration;
@@ -293,6 +293,24 @@ fn the_same_input_gives_the_same_plan() {
     occupy(&mut again, "node-00005", 3);
     occupy(&mut again, "node-00013", 5);
     assert_eq!(plan(&again, &gang, &PlanOptions::default()), first);
+}
+
+#[test]
+fn gangs_that_differ_only_in_their_pods_labels_share_what_a_plan_learns_of_nodes() {
+    let cluster = gpu_cluster(8, 8, 2, 2);
+    let labelled = |name: &str| {
+        let mut gang = gpu_gang(name, 2, 8, Some(RACK), None);
+        gang.groups[0]
+            .shape
+            .rules
+            .labels
+            .insert("example.com/gang".into(), name.into());
+        gang
+    };
+    let first = placed(&plan(&cluster, &labelled("a"), &PlanOptions::default())).clone();
+    let second = placed(&plan(&cluster, &labelled("b"), &PlanOptions::default())).clone();
+    assert_eq!(first.nodes(), second.nodes());
+    assert_eq!(locked(&cluster.room_cache).len(), 1, "one pod shape for both gangs");
 }
 
 #[test]
