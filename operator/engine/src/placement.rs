@@ -462,12 +462,16 @@ impl<'a> Planner<'a> {
             .required
             .as_ref()
             .and(self.options.required_value.as_deref());
-        let mut cache = crate::cluster::locked(&cluster.room_cache);
-        if cache.len() > 64 {
-            cache.clear();
-        }
-        let mut by_shape: Vec<Vec<Option<CachedRoom>>> =
-            signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect();
+        // The shapes' entries are taken out for the plan and put back after it, each
+        // under a short lock: a planner on another copy of the state is never held up
+        // (it finds no entry for a shape taken out meanwhile, and learns it itself).
+        let mut by_shape: Vec<Vec<Option<CachedRoom>>> = {
+            let mut cache = crate::cluster::locked(&cluster.room_cache);
+            if cache.len() > 64 {
+                cache.clear();
+            }
+            signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect()
+        };
         let groups = gang.groups.len();
         // Why each group cannot use the node at hand; reused from node to node.
         let mut group_why: Vec<Option<String>> = vec![None; groups];
@@ -595,6 +599,7 @@ impl<'a> Planner<'a> {
             }
             Ok(())
         })();
+        let mut cache = crate::cluster::locked(&cluster.room_cache);
         for (signature, map) in signatures.into_iter().zip(by_shape) {
             cache.insert(signature, map);
         }
