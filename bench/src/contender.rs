@@ -39,6 +39,13 @@ impl Contender {
         }
     }
 
+    /// The contender named `text` (`muster`, `upstream`, `plain`), any case.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|c| format!("{c:?}").eq_ignore_ascii_case(text))
+    }
+
     /// Whether the benchmark creates the pods (muster creates its own).
     pub fn creates_pods(self) -> bool {
         self != Contender::Muster

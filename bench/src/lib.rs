@@ -133,6 +133,11 @@ pub async fn run(config: &Config, progress: impl Fn(&str)) -> Result<Run> {
                     progress(&format!("    writes: {:?}", result.apiserver_writes));
                     progress(&format!("    muster's writes: {:?}", result.muster_writes_by_request));
                     progress(&format!("    cpu: {:?}", result.cpu_seconds));
+                    progress(&format!(
+                        "    last create → all Running: {:?} s; muster's plans (count, mean s): {:?}",
+                        result.last_create_to_all_running(),
+                        result.muster_plans
+                    ));
                 }
                 results.push(result);
             }

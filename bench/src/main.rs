@@ -12,9 +12,13 @@ use muster_bench::spec::{ScenarioId, Size};
 #[derive(Parser)]
 #[command(about = "muster against upstream gang scheduling and plain kube-scheduler")]
 struct Args {
-    /// Scenarios to run, comma-separated (S1..S6).
-    #[arg(long, default_value = "S1,S2,S3,S4,S5,S6", value_delimiter = ',')]
+    /// Scenarios to run, comma-separated (S1..S7).
+    #[arg(long, default_value = "S1,S2,S3,S4,S5,S6,S7", value_delimiter = ',')]
     scenarios: Vec<String>,
+    /// Contenders to run, comma-separated (muster, upstream, plain); the report compares
+    /// only those that ran.
+    #[arg(long, default_value = "muster,upstream,plain", value_delimiter = ',')]
+    contenders: Vec<String>,
     /// Repeats per scenario; each repeat rotates the contenders' order by one (ABC, BCA,
     /// CAB), so six repeats put every contender in every position twice.
     #[arg(long, default_value_t = 6)]
@@ -42,7 +46,14 @@ async fn main() -> Result<()> {
     let scenarios = args
         .scenarios
         .iter()
-        .map(|s| ScenarioId::parse(s).with_context(|| format!("unknown scenario {s}: expected S1..S6")))
+        .map(|s| ScenarioId::parse(s).with_context(|| format!("unknown scenario {s}: expected S1..S7")))
+        .collect::<Result<Vec<_>>>()?;
+    let contenders = args
+        .contenders
+        .iter()
+        .map(|c| {
+            Contender::parse(c).with_context(|| format!("unknown contender {c}: expected muster, upstream or plain"))
+        })
         .collect::<Result<Vec<_>>>()?;
     let muster_binary = match args.muster_bin {
         Some(path) => path,
@@ -51,7 +62,7 @@ async fn main() -> Result<()> {
     let config = muster_bench::Config {
         size: if args.smoke { Size::Smoke } else { Size::Full },
         scenarios,
-        contenders: Contender::ALL.to_vec(),
+        contenders,
         repeats: args.repeats.max(1),
         muster_binary,
         keep_logs: args.keep_logs,

@@ -98,6 +98,9 @@ pub struct PhaseResult {
     /// 10% and 90% of them were (scheduler_perf's throughput over a window).
     pub release_rate: Option<f64>,
     pub bind_rate: Option<f64>,
+    /// muster's plans in the phase, and their mean duration in seconds, from its
+    /// `muster_plan_duration_seconds`.
+    pub muster_plans: Option<(f64, f64)>,
 }
 
 impl PhaseResult {
@@ -133,6 +136,26 @@ impl PhaseResult {
     /// (node leases and status) is not in it.
     pub fn gang_writes_per_pod(&self) -> f64 {
         self.writes.total(None, None) as f64 / self.pods_bound.max(1) as f64
+    }
+
+    /// From the last gang's create (or release, for a held baseline gang) to the moment
+    /// every pod of every gang was Running, if they all were.
+    pub fn last_create_to_all_running(&self) -> Option<f64> {
+        let last_create = self.gangs.iter().map(|g| g.created_at).reduce(f64::max)?;
+        let all_running = self
+            .gangs
+            .iter()
+            .map(|g| g.all_running.map(|r| g.created_at + r))
+            .collect::<Option<Vec<f64>>>()?
+            .into_iter()
+            .reduce(f64::max)?;
+        Some((all_running - last_create).max(0.0))
+    }
+
+    /// muster's CPU seconds per 100 pods bound.
+    pub fn muster_cpu_per_100_pods(&self) -> Option<f64> {
+        let cpu = self.cpu_seconds.get("muster")?;
+        Some(cpu * 100.0 / self.pods_bound.max(1) as f64)
     }
 
     /// Writes by `client` in `stage` per pod bound.
@@ -181,12 +204,14 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
     let mut cpu_seconds = cost::delta(&cpu_before, &cpu_after);
     let mut muster_peak_rss_mib = None;
     let mut muster_writes = None;
+    let mut muster_plans = None;
     if let Some(operator) = &operator {
         if let Some(pid) = operator.pid() {
             cpu_seconds.insert("muster".into(), cost::cpu_seconds(pid).unwrap_or(0.0));
             muster_peak_rss_mib = cost::peak_rss_mib(pid);
         }
         muster_writes = operator_writes(operator).await.ok();
+        muster_plans = operator_plans(operator).await.ok();
     }
     drop(recorder);
     let cleanup_wall = std::time::SystemTime::now();
@@ -236,6 +261,7 @@ pub async fn run(stage: &Stage<'_>, scenario: &Scenario, contender: Contender, r
     result.apiserver_writes = cost::delta(&writes_before, &writes_after);
     result.muster_writes = muster_writes.as_ref().map(|w| w.values().sum());
     result.muster_writes_by_request = muster_writes.unwrap_or_default();
+    result.muster_plans = muster_plans;
     Ok(result)
 }
 
@@ -528,6 +554,19 @@ async fn operator_writes(operator: &Operator) -> Result<BTreeMap<String, f64>> {
     Ok(writes)
 }
 
+/// How many gangs the operator planned, and their mean plan time in seconds, from
+/// `muster_plan_duration_seconds` (every outcome).
+async fn operator_plans(operator: &Operator) -> Result<(f64, f64)> {
+    let (code, body) = operator.get("/metrics").await?;
+    if code != 200 {
+        bail!("the operator's metrics answered {code}");
+    }
+    let total = |name: &str| cost::counters(&body, name).map(|(_, value)| value).sum::<f64>();
+    let count = total("muster_plan_duration_seconds_count");
+    let sum = total("muster_plan_duration_seconds_sum");
+    Ok((count, if count > 0.0 { sum / count } else { 0.0 }))
+}
+
 /// Deletes the phase's namespace and waits until it is gone, so no claim of this phase
 /// holds a device in the next.
 async fn delete_namespace_and_wait(client: &kube::Client, ns: &str) -> Result<()> {
@@ -649,6 +688,7 @@ fn summarize(
         unreserved_running: Vec::new(),
         release_rate: window_rate(timeline.pods.values().filter_map(|p| p.released).collect()),
         bind_rate: window_rate(timeline.pods.values().filter_map(|p| p.bound).collect()),
+        muster_plans: None,
     }
 }
 

@@ -188,7 +188,8 @@ fn headline(out: &mut String, run: &Run) {
     for scenario in &run.scenarios {
         let ours = Summary::of(run, scenario.id, Contender::Muster);
         let theirs = Summary::of(run, scenario.id, Contender::Upstream);
-        if ours.is_empty() || theirs.is_empty() {
+        // Without upstream in the run, muster's own measures and goals still show.
+        if ours.is_empty() {
             continue;
         }
         let title = scenario.id.title();
@@ -380,6 +381,17 @@ fn headline(out: &mut String, run: &Run) {
                 let rss = ours.per_phase(|p| p.muster_peak_rss_mib.unwrap_or(0.0));
                 row("muster peak RSS (MiB)", rss, None, 0, "≤ 300", rss.map(|r| r <= 300.0));
             }
+            ScenarioId::S7 => {
+                let last = |s: &Summary| s.spread(PhaseResult::last_create_to_all_running).map(|(m, _, _)| m);
+                let (a, b) = (last(&ours), last(&theirs));
+                row("last create → all Running (s)", a, b, 1, "≤ 5", a.map(|a| a <= 5.0));
+                let cpu = ours.spread(PhaseResult::muster_cpu_per_100_pods).map(|(m, _, _)| m);
+                row("muster CPU s per 100 pods", cpu, None, 2, "≤ 1", cpu.map(|c| c <= 1.0));
+                let plan = ours
+                    .spread(|p| p.muster_plans.map(|(_, mean)| mean * 1000.0))
+                    .map(|(m, _, _)| m);
+                row("muster plan time per gang, mean (ms)", plan, None, 2, "", None);
+            }
         }
     }
     let _ = writeln!(out);
@@ -568,6 +580,33 @@ fn details(out: &mut String, run: &Run, scenario: &Scenario) {
                     contender.label(),
                     times.join(", "),
                     s.phases.len()
+                );
+            }
+            let _ = writeln!(out);
+        }
+        ScenarioId::S7 => {
+            let _ = writeln!(
+                out,
+                "The burst as in S6, every gang bound to one rack: from the last gang's create (a baseline's, its release) to every pod Running; muster's CPU seconds over the phase per 100 pods bound; its plans and their mean time, from `muster_plan_duration_seconds`.\n"
+            );
+            let _ = writeln!(
+                out,
+                "| contender | last create → all Running (s) | muster CPU s per 100 pods | muster plans per run, mean plan (ms) |"
+            );
+            let _ = writeln!(out, "|---|---|---|---|");
+            for contender in Contender::ALL {
+                let s = Summary::of(run, scenario.id, contender);
+                if s.is_empty() {
+                    continue;
+                }
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} / {} |",
+                    contender.label(),
+                    spread(s.spread(PhaseResult::last_create_to_all_running), 1),
+                    spread(s.spread(PhaseResult::muster_cpu_per_100_pods), 2),
+                    number(s.spread(|p| p.muster_plans.map(|(n, _)| n)).map(|(m, _, _)| m), 0),
+                    spread(s.spread(|p| p.muster_plans.map(|(_, mean)| mean * 1000.0)), 2),
                 );
             }
             let _ = writeln!(out);

@@ -19,16 +19,20 @@ pub enum ScenarioId {
     /// A burst that fits: every gang at once on at least 1,000 nodes; the rate pods are
     /// released and bound.
     S6,
+    /// A burst of rack-bound gangs at once on 1,000 nodes (issue 38): how soon after the
+    /// last create every pod runs, and what the burst costs muster.
+    S7,
 }
 
 impl ScenarioId {
-    pub const ALL: [ScenarioId; 6] = [
+    pub const ALL: [ScenarioId; 7] = [
         ScenarioId::S1,
         ScenarioId::S2,
         ScenarioId::S3,
         ScenarioId::S4,
         ScenarioId::S5,
         ScenarioId::S6,
+        ScenarioId::S7,
     ];
 
     pub fn title(self) -> &'static str {
@@ -39,6 +43,7 @@ impl ScenarioId {
             ScenarioId::S4 => "S4 member failure",
             ScenarioId::S5 => "S5 scale",
             ScenarioId::S6 => "S6 burst",
+            ScenarioId::S7 => "S7 rack-bound burst",
         }
     }
 
@@ -212,6 +217,23 @@ pub fn scenario(id: ScenarioId, size: Size) -> Scenario {
             // Gangs of four pods, a whole node each: the burst fills the fleet exactly.
             let nodes = if smoke { 16 } else { 1000 };
             let mut gangs = gangs("s6", (0..nodes / 4).map(|_| (4, 8)), false, None);
+            for gang in &mut gangs {
+                gang.held = true;
+            }
+            Scenario {
+                id,
+                fleet: fleet(nodes, 8),
+                gangs,
+                delete_finished: false,
+                timeout_seconds: if smoke { 300 } else { 1200 },
+                stall_seconds: 120,
+            }
+        }
+        ScenarioId::S7 => {
+            // Gangs of four pods, a whole node each, every gang in one rack of eight:
+            // the burst takes four fifths of the fleet.
+            let nodes = if smoke { 16 } else { 1000 };
+            let mut gangs = gangs("s7", (0..nodes / 5).map(|_| (4, 8)), true, None);
             for gang in &mut gangs {
                 gang.held = true;
             }

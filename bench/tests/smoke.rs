@@ -145,6 +145,18 @@ async fn every_scenario_runs_for_every_contender_and_is_reported() -> Result<()>
                 "{what}: the burst's rates were not measured"
             );
         }
+        if result.scenario == ScenarioId::S7 {
+            ensure!(
+                result.last_create_to_all_running().is_some(),
+                "{what}: the burst's time to all Running was not measured"
+            );
+            ensure!(
+                result.contender != Contender::Muster
+                    || (result.muster_cpu_per_100_pods().is_some()
+                        && result.muster_plans.is_some_and(|(n, _)| n > 0.0)),
+                "{what}: muster's CPU or plans were not measured"
+            );
+        }
         ensure!(
             result.cpu_seconds.contains_key("kube-scheduler"),
             "{what}: no component CPU measured"

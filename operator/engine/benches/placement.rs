@@ -11,11 +11,17 @@
 //!
 //! Preemption: a full 1,000-node cluster run by 100 gangs of 10 whole nodes each, of
 //! priorities 0 to 4; a gang of priority 3 that needs a rack, or 32 nodes anywhere.
+//!
+//! A burst as the operator plans it (issue 38): 200 gangs of 4 whole nodes, each bound
+//! to a rack of 8 nodes and its pods labelled with its own name, planned one after the
+//! other on 1,000 nodes, each on a snapshot of the state that is copied once before the
+//! gang's plan is assumed in it (a watch event while the snapshot is in use).
 
 use std::hint::black_box;
+use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use muster_engine::cluster::ClusterState;
+use muster_engine::cluster::{ClusterState, PlanId};
 use muster_engine::fixtures::{
     HOSTNAME, ZONE, device_result, gpu_cluster, gpu_gang, gpu_pod, local_class, run_gang, term, volume,
     with_volume_per_pod,
@@ -246,5 +252,35 @@ fn bench_preemption(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, bench_preemption);
+/// 200 gangs planned as the operator plans a burst (see the module's header).
+fn burst(mut live: ClusterState) -> ClusterState {
+    for i in 0..200 {
+        let name = format!("b{i:03}");
+        let mut gang = gpu_gang(&name, 4, 8, Some(RACK), None);
+        gang.groups[0].shape.rules.labels = [("example.com/gang".to_string(), name.clone())].into();
+        let snapshot = Arc::new(live.clone());
+        let Outcome::Placed(planned) = plan(&snapshot, &gang, &PlanOptions::default()) else {
+            panic!("gang {name} of the burst does not fit");
+        };
+        let (pods, claims) = planned.assumption(&gang);
+        live.assume(&PlanId::Gang(ObjectKey::new("ns", &name)), &pods, &claims);
+    }
+    live
+}
+
+fn bench_burst(c: &mut Criterion) {
+    let mut group = c.benchmark_group("burst on 1000 nodes");
+    group.sample_size(10);
+    group.bench_function("200 rack-bound 4-pod gangs, one after the other", |b| {
+        b.iter_batched(
+            || gpu_cluster(1_000, 8, 8, 4),
+            // The state is handed back so that dropping it is not timed.
+            |cluster| black_box(burst(cluster)),
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_preemption, bench_burst);
 criterion_main!(benches);

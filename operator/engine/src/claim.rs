@@ -191,6 +191,11 @@ impl DeviceResult {
             device: self.device.clone(),
         }
     }
+
+    /// Whether the result is for device `id`: `device_id() == *id` without building one.
+    pub fn is_for(&self, id: &DeviceId) -> bool {
+        self.device == id.device && self.pool == id.pool && self.driver == id.driver
+    }
 }
 
 /// Where a configuration entry of an allocation comes from.

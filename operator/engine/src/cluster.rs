@@ -7,6 +7,7 @@
 //! the real objects never counts anything twice, and `forget` undoes an assumption.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rustc_hash::FxHashMap;
@@ -172,10 +173,22 @@ pub(crate) struct CachedRoom {
 /// nodes.
 #[derive(Debug, Default, Clone)]
 struct Versions {
-    tick: u64,
+    /// The last version given out, shared by a state and every copy made of it: no two
+    /// changes in any of them get one number, so a version two copies show for a node
+    /// means the same state of it in both (the room cache they share relies on it).
+    tick: Arc<AtomicU64>,
     nodes: Vec<u64>,
     shared: u64,
 }
+
+impl Versions {
+    fn next(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// What the planner learned of nodes: pod shape → node id → room.
+pub(crate) type RoomCache = FxHashMap<String, Vec<Option<CachedRoom>>>;
 
 /// Nodes grouped by the value of a label, with their ids.
 pub(crate) type NodeIndex = Vec<(String, Vec<(usize, Arc<Node>)>)>;
@@ -217,8 +230,11 @@ pub struct ClusterState {
     versions: Versions,
     /// Dense ids for node names, so hot per-node state lives in vectors.
     node_ids: FxHashMap<String, usize>,
-    /// Pod shape → node id → room, see [`CachedRoom`].
-    pub(crate) room_cache: Mutex<FxHashMap<String, Vec<Option<CachedRoom>>>>,
+    /// Pod shape → node id → room, see [`CachedRoom`]. Shared by a state and its copies:
+    /// an entry holds the version of the node it was learned at, and versions are never
+    /// given out twice among copies (see [`Versions`]), so what a planner learns on a
+    /// snapshot serves the state the watches have moved on.
+    pub(crate) room_cache: Arc<Mutex<RoomCache>>,
     /// Label key → value → nodes with it, for topology domains; with the node-set
     /// version it was built at.
     label_index: Mutex<FxHashMap<String, (u64, Arc<NodeIndex>)>>,
@@ -331,8 +347,9 @@ fn copy_of<T: Clone + Default>(cache: &Mutex<T>) -> Mutex<T> {
     })
 }
 
-/// A full copy, so that one side can change while the other plans. The caches come
-/// along when free; a cache in use by a planner starts empty in the copy.
+/// A full copy, so that one side can change while the other plans. The selector and
+/// label caches come along when free (one in use by a planner starts empty in the
+/// copy); the room cache is shared.
 impl Clone for ClusterState {
     fn clone(&self) -> Self {
         ClusterState {
@@ -358,7 +375,7 @@ impl Clone for ClusterState {
             assumed: self.assumed.clone(),
             versions: self.versions.clone(),
             node_ids: self.node_ids.clone(),
-            room_cache: copy_of(&self.room_cache),
+            room_cache: self.room_cache.clone(),
             label_index: copy_of(&self.label_index),
             node_set_version: self.node_set_version,
         }
@@ -421,13 +438,11 @@ impl ClusterState {
 
     fn bump_node(&mut self, node: &str) {
         let id = self.node_id(node);
-        self.versions.tick += 1;
-        self.versions.nodes[id] = self.versions.tick;
+        self.versions.nodes[id] = self.versions.next();
     }
 
     fn bump_shared(&mut self) {
-        self.versions.tick += 1;
-        self.versions.shared = self.versions.tick;
+        self.versions.shared = self.versions.next();
     }
 
     /// One past the largest node id given out: per-node vectors of this length hold
@@ -935,7 +950,7 @@ impl ClusterState {
             .filter(|(_, held)| {
                 held.devices
                     .iter()
-                    .any(|d| d.admin_access != Some(true) && counts(d) && d.device_id() == *id)
+                    .any(|d| d.admin_access != Some(true) && counts(d) && d.is_for(id))
             })
             .map(|(name, _)| name.as_str())
             .collect();

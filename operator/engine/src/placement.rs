@@ -462,12 +462,16 @@ impl<'a> Planner<'a> {
             .required
             .as_ref()
             .and(self.options.required_value.as_deref());
-        let mut cache = crate::cluster::locked(&cluster.room_cache);
-        if cache.len() > 64 {
-            cache.clear();
-        }
-        let mut by_shape: Vec<Vec<Option<CachedRoom>>> =
-            signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect();
+        // The shapes' entries are taken out for the plan and put back after it, each
+        // under a short lock: a planner on another copy of the state is never held up
+        // (it finds no entry for a shape taken out meanwhile, and learns it itself).
+        let mut by_shape: Vec<Vec<Option<CachedRoom>>> = {
+            let mut cache = crate::cluster::locked(&cluster.room_cache);
+            if cache.len() > 64 {
+                cache.clear();
+            }
+            signatures.iter().map(|s| cache.remove(s).unwrap_or_default()).collect()
+        };
         let groups = gang.groups.len();
         // Why each group cannot use the node at hand; reused from node to node.
         let mut group_why: Vec<Option<String>> = vec![None; groups];
@@ -532,7 +536,9 @@ impl<'a> Planner<'a> {
                         slots.resize(*id + 1, None);
                     }
                     let entry = match &slots[*id] {
-                        Some(entry) if entry.version == version => entry,
+                        // An allocator error names the claim it came from: another
+                        // gang of the same shape assesses the node for its own.
+                        Some(entry) if entry.version == version && entry.error.is_none() => entry,
                         _ => {
                             let entry = self.assess(node, group, &matchers[g], version)?;
                             slots[*id] = Some(entry);
@@ -593,6 +599,7 @@ impl<'a> Planner<'a> {
             }
             Ok(())
         })();
+        let mut cache = crate::cluster::locked(&cluster.room_cache);
         for (signature, map) in signatures.into_iter().zip(by_shape) {
             cache.insert(signature, map);
         }
@@ -708,13 +715,27 @@ impl<'a> Planner<'a> {
     }
 
     /// Everything about a group that decides what a node offers it (the trial's budget
-    /// included, as a cached room depends on it).
+    /// included, as a cached room depends on it). The pods' rules (labels, inter-pod
+    /// terms, spread, host ports) are left out: the pod constraints apply them apart
+    /// from the cached room, and the labels name the gang, so with them no two gangs
+    /// would share what they learned of a node. The shared claims are named, as a
+    /// cached refusal names the claim allocated elsewhere.
     fn signature(&self, group: &crate::request::GroupRequest) -> String {
-        let shared: Vec<_> = group
-            .shape
-            .shared
+        let PodShape {
+            requests,
+            node_selector,
+            affinity,
+            tolerations,
+            claims,
+            shared,
+            rules: _,
+        } = &group.shape;
+        let shared: Vec<_> = shared
             .iter()
-            .map(|s| &self.gang.shared_claims[*s].allocation)
+            .map(|s| {
+                let claim = &self.gang.shared_claims[*s];
+                (&claim.key, &claim.allocation)
+            })
             .collect();
         let fixed: Vec<_> = group
             .pods
@@ -727,8 +748,12 @@ impl<'a> Planner<'a> {
             })
             .collect();
         format!(
-            "{:?}|{}|{:?}|{:?}|{:?}|{}",
-            group.shape,
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{}",
+            requests,
+            node_selector,
+            affinity,
+            tolerations,
+            claims,
             group.pods.len(),
             shared,
             open_claims(group),

@@ -1,6 +1,6 @@
 use super::*;
 use crate::claim::{DeviceId, DeviceResult};
-use crate::cluster::PlanId;
+use crate::cluster::{PlanId, locked};
 use crate::fixtures::*;
 use crate::request::{GroupRequest, SharedClaim, TopologyRequest};
 use crate::selector::Toleration;
@@ -293,6 +293,52 @@ fn the_same_input_gives_the_same_plan() {
     occupy(&mut again, "node-00005", 3);
     occupy(&mut again, "node-00013", 5);
     assert_eq!(plan(&again, &gang, &PlanOptions::default()), first);
+}
+
+#[test]
+fn copies_of_a_state_share_what_a_plan_learns_without_mistaking_one_for_another() {
+    // Two nodes of 8 GPUs; a gang of 3 pods of 4 GPUs needs room on both.
+    let base = gpu_cluster(2, 8, 2, 1);
+    let gang = gpu_gang("g", 3, 4, None, None);
+    let (mut full, mut busy) = (base.clone(), base.clone());
+    // Each copy changes node-00000 once, differently: a pod takes every core of it in the
+    // first, one core in the second.
+    let cores = |n: i64| crate::resources::Resources {
+        cpu_millis: n * 1000,
+        ..Default::default()
+    };
+    full.upsert_pod(&"other/p".into(), "node-00000", cores(64));
+    busy.upsert_pod(&"other/p".into(), "node-00000", cores(1));
+    // Planned on the first copy, node-00000 is learned to have no room...
+    reasons(&plan(&full, &gang, &PlanOptions::default()));
+    // ...which the second copy, whose node-00000 still has room, must not take for its
+    // own.
+    let plan_busy = placed(&plan(&busy, &gang, &PlanOptions::default())).clone();
+    let mut fresh = gpu_cluster(2, 8, 2, 1);
+    fresh.upsert_pod(&"other/p".into(), "node-00000", cores(1));
+    assert_eq!(plan_busy, placed(&plan(&fresh, &gang, &PlanOptions::default())).clone());
+    // What a plan on a copy learned serves the state it was copied from.
+    let snapshot = base.clone();
+    placed(&plan(&snapshot, &gang, &PlanOptions::default()));
+    assert!(!locked(&base.room_cache).is_empty(), "the copies share one room cache");
+}
+
+#[test]
+fn gangs_that_differ_only_in_their_pods_labels_share_what_a_plan_learns_of_nodes() {
+    let cluster = gpu_cluster(8, 8, 2, 2);
+    let labelled = |name: &str| {
+        let mut gang = gpu_gang(name, 2, 8, Some(RACK), None);
+        gang.groups[0]
+            .shape
+            .rules
+            .labels
+            .insert("example.com/gang".into(), name.into());
+        gang
+    };
+    let first = placed(&plan(&cluster, &labelled("a"), &PlanOptions::default())).clone();
+    let second = placed(&plan(&cluster, &labelled("b"), &PlanOptions::default())).clone();
+    assert_eq!(first.nodes(), second.nodes());
+    assert_eq!(locked(&cluster.room_cache).len(), 1, "one pod shape for both gangs");
 }
 
 #[test]

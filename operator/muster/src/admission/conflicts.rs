@@ -69,19 +69,21 @@ pub(crate) fn result_device(result: &k8s_openapi::api::resource::v1::DeviceReque
     }
 }
 
-/// Claims that hold `id` exclusively, nominations' holds left out.
-fn exclusive_holders(cluster: &ClusterState, id: &DeviceId) -> u32 {
+/// Whether more than `limit` claims hold `id` exclusively, nominations' holds left out.
+fn exclusive_holders_exceed(cluster: &ClusterState, id: &DeviceId, limit: u32) -> bool {
     let all = cluster.exclusive_holders(&id.driver, &id.pool, &id.device);
-    if all == 0 {
-        return 0;
+    // Leaving holds out only lowers the count: no more than `limit` in all decides it.
+    if all <= limit {
+        return false;
     }
-    // Names are a scan of every claim: only where a hold could be a nomination's.
+    // Names are a scan of every claim: only where the count alone does not decide (a
+    // device held against the rules, or held by a nomination as well).
     let nominated = cluster
         .exclusive_holder_names(id)
         .into_iter()
         .filter(|name| is_nomination_hold(name))
         .count() as u32;
-    all - nominated.min(all)
+    all - nominated.min(all) > limit
 }
 
 /// Device `id` as the newest generation of its pool publishes it.
@@ -119,7 +121,7 @@ fn results_for<'c>(
         .into_iter()
         .filter(move |name| counted(name))
         .flat_map(move |name| cluster.claim_devices(&ClaimKey::from(name)).unwrap_or_default())
-        .filter(move |result| result.device_id() == *id)
+        .filter(move |result| result.is_for(id))
 }
 
 /// What the shares of `id` consume together, leaving out those of the claims (by
@@ -204,9 +206,9 @@ fn shared_outside_nominations(cluster: &ClusterState, id: &DeviceId) -> bool {
 /// what a preemptor counts on, not allocations.
 pub(crate) fn doubly_held(cluster: &ClusterState, id: &DeviceId, shared: bool) -> bool {
     if shared {
-        exclusive_holders(cluster, id) > 0 || over_capacity(cluster, id)
+        exclusive_holders_exceed(cluster, id, 0) || over_capacity(cluster, id)
     } else {
-        exclusive_holders(cluster, id) > 1 || shared_outside_nominations(cluster, id)
+        exclusive_holders_exceed(cluster, id, 1) || shared_outside_nominations(cluster, id)
     }
 }
 
