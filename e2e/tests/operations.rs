@@ -446,3 +446,133 @@ async fn the_chart_rbac_is_enough_for_a_gang_s_whole_life_and_grants_nothing_unu
     })
     .await
 }
+
+/// Issue 33: `helm uninstall` loses nothing. The chart's pre-delete hook (its command and
+/// its own ServiceAccount and roles, as rendered) runs `muster uninstall` with muster
+/// stopped: the running gang keeps its devices, handed over to kube-controller-manager
+/// (which gives them back when its pods end), a gang waiting behind the gate holds
+/// nothing and stays behind it (named in the report), no Workload or claim keeps a
+/// finalizer of muster's, and the namespace then goes without muster.
+#[tokio::test]
+async fn uninstalling_gives_every_device_back_in_time_and_leaves_nothing_waiting_for_muster() -> Result<()> {
+    with_test("uninstall", &[], &[], |test| {
+        Box::pin(async move {
+            let release_ns = muster_local_cluster::namespaces::namespace(&test.client, "muster-system").await?;
+            let (objects, _) = rbac::chart_account(test, &release_ns, &[("crds.install", "false")]).await?;
+            let hook = muster_e2e::chart::of_kind(&objects, "Job")
+                .into_iter()
+                .find(|j| j["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete")
+                .context("the chart's pre-delete hook")?
+                .clone();
+            let container = &hook["spec"]["template"]["spec"]["containers"][0];
+            ensure!(container["command"] == json!(["/muster"]), "{container}");
+            let args: Vec<String> = container["args"]
+                .as_array()
+                .context("args")?
+                .iter()
+                .filter_map(|a| a.as_str().map(str::to_string))
+                .collect();
+            ensure!(args.first().map(String::as_str) == Some("uninstall"), "{args:?}");
+            let account = hook["spec"]["template"]["spec"]["serviceAccountName"]
+                .as_str()
+                .context("the hook's ServiceAccount")?;
+            let kubeconfig = rbac::service_account_kubeconfig(test, &release_ns, account).await?;
+
+            // A running gang, and one that waits behind the gate (it does not fit).
+            test.create(gang("running", 2, None)).await?;
+            assert_runs_as_planned(test, "running").await?;
+            test.create(gang("waiting", 16, None)).await?;
+            test.wait_admitted_reason("waiting", conditions::REASON_UNSCHEDULABLE, Duration::from_secs(60))
+                .await?;
+
+            // muster stops (the hook scales its Deployment to none; here it is a
+            // process), then the hook runs as the chart renders it.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            let binary = muster_local_cluster::operator::muster_binary()?;
+            let output = tokio::process::Command::new(&binary)
+                .args(&args)
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .output()
+                .await?;
+            let report = String::from_utf8_lossy(&output.stdout).to_string();
+            ensure!(
+                output.status.success(),
+                "muster uninstall failed: {report}{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            ensure!(
+                report.contains("behind the scheduling gate") && report.contains("waiting-workers-0"),
+                "the report names the pods left behind the gate: {report}"
+            );
+
+            // Nothing keeps a finalizer of muster's; the running gang keeps its devices,
+            // each claim protected so that kube-controller-manager gives it back.
+            for workload in test.workloads().list(&ListParams::default()).await?.items {
+                ensure!(
+                    !workload
+                        .metadata
+                        .finalizers
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|f| f.starts_with("muster.dev/")),
+                    "Workload {:?} keeps muster's finalizer",
+                    workload.metadata.name
+                );
+            }
+            let claims = test.claims().list(&ListParams::default()).await?.items;
+            for claim in &claims {
+                let name = claim.metadata.name.clone().unwrap_or_default();
+                let finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+                ensure!(
+                    !finalizers.iter().any(|f| f == muster_api::labels::CLAIM_FINALIZER),
+                    "claim {name} keeps muster's finalizer"
+                );
+                let allocated = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some();
+                if name.starts_with("running-") {
+                    ensure!(
+                        allocated
+                            && finalizers
+                                .iter()
+                                .any(|f| f == muster_api::labels::DELETE_PROTECTION_FINALIZER),
+                        "the running gang's claim {name} keeps its devices, handed over: {finalizers:?}"
+                    );
+                } else {
+                    ensure!(!allocated, "claim {name} of the waiting gang holds nothing");
+                }
+            }
+            let pods = test.gang_pods("waiting").await?;
+            ensure!(
+                !pods.is_empty()
+                    && pods.iter().all(|p| p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.scheduling_gates.as_ref())
+                        .is_some_and(|g| !g.is_empty())),
+                "the waiting gang's pods stay behind the gate"
+            );
+
+            // Its pods end: kube-controller-manager gives the devices back, muster absent.
+            test.exit_pod("running-launcher-0", 0).await?;
+            for worker in 0..2 {
+                test.exit_pod(&format!("running-workers-{worker}"), 0).await?;
+            }
+            let api = test.claims();
+            wait::until(
+                "the ended gang's devices to be given back",
+                Duration::from_secs(60),
+                || {
+                    let api = api.clone();
+                    async move { Ok(muster_e2e::scenario::allocations(&api).await?.is_empty().then_some(())) }
+                },
+            )
+            .await?;
+            // The namespace goes without muster (its clean-up deletes it; with a
+            // finalizer of muster's left, it would hang in Terminating).
+            muster_local_cluster::namespaces::delete_namespace(&test.client, &release_ns).await?;
+            Ok(())
+        })
+    })
+    .await
+}

@@ -185,3 +185,46 @@ the subresource exists from Kubernetes 1.36 on.
 {{- fail (printf "rbac.resourceClaimBinding must be auto, true or false, not %v" $v) }}
 {{- end }}
 {{- end }}
+
+{{/*
+What `muster uninstall` (the pre-delete hook) needs cluster-wide: it reads every pod,
+claim, Workload and job muster suspended, gives back or hands over the claims muster
+allocated (their status and finalizers), and takes muster's finalizers and marks off.
+*/}}
+{{- define "muster.uninstallClusterRules" -}}
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims"]
+  verbs: ["list", "get", "patch"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims/status"]
+  verbs: ["patch"]
+- apiGroups: ["muster.dev"]
+  resources: ["workloads"]
+  verbs: ["list", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "patch"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["list", "patch"]
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["list", "patch"]
+{{- end }}
+
+{{/*
+What `muster uninstall` needs in the release namespace: it scales the operator to none
+and waits for its pods to go.
+*/}}
+{{- define "muster.uninstallNamespaceRules" -}}
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  resourceNames: [{{ include "muster.fullname" . | quote }}]
+  verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+{{- end }}

@@ -28,5 +28,6 @@ pub mod ops;
 pub mod owners;
 pub mod report;
 pub mod snapshot;
+pub mod uninstall;
 pub mod webhook;
 pub mod workload;

@@ -22,7 +22,7 @@
 //! `release`, `fencing` and `kueue` are the steps they share; `found_claims` keeps the
 //! claims another allocator made that a gang holds listing the gang's pods.
 
-mod claim_writes;
+pub(crate) mod claim_writes;
 mod conflicts;
 pub mod extras;
 pub mod fencing;

@@ -47,12 +47,32 @@ enum Command {
     /// kubectl plugin: `kubectl muster status`.
     #[command(visible_alias = "top")]
     Status(crate::cli::kubectl::StatusArgs),
+    /// Before muster is removed (the chart's pre-delete hook runs it): stop the
+    /// operator, hand the devices of running pods over to kube-controller-manager, give
+    /// back every other device muster reserved, and take muster's finalizers off, so
+    /// that nothing waits for muster once it is gone. Pods behind the gate stay there,
+    /// and are named.
+    Uninstall(UninstallArgs),
     /// Print the CustomResourceDefinitions muster serves, or write them to a directory.
     Crd {
         /// Write one file per CRD into this directory instead of printing.
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct UninstallArgs {
+    /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The operator's Deployment (`namespace/name`), scaled to none first; leave out if
+    /// it is stopped already.
+    #[arg(long)]
+    deployment: Option<String>,
+    /// How long the operator's pods may take to go, in seconds.
+    #[arg(long, default_value_t = 120)]
+    wait: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -232,6 +252,10 @@ pub fn main() -> Result<()> {
         Command::Plan(args) => plan(args),
         Command::Why(args) => crate::cli::kubectl::why(args),
         Command::Status(args) => crate::cli::kubectl::status(args),
+        Command::Uninstall(args) => {
+            init_logging(LogFormat::Text, LogLevel::Info);
+            tokio::runtime::Runtime::new()?.block_on(uninstall(args))
+        }
         #[cfg(feature = "demo")]
         Command::Demo(args) => tokio::runtime::Runtime::new()?.block_on(crate::cli::demo::run(args)),
         Command::Run(args) => {
@@ -240,6 +264,25 @@ pub fn main() -> Result<()> {
             runtime.block_on(run(*args))
         }
     }
+}
+
+async fn uninstall(args: UninstallArgs) -> Result<()> {
+    let deployment = match &args.deployment {
+        Some(text) => Some(
+            text.split_once('/')
+                .map(|(ns, name)| (ns.to_string(), name.to_string()))
+                .with_context(|| format!("--deployment {text}: expected namespace/name"))?,
+        ),
+        None => None,
+    };
+    let client = crate::ops::client::client(args.kubeconfig.as_deref(), None, Default::default()).await?;
+    let settings = crate::uninstall::Settings {
+        deployment,
+        wait: std::time::Duration::from_secs(args.wait),
+    };
+    let report = crate::uninstall::run(client, &settings).await?;
+    print!("{report}");
+    Ok(())
 }
 
 fn init_logging(format: LogFormat, level: LogLevel) {
