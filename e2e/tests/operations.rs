@@ -310,6 +310,21 @@ const NOT_IN_AN_ORDINARY_LIFE: &[(&str, &str, &str)] = &[
         "requeueing a TrainJob's gang by its suspend (this life suspends a Job)",
     ),
     (
+        "get",
+        "trainjobs.trainer.kubeflow.org",
+        "reading a TrainJob before its suspend, or its mark after a restart (this life suspends a Job)",
+    ),
+    (
+        "get",
+        "jobsets.jobset.x-k8s.io",
+        "reading a JobSet before its suspend (this life suspends a Job)",
+    ),
+    (
+        "get",
+        "jobs.batch",
+        "reading a Job just before muster suspends it to requeue its gang (this life's Job is suspended by its Workload's suspend, whose job follows it, often before muster's own step)",
+    ),
+    (
         "patch",
         "pods/status",
         "the DisruptionTarget condition on a pod of a controller muster cannot suspend, before its teardown deletes it",

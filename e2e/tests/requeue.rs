@@ -438,9 +438,10 @@ async fn a_requeue_converges_when_the_operator_is_killed_after_any_of_its_writes
 
 /// Issue 33: a Job's gang that lost a member whose replacement cannot be placed (its
 /// node's CPUs taken meanwhile, the rest of the rack full) holds the other members'
-/// devices only for the schedule timeout from the recorded vacancy, across an operator
-/// restart in the middle: then it is requeued whole through the Job's suspend, and a gang
-/// of the same priority waiting for those devices runs; the two run in turn.
+/// devices, and the vacated place's, only for the schedule timeout from the recorded
+/// vacancy, across an operator restart in the middle: then it is requeued whole through
+/// the Job's suspend, and a gang of the same priority that only the held devices kept
+/// out runs; the two run in turn.
 #[tokio::test]
 async fn a_gang_short_of_a_replacement_holds_its_devices_only_for_the_schedule_timeout() -> Result<()> {
     let timeout = 20;
@@ -452,11 +453,9 @@ async fn a_gang_short_of_a_replacement_holds_its_devices_only_for_the_schedule_t
             let first = indexed_job("first", 4, json!({"spec": {"template": {"spec": in_rack.clone()}}}));
             create_job(test, first).await?;
             runs_as_one_gang(test, "job-first", 4).await?;
-            // A gang of the same priority that fits only on three of the first's nodes.
-            let second = indexed_job("second", 3, json!({"spec": {"template": {"spec": in_rack}}}));
-            create_job(test, second).await?;
 
-            // A pod of the first fails; its node's CPUs are taken before the Job replaces it.
+            // A pod of the first fails; its node's CPUs are taken before the Job replaces
+            // it, so the replacement (16 CPUs) cannot go back there.
             let pods = test.gang_pods("job-first").await?;
             let failing = pods.first().context("a pod")?;
             let failing_name = failing.metadata.name.clone().unwrap_or_default();
@@ -480,15 +479,29 @@ async fn a_gang_short_of_a_replacement_holds_its_devices_only_for_the_schedule_t
                 }
             })
             .await?;
-            ensure!(
-                test.workloads()
-                    .get("job-second")
-                    .await?
-                    .status
-                    .and_then(|s| s.placement)
-                    .is_none(),
-                "the second waits while the first holds its places"
-            );
+            // A gang of the same priority that fits only on the vacated place's devices
+            // (one pod of 1 CPU and eight GPUs): the hold keeps it out.
+            let mut second = indexed_job("second", 1, json!({"spec": {"template": {"spec": in_rack}}}));
+            second["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] = json!({"cpu": "1"});
+            create_job(test, second).await?;
+            let api = test.workloads();
+            wait::holds(
+                "the second to wait while the first holds the place",
+                Duration::from_secs(8),
+                || {
+                    let api = api.clone();
+                    async move {
+                        let placed = api
+                            .get_opt("job-second")
+                            .await?
+                            .and_then(|w| w.status)
+                            .and_then(|s| s.placement)
+                            .is_some();
+                        Ok(!placed)
+                    }
+                },
+            )
+            .await?;
 
             // The operator restarts in the middle: the bound is the recorded one.
             if let Some(operator) = test.operator.take() {
@@ -501,12 +514,12 @@ async fn a_gang_short_of_a_replacement_holds_its_devices_only_for_the_schedule_t
                 .await?;
             let waited = k8s_openapi::jiff::Timestamp::now().duration_since(since);
             ensure!(
-                waited.as_secs() <= timeout + 15,
+                waited.as_secs() <= timeout + 10,
                 "the first held a partial reservation {}s after its vacancy (bound {timeout}s)",
                 waited.as_secs()
             );
             // The second runs on what the first gave back; the first waits behind the gate.
-            runs_as_one_gang(test, "job-second", 3).await?;
+            runs_as_one_gang(test, "job-second", 1).await?;
             waits_behind_the_gate(test, "job-first", 4).await?;
             let first = Kind::Job.api(test).get("first").await?;
             ensure!(

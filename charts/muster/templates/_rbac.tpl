@@ -32,17 +32,18 @@ before muster deletes it, as kube-scheduler's preemption gives it. */}}
   verbs: ["patch"]
 {{- /* A gang of a Job's, JobSet's or TrainJob's pods is requeued by suspending the job
 (its controller takes the pods away without counting a failure) and resuming it once
-every device is given back: muster watches what it marked, and finds a JobSet's
-TrainJob by listing the JobSet. The adoption of labelled jobs uses the same verbs. */}}
+every device is given back: muster watches what it marked, reads the job just before
+its suspend (the write is conditioned on that version), and finds a JobSet's TrainJob by
+listing the JobSet. The adoption of labelled jobs uses the same verbs. */}}
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainjobs"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

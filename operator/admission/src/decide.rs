@@ -38,7 +38,7 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
     match journal.state {
         State::Finished => expire(gang),
         State::Finishing => finishing(gang, journal),
-        State::Suspending => suspending(gang, journal),
+        State::Suspending => suspending(gang, journal, settings),
         // An unchecked reservation is undone as such (it releases no pod); a suspended
         // gang then stays out of the queue.
         State::Reserving => undo_reserving(gang, journal),
@@ -77,8 +77,8 @@ pub fn decide(gang: &Gang, settings: &Settings) -> Step {
                 _ => step,
             }
         }
-        State::TearingDown => tearing_down(gang, journal),
-        State::Restarting => restarting(gang, journal),
+        State::TearingDown => tearing_down(gang, journal, settings),
+        State::Restarting => restarting(gang, journal, settings),
     }
 }
 
@@ -147,21 +147,38 @@ fn resume_owners(gang: &Gang) -> Vec<Effect> {
     }
 }
 
-/// Stops `pods` for a teardown, a suspend or a restart: what an object muster can
-/// suspend makes, by suspending that object (its controller takes the pods away without
-/// counting a failure; one that ended stays, holding nothing), the rest by deleting it,
-/// another controller's with the `DisruptionTarget` condition first. `None` once nothing
-/// is left to stop; the effects are empty while the owners' controllers are at it.
-fn stop<'p>(gang: &Gang, pods: impl IntoIterator<Item = &'p PodView>, disruption: Disruption) -> Option<Vec<Effect>> {
+/// Stops `pods` for a teardown, a suspend or a restart recorded at `since`: what an
+/// object muster can suspend makes, by suspending that object (its controller takes the
+/// pods away without counting a failure; one that ended stays, holding nothing), the
+/// rest by deleting it, another controller's with the `DisruptionTarget` condition
+/// first. An owner's pod is deleted so too where its node is gone (no kubelet confirms
+/// its end, and its controller would wait for the pod garbage collector), and once the
+/// owner's controller has not taken it away within `owner_stop_timeout` (it is not
+/// running, another manages the object, or something resumes it behind muster). `None`
+/// once nothing is left to stop; the effects are empty while the owners' controllers are
+/// at it.
+fn stop<'p>(
+    gang: &Gang,
+    pods: impl IntoIterator<Item = &'p PodView>,
+    disruption: Disruption,
+    since: Millis,
+    settings: &Settings,
+) -> Option<Vec<Effect>> {
     let pods: Vec<&PodView> = pods.into_iter().filter(|p| !(p.owned && p.phase.terminal())).collect();
     if pods.is_empty() {
         return None;
     }
+    let lost = |p: &PodView| p.node.as_deref().is_some_and(|n| gang.node(n) == NodeHealth::Gone);
+    let given_up = gang.now - since >= settings.owner_stop_timeout;
     let mut effects = Vec::new();
-    if !gang.owners.suspended && pods.iter().any(|p| p.owned && !p.deleting) {
+    if !given_up && !gang.owners.suspended && pods.iter().any(|p| p.owned && !p.deleting && !lost(p)) {
         effects.push(Effect::SuspendOwners);
     }
-    effects.extend(delete(gang, pods.into_iter().filter(|p| !p.owned), disruption));
+    effects.extend(delete(
+        gang,
+        pods.iter().copied().filter(|p| !p.owned || lost(p) || given_up),
+        disruption,
+    ));
     Some(effects)
 }
 
@@ -194,6 +211,12 @@ fn event(kind: EventKind, warning: bool, action: &'static str, note: String) -> 
         action,
         note,
     }
+}
+
+/// When to look again at a teardown that waits for an owner's controller: when the
+/// bound of [`stop`] is due (at the latest a second from now).
+fn owner_stop_due(gang: &Gang, journal: &Journal, settings: &Settings) -> Millis {
+    (journal.since + settings.owner_stop_timeout - gang.now).max(1000)
 }
 
 /// Deletes the pods not already being deleted: at once where their node is gone (no
@@ -523,10 +546,11 @@ fn released(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
         ]);
     }
     if gang.spec.restarted_by_pod_controller {
-        if let Some(step) = vacate(gang, journal) {
+        // The bound first: a vacancy past it is acted on whatever else is under way.
+        if let Some(step) = vacancies_overdue(gang, journal, settings) {
             return step;
         }
-        if let Some(step) = vacancies_overdue(gang, journal, settings) {
+        if let Some(step) = vacate(gang, journal) {
             return step;
         }
     } else if let Some((reason, message, failures)) = core_failure(gang, journal) {
@@ -730,24 +754,61 @@ fn vacate(gang: &Gang, journal: &Journal) -> Option<Step> {
 /// the gang is requeued whole (its owners suspended, every device given back) rather
 /// than hold its other members' devices for a replacement that does not come or does
 /// not fit. Otherwise, when to look again.
+///
+/// The gang is requeued only where that brings it back whole: each overdue place's
+/// replacement exists and waits at the gate (it did not fit), and no core pod of the gang
+/// has succeeded (a controller does not run a succeeded index again, so the gang could
+/// never be placed whole). Otherwise the places are no longer held: the gang runs on with
+/// what it has, and a replacement that comes later is placed as any waiting pod (its
+/// controller may never make one: an index it gave up on).
 fn vacancies_overdue(gang: &Gang, journal: &Journal, settings: &Settings) -> Option<Step> {
-    let oldest = journal.vacancies.iter().min_by_key(|v| v.since)?;
-    if gang.now - oldest.since < settings.schedule_timeout {
-        return None;
+    let overdue: Vec<&crate::Vacancy> = journal
+        .vacancies
+        .iter()
+        .filter(|v| gang.now - v.since >= settings.schedule_timeout)
+        .collect();
+    let oldest = overdue.iter().min_by_key(|v| v.since)?;
+    let waiting = |v: &crate::Vacancy| {
+        gang.current_pods().any(|p| {
+            p.gated && !p.deleting && journal.planned(&p.name).is_none() && (v.group.is_none() || p.group == v.group)
+        })
+    };
+    let core_succeeded = journal.core().any(|planned| {
+        gang.current_pod(&planned.name)
+            .is_some_and(|p| p.phase == Phase::Succeeded)
+    });
+    let seconds = settings.schedule_timeout / 1000;
+    if !core_succeeded && overdue.iter().all(|v| waiting(v)) {
+        let message = format!(
+            "{} vacated places were not filled within {seconds}s (the first on {}): their replacements do not fit; requeueing the whole gang rather than hold the devices of its other pods",
+            overdue.len(),
+            oldest.node
+        );
+        return Some(tear_down(
+            gang,
+            journal,
+            Reason::ReplacementTimeout,
+            message,
+            EventKind::RolledBack,
+        ));
     }
+    let mut kept = journal.clone();
+    kept.vacancies
+        .retain(|v| gang.now - v.since < settings.schedule_timeout);
+    let why = if core_succeeded {
+        "a pod of the gang succeeded, so a requeue could not bring it back whole"
+    } else {
+        "their controller has not made every replacement"
+    };
     let message = format!(
-        "{} vacated places were not filled within {}s (the first on {}); requeueing the whole gang rather than hold the devices of its other pods",
-        journal.vacancies.len(),
-        settings.schedule_timeout / 1000,
+        "{} vacated places were not filled within {seconds}s (the first on {}) and {why}: their devices are no longer held, and the gang runs on with what it has",
+        overdue.len(),
         oldest.node
     );
-    Some(tear_down(
-        gang,
-        journal,
-        Reason::ReplacementTimeout,
-        message,
-        EventKind::RolledBack,
-    ))
+    Some(Step::effects(vec![
+        record(Some(kept), vec![]),
+        event(EventKind::Restarting, true, "Vacate", message),
+    ]))
 }
 
 /// Of `planned` (each with the time it was released), the pods kube-scheduler refused on
@@ -1009,7 +1070,7 @@ fn extras(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
 /// Released pods not all scheduled in time, a reservation given back, or pods that
 /// never appeared: stop the released pods (suspending their owners where muster can),
 /// give the claims back, resume the owners, queue.
-fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
+fn tearing_down(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     let planned: BTreeSet<&str> = journal.pods.iter().map(|p| p.name.as_str()).collect();
     let left = gang
         .current_pods()
@@ -1018,8 +1079,8 @@ fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
         Some((Reason::Preempted, _)) => Disruption::Preemption,
         _ => Disruption::Termination,
     };
-    if let Some(effects) = stop(gang, left, disruption) {
-        return Step::effects(effects);
+    if let Some(effects) = stop(gang, left, disruption, journal.since, settings) {
+        return Step::effects(effects).then_recheck_in(owner_stop_due(gang, journal, settings));
     }
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => held(effect),
@@ -1037,14 +1098,14 @@ fn tearing_down(gang: &Gang, journal: &Journal) -> Step {
 
 /// The retired attempt's pods go; then the gang goes back onto its reservation or
 /// gives it back and is queued.
-fn restarting(gang: &Gang, journal: &Journal) -> Step {
+fn restarting(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     let left = gang
         .pods
         .iter()
         .filter(|p| journal.retired.contains(&p.uid))
         .chain(stale(gang));
-    if let Some(effects) = stop(gang, left, Disruption::Termination) {
-        return Step::effects(effects);
+    if let Some(effects) = stop(gang, left, Disruption::Termination, journal.since, settings) {
+        return Step::effects(effects).then_recheck_in(owner_stop_due(gang, journal, settings));
     }
     let attempt = gang.restarts;
     // The backoff runs from the failure (when Restarting was recorded); the gang keeps
@@ -1108,10 +1169,10 @@ fn restarting(gang: &Gang, journal: &Journal) -> Step {
 /// owners where muster can), then the claims are given back. A resume in the middle
 /// finishes the suspension first; then the gang is queued, its owners resumed unless
 /// the Workload is suspended.
-fn suspending(gang: &Gang, journal: &Journal) -> Step {
+fn suspending(gang: &Gang, journal: &Journal, settings: &Settings) -> Step {
     let left = gang.pods.iter().filter(|p| !p.gated);
-    if let Some(effects) = stop(gang, left, Disruption::Termination) {
-        return Step::effects(effects);
+    if let Some(effects) = stop(gang, left, Disruption::Termination, journal.since, settings) {
+        return Step::effects(effects).then_recheck_in(owner_stop_due(gang, journal, settings));
     }
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => held(effect),
@@ -1147,7 +1208,11 @@ fn finishing(gang: &Gang, journal: &Journal) -> Step {
     }
     match give_back(gang, &journal.claims) {
         Claims::Held(effect) => effects.extend(effect.map(|e| *e)),
-        Claims::Free => effects.push(record(Some(journal.moved(State::Finished, gang.now)), vec![])),
+        Claims::Free => {
+            // A job that ended while muster had it suspended keeps nothing of muster's.
+            effects.extend(resume_owners(gang));
+            effects.push(record(Some(journal.moved(State::Finished, gang.now)), vec![]));
+        }
     }
     Step::effects(effects)
 }

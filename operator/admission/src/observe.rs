@@ -16,6 +16,10 @@ pub struct Settings {
     /// How long a refusal must have stood, and the pod been released, before
     /// kube-scheduler's refusal of it takes the gang apart (see [`crate::refusal`]).
     pub refusal_grace: Millis,
+    /// How long a teardown waits for the controller of a suspended owner to take its pods
+    /// away before muster deletes them itself (the controller is not running, or another
+    /// manages the object).
+    pub owner_stop_timeout: Millis,
 }
 
 impl Default for Settings {
@@ -24,6 +28,7 @@ impl Default for Settings {
             schedule_timeout: 120_000,
             release_timeout: 120_000,
             refusal_grace: 15_000,
+            owner_stop_timeout: 60_000,
         }
     }
 }

@@ -520,6 +520,7 @@ const SETTINGS: Settings = Settings {
     schedule_timeout: 20_000,
     release_timeout: 20_000,
     refusal_grace: 1_000,
+    owner_stop_timeout: 10_000,
 };
 
 /// How often the schedules took the paths the model is for.

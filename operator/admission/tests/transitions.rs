@@ -13,6 +13,7 @@ const SETTINGS: Settings = Settings {
     schedule_timeout: 120_000,
     release_timeout: 120_000,
     refusal_grace: 5_000,
+    owner_stop_timeout: 60_000,
 };
 
 fn spec(min_count: i32, managed: bool) -> Spec {
@@ -1655,7 +1656,14 @@ fn a_vacancy_is_recorded_and_bounds_how_long_the_gang_holds_its_other_members_de
     let mut vacant = leaving.clone();
     vacant.pods.retain(|p| p.name != "job-0");
     vacant.claims.retain(|c| c != "job-0-gpu");
-    let running = [owned("job-1", "u1", Phase::Running)];
+    // The Job made the replacement; it waits at the gate (it does not fit).
+    let replacement = PodView {
+        gated: true,
+        node: None,
+        phase: Phase::Pending,
+        ..owned("job-0-again", "u2", Phase::Pending)
+    };
+    let running = [owned("job-1", "u1", Phase::Running), replacement];
     let held = [used(claim("job-1-gpu", true, &["u1"]), "u1")];
     let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
     let at = |now: i64| {
@@ -1739,4 +1747,147 @@ fn a_placed_replacement_fills_its_vacancy_and_a_pod_back_in_place_takes_its_own_
     let back = s.record().and_then(|r| r.journal.clone()).expect("a journal");
     assert!(back.vacancies.is_empty(), "{back:?}");
     assert_eq!(back.planned("job-0").and_then(|p| p.released_at), Some(0));
+}
+
+/// Review of issue 33: a gang requeued past its vacancy's bound must come back whole.
+/// Where a core pod succeeded (its controller does not run that index again), or the
+/// controller made no replacement (an index it gave up on), the places are no longer
+/// held instead, and the gang runs on.
+#[test]
+fn an_overdue_vacancy_the_gang_could_not_come_back_from_is_let_go_rather_than_requeued() {
+    let spec = replaced_by_controller(3);
+    let mut j = journal(
+        State::Released,
+        0,
+        vec![planned("job-1", false, Some(0)), planned("job-2", false, Some(0))],
+        &["job-1-gpu"],
+    );
+    j.vacancies = vec![muster_admission::Vacancy {
+        pod: "job-0".into(),
+        group: Some("w".into()),
+        index: Some(0),
+        node: "n1".into(),
+        devices: vec!["gpu/n1/g0".into()],
+        since: 0,
+    }];
+    let replacement = PodView {
+        gated: true,
+        node: None,
+        ..owned("job-0-again", "u9", Phase::Pending)
+    };
+    let overdue = SETTINGS.schedule_timeout + 1;
+    let decide_at = |pods: &[PodView]| {
+        let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+        let gang = Gang {
+            spec: &spec,
+            journal: Some(&j),
+            restarts: 0,
+            counted_restarts: 0,
+            finished_at: None,
+            pods,
+            claims: &[],
+            nodes: &nodes,
+            devices_published: true,
+            reuse_problems: Some(&[]),
+            conflicted: &[],
+            refusals: &[],
+            owners: Owners::default(),
+            now: overdue,
+        };
+        decide(&gang, &SETTINGS)
+    };
+    // A core pod succeeded: no requeue, the hold goes.
+    let s = decide_at(&[
+        owned("job-1", "u1", Phase::Succeeded),
+        owned("job-2", "u2", Phase::Running),
+        replacement.clone(),
+    ]);
+    let kept = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!(kept.state, State::Released, "{s:?}");
+    assert!(kept.vacancies.is_empty());
+    // No replacement was made: the hold goes too.
+    let s = decide_at(&[
+        owned("job-1", "u1", Phase::Running),
+        owned("job-2", "u2", Phase::Running),
+    ]);
+    let kept = s.record().and_then(|r| r.journal.clone()).expect("a journal");
+    assert_eq!((kept.state, kept.vacancies.len()), (State::Released, 0));
+    // Its replacement waits and nothing succeeded: the whole gang is requeued.
+    let s = decide_at(&[
+        owned("job-1", "u1", Phase::Running),
+        owned("job-2", "u2", Phase::Running),
+        replacement,
+    ]);
+    assert_eq!(recorded_state(&s), Some(Some(State::TearingDown)), "{s:?}");
+}
+
+/// Review of issue 33: a teardown does not wait for ever on an owner's controller. An
+/// owner's pod on a node that is gone is deleted at once; one its controller has not
+/// taken away within the bound (the controller is down, or something resumes the job
+/// behind muster) is deleted, with `DisruptionTarget`, and muster stops asking for the
+/// suspend.
+#[test]
+fn a_teardown_deletes_an_owners_pods_its_controller_does_not_take_away_in_time() {
+    let spec = replaced_by_controller(2);
+    let j = journal(
+        State::TearingDown,
+        0,
+        vec![planned("job-0", false, Some(0)), planned("job-1", false, Some(0))],
+        &[],
+    );
+    let on_gone_node = PodView {
+        node: Some("gone".into()),
+        ..owned("job-1", "u1", Phase::Running)
+    };
+    let pods = [owned("job-0", "u0", Phase::Running), on_gone_node];
+    let nodes: BTreeMap<String, NodeHealth> = [("n1".to_string(), NodeHealth::Ready)].into();
+    let at = |now: i64, owners: Owners| {
+        let gang = Gang {
+            spec: &spec,
+            journal: Some(&j),
+            restarts: 0,
+            counted_restarts: 0,
+            finished_at: None,
+            pods: &pods,
+            claims: &[],
+            nodes: &nodes,
+            devices_published: true,
+            reuse_problems: Some(&[]),
+            conflicted: &[],
+            refusals: &[],
+            owners,
+            now,
+        };
+        decide(&gang, &SETTINGS)
+    };
+    let deleted = |s: &Step| -> Vec<(String, bool, Option<Disruption>)> {
+        s.effects
+            .iter()
+            .flat_map(|e| match e {
+                Effect::DeletePods {
+                    pods,
+                    immediately,
+                    disruption,
+                } => pods
+                    .iter()
+                    .map(|p| (p.name.clone(), *immediately, *disruption))
+                    .collect(),
+                _ => vec![],
+            })
+            .collect()
+    };
+    // Early: the owner is suspended; the pod whose node is gone goes at once.
+    let s = at(1_000, Owners::default());
+    assert!(suspends_owners(&s), "{s:?}");
+    assert_eq!(
+        deleted(&s),
+        vec![("job-1".to_string(), true, Some(Disruption::Termination))]
+    );
+    // Past the bound, the owner suspended but its pod still there: muster deletes it.
+    let s = at(SETTINGS.owner_stop_timeout, MARKED);
+    assert!(!suspends_owners(&s), "{s:?}");
+    assert!(
+        deleted(&s).contains(&("job-0".to_string(), false, Some(Disruption::Termination))),
+        "{s:?}"
+    );
 }

@@ -441,8 +441,12 @@ impl Admission {
                             .iter()
                             .find(|p| p.uid().as_deref() == Some(target.uid.as_str()))
                             .and_then(|p| p.metadata.resource_version.clone());
-                        if let Some(disruption) = disruption {
-                            self.mark_disrupted(&pods, &target, disruption).await?;
+                        // Best effort: a pod that cannot take the condition (a policy
+                        // refuses, or no permission) still goes.
+                        if let Some(disruption) = disruption
+                            && let Err(e) = self.mark_disrupted(&pods, &target, disruption).await
+                        {
+                            warn!(workload = %key(workload), pod = %target.name, error = %e, "marking a pod DisruptionTarget failed; deleting it all the same");
                         }
                         self.ensure_leading();
                         let params = DeleteParams {
@@ -518,9 +522,13 @@ impl Admission {
                 }
                 Effect::ResumeOwners => {
                     let marked = self.owners.of(workload);
-                    owners::writes::resume(&self.client, &marked, &|| self.ensure_leading()).await?;
-                    self.owners.resumed_now(workload, &marked);
-                    for owner in &marked {
+                    let resumed = owners::writes::resume(&self.client, &marked, &|| self.ensure_leading()).await?;
+                    self.owners.resumed_now(workload, &resumed);
+                    if resumed.is_empty() {
+                        // Nothing written (changed meanwhile): no step to take again at once.
+                        write = None;
+                    }
+                    for owner in &resumed {
                         let note = format!(
                             "resumed {} {}: its pods wait behind the gate until the gang is placed again",
                             owner.owner.kind.resource().kind,

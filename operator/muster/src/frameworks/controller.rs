@@ -640,7 +640,7 @@ async fn follow_suspend(
     admitted: bool,
 ) -> Result<(), Error> {
     let job_suspended = ctx.framework.suspended(object);
-    if job_suspended && requeued_by_muster(ctx, job, existing) {
+    if job_suspended && requeued_by_muster(ctx, job, existing).await? {
         // The admission loop suspended it to requeue the gang, and resumes it: no user
         // moved, and the gang stays as it is.
         return Ok(());
@@ -684,9 +684,12 @@ async fn follow_suspend(
 
 /// Whether the admission loop suspended `job` to requeue `workload`'s gang: the job
 /// carries its mark, or the TrainJob that made it (a JobSet) does.
-fn requeued_by_muster(ctx: &Context, job: &DynamicObject, workload: &Workload) -> bool {
-    if crate::owners::mark_of(job) == Some(crate::owners::mark(workload).as_str()) {
-        return true;
+async fn requeued_by_muster(ctx: &Context, job: &DynamicObject, workload: &Workload) -> Result<bool, Error> {
+    let ours = |object: &DynamicObject| {
+        crate::owners::mark_of(object).and_then(crate::owners::marked_workload) == Some(workload.name_any().as_str())
+    };
+    if ours(job) {
+        return Ok(true);
     }
     let Some(trainjob) = job
         .owner_references()
@@ -696,16 +699,29 @@ fn requeued_by_muster(ctx: &Context, job: &DynamicObject, workload: &Workload) -
             crate::owners::OwnerKind::of_reference(&o.api_version, &o.kind) == Some(crate::owners::OwnerKind::TrainJob)
         })
     else {
-        return false;
+        return Ok(false);
     };
     // Trainer applies the JobSet again a moment after its TrainJob is resumed.
-    ctx.settings.owners.just_resumed(&trainjob.uid)
+    if ctx.settings.owners.just_resumed(&trainjob.uid)
         || ctx
             .settings
             .owners
             .of(workload)
             .iter()
             .any(|m| m.owner.uid == trainjob.uid && m.suspended)
+    {
+        return Ok(true);
+    }
+    // The cache of what muster marked may not have listed yet (a restart, a new leader):
+    // the TrainJob itself says.
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &job.namespace().unwrap_or_default(),
+        &crate::owners::OwnerKind::TrainJob.resource(),
+    );
+    Ok(api.get_opt(&trainjob.name).await?.is_some_and(|t| {
+        t.uid().as_deref() == Some(trainjob.uid.as_str()) && ours(&t) && t.data["spec"]["suspend"] == true
+    }))
 }
 
 /// Tells the job when its gang is admitted or cannot be placed, once per change of the

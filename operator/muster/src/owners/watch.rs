@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use super::{Owner, OwnerKind, mark, mark_of, marked_workload};
+use super::{Owner, OwnerKind, mark_of, marked_workload};
 use crate::cache::touched::Touched;
 use crate::kube_ops;
 
@@ -48,22 +48,27 @@ pub struct Marked {
     stores: RwLock<Vec<(OwnerKind, Store<DynamicObject>)>>,
     /// Workload uid → when this process suspended its owners.
     own: Mutex<HashMap<String, Instant>>,
-    /// Owner uid → when this process resumed it.
-    resumed: Mutex<HashMap<String, Instant>>,
+    /// Owner uid → when this process resumed it, and the version of it that showed the
+    /// mark it took off (the cache may show that version a while longer).
+    resumed: Mutex<HashMap<String, (Instant, Option<String>)>>,
 }
 
 impl Marked {
-    /// Every object marked as suspended for `workload`.
+    /// Every object marked as suspended for `workload`: by its name (a Workload made
+    /// again under the name, as the adoption controller makes a job's, is the same gang's
+    /// and resumes what was suspended for the one before).
     pub fn of(&self, workload: &Workload) -> Vec<MarkedOwner> {
-        let wanted = mark(workload);
+        let wanted = workload.name_any();
         let namespace = workload.namespace().unwrap_or_default();
         let stores = self.stores.read().unwrap_or_else(PoisonError::into_inner);
         stores
             .iter()
             .flat_map(|(kind, store)| store.state().into_iter().map(move |object| (*kind, object)))
             .filter(|(_, object)| {
-                object.namespace().as_deref() == Some(namespace.as_str()) && mark_of(object.as_ref()) == Some(&wanted)
+                object.namespace().as_deref() == Some(namespace.as_str())
+                    && mark_of(object.as_ref()).and_then(marked_workload) == Some(wanted.as_str())
             })
+            .filter(|(_, object)| !self.resumed_at(&object.uid().unwrap_or_default(), object.resource_version()))
             .map(|(kind, object)| MarkedOwner {
                 owner: Owner {
                     kind,
@@ -118,9 +123,12 @@ impl Marked {
         let uid = workload.uid().unwrap_or_default();
         self.own.lock().unwrap_or_else(PoisonError::into_inner).remove(&uid);
         let mut resumed = self.resumed.lock().unwrap_or_else(PoisonError::into_inner);
-        resumed.retain(|_, at| at.elapsed() < RESUMED_SEEN_FOR);
+        resumed.retain(|_, (at, _)| at.elapsed() < RESUMED_SEEN_FOR);
         for owner in owners {
-            resumed.insert(owner.owner.uid.clone(), Instant::now());
+            resumed.insert(
+                owner.owner.uid.clone(),
+                (Instant::now(), owner.resource_version.clone()),
+            );
         }
     }
 
@@ -130,7 +138,17 @@ impl Marked {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(uid)
-            .is_some_and(|at| at.elapsed() < RESUMED_SEEN_FOR)
+            .is_some_and(|(at, _)| at.elapsed() < RESUMED_SEEN_FOR)
+    }
+
+    /// Whether this process took the mark off the owner of `uid` at `version` a moment
+    /// ago: a cached copy of that version is stale (a mark put on again is a newer one).
+    fn resumed_at(&self, uid: &str, version: Option<String>) -> bool {
+        self.resumed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .is_some_and(|(at, seen)| at.elapsed() < RESUMED_SEEN_FOR && *seen == version)
     }
 
     /// Runs the watches until the process stops. Each event touches the gang its mark

@@ -13,9 +13,15 @@ use super::watch::MarkedOwner;
 use super::{Owner, OwnerKind, mark};
 use crate::kube_ops;
 
-/// Suspends `owners`, each marked for `workload`, against its uid. A JobSet that a
-/// TrainJob made is suspended through the TrainJob (Trainer applies the JobSet again, and
-/// would undo a suspend of the JobSet's own). One that is gone needs nothing.
+/// How often a suspend reads an owner again when it changed between the read and the
+/// write (a Job's status changes with its pods).
+const SUSPEND_ATTEMPTS: usize = 3;
+
+/// Suspends `owners`, each marked for `workload`, against the version read just before
+/// (so a suspend a deposed leader prepared fails once its successor moved the object on).
+/// A JobSet that a TrainJob made is suspended through the TrainJob (Trainer applies the
+/// JobSet again, and would undo a suspend of the JobSet's own). One that is gone, or made
+/// again under its name, needs nothing. Returns those it suspended.
 pub async fn suspend(
     client: &Client,
     workload: &Workload,
@@ -31,31 +37,41 @@ pub async fn suspend(
                 .unwrap_or_else(|| owner.clone()),
         );
     }
-    let patch = |uid: &str| {
-        json!({
-            "metadata": {
-                "uid": uid,
-                "labels": {labels::REQUEUED: "true"},
-                "annotations": {labels::REQUEUED_FOR: mark(workload)},
-            },
-            "spec": {"suspend": true},
-        })
-    };
     let mut suspended = Vec::new();
     for target in targets {
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &target.kind.resource());
-        leading();
-        let patched = kube_ops::found(
-            api.patch(
-                &target.name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch(&target.uid)),
-            )
-            .await,
-        )?;
-        if patched.is_some() {
-            info!(workload = %workload.name_any(), %namespace, kind = %target.kind.resource().kind, name = %target.name, "suspended the owner of a gang's pods to requeue the gang");
-            suspended.push(target);
+        for attempt in 1..=SUSPEND_ATTEMPTS {
+            let Some(current) = api.get_opt(&target.name).await? else {
+                break;
+            };
+            if current.uid().as_deref() != Some(target.uid.as_str()) {
+                break;
+            }
+            if current.data["spec"]["suspend"] == true && super::mark_of(&current) == Some(mark(workload).as_str()) {
+                break;
+            }
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": current.resource_version(),
+                    "labels": {labels::REQUEUED: "true"},
+                    "annotations": {labels::REQUEUED_FOR: mark(workload)},
+                },
+                "spec": {"suspend": true},
+            });
+            leading();
+            match api
+                .patch(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    info!(workload = %workload.name_any(), %namespace, kind = %target.kind.resource().kind, name = %target.name, "suspended the owner of a gang's pods to requeue the gang");
+                    suspended.push(target.clone());
+                    break;
+                }
+                Err(e) if kube_ops::is_not_found(&e) => break,
+                Err(e) if kube_ops::is_conflict(&e) && attempt < SUSPEND_ATTEMPTS => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(suspended)
@@ -91,7 +107,13 @@ async fn through_trainjob(client: &Client, namespace: &str, owner: &Owner) -> Re
 
 /// Resumes what `marked` names and takes the mark off, each against the version the
 /// cache shows (so a mark a user or another gang changed meanwhile is read again first).
-pub async fn resume(client: &Client, marked: &[MarkedOwner], leading: &(dyn Fn() + Sync)) -> Result<(), kube::Error> {
+/// Returns those it resumed.
+pub async fn resume(
+    client: &Client,
+    marked: &[MarkedOwner],
+    leading: &(dyn Fn() + Sync),
+) -> Result<Vec<MarkedOwner>, kube::Error> {
+    let mut resumed = Vec::new();
     for owner in marked {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &owner.namespace, &owner.owner.kind.resource());
@@ -104,11 +126,18 @@ pub async fn resume(client: &Client, marked: &[MarkedOwner], leading: &(dyn Fn()
             "spec": {"suspend": false},
         });
         leading();
-        kube_ops::done_if_gone_or_changed(
-            api.patch(&owner.owner.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await,
-        )?;
-        info!(namespace = %owner.namespace, kind = %owner.owner.kind.resource().kind, name = %owner.owner.name, "resumed the owner muster suspended: its pods come back behind the gate");
+        match api
+            .patch(&owner.owner.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(namespace = %owner.namespace, kind = %owner.owner.kind.resource().kind, name = %owner.owner.name, "resumed the owner muster suspended: its pods come back behind the gate");
+                resumed.push(owner.clone());
+            }
+            // Gone, or changed since the cache's copy: looked at again from a fresh one.
+            Err(e) if kube_ops::is_not_found(&e) || kube_ops::is_conflict(&e) => {}
+            Err(e) => return Err(e),
+        }
     }
-    Ok(())
+    Ok(resumed)
 }
