@@ -151,10 +151,10 @@ fn resume_owners(gang: &Gang) -> Vec<Effect> {
 /// object muster can suspend makes, by suspending that object (its controller takes the
 /// pods away without counting a failure; one that ended stays, holding nothing), the
 /// rest by deleting it, another controller's with the `DisruptionTarget` condition
-/// first. An owner's pod is deleted so too where its node is gone (no kubelet confirms
-/// its end, and its controller would wait for the pod garbage collector), and once the
-/// owner's controller has not taken it away within `owner_stop_timeout` (it is not
-/// running, another manages the object, or something resumes it behind muster). `None`
+/// first. An owner's pod is deleted so too once the owner is suspended and its controller
+/// has not taken it away within `owner_stop_timeout` of the transition (it is not
+/// running, another manages the object, or the pod's node is gone and the pod garbage
+/// collector is slow). `None`
 /// once nothing is left to stop; the effects are empty while the owners' controllers are
 /// at it.
 fn stop<'p>(
@@ -168,15 +168,15 @@ fn stop<'p>(
     if pods.is_empty() {
         return None;
     }
-    let lost = |p: &PodView| p.node.as_deref().is_some_and(|n| gang.node(n) == NodeHealth::Gone);
-    let given_up = gang.now - since >= settings.owner_stop_timeout;
+    // Only once the owners are seen suspended: until then muster asks for the suspend.
+    let given_up = gang.owners.suspended && gang.now - since >= settings.owner_stop_timeout;
     let mut effects = Vec::new();
-    if !given_up && !gang.owners.suspended && pods.iter().any(|p| p.owned && !p.deleting && !lost(p)) {
+    if !gang.owners.suspended && pods.iter().any(|p| p.owned && !p.deleting) {
         effects.push(Effect::SuspendOwners);
     }
     effects.extend(delete(
         gang,
-        pods.iter().copied().filter(|p| !p.owned || lost(p) || given_up),
+        pods.iter().copied().filter(|p| !p.owned || given_up),
         disruption,
     ));
     Some(effects)

@@ -112,11 +112,17 @@ impl Journal {
         }
     }
 
-    /// The same journal in `state`, entered at `now`.
+    /// The same journal in `state`, entered at `now`. Vacated places are held only while
+    /// the gang runs (`Released`): any other state gives them up.
     pub fn moved(&self, state: State, now: Millis) -> Journal {
         Journal {
             state,
             since: now,
+            vacancies: if state == State::Released {
+                self.vacancies.clone()
+            } else {
+                Vec::new()
+            },
             ..self.clone()
         }
     }

@@ -39,6 +39,12 @@
 //! nomination, which is counted),
 //! and Kueue hears "Ready" only while the gang holds every claim of its journal.
 //!
+//! Some gangs are a Job's pods (`restartedBy: PodController`): the Job controller makes
+//! them under new names, replaces a pod that failed or went, and takes them away, without
+//! counting a failure, when the Job is suspended. muster must never delete such a pod
+//! while it has not suspended the Job (the Job would count it as failed), must resume
+//! what it suspended, and must not keep a vacated place past its bound.
+//!
 //! After the chaos, a calm phase must bring every gang to rest (running, finished,
 //! suspended, or queued holding nothing of its own and not fitting) within a bounded
 //! number of steps, and no gang may stay in one transitional state for long: no wedge,
@@ -100,6 +106,8 @@ struct PodObj {
     workload: Option<String>,
     group: String,
     attempt: Option<i32>,
+    /// Its index in its group (a Job's completion index).
+    index: Option<i32>,
     gated: bool,
     pin: Option<String>,
     phase: Phase,
@@ -155,8 +163,23 @@ struct Kueue {
     evicted: bool,
 }
 
+/// The Job whose pods make up a gang of `restartedBy: PodController`, as its controller
+/// and muster write it.
+#[derive(Clone, Debug, Default)]
+struct JobObj {
+    /// `spec.suspend`.
+    suspended: bool,
+    /// muster's mark: muster suspended it to requeue the gang, and resumes it.
+    marked: bool,
+    rv: u64,
+    /// Pods made so far, for the names of the next.
+    made: u32,
+}
+
 #[derive(Clone, Debug)]
 struct WorkloadObj {
+    /// Its pods are a Job's (template-less, restarted by the Job).
+    job: Option<JobObj>,
     spec: Spec,
     replicas: i32,
     /// The user claim its pods share, if any.
@@ -359,6 +382,16 @@ enum Op {
     KueueRequeue {
         gang: String,
     },
+    /// The Job of a gang's pods suspended and marked as muster's, against the version
+    /// read just before.
+    SuspendOwner {
+        gang: String,
+    },
+    /// The Job muster marked resumed and unmarked, against the version the cache showed.
+    ResumeOwner {
+        gang: String,
+        rv: u64,
+    },
 }
 
 impl Op {
@@ -388,6 +421,8 @@ impl Op {
             Op::Collect { claim, .. } => format!("collect {claim}"),
             Op::KueueReady { gang } => format!("tell Kueue {gang} is reserved"),
             Op::KueueRequeue { gang } => format!("give {gang}'s admission back to Kueue"),
+            Op::SuspendOwner { gang } => format!("suspend {gang}'s Job"),
+            Op::ResumeOwner { gang, .. } => format!("resume {gang}'s Job"),
         }
     }
 }
@@ -551,6 +586,13 @@ struct Stats {
     /// Looks at a `Reserving` gang whose commit released some planned pods and stopped
     /// before the rest: the state machine finishes the release.
     commits_finished_after_a_partial_release: u64,
+    /// Jobs muster suspended to requeue their gang, and resumed.
+    job_suspends: u64,
+    job_resumes: u64,
+    /// Pods of a suspended Job muster deleted because its controller did not in time.
+    owner_stop_deletions: u64,
+    /// Places of a Job's gang vacated for a replacement.
+    vacancies: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -572,6 +614,10 @@ impl std::ops::AddAssign for Stats {
         self.deposed_evictions += o.deposed_evictions;
         self.controller_deallocations += o.controller_deallocations;
         self.commits_finished_after_a_partial_release += o.commits_finished_after_a_partial_release;
+        self.job_suspends += o.job_suspends;
+        self.job_resumes += o.job_resumes;
+        self.owner_stop_deletions += o.owner_stop_deletions;
+        self.vacancies += o.vacancies;
     }
 }
 
@@ -658,10 +704,34 @@ impl Sim {
                 restarted_by_pod_controller: false,
                 job_ended: None,
             };
+            // Some gangs are a Job's pods: the Job makes and replaces them, and a teardown
+            // suspends the Job rather than delete them.
+            let job = rng.chance(30).then(JobObj::default);
+            let (spec, min_count) = match &job {
+                Some(_) => (
+                    Spec {
+                        groups: vec![GroupSpec {
+                            name: "w".into(),
+                            min_count: replicas,
+                            managed: false,
+                        }],
+                        max_restarts: 0,
+                        failure_rules: vec![],
+                        restart_backoff: None,
+                        restarted_by_pod_controller: true,
+                        ..spec
+                    },
+                    replicas,
+                ),
+                None => (spec, min_count),
+            };
+            let _ = min_count;
             let rv = world.bump();
+            let is_job = job.is_some();
             world.workloads.insert(
                 name.clone(),
                 WorkloadObj {
+                    job,
                     spec,
                     replicas,
                     shared,
@@ -677,7 +747,7 @@ impl Sim {
                     revision: 0,
                 },
             );
-            for i in 0..replicas {
+            for i in (0..replicas).filter(|_| !is_job) {
                 let rv = world.bump();
                 world.claims.insert(
                     pod_claim(&pod_name(&name, i)),
@@ -755,6 +825,10 @@ impl Sim {
                 c.label = Some(gang.clone());
                 c.rv = rv;
             }
+            if w.job.is_some() {
+                self.job_controller(&gang);
+                continue;
+            }
             let attempt = self.controller_sees.get(&gang).copied().unwrap_or(0);
             let finished = w.finished_at.is_some();
             let evicted = w.kueue.as_ref().is_some_and(|k| k.evicted);
@@ -792,6 +866,7 @@ impl Sim {
                         workload: Some(gang.clone()),
                         group: "w".into(),
                         attempt: Some(attempt),
+                        index: Some(i),
                         gated: true,
                         pin: None,
                         phase: Phase::Pending,
@@ -804,6 +879,101 @@ impl Sim {
                     },
                 );
             }
+        }
+    }
+
+    /// The Job controller of a Job's gang: while the Job runs, every index has a pod (a
+    /// failed or deleted one is replaced under a new name, with a claim of its own, as
+    /// kube-controller-manager makes it from the pod's template); the webhook gated them.
+    /// Suspended, its pods go without a failure counted (gated ones at once). Once its
+    /// job ended, it makes no more.
+    fn job_controller(&mut self, gang: &str) {
+        let w = self.world.workloads[gang].clone();
+        let Some(job) = w.job.clone() else { return };
+        let own: Vec<(String, PodObj)> = self
+            .world
+            .pods
+            .iter()
+            .filter(|(_, p)| p.workload.as_deref() == Some(gang))
+            .map(|(n, p)| (n.clone(), p.clone()))
+            .collect();
+        if job.suspended {
+            for (name, pod) in own.iter().filter(|(_, p)| !p.phase.terminal() && !p.deleting) {
+                if pod.gated {
+                    self.world.pods.remove(name);
+                } else {
+                    let rv = self.world.bump();
+                    let p = self.world.pods.get_mut(name).expect("pod");
+                    p.deleting = true;
+                    p.rv = rv;
+                }
+            }
+            return;
+        }
+        if w.finished_at.is_some() || w.spec.job_ended.is_some() {
+            return;
+        }
+        for i in 0..w.replicas {
+            let live = own
+                .iter()
+                .any(|(_, p)| p.index == Some(i) && !p.deleting && p.phase != Phase::Failed);
+            if live {
+                continue;
+            }
+            let made = {
+                let j = self
+                    .world
+                    .workloads
+                    .get_mut(gang)
+                    .and_then(|w| w.job.as_mut())
+                    .expect("job");
+                j.made += 1;
+                j.made
+            };
+            let name = format!("{gang}-w-{i}-{made}");
+            self.world.uids += 1;
+            let uid = format!("u{}", self.world.uids);
+            let claim = pod_claim(&name);
+            let rv = self.world.bump();
+            self.world.claims.insert(
+                claim.clone(),
+                ClaimObj {
+                    label: Some(gang.to_string()),
+                    allocation: None,
+                    ours: false,
+                    reserved_for: vec![],
+                    rv,
+                    late: false,
+                    doubled: false,
+                    checked: false,
+                    protected: false,
+                },
+            );
+            let mut claims = vec![claim];
+            claims.extend(w.shared.iter().cloned());
+            self.world
+                .uid_owners
+                .insert(uid.clone(), (name.clone(), Some(gang.to_string())));
+            let rv = self.world.bump();
+            self.world.pods.insert(
+                name,
+                PodObj {
+                    uid,
+                    workload: Some(gang.to_string()),
+                    group: "w".into(),
+                    attempt: None,
+                    index: Some(i),
+                    gated: true,
+                    pin: None,
+                    phase: Phase::Pending,
+                    node: None,
+                    deleting: false,
+                    claims,
+                    using: vec![],
+                    unscheduled: None,
+                    rv,
+                },
+            );
         }
     }
 
@@ -995,13 +1165,18 @@ impl Sim {
             79..=83 if self.chaos => {
                 // A container ends.
                 if let Some(p) = pick(&mut self.rng, &pods) {
+                    // A Job's pod only fails here (its Job replaces it): a Job's index that
+                    // succeeds is not run again, and a requeue could not bring such a gang
+                    // back whole; the Job's own end is below.
+                    let by_job = self.world.pods[&p]
+                        .workload
+                        .as_ref()
+                        .and_then(|g| self.world.workloads.get(g))
+                        .is_some_and(|w| w.job.is_some());
+                    let succeeds = !by_job && self.rng.chance(50);
                     let pod = self.world.pods.get_mut(&p).expect("pod");
                     if pod.phase == Phase::Running && pod.workload.is_some() {
-                        pod.phase = if self.rng.chance(50) {
-                            Phase::Failed
-                        } else {
-                            Phase::Succeeded
-                        };
+                        pod.phase = if succeeds { Phase::Succeeded } else { Phase::Failed };
                         self.note(format!("pod {p} ends {:?}", self.world.pods[&p].phase));
                     }
                 }
@@ -1049,6 +1224,40 @@ impl Sim {
                 }
             }
             91..=94 if self.chaos => self.intrude(),
+            96 if self.chaos => {
+                // A Job's gang runs to its end: every pod succeeds, and the adoption
+                // controller writes the Job's end on the Workload.
+                let names: Vec<String> = self
+                    .world
+                    .workloads
+                    .iter()
+                    .filter(|(_, w)| w.job.is_some() && w.spec.job_ended.is_none())
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                if let Some(g) = pick(&mut self.rng, &names) {
+                    let running: Vec<String> = self
+                        .world
+                        .pods
+                        .iter()
+                        .filter(|(_, p)| p.workload.as_deref() == Some(g.as_str()) && p.phase == Phase::Running)
+                        .map(|(n, _)| n.clone())
+                        .collect();
+                    let replicas = self.world.workloads[&g].replicas as usize;
+                    if running.len() == replicas {
+                        for name in &running {
+                            self.world.pods.get_mut(name).expect("pod").phase = Phase::Succeeded;
+                        }
+                        let rv = self.world.bump();
+                        let w = self.world.workloads.get_mut(&g).expect("workload");
+                        w.spec.job_ended = Some(muster_admission::JobEnd {
+                            succeeded: true,
+                            message: "the Job completed".into(),
+                        });
+                        w.rv = rv;
+                        self.note(format!("{g}'s Job completes"));
+                    }
+                }
+            }
             95 if self.chaos => {
                 let world = self.world.clone();
                 let down = self.rng.below(30) as usize;
@@ -1164,6 +1373,7 @@ impl Sim {
                 workload: None,
                 group: String::new(),
                 attempt: None,
+                index: None,
                 gated: false,
                 pin: node.clone(),
                 phase: Phase::Running,
@@ -1421,7 +1631,10 @@ impl Sim {
             reuse_problems: Some(&[]),
             conflicted: &conflicted,
             refusals: &w.refusals,
-            owners: Owners::default(),
+            owners: w.job.as_ref().map_or(Owners::default(), |j| Owners {
+                suspended: j.suspended && j.marked,
+                marked: j.marked,
+            }),
             now: self.world.now,
         };
         if let Some(j) = journal.as_ref()
@@ -1487,9 +1700,14 @@ impl Sim {
                     }
                 }
                 Effect::DeleteWorkload => self.op.queue.push_back(Op::DeleteWorkload { gang: gang.to_string() }),
-                Effect::SuspendOwners | Effect::ResumeOwners => {
+                Effect::SuspendOwners | Effect::ResumeOwners if w.job.is_none() => {
                     self.violated(format!("{gang}: its pods have no owner to suspend or resume"));
                 }
+                Effect::SuspendOwners => self.op.queue.push_back(Op::SuspendOwner { gang: gang.to_string() }),
+                Effect::ResumeOwners => self.op.queue.push_back(Op::ResumeOwner {
+                    gang: gang.to_string(),
+                    rv: w.job.as_ref().map_or(0, |j| j.rv),
+                }),
                 Effect::Event { .. } => {}
             }
         }
@@ -1556,6 +1774,7 @@ impl Sim {
 
     /// The pods of gang `gang` in the operator's view, as the state machine sees them.
     fn pod_views(gang: &str, view: &View) -> Vec<PodView> {
+        let by_job = view.workloads.get(gang).is_some_and(|w| w.job.is_some());
         view.pods
             .iter()
             .filter(|(_, p)| p.workload.as_deref() == Some(gang))
@@ -1563,7 +1782,7 @@ impl Sim {
                 name: name.clone(),
                 uid: p.uid.clone(),
                 group: Some(p.group.clone()),
-                index: None,
+                index: p.index,
                 attempt: p.attempt,
                 gated: p.gated,
                 phase: p.phase,
@@ -1574,7 +1793,7 @@ impl Sim {
                 exit_codes: vec![],
                 conditions: vec![],
                 unscheduled: p.unscheduled.clone(),
-                owned: false,
+                owned: by_job && p.attempt.is_none(),
             })
             .collect()
     }
@@ -1626,12 +1845,12 @@ impl Sim {
             return;
         }
         let cached = &view.pods;
-        let pods: Vec<String> = (0..w.replicas)
-            .map(|i| pod_name(gang, i))
+        let pods: Vec<String> = Self::members(gang, w, view)
+            .into_iter()
             .filter(|name| {
-                cached
-                    .get(name)
-                    .is_some_and(|pod| pod.gated && !pod.deleting && pod.attempt == Some(w.restarts))
+                cached.get(name).is_some_and(|pod| {
+                    pod.gated && !pod.deleting && (pod.attempt == Some(w.restarts) || w.job.is_some())
+                })
             })
             .collect();
         if (pods.len() as i32) < w.replicas {
@@ -1982,8 +2201,31 @@ impl Sim {
         self.op.queue.push_back(Op::EndCommit { gang: gang.into() });
     }
 
-    /// Waiting extras of a released gang that now fit: committed like a gang.
+    /// The gang's pods, one per index: muster's own by name; a Job's, the newest of each
+    /// index that is not being deleted and has not failed (as the Workload controller's
+    /// membership picks them).
+    fn members(gang: &str, w: &WorkloadObj, view: &View) -> Vec<String> {
+        if w.job.is_none() {
+            return (0..w.replicas).map(|i| pod_name(gang, i)).collect();
+        }
+        (0..w.replicas)
+            .filter_map(|i| {
+                view.pods
+                    .iter()
+                    .filter(|(_, p)| p.workload.as_deref() == Some(gang) && p.index == Some(i))
+                    .filter(|(_, p)| !p.deleting && p.phase != Phase::Failed)
+                    .max_by_key(|(_, p)| p.rv)
+                    .map(|(n, _)| n.clone())
+            })
+            .collect()
+    }
+
+    /// Waiting extras of a released gang that now fit: committed like a gang. (A Job's
+    /// replacements are not placed here: their places' bound requeues the gang.)
     fn extras(&mut self, gang: &str, w: &WorkloadObj, view: &View) {
+        if w.job.is_some() {
+            return;
+        }
         let Some(journal) = w.journal.clone() else { return };
         if !self.op.queue.is_empty() || w.spec.suspend || self.op.live.is_some() {
             return;
@@ -2305,6 +2547,10 @@ impl Sim {
                         ));
                     }
                 }
+                let before = expected.as_ref().map_or(0, |j| j.vacancies.len());
+                if record.journal.as_ref().map_or(0, |j| j.vacancies.len()) > before {
+                    self.stats.vacancies += 1;
+                }
                 let known = self.world.workloads[&gang].refusals.clone();
                 if let Some(refusals) = &record.refusals {
                     // Each refusal it remembers anew, kube-scheduler made: a pod that
@@ -2391,6 +2637,28 @@ impl Sim {
                 // is looked at again.
                 if self.world.pods.get(&name).is_none_or(|p| p.uid != uid || p.rv != rv) {
                     return true;
+                }
+                // muster never deletes a pod of a Job it runs, which would count against the
+                // Job's backoffLimit: it suspends the Job instead. Only a pod whose node is
+                // gone, a pod of a Job that muster suspended and whose controller did not
+                // take it away in time, and one of a Job that ended may go.
+                let pod = self.world.pods[&name].clone();
+                if let Some(gang) = pod.workload.as_deref()
+                    && let Some(w) = self.world.workloads.get(gang)
+                    && let Some(job) = &w.job
+                    && pod.attempt.is_none()
+                {
+                    let node_gone = pod
+                        .node
+                        .as_deref()
+                        .is_some_and(|n| !self.world.nodes.get(n).copied().unwrap_or(false));
+                    if job.suspended && job.marked {
+                        self.stats.owner_stop_deletions += 1;
+                    } else if !node_gone && w.spec.job_ended.is_none() && !pod.phase.terminal() {
+                        self.violated(format!(
+                            "muster deletes {name}, a pod of {gang}'s Job, which it did not suspend: the Job counts it as failed"
+                        ));
+                    }
                 }
                 self.note(format!("delete {name} immediately={immediately}"));
                 if immediately {
@@ -2759,6 +3027,45 @@ impl Sim {
                 }
                 true
             }
+            Op::SuspendOwner { gang } => {
+                let rv = self.world.bump();
+                let Some(w) = self.world.workloads.get_mut(&gang) else {
+                    return true;
+                };
+                let Some(job) = w.job.as_mut() else { return true };
+                if job.suspended && job.marked {
+                    return true;
+                }
+                job.suspended = true;
+                job.marked = true;
+                job.rv = rv;
+                w.rv = rv;
+                let copy = w.clone();
+                self.stats.job_suspends += 1;
+                self.note(format!("suspend {gang}'s Job"));
+                self.op.own_workloads.insert(gang, copy);
+                true
+            }
+            Op::ResumeOwner { gang, rv: seen } => {
+                let rv = self.world.bump();
+                let Some(w) = self.world.workloads.get_mut(&gang) else {
+                    return true;
+                };
+                let Some(job) = w.job.as_mut() else { return true };
+                // Against the version the cache showed: a mark changed since is read again.
+                if job.rv != seen {
+                    return false;
+                }
+                job.suspended = false;
+                job.marked = false;
+                job.rv = rv;
+                w.rv = rv;
+                let copy = w.clone();
+                self.stats.job_resumes += 1;
+                self.note(format!("resume {gang}'s Job"));
+                self.op.own_workloads.insert(gang, copy);
+                true
+            }
         }
     }
 
@@ -2867,7 +3174,36 @@ impl Sim {
             return Err("a nomination is left".into());
         }
         for (gang, w) in &self.world.workloads {
-            let own: Vec<String> = (0..w.replicas).map(|i| pod_claim(&pod_name(gang, i))).collect();
+            let own: Vec<String> = match &w.job {
+                None => (0..w.replicas).map(|i| pod_claim(&pod_name(gang, i))).collect(),
+                Some(_) => self
+                    .world
+                    .claims
+                    .iter()
+                    .filter(|(n, c)| c.label.as_deref() == Some(gang.as_str()) && !SHARED.contains(&n.as_str()))
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+            };
+            // A Job muster suspended to requeue its gang is resumed: its pods come back.
+            if w.job.as_ref().is_some_and(|j| j.marked && j.suspended)
+                && !w.spec.suspend
+                && w.finished_at.is_none()
+                && w.spec.job_ended.is_none()
+            {
+                return Err(format!("{gang}'s Job is left suspended by muster"));
+            }
+            // No gang keeps a vacated place past its bound.
+            if let Some(j) = &w.journal
+                && let Some(v) = j
+                    .vacancies
+                    .iter()
+                    .find(|v| self.world.now - v.since > SETTINGS.schedule_timeout + 5_000)
+            {
+                return Err(format!(
+                    "{gang} holds the place of {} vacated at {} past its bound (now {})",
+                    v.pod, v.since, self.world.now
+                ));
+            }
             let held: Vec<&String> = own
                 .iter()
                 .filter(|c| self.world.claims.get(*c).is_some_and(|c| c.allocation.is_some()))
@@ -2966,6 +3302,12 @@ impl Sim {
                 then.claims.get(claim).map(|c| c.rv) == self.world.claims.get(claim).map(|c| c.rv)
             }
             Op::Release { pod, .. } => then.pods.get(pod).map(|p| p.rv) == self.world.pods.get(pod).map(|p| p.rv),
+            // The suspend reads the Job just before its Lease check, and writes against
+            // that version.
+            Op::SuspendOwner { gang } => {
+                let rv = |world: &World| world.workloads.get(gang).and_then(|w| w.job.as_ref()).map(|j| j.rv);
+                rv(&then) == rv(&self.world)
+            }
             _ => true,
         };
         if read_before {
@@ -3130,6 +3472,10 @@ fn every_schedule_keeps_the_invariants_and_comes_to_rest() {
     assert!(
         schedules < 1000 || stats.commits_finished_after_a_partial_release > 0,
         "the schedules reach a commit stopped in the middle of its release: {stats:?}"
+    );
+    assert!(
+        schedules < 1000 || (stats.job_suspends > 0 && stats.job_resumes > 0 && stats.vacancies > 0),
+        "the schedules reach a Job's gang requeued by its suspend, and a vacated place: {stats:?}"
     );
 }
 
