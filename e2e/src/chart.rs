@@ -110,3 +110,14 @@ pub fn describe(object: &serde_json::Value) -> String {
 pub fn of_kind<'a>(objects: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
     objects.iter().filter(|o| o["kind"] == kind).collect()
 }
+
+/// Whether Helm runs the object as a hook (created for the hook's run, then deleted)
+/// rather than installing it with the release.
+pub fn is_hook(object: &serde_json::Value) -> bool {
+    object["metadata"]["annotations"]["helm.sh/hook"].is_string()
+}
+
+/// The rendered objects the release installs and keeps: everything but hooks.
+pub fn installed(objects: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    objects.iter().filter(|o| !is_hook(o)).cloned().collect()
+}

@@ -625,3 +625,47 @@ async fn pods_of_a_controller_muster_cannot_suspend_are_marked_disrupted_before_
     })
     .await
 }
+
+/// Review of issue 33: a Job some of whose pods completed is requeued by a preemption
+/// and runs again: its controller makes pods only for the indexes left, and the gang is
+/// placed with the completed ones counted toward its minimum.
+#[tokio::test]
+async fn a_preempted_job_some_of_whose_pods_completed_runs_the_rest_again() -> Result<()> {
+    with_frameworks("preempted-partly-done", |test| {
+        Box::pin(async move {
+            priority_classes(&test.client).await?;
+            let (workload, pods) = Kind::Job.create(test, "victim").await?;
+            runs_as_one_gang(test, &workload, pods).await?;
+            let done = test
+                .gang_pods(&workload)
+                .await?
+                .into_iter()
+                .next()
+                .and_then(|p| p.metadata.name)
+                .context("a pod")?;
+            test.exit_pod(&done, 0).await?;
+            let api = test.pods();
+            wait::until("a pod to complete", Duration::from_secs(30), || {
+                let (api, done) = (api.clone(), done.clone());
+                async move {
+                    let pod = api.get(&done).await?;
+                    Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Succeeded")).then_some(()))
+                }
+            })
+            .await?;
+
+            test.create(ranked(gang("high", 4, Some(RACK)), HIGH)).await?;
+            test.wait_admitted_reason(&workload, "Preempted", Duration::from_secs(60))
+                .await?;
+            assert_runs_as_planned(test, "high").await?;
+            waits_behind_the_gate(test, &workload, pods - 1).await?;
+            Kind::Job.failed_nothing(test, "victim").await?;
+
+            test.workloads().delete("high", &Default::default()).await?;
+            runs_as_one_gang(test, &workload, pods - 1).await?;
+            Kind::Job.failed_nothing(test, "victim").await?;
+            Ok(())
+        })
+    })
+    .await
+}

@@ -328,7 +328,8 @@ impl Admission {
             .filter(|p| crate::workload::status::is_gated(p) && p.metadata.deletion_timestamp.is_none())
             .filter(|p| membership::of_attempt(p, attempt))
             .count();
-        // Pods of template-less groups: at least minCount, all waiting at the gate.
+        // Pods of template-less groups: at least minCount, all waiting at the gate but
+        // those that succeeded already (their controller runs them no more; they count).
         let external_ready = workload
             .spec
             .pod_groups
@@ -336,7 +337,11 @@ impl Admission {
             .filter(|g| g.template.is_none())
             .all(|g| {
                 let members = crate::workload::membership::external_members(&pods, g);
-                members.len() as i32 >= g.min_count() && members.iter().all(|p| crate::workload::status::is_gated(p))
+                members.len() as i32 >= g.min_count()
+                    && members.iter().any(|p| crate::workload::status::is_gated(p))
+                    && members
+                        .iter()
+                        .all(|p| crate::workload::status::is_gated(p) || membership::succeeded(p))
             });
         gated as i32 >= expected && external_ready
     }

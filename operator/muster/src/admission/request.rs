@@ -210,9 +210,16 @@ pub fn gang_request(
         // Another controller's pods as they were before muster released them: a
         // replacement at the gate is alike the released pods of its group.
         let unreleased: Vec<Pod>;
+        // A member that succeeded counts toward minCount and is not placed again: its
+        // controller does not run that index again (a Job's gang requeued after some of
+        // its pods completed).
+        let mut succeeded = 0;
         let pods: Vec<&Pod> = if made_elsewhere {
-            unreleased = membership::external_members(external, group)
+            let members = membership::external_members(external, group);
+            succeeded = members.iter().filter(|p| membership::succeeded(p)).count();
+            unreleased = members
                 .into_iter()
+                .filter(|p| !membership::succeeded(p))
                 .map(crate::admission::release::as_before_release)
                 .collect();
             unreleased.iter().collect()
@@ -222,10 +229,13 @@ pub fn gang_request(
                 .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP)) == Some(&group.name))
                 .collect()
         };
-        if made_elsewhere && (pods.len() as i32) < group.min_count() {
+        let need = usize::try_from(group.min_count())
+            .unwrap_or(0)
+            .saturating_sub(succeeded);
+        if made_elsewhere && pods.len() < need {
             return Err(RequestError::TooFewPods {
                 group: group.name.clone(),
-                have: pods.len(),
+                have: pods.len() + succeeded,
                 need: group.min_count(),
             });
         }
@@ -312,7 +322,7 @@ pub fn gang_request(
         let topology = group.topology.clone().unwrap_or_default();
         groups.push(GroupRequest {
             name: group.name.clone(),
-            min_count: usize::try_from(group.min_count()).unwrap_or(0).min(instances.len()),
+            min_count: need.min(instances.len()),
             shape,
             pods: instances,
             topology: GroupTopology {

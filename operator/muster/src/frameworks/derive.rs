@@ -168,6 +168,7 @@ pub fn derive(framework: Framework, object: &Value, cluster: &Cluster<'_>) -> Wo
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
     let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
     let sets = framework.pod_sets(object);
+    let before = framework.steps_before(object);
     let workload_name = framework.workload_name(object);
     let kind = framework.kind();
     if sets.is_empty() {
@@ -208,10 +209,15 @@ pub fn derive(framework: Framework, object: &Value, cluster: &Cluster<'_>) -> Wo
                 set.parallelism
             ));
         }
-        if set.depends_on {
-            problems.push(format!(
-                "{at}.dependsOn: JobSet starts this replicated job only once the ones it depends on are ready or done, so the gang never has all its pods to start together; remove dependsOn (muster starts every pod of the gang at once)"
-            ));
+        // A step that runs to completion first is outside the gang; one that waits for
+        // another to be ready would wait for ever on pods that wait at the gate.
+        for (i, dependency) in set.depends_on.iter().enumerate() {
+            if dependency.status != crate::frameworks::COMPLETE && !before.contains(&dependency.name) {
+                problems.push(format!(
+                    "{at}.dependsOn[{i}]: JobSet creates this replicated job only once {:?} is {}, but that replicated job's pods wait at the gang's gate for this one's, so neither ever starts; muster gangs replicated jobs that start together, and runs those a step depends on with status Complete before the gang",
+                    dependency.name, dependency.status
+                ));
+            }
         }
         if framework == Framework::JobSet && set.completion_mode.as_deref() == Some("NonIndexed") {
             problems.push(format!(
@@ -671,6 +677,41 @@ mod tests {
             "{}",
             invalid(&w)
         );
+    }
+
+    /// Issue 33: a Trainer runtime's initializers (what the node step depends on with
+    /// status `Complete`) are no group of the gang: the gang is the node step, whose
+    /// Jobs JobSet makes once they are done. A step that waits for another to be ready
+    /// is held, with the field named, since the other's pods wait at the gate for it.
+    #[test]
+    fn the_gang_is_the_step_after_those_that_run_to_completion_first() {
+        let mut object = jobset(json!({}), json!({"template": {}}));
+        object["spec"]["replicatedJobs"][1]["dependsOn"] = json!([{"name": "launcher", "status": "Complete"}]);
+        let w = derive(Framework::JobSet, &object, &cluster());
+        assert_eq!(invalid(&w), "");
+        assert_eq!(w.spec.suspend, Some(false));
+        let groups: Vec<&str> = w.spec.pod_groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(groups, ["workers"]);
+
+        // A later step may wait for an initializer to be ready: it runs ungated.
+        object["spec"]["replicatedJobs"].as_array_mut().unwrap().push(
+            json!({"name": "watcher", "dependsOn": [{"name": "launcher", "status": "Ready"}],
+                         "template": {"spec": {"template": {"spec": {}}}}}),
+        );
+        let object = mutated(Framework::JobSet, object);
+        let w = derive(Framework::JobSet, &object, &cluster());
+        assert_eq!(invalid(&w), "");
+
+        // Launcher then nodes, the launcher made once the nodes are ready: held.
+        let mut mpi = jobset(json!({}), json!({"template": {}}));
+        mpi["spec"]["replicatedJobs"][0]["dependsOn"] = json!([{"name": "workers", "status": "Ready"}]);
+        let w = derive(Framework::JobSet, &mpi, &cluster());
+        assert!(
+            invalid(&w).contains("spec.replicatedJobs[0].dependsOn[0]"),
+            "{}",
+            invalid(&w)
+        );
+        assert_eq!(w.spec.suspend, Some(true));
     }
 
     #[test]

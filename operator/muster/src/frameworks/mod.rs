@@ -59,8 +59,19 @@ pub struct PodSet {
     /// Each Job's `completionMode`, if set.
     pub completion_mode: Option<String>,
     /// Replicated jobs this one waits for (JobSet's `dependsOn`).
-    pub depends_on: bool,
+    pub depends_on: Vec<Dependency>,
 }
+
+/// One entry of a replicated job's `dependsOn`: JobSet creates the replicated job's Jobs
+/// only once the named one reaches `status` (`Ready` or `Complete`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dependency {
+    pub name: String,
+    pub status: String,
+}
+
+/// JobSet's `dependsOn` status by which a replicated job waits for another to finish.
+pub const COMPLETE: &str = "Complete";
 
 impl PodSet {
     /// Pods of one Job that run at once: `parallelism`, or fewer `completions` (none
@@ -112,8 +123,32 @@ impl Framework {
         }
     }
 
-    /// The object's pod templates, in order.
+    /// The pod templates of the object's gang, in order: every one but the steps that
+    /// run to completion before it ([`Framework::steps_before`]).
     pub fn pod_sets(self, object: &Value) -> Vec<PodSet> {
+        let before = self.steps_before(object);
+        self.all_pod_sets(object)
+            .into_iter()
+            .filter(|s| !before.contains(&s.replicated_job))
+            .collect()
+    }
+
+    /// The replicated jobs that run to completion before the gang: those another
+    /// replicated job depends on with status `Complete` (Trainer's dataset and model
+    /// initializers). JobSet makes the gang's Jobs only once they are done, so they run
+    /// on their own, outside the gang, and the gang's devices are reserved once they
+    /// are done and its pods exist.
+    pub fn steps_before(self, object: &Value) -> std::collections::BTreeSet<String> {
+        self.all_pod_sets(object)
+            .iter()
+            .flat_map(|s| &s.depends_on)
+            .filter(|d| d.status == COMPLETE)
+            .map(|d| d.name.clone())
+            .collect()
+    }
+
+    /// Every pod template of the object, in order.
+    fn all_pod_sets(self, object: &Value) -> Vec<PodSet> {
         let job = |spec: &Value, replicated_job: &str, template: String, at: String, jobs: i64| PodSet {
             group: names::group_name(replicated_job),
             replicated_job: replicated_job.to_string(),
@@ -123,7 +158,7 @@ impl Framework {
             parallelism: spec["parallelism"].as_i64().unwrap_or(1),
             completions: spec["completions"].as_i64(),
             completion_mode: spec["completionMode"].as_str().map(str::to_string),
-            depends_on: false,
+            depends_on: Vec::new(),
         };
         match self {
             Framework::Job => vec![job(
@@ -139,7 +174,15 @@ impl Framework {
                 .flatten()
                 .enumerate()
                 .map(|(i, r)| PodSet {
-                    depends_on: r["dependsOn"].as_array().is_some_and(|d| !d.is_empty()),
+                    depends_on: r["dependsOn"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|d| Dependency {
+                            name: d["name"].as_str().unwrap_or_default().to_string(),
+                            status: d["status"].as_str().unwrap_or_default().to_string(),
+                        })
+                        .collect(),
                     ..job(
                         &r["template"]["spec"],
                         r["name"].as_str().unwrap_or_default(),

@@ -250,6 +250,35 @@ mod tests {
         );
     }
 
+    /// Issue 33: the steps a Trainer runtime runs to completion before training (its
+    /// dataset and model initializers, which the node step depends on with status
+    /// `Complete`) are not gated: they run first, outside the gang.
+    #[test]
+    fn steps_that_run_to_completion_first_are_not_gated() {
+        let object = json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "tune", "labels": {"muster.dev/gang": "true"}},
+            "spec": {"replicatedJobs": [
+                {"name": "dataset-initializer", "template": {"spec": {"template": {"spec": {}}}}},
+                {"name": "model-initializer", "template": {"spec": {"template": {"spec": {}}}}},
+                {"name": "node", "dependsOn": [
+                    {"name": "dataset-initializer", "status": "Complete"},
+                    {"name": "model-initializer", "status": "Complete"},
+                ], "template": {"spec": {"template": {"spec": {}}}}},
+            ]},
+        });
+        let changed = admitted(admit(Framework::JobSet, Operation::Create, &object, None, "x2v4b"));
+        for i in 0..2 {
+            assert_eq!(
+                changed["spec"]["replicatedJobs"][i], object["spec"]["replicatedJobs"][i],
+                "initializer {i} is left as it is"
+            );
+        }
+        let node = &changed["spec"]["replicatedJobs"][2]["template"]["spec"]["template"];
+        assert_eq!(node["spec"]["schedulingGates"], json!([{"name": "muster.dev/gang"}]));
+        assert_eq!(node["metadata"]["labels"]["muster.dev/pod-group"], "node");
+    }
+
     #[test]
     fn kueues_queue_label_is_refused_whatever_ran_before() {
         // As it comes, and as Kueue's own webhook leaves it (suspended) when it runs first.

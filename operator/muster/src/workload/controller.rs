@@ -950,7 +950,9 @@ async fn join_claims(
                 ),
             });
         }
-        for pod in members {
+        // A member that succeeded needs its claims no more (kube-controller-manager
+        // deletes the ones it made): it is not placed again.
+        for pod in members.into_iter().filter(|p| !membership::succeeded(p)) {
             for claim in pod
                 .spec
                 .as_ref()

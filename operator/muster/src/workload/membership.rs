@@ -23,6 +23,11 @@ pub fn attempt(workload: &Workload) -> i32 {
     workload.status.as_ref().map_or(0, |s| s.restarts)
 }
 
+/// Whether `pod` succeeded.
+pub fn succeeded(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+}
+
 /// Whether `pod` belongs to attempt `attempt`. A pod without the label (one another
 /// controller made) belongs to every attempt.
 pub fn of_attempt(pod: &Pod, attempt: i32) -> bool {

@@ -70,7 +70,12 @@ pub fn compute(
         .pod_groups
         .iter()
         .zip(&groups)
-        .all(|(spec, counts)| counts.ready >= spec.min_count());
+        // Another controller does not run a pod that succeeded again (a Job's completed
+        // index): it counts toward the group's minimum as Kueue's PodsReady counts it.
+        .all(|(spec, counts)| {
+            let done = if spec.template.is_none() { counts.succeeded } else { 0 };
+            counts.ready + done >= spec.min_count()
+        });
 
     let (created, reason, message) = match progress {
         Progress::Creating { missing } => {
@@ -450,5 +455,20 @@ mod tests {
         assert!(s.placement.is_none(), "placement belongs to the admission loop");
         assert!(s.conditions.iter().all(|c| c.type_ != "Admitted"));
         assert_eq!(owned_part(w.status.as_ref().unwrap()).conditions.len(), 0);
+
+        // A pod of another controller's group that succeeded (a Job's completed index)
+        // still counts: the gang runs; one of muster's own groups needs its pods ready.
+        let pods = [
+            pod("a", false, "Succeeded", false),
+            pod("a", false, "Running", true),
+            pod("b", false, "Running", true),
+        ];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let s = compute(&w, &refs, &Progress::AllCreated, None, &at(1));
+        assert_eq!(s.phase, Some(WorkloadPhase::Running));
+        let mut own = w.clone();
+        own.spec.pod_groups[0].template = Some(Default::default());
+        let s = compute(&own, &refs, &Progress::AllCreated, None, &at(1));
+        assert_eq!(s.phase, Some(WorkloadPhase::Admitted));
     }
 }
