@@ -166,6 +166,18 @@ pub fn jobsets(test: &Test) -> Api<DynamicObject> {
     )
 }
 
+pub fn cluster_training_runtimes(test: &Test) -> Api<DynamicObject> {
+    Api::all_with(
+        test.client.clone(),
+        &resource(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "ClusterTrainingRuntime",
+            "clustertrainingruntimes",
+        ),
+    )
+}
+
 pub fn trainjobs(test: &Test) -> Api<DynamicObject> {
     Api::namespaced_with(
         test.client.clone(),
@@ -440,77 +452,7 @@ pub async fn torch_runtime_with(test: &Test, pod_spec: Value) -> Result<String> 
         &mut runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
         pod_spec,
     );
-    let api: Api<DynamicObject> = Api::all_with(
-        test.client.clone(),
-        &resource(
-            "trainer.kubeflow.org",
-            "v1alpha1",
-            "ClusterTrainingRuntime",
-            "clustertrainingruntimes",
-        ),
-    );
-    create(&api, runtime).await?;
-    Ok(name)
-}
-
-/// A ClusterTrainingRuntime `tune-gpus-<ns>` shaped like Trainer's torchtune runtimes:
-/// a dataset and a model initializer (one pod each, a CPU, no devices), then the node
-/// step (eight GPUs a node), which JobSet makes once both initializers are complete.
-pub async fn initializing_runtime(test: &Test) -> Result<String> {
-    let name = format!("tune-gpus-{}", test.ns);
-    let initializer = |step: &str| {
-        json!({
-            "name": step,
-            "template": {
-                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": step}},
-                "spec": {"template": {"spec": {"containers": [{
-                    "name": step,
-                    "image": "initializer",
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                }]}}},
-            },
-        })
-    };
-    let runtime = json!({
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torchtune"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {"spec": {"replicatedJobs": [
-                initializer("dataset-initializer"),
-                initializer("model-initializer"),
-                {
-                    "name": "node",
-                    "dependsOn": [
-                        {"name": "dataset-initializer", "status": "Complete"},
-                        {"name": "model-initializer", "status": "Complete"},
-                    ],
-                    "template": {
-                        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                        "spec": {"template": {"spec": {
-                            "containers": [{
-                                "name": "node",
-                                "image": "torchtune",
-                                "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
-                            }],
-                            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
-                        }}},
-                    },
-                },
-            ]}},
-        },
-    });
-    let api: Api<DynamicObject> = Api::all_with(
-        test.client.clone(),
-        &resource(
-            "trainer.kubeflow.org",
-            "v1alpha1",
-            "ClusterTrainingRuntime",
-            "clustertrainingruntimes",
-        ),
-    );
-    create(&api, runtime).await?;
+    create(&cluster_training_runtimes(test), runtime).await?;
     Ok(name)
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use muster_api::v1alpha1::{Workload, WorkloadPhase};
 use muster_e2e::frameworks::*;
 use muster_e2e::scenario::{Test, allocations};
@@ -69,16 +69,9 @@ async fn a_labelled_trainjob_runs_as_one_gang_and_gives_every_device_back_when_d
             // every device.
             trainjobs(test).delete("llama", &DeleteParams::background()).await?;
             all_given_back(test, "jobset-llama").await?;
-            let api: Api<DynamicObject> = Api::all_with(
-                test.client.clone(),
-                &resource(
-                    "trainer.kubeflow.org",
-                    "v1alpha1",
-                    "ClusterTrainingRuntime",
-                    "clustertrainingruntimes",
-                ),
-            );
-            api.delete(&runtime, &DeleteParams::default()).await?;
+            cluster_training_runtimes(test)
+                .delete(&runtime, &DeleteParams::default())
+                .await?;
             Ok(())
         })
     })
