@@ -392,3 +392,68 @@ async fn a_namespace_scoped_preemptor_evicts_only_in_its_own_namespace() -> Resu
     })
     .await
 }
+
+/// A tenant names a class for its gang that its pods were not admitted with: pods of its
+/// own Job at default priority joined to a Workload of the highest class. The gang is
+/// held, naming the field, and preempts no one; given the class by its pods, it runs.
+#[tokio::test]
+async fn a_gang_is_worth_no_more_than_its_pods() -> Result<()> {
+    use k8s_openapi::api::batch::v1::Job;
+    use muster_api::conditions;
+    use muster_e2e::scenario::{job_joining, workload_of_joining_pods};
+    with_test("priority-bound", &[], &[], |test| {
+        Box::pin(async move {
+            priority_classes(test).await?;
+            test.create(ranked("incumbent", 4, LOW)).await?;
+            assert_runs_as_planned(test, "incumbent").await?;
+
+            // Two pods of eight GPUs each, in the rack the incumbent fills; default priority.
+            test.create(muster_e2e::scenario::ranked(
+                workload_of_joining_pods("jumper", "workers", 2),
+                HIGH,
+            ))
+            .await?;
+            let mut job = job_joining("jumper", "workers", 2);
+            job["spec"]["template"]["spec"]["nodeSelector"] = json!({muster_local_cluster::fleet::RACK_LABEL: RACK});
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            jobs.create(&PostParams::default(), &serde_json::from_value(job.clone())?)
+                .await?;
+            let message = test
+                .wait_admitted_reason(
+                    "jumper",
+                    conditions::REASON_PRIORITY_ABOVE_PODS,
+                    Duration::from_secs(60),
+                )
+                .await?;
+            ensure!(
+                message.contains("spec.priorityClassName") && message.contains(HIGH),
+                "the hold names the field and the class: {message}"
+            );
+            keeps_waiting(test, "jumper", &["incumbent"]).await?;
+            ensure!(
+                nomination_of(test, "jumper").await?.is_none(),
+                "the held gang nominates no victims"
+            );
+
+            // Its pods admitted with the class: now it preempts as its class allows.
+            jobs.delete("jumper", &kube::api::DeleteParams::foreground()).await?;
+            wait::until("the Job's pods to go", Duration::from_secs(60), || async {
+                let pods = test
+                    .pods()
+                    .list(&kube::api::ListParams::default().labels("muster.dev/workload=jumper"))
+                    .await?;
+                Ok(pods.items.is_empty().then_some(()))
+            })
+            .await?;
+            job["spec"]["template"]["spec"]["priorityClassName"] = json!(HIGH);
+            jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+                .await?;
+            test.wait_admitted_reason("incumbent", "Preempted", Duration::from_secs(60))
+                .await?;
+            test.wait_phase("jumper", WorkloadPhase::Running, Duration::from_secs(90))
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+}

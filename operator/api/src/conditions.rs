@@ -81,6 +81,8 @@ pub const REASON_SCHEDULER_REFUSED: &str = "SchedulerRefused";
 pub const REASON_RELEASE_TIMEOUT: &str = "ReleaseTimeout";
 /// The gang's request is invalid for the cluster (unknown DeviceClass, CEL error...).
 pub const REASON_INVALID_REQUEST: &str = "InvalidRequest";
+/// The Workload's `priorityClassName` is worth more than one of its pods' priority.
+pub const REASON_PRIORITY_ABOVE_PODS: &str = "PriorityAbovePods";
 
 // Restarting, Succeeded, Failed
 /// A pod of the gang failed.

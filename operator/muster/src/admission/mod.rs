@@ -27,6 +27,7 @@ mod conflicts;
 pub mod extras;
 pub mod fencing;
 mod found_claims;
+pub mod gang_priority;
 pub mod kueue;
 mod ownership;
 mod pass;

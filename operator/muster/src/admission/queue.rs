@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use muster_api::conditions;
 use muster_api::v1alpha1::Workload;
+use muster_api::{conditions, labels};
 use muster_engine::key::{ClaimKey, ObjectKey};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
@@ -21,6 +21,7 @@ use crate::workload::extended::ExtendedResources;
 use crate::workload::membership;
 use crate::workload::observe::{condition, finished};
 
+use super::gang_priority;
 use super::preempt::nomination_of;
 use super::waiting::{Ended, Held, HoldReason, Waiting};
 use super::{Admission, CommitError, key, placement_of};
@@ -346,21 +347,43 @@ impl Admission {
         gated as i32 >= expected && external_ready
     }
 
+    /// The gang's priority: its class's, never above its pods' ([`gang_priority`]). A
+    /// Workload naming a class above its pods is refused when planned
+    /// ([`Self::priority_refusal`]); until then it counts at its pods' priority.
     pub(super) fn priority(&self, workload: &Workload) -> i32 {
-        let Some(class) = &workload.spec.priority_class_name else {
-            // The global default class, if one is marked default.
-            return self
-                .priorities
-                .state()
+        match self.checked_priority(workload) {
+            Ok(priority) => priority,
+            Err(e) => e.pod_priority,
+        }
+    }
+
+    /// The gang's priority, or why the class it names is above its pods'.
+    pub(super) fn checked_priority(&self, workload: &Workload) -> Result<i32, gang_priority::AboveMembers> {
+        let classes = self.priorities.state();
+        let value_of = |class: &str| {
+            classes
                 .iter()
-                .find(|p| p.global_default == Some(true))
-                .map_or(0, |p| p.value.unwrap_or(0));
+                .find(|p| p.metadata.name.as_deref() == Some(class))
+                .map_or(0, |p| p.value.unwrap_or(0))
         };
-        self.priorities
-            .state()
+        // The global default class, if one is marked default.
+        let default = classes
             .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(class))
-            .map_or(0, |p| p.value.unwrap_or(0))
+            .find(|p| p.global_default == Some(true))
+            .map_or(0, |p| p.value.unwrap_or(0));
+        let class = workload
+            .spec
+            .priority_class_name
+            .as_deref()
+            .map(|class| (class, value_of(class)));
+        let namespace = workload.namespace().unwrap_or_default();
+        let gangs = self.gangs();
+        // Its members: pods of its groups (a pod with the Workload's label alone is not).
+        let members = gangs.pods(&namespace, &workload.name_any()).iter().filter(|p| {
+            let group = p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP));
+            group.is_some_and(|g| workload.spec.pod_groups.iter().any(|d| &d.name == g))
+        });
+        gang_priority::of_gang(class, default, gang_priority::lowest(members.map(AsRef::as_ref)))
     }
 
     /// The gang request for a Workload whose objects exist: claims from the cluster.
@@ -404,6 +427,17 @@ impl Admission {
         held: &Held,
         unfit: &mut HashMap<String, (String, Planned)>,
     ) -> Result<Attempt, CommitError> {
+        if let Err(e) = self.checked_priority(workload) {
+            let message = e.to_string();
+            if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
+                self.set_admitted(workload, false, conditions::REASON_PRIORITY_ABOVE_PODS, &message, None)
+                    .await?;
+            }
+            let retry_after = self.never_fit_retry_after(workload, KUEUE_RETRY_NEVER_FIT_SECONDS);
+            self.answer_check(workload, "Retry", &message, Some(retry_after))
+                .await?;
+            return Ok(Attempt::Done(Admit::Invalid));
+        }
         let request = match self.request(workload) {
             Ok(request) => request,
             Err(e) if e.is_waiting() => return Ok(Attempt::Done(Admit::DoesNotFit { reach: None })),

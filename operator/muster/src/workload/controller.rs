@@ -577,7 +577,11 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
         Some(class) => {
             let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(ctx.client.clone());
             let value = classes.get_opt(class).await?.and_then(|c| c.value).unwrap_or(0);
-            Some((class.as_str(), value))
+            // Never above its pods' (muster holds such a gang): Kueue must not preempt
+            // for it at the class's priority either.
+            let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
+            let members = crate::admission::gang_priority::lowest(pods.iter().map(AsRef::as_ref));
+            Some((class.as_str(), members.map_or(value, |(lowest, _)| value.min(lowest))))
         }
         None => None,
     };

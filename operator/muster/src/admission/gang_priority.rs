@@ -1,0 +1,98 @@
+//! A gang's priority, bounded by its pods'. The API server's Priority admission (and a
+//! ResourceQuota scoped to PriorityClasses) governs who may run pods of which priority;
+//! a Workload is created by whoever may create Workloads, and muster creates or joins
+//! its pods. So a gang is worth no more than the lowest priority the API server gave one
+//! of its pods (`spec.priority`): a Workload naming a higher class than its pods would
+//! let a tenant jump the queue and preempt others with pods of default priority.
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// The class a Workload names is worth more than one of its pods.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "spec.priorityClassName {class} (priority {value}) is above the priority of member pod {pod} ({pod_priority}, as \
+     the API server admitted it): a gang's priority cannot exceed its pods'; give the pods that class (their \
+     template's priorityClassName) or name a class of at most {pod_priority}"
+)]
+pub struct AboveMembers {
+    pub class: String,
+    pub value: i32,
+    pub pod: String,
+    pub pod_priority: i32,
+}
+
+/// The lowest `spec.priority` among `pods`, with the pod that has it. A pod the API
+/// server admitted always has one; one without (a cache of another source) counts as 0.
+pub fn lowest<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<(i32, &'a str)> {
+    pods.into_iter()
+        .map(|p| {
+            let priority = p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+            (priority, p.metadata.name.as_deref().unwrap_or_default())
+        })
+        .min_by_key(|(priority, _)| *priority)
+}
+
+/// The gang's priority: its class's `value` (the default class's where it names none),
+/// never above the lowest of its pods'. A Workload that names a class above its pods is
+/// refused ([`AboveMembers`]); one that names none takes its pods' priority (the
+/// default class may have changed since they were admitted).
+pub fn of_gang(class: Option<(&str, i32)>, default: i32, members: Option<(i32, &str)>) -> Result<i32, AboveMembers> {
+    match (class, members) {
+        (Some((class, value)), Some((pod_priority, pod))) if value > pod_priority => Err(AboveMembers {
+            class: class.to_string(),
+            value,
+            pod: pod.to_string(),
+            pod_priority,
+        }),
+        (Some((_, value)), _) => Ok(value),
+        (None, Some((pod_priority, _))) => Ok(pod_priority),
+        (None, None) => Ok(default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, priority: Option<i32>) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"containers": [], "priority": priority}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_class_above_a_member_pod_is_refused_naming_the_field() {
+        let pods = [pod("w-0", Some(1000)), pod("w-1", Some(0))];
+        let e = of_gang(Some(("system-cluster-critical", 2_000_000_000)), 0, lowest(&pods)).unwrap_err();
+        assert_eq!(e.pod, "w-1");
+        assert_eq!(e.pod_priority, 0);
+        let message = e.to_string();
+        assert!(
+            message.starts_with("spec.priorityClassName system-cluster-critical"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_class_at_or_below_its_pods_is_the_gang_s_priority() {
+        let pods = [pod("w-0", Some(1000)), pod("w-1", Some(1000))];
+        assert_eq!(of_gang(Some(("high", 1000)), 0, lowest(&pods)), Ok(1000));
+        assert_eq!(of_gang(Some(("low", 10)), 0, lowest(&pods)), Ok(10));
+    }
+
+    #[test]
+    fn without_pods_yet_the_class_stands() {
+        // muster creates a template group's pods with the Workload's class: the API
+        // server then decides whether they may have it.
+        assert_eq!(of_gang(Some(("high", 1000)), 5, None), Ok(1000));
+        assert_eq!(of_gang(None, 5, None), Ok(5));
+    }
+
+    #[test]
+    fn without_a_class_the_gang_takes_its_pods_priority_not_todays_default() {
+        let pods = [pod("w-0", Some(0)), pod("w-1", None)];
+        assert_eq!(of_gang(None, 1000, lowest(&pods)), Ok(0));
+        let pods = [pod("w-0", Some(7))];
+        assert_eq!(of_gang(None, 1000, lowest(&pods)), Ok(7));
+    }
+}
