@@ -90,6 +90,8 @@ pub async fn apply(client: &kube::Client, objects: &[&Value]) -> Result<()> {
             "ClusterRoleBinding" => "clusterrolebindings",
             "Role" => "roles",
             "RoleBinding" => "rolebindings",
+            "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
             other => anyhow::bail!("unexpected kind {other}"),
         };
         let resource = ApiResource {

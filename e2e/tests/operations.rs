@@ -591,3 +591,177 @@ async fn uninstalling_gives_every_device_back_in_time_and_leaves_nothing_waiting
     })
     .await
 }
+
+/// `user`'s client: the admin of `test`'s cluster impersonating it.
+async fn impersonating(test: &Test, user: &str) -> Result<kube::Client> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(test.cluster.control_plane.kubeconfig())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    config.auth_info.impersonate = Some(user.to_string());
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The refusal's message, if the API server refused the request.
+fn refusal<T>(result: kube::Result<T>) -> Option<String> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => Some(status.message),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn only_muster_opens_its_gate_or_gives_a_pod_the_toleration_of_its_fence() -> Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::DeleteParams;
+    with_test("gate-policy", &[], &[], |test| {
+        Box::pin(async move {
+            let release_ns = muster_local_cluster::namespaces::namespace(&test.client, "muster-system").await?;
+            let (objects, kubeconfig) = rbac::chart_account(
+                test,
+                &release_ns,
+                &[("crds.install", "false"), ("webhook.enabled", "false")],
+            )
+            .await?;
+            // The chart's policy, bound to this test's namespace only: other tests run
+            // their operators as the cluster's admin.
+            let mut policy: Vec<serde_json::Value> = objects
+                .iter()
+                .filter(|o| {
+                    o["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.ends_with("-gang-gate"))
+                })
+                .cloned()
+                .collect();
+            ensure!(policy.len() == 2, "the chart renders the gate policy and its binding");
+            for object in &mut policy {
+                if object["kind"] == "ValidatingAdmissionPolicyBinding" {
+                    object["spec"]["matchResources"] =
+                        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": test.ns}}});
+                }
+            }
+            rbac::apply(&test.client, &policy.iter().collect::<Vec<_>>()).await?;
+            let policy_name = policy[0]["metadata"]["name"].as_str().context("name")?.to_string();
+            let outcome = async {
+                // muster as the chart runs it, with its ServiceAccount's rights only.
+                if let Some(admin) = test.operator.take() {
+                    admin.stop();
+                }
+                test.operator = Some(test.spawn_operator(&kubeconfig, &[], &[])?);
+
+                // A tenant with the built-in edit role in the namespace.
+                let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+                    Api::namespaced(test.client.clone(), &test.ns);
+                bindings
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(json!({
+                            "metadata": {"name": "alice-edit"},
+                            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+                            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+                        }))?,
+                    )
+                    .await?;
+                let alice: Api<Pod> = Api::namespaced(impersonating(test, "alice").await?, &test.ns);
+                let pod = |name: &str, spec: serde_json::Value| -> Result<Pod> {
+                    let mut spec = spec;
+                    spec["containers"] = json!([{"name": "main", "image": "trainer"}]);
+                    Ok(serde_json::from_value(
+                        json!({"metadata": {"name": name}, "spec": spec}),
+                    )?)
+                };
+                let fence = json!({"key": "muster.dev/fenced", "operator": "Exists"});
+
+                // A pod of her own that tolerates the fence is refused, once the API
+                // server has taken the policy in.
+                let tolerating = pod("tolerating", json!({"tolerations": [fence]}))?;
+                let message = wait::until("the gate policy to be enforced", Duration::from_secs(30), || {
+                    let (alice, tolerating) = (alice.clone(), tolerating.clone());
+                    async move {
+                        let result = alice.create(&PostParams::default(), &tolerating).await;
+                        if result.is_ok() {
+                            alice
+                                .delete("tolerating", &DeleteParams::default().grace_period(0))
+                                .await?;
+                        }
+                        Ok(refusal(result))
+                    }
+                })
+                .await?;
+                ensure!(
+                    message.contains("muster.dev/fenced"),
+                    "the refusal names the fence: {message}"
+                );
+
+                // Tolerating every taint passes the fence too: refused on a pod that asks
+                // for devices, allowed on one that does not (a node agent, say).
+                let mut greedy = pod(
+                    "greedy",
+                    json!({"tolerations": [{"operator": "Exists"}],
+                    "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}]}),
+                )?;
+                if let Some(container) = greedy.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+                    container.resources = Some(serde_json::from_value(json!({"claims": [{"name": "gpus"}]}))?);
+                }
+                let refused = refusal(alice.create(&PostParams::default(), &greedy).await);
+                ensure!(refused.is_some(), "a pod with GPUs tolerating every taint is refused");
+                alice
+                    .create(
+                        &PostParams::default(),
+                        &pod("agent", json!({"tolerations": [{"operator": "Exists"}]}))?,
+                    )
+                    .await
+                    .context("a pod without devices may tolerate every taint")?;
+
+                // Behind muster's gate, the toleration may come with the pod; the gate
+                // may not go.
+                let gated = pod(
+                    "gated",
+                    json!({"schedulingGates": [{"name": "muster.dev/gang"}], "tolerations": [fence]}),
+                )?;
+                alice
+                    .create(&PostParams::default(), &gated)
+                    .await
+                    .context("a gated pod may carry the toleration")?;
+                let open = json!({"spec": {"schedulingGates": []}});
+                let message = refusal(
+                    alice
+                        .patch("gated", &PatchParams::default(), &Patch::Merge(&open))
+                        .await,
+                )
+                .context("the tenant took muster's gate off a pod")?;
+                ensure!(
+                    message.contains("muster.dev/gang"),
+                    "the refusal names the gate: {message}"
+                );
+
+                // Nor may the toleration be added to a pod of hers later.
+                alice.create(&PostParams::default(), &pod("plain", json!({}))?).await?;
+                let tolerate = json!({"spec": {"tolerations": [fence]}});
+                let message = refusal(
+                    alice
+                        .patch("plain", &PatchParams::default(), &Patch::Merge(&tolerate))
+                        .await,
+                )
+                .context("the tenant gave a pod the toleration of the fence")?;
+                ensure!(
+                    message.contains("muster.dev/fenced"),
+                    "the refusal names the fence: {message}"
+                );
+
+                // muster itself opens its gate and gives its pods the toleration.
+                test.create(gang("guarded", 2, None)).await?;
+                assert_runs_as_planned(test, "guarded").await?;
+                anyhow::Ok(())
+            }
+            .await;
+            let policies: Api<ValidatingAdmissionPolicy> = Api::all(test.client.clone());
+            let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(test.client.clone());
+            bindings.delete(&policy_name, &DeleteParams::default()).await?;
+            policies.delete(&policy_name, &DeleteParams::default()).await?;
+            outcome
+        })
+    })
+    .await
+}
