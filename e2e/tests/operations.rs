@@ -765,3 +765,222 @@ async fn only_muster_opens_its_gate_or_gives_a_pod_the_toleration_of_its_fence()
     })
     .await
 }
+
+/// A TLS client that takes any certificate: the attacker does not care whom it talks to.
+fn any_certificate() -> tokio_rustls::TlsConnector {
+    use tokio_rustls::rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use tokio_rustls::rustls::{DigitallySignedStruct, SignatureScheme};
+    #[derive(Debug)]
+    struct Any(std::sync::Arc<tokio_rustls::rustls::crypto::CryptoProvider>);
+    impl ServerCertVerifier for Any {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, tokio_rustls::rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+    let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(Any(provider)))
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// Keeps `count` connections from `source` to `target` open, opening each again when
+/// the server closes it: each sends `request` (over TLS with `tls`), reads the answer
+/// and stays open, idle, as a keep-alive client does. Returns the task and how many
+/// requests were answered.
+fn hold_connections(
+    source: std::net::IpAddr,
+    target: std::net::SocketAddr,
+    count: usize,
+    request: String,
+    tls: Option<tokio_rustls::TlsConnector>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    async fn hold<S: AsyncRead + AsyncWrite + Unpin>(
+        mut stream: S,
+        request: &str,
+        answered: &std::sync::atomic::AtomicUsize,
+    ) -> std::io::Result<()> {
+        stream.write_all(request.as_bytes()).await?;
+        let mut buffer = [0u8; 4096];
+        if stream.read(&mut buffer).await? > 0 {
+            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // Until the server closes it.
+        while stream.read(&mut buffer).await? > 0 {}
+        Ok(())
+    }
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = answered.clone();
+    let task = tokio::spawn(async move {
+        let mut holders = tokio::task::JoinSet::new();
+        for _ in 0..count {
+            let (request, counter, tls) = (request.clone(), counter.clone(), tls.clone());
+            holders.spawn(async move {
+                loop {
+                    let held = async {
+                        let socket = tokio::net::TcpSocket::new_v4()?;
+                        socket.bind(std::net::SocketAddr::new(source, 0))?;
+                        let stream = socket.connect(target).await?;
+                        match &tls {
+                            Some(tls) => {
+                                let name = tokio_rustls::rustls::pki_types::ServerName::IpAddress(target.ip().into());
+                                let stream = tls.connect(name, stream).await?;
+                                hold(stream, &request, &counter).await
+                            }
+                            None => hold(stream, &request, &counter).await,
+                        }
+                    };
+                    let _ = held.await;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            });
+        }
+        while holders.join_next().await.is_some() {}
+    });
+    (task, answered)
+}
+
+/// Floods `/metrics` at `target` from `source` with a fresh random token per request.
+fn flood_metrics(source: std::net::IpAddr, target: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::spawn(async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..4u64 {
+            tasks.spawn(async move {
+                let mut n = worker;
+                loop {
+                    n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let request = format!(
+                        "GET /metrics HTTP/1.1\r\nHost: muster\r\nAuthorization: Bearer forged-{n:016x}\r\nConnection: close\r\n\r\n"
+                    );
+                    let sent = async {
+                        let socket = tokio::net::TcpSocket::new_v4()?;
+                        socket.bind(std::net::SocketAddr::new(source, 0))?;
+                        let mut stream = socket.connect(target).await?;
+                        stream.write_all(request.as_bytes()).await?;
+                        let mut response = Vec::new();
+                        stream.read_to_end(&mut response).await?;
+                        std::io::Result::Ok(())
+                    };
+                    if sent.await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    })
+}
+
+/// An attacker on 127.0.0.2 holds more idle connections than any listener serves at
+/// once, on the probes and metrics port (after a keep-alive request) and on the webhook
+/// (TCP without a TLS handshake), and floods `/metrics` with forged tokens. The probes
+/// still answer, the API server's webhook calls still get through within their timeout,
+/// and a labelled Job is admitted as a gang.
+#[tokio::test]
+async fn idle_connections_and_forged_tokens_take_no_endpoint_down() -> Result<()> {
+    let port = webhook_port().await?;
+    let mut args = muster_e2e::frameworks::operator_args(port);
+    args.push("--metrics-auth".into());
+    with_test("endpoints", &[], &[], move |test| {
+        Box::pin(async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            // The attack begins before the operator does, so that the API server has no
+            // connection to the webhook that it could go on using.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            let attacker: std::net::IpAddr = [127, 0, 0, 2].into();
+            let webhook: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+            // A request the webhook answers (400: not an AdmissionReview), on a connection
+            // kept alive.
+            let review = "POST /mutate HTTP/1.1\r\nHost: muster\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+            let (webhook_attack, opened) =
+                hold_connections(attacker, webhook, 300, review.to_string(), Some(any_certificate()));
+            test.start_operator(&args, &[])?;
+            let http = test.operator.as_ref().context("operator")?.http;
+            let keep_alive = format!("GET /healthz HTTP/1.1\r\nHost: {http}\r\n\r\n");
+            let (probes_attack, _) = hold_connections(attacker, http, 96, keep_alive, None);
+            let flood = flood_metrics(attacker, http);
+            let outcome = async {
+                wait::until("the attacker to hold the webhook's connections", Duration::from_secs(60), || {
+                    let opened = opened.clone();
+                    async move { Ok((opened.load(std::sync::atomic::Ordering::Relaxed) >= 256).then_some(())) }
+                })
+                .await?;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+
+                // The kubelet's probes, as it sends them: a fresh connection, 2 s to answer.
+                for round in 0..10 {
+                    for probe in ["/healthz", "/readyz"] {
+                        let answer = tokio::time::timeout(
+                            Duration::from_secs(2),
+                            muster_local_cluster::operator::http_get(&http.to_string(), probe),
+                        )
+                        .await;
+                        ensure!(
+                            matches!(answer, Ok(Ok((200, _)))),
+                            "{probe} in round {round} under attack: {answer:?}"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+
+                // The API server's calls to the webhook: a labelled Job is made (its
+                // create waits for the webhook) and runs as a gang.
+                let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+                let mut job = muster_e2e::scenario::job_joining("attacked", "main", 2);
+                job["metadata"] = json!({"name": "attacked", "labels": {"muster.dev/gang": "true"}});
+                job["spec"]["template"]["spec"].as_object_mut().map(|s| s.remove("schedulingGates"));
+                // With failurePolicy Fail, a webhook that does not answer within its
+                // timeout fails the create.
+                jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+                    .await
+                    .context("creating a labelled Job while the webhook is attacked")?;
+                test.wait_phase("job-attacked", WorkloadPhase::Running, Duration::from_secs(90))
+                    .await?;
+                anyhow::Ok(())
+            }
+            .await;
+            probes_attack.abort();
+            webhook_attack.abort();
+            flood.abort();
+            outcome
+        })
+    })
+    .await
+}

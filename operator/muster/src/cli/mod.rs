@@ -364,9 +364,16 @@ async fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("binding --health-probe-bind-address {}", args.health_probe_bind_address))?
     };
     let shared = args.health_probe_bind_address == args.metrics_bind_address;
-    let auth = args
-        .metrics_auth
-        .then(|| Arc::new(serve::auth::MetricsAuth::new(client.clone())));
+    // The reviews behind /metrics get a client of their own: whoever calls /metrics
+    // never spends the rate limit of admission's writes.
+    let auth = match args.metrics_auth {
+        true => {
+            let reviews = crate::ops::client::RateLimit { qps: 20.0, burst: 40 };
+            let client = crate::ops::client::client(args.kubeconfig.as_deref(), args.context.clone(), reviews).await?;
+            Some(Arc::new(serve::auth::MetricsAuth::new(client)))
+        }
+        false => None,
+    };
     if let Some(listener) = metrics {
         let endpoints = if shared { Endpoints::All } else { Endpoints::Metrics };
         tokio::spawn(serve::serve(listener, endpoints, health.clone(), auth));

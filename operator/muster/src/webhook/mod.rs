@@ -41,19 +41,24 @@ use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 use crate::kube_ops;
+use crate::ops::serve::budget::{Budget, End, Limits};
 use certs::Bundle;
 
 /// Largest AdmissionReview accepted (the API server sends at most about 3 MiB objects).
 const MAX_BODY: usize = 8 << 20;
-/// Connections served at once; more wait in the accept queue (the API server's calls
-/// wait there rather than fail).
-const MAX_CONNECTIONS: usize = 256;
+/// What the webhook's callers may hold. Every connection is accepted; past the budget
+/// an idle one of the peer holding most is closed, so connections held open by anyone
+/// that reaches the port never keep the API server's calls waiting.
+const LIMITS: Limits = Limits {
+    connections: 256,
+    idle: Duration::from_secs(30),
+    // Longest life of a connection, idle or not: the API server opens the next one.
+    lifetime: Duration::from_secs(120),
+};
 /// Time a client has to finish the TLS handshake and send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a client has to send a request's body.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest life of a connection, idle or not: the API server opens the next one.
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
 /// How often a certificate kept in files (by cert-manager) is looked at for a change.
 const FILES_CHECK: Duration = Duration::from_secs(2);
 
@@ -170,11 +175,8 @@ pub async fn run(client: kube::Client, settings: Settings) -> std::io::Result<()
 }
 
 async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, resolver: Arc<Resolver>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let budget = Budget::new(LIMITS);
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -187,26 +189,42 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, resol
             // No certificate yet: the API server retries (its failure policy holds the job).
             continue;
         }
+        let Some(ticket) = budget.admit(peer.ip()) else {
+            debug!(%peer, "every webhook connection is busy: closed");
+            continue;
+        };
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
+            let marker = ticket.marker();
+            let connection = async move {
+                let tls = match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let service = service_fn(move |request| {
+                    let busy = marker.busy();
+                    async move {
+                        let response = handle(request).await;
+                        drop(busy);
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                });
+                let served = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+                if let Err(e) = served {
+                    debug!(%peer, error = %e, "webhook connection ended with an error");
                 }
-                Err(_) => return,
             };
-            let service = service_fn(|request| async move { Ok::<_, std::convert::Infallible>(handle(request).await) });
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tls), service);
-            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
-                Ok(Err(e)) => debug!(%peer, error = %e, "webhook connection ended with an error"),
-                Err(_) => debug!(%peer, "webhook connection closed at the end of its life"),
-                Ok(Ok(())) => {}
+            match ticket.drive(connection).await {
+                End::Closed => {}
+                end => debug!(%peer, ?end, "webhook connection closed"),
             }
         });
     }

@@ -2,12 +2,18 @@
 //! does it: the caller's bearer token goes to a TokenReview, and the user it names must
 //! be allowed `get` on the non-resource URL `/metrics` by a SubjectAccessReview. Answers
 //! are remembered for a short while, so a scrape every few seconds costs the API server
-//! two requests a minute per scraper.
+//! two requests a minute per scraper. Callers with ever new tokens cannot push the
+//! scrapers' answers out (refusals are remembered apart), and the reviews have a rate
+//! of their own, on a client of their own: past it a caller gets 503 at once, and
+//! admission's requests never wait behind them.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -17,9 +23,13 @@ use tracing::warn;
 /// How long an answer is remembered: a granted one for a minute, a refused one briefly
 /// (a binding just made should work soon).
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
-const REFUSED_FOR: Duration = Duration::from_secs(5);
-/// At most this many callers are remembered; past it the memory starts afresh.
+const REFUSED_FOR: Duration = Duration::from_secs(10);
+/// At most this many answers of each kind are remembered; past it the expired go, then
+/// the oldest.
 const REMEMBERED: usize = 256;
+/// Reviews asked of the API server per second, and how many may be saved up.
+const REVIEWS_PER_SECOND: u32 = 5;
+const REVIEW_BURST: u32 = 20;
 
 /// What the caller is told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,17 +46,47 @@ pub enum Verdict {
 
 pub struct MetricsAuth {
     client: kube::Client,
-    /// Answers by the token's keyed hash (the token itself is not kept).
-    remembered: Mutex<HashMap<u64, (Verdict, Instant)>>,
+    /// Answers by the token's keyed hash (the token itself is not kept): allowed ones
+    /// apart from refused ones.
+    allowed: Mutex<Remembered>,
+    refused: Mutex<Remembered>,
     hasher: RandomState,
+    reviews: DefaultDirectRateLimiter,
+}
+
+/// Answers until they expire, at most [`REMEMBERED`].
+#[derive(Default)]
+struct Remembered(HashMap<u64, (Verdict, Instant)>);
+
+impl Remembered {
+    fn get(&self, key: u64, now: Instant) -> Option<Verdict> {
+        self.0.get(&key).filter(|(_, until)| now < *until).map(|(v, _)| *v)
+    }
+
+    fn insert(&mut self, key: u64, verdict: Verdict, until: Instant, now: Instant) {
+        if self.0.len() >= REMEMBERED && !self.0.contains_key(&key) {
+            self.0.retain(|_, (_, until)| now < *until);
+            if self.0.len() >= REMEMBERED
+                && let Some(oldest) = self.0.iter().min_by_key(|(_, (_, until))| *until).map(|(k, _)| *k)
+            {
+                self.0.remove(&oldest);
+            }
+        }
+        self.0.insert(key, (verdict, until));
+    }
 }
 
 impl MetricsAuth {
+    /// `client` is the reviews' own (its own rate limit and connections).
     pub fn new(client: kube::Client) -> Self {
+        let quota = Quota::per_second(NonZeroU32::new(REVIEWS_PER_SECOND).expect("positive"))
+            .allow_burst(NonZeroU32::new(REVIEW_BURST).expect("positive"));
         MetricsAuth {
             client,
-            remembered: Mutex::new(HashMap::new()),
+            allowed: Mutex::new(Remembered::default()),
+            refused: Mutex::new(Remembered::default()),
             hasher: RandomState::new(),
+            reviews: RateLimiter::direct(quota),
         }
     }
 
@@ -60,22 +100,26 @@ impl MetricsAuth {
             return Verdict::Unauthenticated;
         };
         let key = self.hasher.hash_one((token, path));
-        if let Some((verdict, until)) = self.remembered.lock().expect("auth memory").get(&key).copied()
-            && Instant::now() < until
-        {
-            return verdict;
+        let now = Instant::now();
+        for memory in [&self.allowed, &self.refused] {
+            if let Some(verdict) = memory.lock().expect("auth memory").get(key, now) {
+                return verdict;
+            }
+        }
+        if self.reviews.check().is_err() {
+            return Verdict::Unavailable;
         }
         let verdict = self.ask(token, path).await;
-        let keep = match verdict {
-            Verdict::Allowed => ALLOWED_FOR,
-            Verdict::Unauthenticated | Verdict::Forbidden => REFUSED_FOR,
+        let (memory, keep) = match verdict {
+            Verdict::Allowed => (&self.allowed, ALLOWED_FOR),
+            Verdict::Unauthenticated | Verdict::Forbidden => (&self.refused, REFUSED_FOR),
             Verdict::Unavailable => return verdict,
         };
-        let mut remembered = self.remembered.lock().expect("auth memory");
-        if remembered.len() >= REMEMBERED {
-            remembered.clear();
-        }
-        remembered.insert(key, (verdict, Instant::now() + keep));
+        let now = Instant::now();
+        memory
+            .lock()
+            .expect("auth memory")
+            .insert(key, verdict, now + keep, now);
         verdict
     }
 
@@ -125,5 +169,31 @@ impl MetricsAuth {
                 Verdict::Unavailable
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_memory_drops_the_expired_then_the_oldest() {
+        let now = Instant::now();
+        let mut memory = Remembered::default();
+        for key in 0..REMEMBERED as u64 {
+            memory.insert(key, Verdict::Forbidden, now + Duration::from_secs(10 + key), now);
+        }
+        memory.insert(1_000, Verdict::Forbidden, now + Duration::from_secs(5), now);
+        assert_eq!(memory.0.len(), REMEMBERED);
+        assert_eq!(memory.get(0, now), None, "the oldest went");
+        assert_eq!(memory.get(1, now), Some(Verdict::Forbidden));
+        let later = now + Duration::from_secs(12);
+        memory.insert(2_000, Verdict::Forbidden, later + Duration::from_secs(10), later);
+        assert_eq!(
+            memory.0.len(),
+            REMEMBERED - 2,
+            "the expired went (1, 1000 and 2 no longer hold)"
+        );
+        assert_eq!(memory.get(2_000, later), Some(Verdict::Forbidden));
     }
 }

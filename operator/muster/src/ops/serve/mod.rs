@@ -2,11 +2,14 @@
 //! process serves requests) and `/readyz` (readiness: its caches are filled, so it can
 //! lead at once, and the admission webhook, where it runs, has a certificate to serve).
 //!
-//! Anything that reaches the port may connect, so the server bounds what a caller can
-//! hold: connections at once, time to send the request head, and a connection's life.
-//! `/metrics` can require a token allowed to read it ([`auth`]).
+//! Anything that reaches the port may connect, so each listener has a budget of its own
+//! ([`budget`]): connections at once (an idle one of the peer holding most makes room for
+//! a newcomer), time to send the request head, time idle, and a connection's life. The
+//! probes listen apart from `/metrics`, so a scraper's abuse never reaches the kubelet's
+//! probes. `/metrics` can require a token allowed to read it ([`auth`]).
 
 pub mod auth;
+pub mod budget;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,18 +24,20 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use auth::{MetricsAuth, Verdict};
+use budget::{Budget, End, Limits};
 
-/// Connections served at once by one listener; more are closed at once. Prometheus and
-/// the kubelet need a handful.
-const MAX_CONNECTIONS: usize = 32;
+/// What one listener lets its callers hold: Prometheus and the kubelet need a handful
+/// of connections, each request answered at once.
+const LIMITS: Limits = Limits {
+    connections: 32,
+    idle: Duration::from_secs(15),
+    lifetime: Duration::from_secs(60),
+};
 /// Time a caller has to send its request head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest life of a connection; a scraper simply opens the next one.
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
 /// What the probes report.
 #[derive(Debug, Default)]
@@ -89,7 +94,7 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, health: Arc<Heal
     if let Ok(address) = listener.local_addr() {
         info!(%address, ?endpoints, authenticated = auth.is_some(), "serving");
     }
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let budget = Budget::new(LIMITS);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -100,27 +105,30 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, health: Arc<Heal
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "too many connections: closed");
+        let Some(ticket) = budget.admit(peer.ip()) else {
+            debug!(%peer, "every connection is busy: closed");
             drop(stream);
             continue;
         };
         let (health, auth) = (health.clone(), auth.clone());
         tokio::spawn(async move {
+            let marker = ticket.marker();
             let service = service_fn(move |request| {
-                let (health, auth) = (health.clone(), auth.clone());
-                async move { Ok::<_, Infallible>(respond(&request, endpoints, &health, auth.as_deref()).await) }
+                let (health, auth, busy) = (health.clone(), auth.clone(), marker.busy());
+                async move {
+                    let response = respond(&request, endpoints, &health, auth.as_deref()).await;
+                    drop(busy);
+                    Ok::<_, Infallible>(response)
+                }
             });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
-                Ok(Err(e)) => debug!(%peer, error = %e, "connection ended with an error"),
-                Err(_) => debug!(%peer, "connection closed at the end of its life"),
-                Ok(Ok(())) => {}
+            match ticket.drive(connection).await {
+                End::Closed => {}
+                end => debug!(%peer, ?end, "connection closed"),
             }
-            drop(slot);
         });
     }
 }
