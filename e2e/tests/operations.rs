@@ -984,3 +984,52 @@ async fn idle_connections_and_forged_tokens_take_no_endpoint_down() -> Result<()
     })
     .await
 }
+
+/// While no replica of muster answers, its webhook's failure policy refuses a labelled
+/// job's changes that muster must check (its spec), and lets the rest through: the
+/// garbage collector's and a finalizer's updates.
+#[tokio::test]
+async fn while_muster_is_down_only_the_updates_it_must_check_are_refused() -> Result<()> {
+    let port = webhook_port().await?;
+    let args = muster_e2e::frameworks::operator_args(port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    with_test("webhook-down", &args, &[], |test| {
+        Box::pin(async move {
+            wait_webhook_ready(test).await?;
+            let jobs: Api<Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let mut job = muster_e2e::scenario::job_joining("kept", "main", 1);
+            job["metadata"] = json!({"name": "kept", "labels": {"muster.dev/gang": "true"}});
+            job["spec"]["suspend"] = json!(true);
+            job["spec"]["template"]["spec"]
+                .as_object_mut()
+                .map(|s| s.remove("schedulingGates"));
+            jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+                .await?;
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            let finalizers = |list: serde_json::Value| json!({"metadata": {"finalizers": list}});
+            jobs.patch(
+                "kept",
+                &PatchParams::default(),
+                &Patch::Merge(&finalizers(json!(["example.com/keep"]))),
+            )
+            .await
+            .context("a finalizer added while muster is down")?;
+            let resume = json!({"spec": {"suspend": false}});
+            let refused = jobs
+                .patch("kept", &PatchParams::default(), &Patch::Merge(&resume))
+                .await;
+            ensure!(
+                refused.is_err(),
+                "a change of the spec waits for muster's webhook: {refused:?}"
+            );
+            jobs.patch("kept", &PatchParams::default(), &Patch::Merge(&finalizers(json!(null))))
+                .await
+                .context("a finalizer removed while muster is down")?;
+            jobs.delete("kept", &kube::api::DeleteParams::background()).await?;
+            Ok(())
+        })
+    })
+    .await
+}

@@ -392,7 +392,7 @@ async fn reconcile(job: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action,
         if !gated && ctx.first_time(format!("{uid}/unlabelled-jobset")) {
             let jobset = controller_of(&object).map(|(_, _, name)| name).unwrap_or_default();
             let note = format!(
-                "this Job is labelled {}, but JobSet {jobset}, which made it, is not: its pods run outside any gang; label the JobSet (for a TrainJob, its spec.labels) when it is created",
+                "this Job is labelled {}, but JobSet {jobset}, which made it, is not: its pods run outside any gang; label the JobSet when it is created (for a TrainJob, through spec.runtimePatches[].trainingRuntimeSpec.template.metadata.labels, or its runtime's template)",
                 labels::ADOPT
             );
             publish(&ctx, &job, EventType::Warning, EVENT_INVALID, note).await;

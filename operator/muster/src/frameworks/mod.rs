@@ -1,5 +1,6 @@
 //! Training jobs that become gangs with one label: a JobSet (and so a Kubeflow TrainJob,
-//! whose `spec.labels` reach the JobSet Trainer makes for it) or a `batch/v1` Job
+//! whose runtime patch's template labels, or its runtime's, reach the JobSet Trainer
+//! makes for it) or a `batch/v1` Job
 //! labelled `muster.dev/gang: "true"`. Nothing in their pod templates has to change:
 //!
 //! - [`mutate`]: what muster's admission webhook changes in a labelled job object when it
