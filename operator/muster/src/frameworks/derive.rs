@@ -410,10 +410,33 @@ pub fn derive(framework: Framework, object: &Value, cluster: &Cluster<'_>) -> Wo
     }
     problems.dedup();
     if !problems.is_empty() {
-        workload.metadata.annotations = Some(BTreeMap::from([(labels::INVALID.to_string(), problems.join("; "))]));
+        workload.metadata.annotations = Some(BTreeMap::from([(labels::INVALID.to_string(), summarise(&problems))]));
     }
     workload.spec.suspend = Some(framework.suspended(object) || !problems.is_empty());
     workload
+}
+
+/// Longest problem told in full, and how many are told: a problem quotes the value it
+/// refuses, and a value of any size (a 256 KiB annotation) must not make the Workload's
+/// own annotation too large to write.
+const PROBLEM_CHARS: usize = 512;
+const PROBLEMS_TOLD: usize = 8;
+
+/// `problems` as one annotation value of bounded size: each cut at [`PROBLEM_CHARS`],
+/// at most [`PROBLEMS_TOLD`] of them and a count of the rest.
+fn summarise(problems: &[String]) -> String {
+    let mut told: Vec<String> = problems
+        .iter()
+        .take(PROBLEMS_TOLD)
+        .map(|p| match p.char_indices().nth(PROBLEM_CHARS) {
+            Some((cut, _)) => format!("{}… ({} characters in all)", &p[..cut], p.chars().count()),
+            None => p.clone(),
+        })
+        .collect();
+    if problems.len() > PROBLEMS_TOLD {
+        told.push(format!("and {} more", problems.len() - PROBLEMS_TOLD));
+    }
+    told.join("; ")
 }
 
 /// The gang's topology from the job object's annotations.
@@ -821,5 +844,18 @@ mod tests {
             w.spec.pod_groups[1].members.as_ref().unwrap().match_labels[REPLICATED_JOB],
             long
         );
+    }
+
+    #[test]
+    fn problems_are_told_within_a_bounded_size_whatever_the_values_quoted() {
+        let huge = "x".repeat(256 << 10);
+        let problems: Vec<String> = (0..20)
+            .map(|i| format!("annotation a{i}: {huge:?} is not a node label key"))
+            .collect();
+        let told = summarise(&problems);
+        assert!(told.len() < 8 * 1024, "{} bytes", told.len());
+        assert!(told.starts_with("annotation a0: \"xxx"), "the field is named first");
+        assert!(told.ends_with("and 12 more"), "{}", &told[told.len() - 40..]);
+        assert_eq!(summarise(&["short".to_string()]), "short");
     }
 }
