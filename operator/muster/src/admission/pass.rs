@@ -244,7 +244,8 @@ impl Admission {
             })
             .collect();
         // Nodes kept for gangs whose commit did not go through, queued or being undone.
-        let mut held = Held::default();
+        let per_namespace = self.settings.preemption_scope == super::preemption_scope::PreemptionScope::Namespace;
+        let mut held = Held::new(per_namespace);
         self.retry_holds().hold_into(&mut held, Instant::now());
         // Commits under way, and those that ended while the pass was busy elsewhere.
         let this = &*self;

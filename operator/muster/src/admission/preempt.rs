@@ -135,14 +135,17 @@ impl Admission {
     /// The cluster as gang `gang` of `priority` plans on it: without its own nomination,
     /// and without the nominations of gangs of lower priority, as kube-scheduler treats
     /// nominated pods: a nomination holds devices only against gangs that could not
-    /// preempt its owner.
+    /// preempt its owner. Where preemption stays inside a namespace, a nomination holds
+    /// nothing against gangs of other namespaces.
     pub(super) fn planning_view(&self, gang: &ObjectKey, priority: i32) -> Arc<ClusterState> {
         let snapshot = self.index.snapshot();
+        let per_namespace = self.settings.preemption_scope == PreemptionScope::Namespace;
         let ignored: Vec<PlanId> = snapshot
             .assumed_plans()
             .filter(|plan| match plan {
                 PlanId::Nomination(owner) => {
                     owner == gang
+                        || (per_namespace && owner.namespace() != gang.namespace())
                         || self
                             .current_workload(owner)
                             .is_some_and(|w| self.priority(&w) < priority)

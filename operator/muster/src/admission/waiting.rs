@@ -215,9 +215,14 @@ pub(super) enum HoldReason {
 
 /// Nodes held for gangs that have waited longest, or that try again after a failed
 /// commit: gangs of equal or lower priority, and waiting extras, are planned without them.
+/// Where preemption stays inside a namespace, so does the starvation rule: a gang that
+/// waited longest keeps nodes only from gangs of its own namespace, so that no tenant's
+/// priority reaches another's (a retry's hold, seconds long, protects a commit under
+/// way and binds every gang).
 #[derive(Clone, Default)]
 pub(super) struct Held {
     holders: Vec<Holder>,
+    per_namespace: bool,
 }
 
 #[derive(Clone)]
@@ -229,6 +234,23 @@ struct Holder {
 }
 
 impl Held {
+    /// Holds that bind gangs of every namespace, or (`per_namespace`) only the holder's.
+    pub(super) fn new(per_namespace: bool) -> Self {
+        Held {
+            holders: Vec::new(),
+            per_namespace,
+        }
+    }
+
+    /// Whether `holder` keeps its nodes from gang `gang` of `priority`.
+    fn binds(&self, holder: &Holder, priority: i32, gang: &ObjectKey) -> bool {
+        holder.priority >= priority
+            && holder.gang != *gang
+            && (!self.per_namespace
+                || holder.why == HoldReason::Retrying
+                || holder.gang.namespace() == gang.namespace())
+    }
+
     pub(super) fn hold(&mut self, priority: i32, gang: &ObjectKey, nodes: &Arc<BTreeSet<String>>, why: HoldReason) {
         self.holders.push(Holder {
             priority,
@@ -246,11 +268,7 @@ impl Held {
 
     /// Whether every hold against gang `gang` of `priority` is a retry's (and one is).
     pub(super) fn only_retrying_against(&self, priority: i32, gang: &ObjectKey) -> bool {
-        let mut against = self
-            .holders
-            .iter()
-            .filter(|h| h.priority >= priority && h.gang != *gang)
-            .peekable();
+        let mut against = self.holders.iter().filter(|h| self.binds(h, priority, gang)).peekable();
         against.peek().is_some() && against.all(|h| h.why == HoldReason::Retrying)
     }
 
@@ -258,14 +276,14 @@ impl Held {
     pub(super) fn retrying_against(&self, priority: i32, gang: &ObjectKey) -> bool {
         self.holders
             .iter()
-            .any(|h| h.priority >= priority && h.gang != *gang && h.why == HoldReason::Retrying)
+            .any(|h| self.binds(h, priority, gang) && h.why == HoldReason::Retrying)
     }
 
     /// The nodes held against gang `gang` of `priority` (never its own).
     pub(super) fn against(&self, priority: i32, gang: &ObjectKey) -> BTreeSet<String> {
         self.holders
             .iter()
-            .filter(|h| h.priority >= priority && h.gang != *gang)
+            .filter(|h| self.binds(h, priority, gang))
             .flat_map(|h| h.nodes.iter().cloned())
             .collect()
     }
@@ -277,7 +295,7 @@ impl Held {
             let names: BTreeSet<&str> = self
                 .holders
                 .iter()
-                .filter(|h| h.priority >= priority && h.gang != *gang && h.why == why)
+                .filter(|h| self.binds(h, priority, gang) && h.why == why)
                 .map(|h| h.gang.as_str())
                 .collect();
             names.into_iter().collect()
@@ -456,5 +474,25 @@ mod tests {
         let waiting = Waiting::retrying(now, at);
         assert_eq!(waiting.next_try, at);
         assert_ne!(waiting.changes_seen, 0, "due after its backoff whatever changes");
+    }
+
+    #[test]
+    fn within_a_namespace_scope_the_starvation_rule_binds_only_the_holder_s_namespace() {
+        let (starved, retrying) = (ObjectKey::new("a", "big"), ObjectKey::new("a", "retry"));
+        for per_namespace in [false, true] {
+            let mut held = Held::new(per_namespace);
+            held.hold(10, &starved, &nodes(&["n1"]), HoldReason::WaitedLongest);
+            held.hold(10, &retrying, &nodes(&["n2"]), HoldReason::Retrying);
+            let own = ObjectKey::new("a", "small");
+            assert_eq!(names(&held.against(10, &own)), ["n1", "n2"], "its own namespace");
+            let other = ObjectKey::new("b", "small");
+            let expected: &[&str] = if per_namespace { &["n2"] } else { &["n1", "n2"] };
+            assert_eq!(
+                names(&held.against(10, &other)),
+                expected,
+                "per namespace: {per_namespace}"
+            );
+            assert!(held.message(10, &other).contains("a/big") != per_namespace);
+        }
     }
 }
