@@ -458,6 +458,58 @@ pub async fn torch_runtime_with(test: &Test, pod_spec: Value) -> Result<String> 
     Ok(name)
 }
 
+/// A ClusterTrainingRuntime `tune-gpus-<ns>` shaped like Trainer's torchtune runtimes:
+/// a dataset and a model initializer (one pod each, a CPU, no devices), then the node
+/// step (eight GPUs a node), which JobSet makes once both initializers are complete.
+pub async fn initializing_runtime(test: &Test) -> Result<String> {
+    let name = format!("tune-gpus-{}", test.ns);
+    let initializer = |step: &str| {
+        json!({
+            "name": step,
+            "template": {
+                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": step}},
+                "spec": {"template": {"spec": {"containers": [{
+                    "name": step,
+                    "image": "initializer",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                }]}}},
+            },
+        })
+    };
+    let runtime = json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torchtune"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"replicatedJobs": [
+                initializer("dataset-initializer"),
+                initializer("model-initializer"),
+                {
+                    "name": "node",
+                    "dependsOn": [
+                        {"name": "dataset-initializer", "status": "Complete"},
+                        {"name": "model-initializer", "status": "Complete"},
+                    ],
+                    "template": {
+                        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                        "spec": {"template": {"spec": {
+                            "containers": [{
+                                "name": "node",
+                                "image": "torchtune",
+                                "resources": {"requests": {"cpu": "16", "memory": "64Gi"}, "claims": [{"name": "gpus"}]},
+                            }],
+                            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+                        }}},
+                    },
+                },
+            ]}},
+        },
+    });
+    create(&cluster_training_runtimes(test), runtime).await?;
+    Ok(name)
+}
+
 /// A TrainJob of `nodes` nodes on `runtime`, labelled for muster and annotated for one
 /// rack through a runtime patch (Trainer v2.3 puts its labels on the JobSet it makes).
 pub fn labelled_trainjob(name: &str, runtime: &str, nodes: i64) -> Value {

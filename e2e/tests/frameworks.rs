@@ -78,6 +78,101 @@ async fn a_labelled_trainjob_runs_as_one_gang_and_gives_every_device_back_when_d
     .await
 }
 
+/// Issue 33: a TrainJob on a runtime with initializers (torchtune's shape) runs them
+/// first, outside the gang and ungated; the node step's gang is reserved whole only once
+/// they are done and JobSet has made its pods, every device before any node pod starts.
+#[tokio::test]
+async fn a_trainjob_whose_runtime_initializes_first_gangs_its_nodes_once_the_initializers_are_done() -> Result<()> {
+    with_frameworks("trainjob-steps", |test| {
+        Box::pin(async move {
+            // Initializers need no GPU: a CPU node, outside muster's fence, runs them.
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(test.client.clone());
+            let cpu_node = format!("cpu-{}", test.ns);
+            nodes
+                .create(
+                    &kube::api::PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": cpu_node, "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                            "labels": {"kubernetes.io/hostname": cpu_node, "kubernetes.io/os": "linux", "type": "kwok"}},
+                        "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}, "phase": "Running"},
+                    }))?,
+                )
+                .await?;
+            let outcome = initializers_then_nodes(test).await;
+            nodes.delete(&cpu_node, &kube::api::DeleteParams::default()).await?;
+            outcome
+        })
+    })
+    .await
+}
+
+/// The body of the test above, on a cluster with a CPU node.
+async fn initializers_then_nodes(test: &mut muster_e2e::scenario::Test) -> Result<()> {
+    {
+        {
+            let runtime = initializing_runtime(test).await?;
+            create(&trainjobs(test), labelled_trainjob("tune", &runtime, 2)).await?;
+            let workload = wait::until("the gang's Workload", Duration::from_secs(60), || {
+                let api = test.workloads();
+                async move { Ok(api.get_opt("jobset-tune").await?) }
+            })
+            .await?;
+            let groups: Vec<String> = workload.spec.pod_groups.iter().map(|g| g.name.clone()).collect();
+            ensure!(groups == ["node"], "the gang is the node step: {groups:?}");
+            ensure!(
+                !workload
+                    .metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .contains_key(muster_api::labels::INVALID),
+                "the gang is not held"
+            );
+
+            // The initializers run at once, ungated and outside the gang; no node pod yet.
+            let pods = test.pods();
+            let initializers: Vec<String> = wait::until("both initializers to run", Duration::from_secs(90), || {
+                let pods = pods.clone();
+                async move {
+                    let list = pods
+                        .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=tune"))
+                        .await?
+                        .items;
+                    let running: Vec<String> = list
+                        .iter()
+                        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                        .filter_map(|p| p.metadata.name.clone())
+                        .collect();
+                    Ok((running.len() == 2).then_some(running))
+                }
+            })
+            .await?;
+            ensure!(
+                initializers.iter().all(|p| p.contains("initializer")),
+                "only initializers run before they are done: {initializers:?}"
+            );
+            ensure!(
+                test.gang_pods("jobset-tune").await?.is_empty(),
+                "no node pod before the initializers are done"
+            );
+
+            for pod in &initializers {
+                test.exit_pod(pod, 0).await?;
+            }
+            let devices = runs_as_one_gang(test, "jobset-tune", 2).await?;
+            ensure!(devices.len() == 2, "{devices:?}");
+            let trainjob = trainjobs(test).get("tune").await?;
+            let failed = trainjob.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Failed" && c["status"] == "True");
+            ensure!(!failed, "the TrainJob did not fail: {}", trainjob.data["status"]);
+            Ok(())
+        }
+    }
+}
+
 #[tokio::test]
 async fn deleting_a_jobset_gives_back_every_device() -> Result<()> {
     with_frameworks("jobset-delete", |test| {
