@@ -713,6 +713,20 @@ async fn only_muster_opens_its_gate_or_gives_a_pod_the_toleration_of_its_fence()
                     )
                     .await
                     .context("a pod without devices may tolerate every taint")?;
+                // Nor may a pod with devices skip the scheduler (and every NoSchedule taint).
+                let node = test.cluster.nodes.first().context("a node")?.name.clone();
+                let mut pinned = greedy.clone();
+                pinned.metadata.name = Some("pinned".into());
+                if let Some(spec) = pinned.spec.as_mut() {
+                    spec.tolerations = None;
+                    spec.node_name = Some(node);
+                }
+                let message = refusal(alice.create(&PostParams::default(), &pinned).await)
+                    .context("a pod with GPUs created on a node by name")?;
+                ensure!(
+                    message.contains("spec.nodeName"),
+                    "the refusal names the field: {message}"
+                );
 
                 // Behind muster's gate, the toleration may come with the pod; the gate
                 // may not go.

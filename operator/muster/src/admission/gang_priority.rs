@@ -6,6 +6,20 @@
 //! let a tenant jump the queue and preempt others with pods of default priority.
 
 use k8s_openapi::api::core::v1::Pod;
+use muster_api::labels;
+use muster_api::v1alpha1::Workload;
+
+/// The pods whose priority bounds the gang's: live pods of its groups (a pod with the
+/// Workload's label alone is not, nor a failed or leaving pod of an earlier attempt).
+pub fn members<'a>(workload: &'a Workload, pods: impl IntoIterator<Item = &'a Pod>) -> impl Iterator<Item = &'a Pod> {
+    pods.into_iter().filter(move |p| {
+        let group = p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP));
+        let failed = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
+        group.is_some_and(|g| workload.spec.pod_groups.iter().any(|d| &d.name == g))
+            && p.metadata.deletion_timestamp.is_none()
+            && !failed
+    })
+}
 
 /// The class a Workload names is worth more than one of its pods.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,7 +43,8 @@ pub fn lowest<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<(i32, &'a s
             let priority = p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
             (priority, p.metadata.name.as_deref().unwrap_or_default())
         })
-        .min_by_key(|(priority, _)| *priority)
+        // The same pod every time, whatever the cache's order: the message stays put.
+        .min()
 }
 
 /// The gang's priority: its class's `value` (the default class's where it names none),
@@ -94,5 +109,31 @@ mod tests {
         assert_eq!(of_gang(None, 1000, lowest(&pods)), Ok(0));
         let pods = [pod("w-0", Some(7))];
         assert_eq!(of_gang(None, 1000, lowest(&pods)), Ok(7));
+    }
+
+    #[test]
+    fn only_live_pods_of_the_gang_s_groups_bound_it() {
+        let workload: Workload = serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload", "metadata": {"name": "w"},
+            "spec": {"podGroups": [{"name": "workers", "replicas": 1}]},
+        }))
+        .unwrap();
+        let labelled = |name: &str, group: &str, priority: i32| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {labels::WORKLOAD: "w", labels::POD_GROUP: group}},
+                "spec": {"containers": [], "priority": priority},
+            }))
+            .unwrap()
+        };
+        let member = labelled("w-0", "workers", 1000);
+        let stranger = labelled("planted", "elsewhere", 0);
+        let mut failed = labelled("w-0-old", "workers", 0);
+        failed.status = Some(serde_json::from_value(json!({"phase": "Failed"})).unwrap());
+        let mut leaving = labelled("w-0-leaving", "workers", 0);
+        leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        let pods = [member, stranger, failed, leaving];
+        assert_eq!(lowest(members(&workload, &pods)), Some((1000, "w-0")));
     }
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
+use muster_api::conditions;
 use muster_api::v1alpha1::Workload;
-use muster_api::{conditions, labels};
 use muster_engine::key::{ClaimKey, ObjectKey};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
@@ -378,12 +378,9 @@ impl Admission {
             .map(|class| (class, value_of(class)));
         let namespace = workload.namespace().unwrap_or_default();
         let gangs = self.gangs();
-        // Its members: pods of its groups (a pod with the Workload's label alone is not).
-        let members = gangs.pods(&namespace, &workload.name_any()).iter().filter(|p| {
-            let group = p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP));
-            group.is_some_and(|g| workload.spec.pod_groups.iter().any(|d| &d.name == g))
-        });
-        gang_priority::of_gang(class, default, gang_priority::lowest(members.map(AsRef::as_ref)))
+        let pods = gangs.pods(&namespace, &workload.name_any());
+        let members = gang_priority::members(workload, pods.iter().map(AsRef::as_ref));
+        gang_priority::of_gang(class, default, gang_priority::lowest(members))
     }
 
     /// The gang request for a Workload whose objects exist: claims from the cluster.

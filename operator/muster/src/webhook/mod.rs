@@ -51,6 +51,8 @@ const MAX_BODY: usize = 8 << 20;
 /// that reaches the port never keep the API server's calls waiting.
 const LIMITS: Limits = Limits {
     connections: 256,
+    // The API server opens one per call in flight; no other peer needs many.
+    per_peer: 128,
     idle: Duration::from_secs(30),
     // Longest life of a connection, idle or not: the API server opens the next one.
     lifetime: Duration::from_secs(120),
@@ -206,12 +208,8 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, resol
                     Err(_) => return,
                 };
                 let service = service_fn(move |request| {
-                    let busy = marker.busy();
-                    async move {
-                        let response = handle(request).await;
-                        drop(busy);
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
+                    let marker = marker.clone();
+                    async move { Ok::<_, std::convert::Infallible>(handle(request, &marker).await) }
                 });
                 let served = http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -230,7 +228,9 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, resol
     }
 }
 
-async fn handle(request: Request<Incoming>) -> Response<Full<Bytes>> {
+/// Answers one request. The connection counts as busy (never shed) only once its body
+/// is in: a caller trickling bodies holds no place that others need.
+async fn handle(request: Request<Incoming>, marker: &crate::ops::serve::budget::Marker) -> Response<Full<Bytes>> {
     if request.method() != Method::POST || request.uri().path() != "/mutate" {
         return reply(StatusCode::NOT_FOUND, Bytes::from_static(b"not found\n"));
     }
@@ -244,6 +244,7 @@ async fn handle(request: Request<Incoming>) -> Response<Full<Bytes>> {
             );
         }
     };
+    let _busy = marker.busy();
     match review::respond(&body) {
         Ok(answer) => {
             crate::ops::metrics::get().webhook_reviews.inc();

@@ -580,7 +580,8 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
             // Never above its pods' (muster holds such a gang): Kueue must not preempt
             // for it at the class's priority either.
             let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
-            let members = crate::admission::gang_priority::lowest(pods.iter().map(AsRef::as_ref));
+            let members = crate::admission::gang_priority::members(workload, pods.iter().map(AsRef::as_ref));
+            let members = crate::admission::gang_priority::lowest(members);
             Some((class.as_str(), members.map_or(value, |(lowest, _)| value.min(lowest))))
         }
         None => None,

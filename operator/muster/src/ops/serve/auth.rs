@@ -30,6 +30,8 @@ const REMEMBERED: usize = 256;
 /// Reviews asked of the API server per second, and how many may be saved up.
 const REVIEWS_PER_SECOND: u32 = 5;
 const REVIEW_BURST: u32 = 20;
+/// How long one caller waits for its reviews.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the caller is told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,9 +109,15 @@ impl MetricsAuth {
             }
         }
         if self.reviews.check().is_err() {
-            return Verdict::Unavailable;
+            // Others spend the reviews: a scraper allowed before stays allowed meanwhile
+            // (its answer is a little stale), anyone else waits.
+            let stale = self.allowed.lock().expect("auth memory").0.get(&key).map(|(v, _)| *v);
+            return stale.unwrap_or(Verdict::Unavailable);
         }
-        let verdict = self.ask(token, path).await;
+        let verdict = match tokio::time::timeout(REVIEW_TIMEOUT, self.ask(token, path)).await {
+            Ok(verdict) => verdict,
+            Err(_) => Verdict::Unavailable,
+        };
         let (memory, keep) = match verdict {
             Verdict::Allowed => (&self.allowed, ALLOWED_FOR),
             Verdict::Unauthenticated | Verdict::Forbidden => (&self.refused, REFUSED_FOR),

@@ -22,6 +22,9 @@ use tokio::sync::Notify;
 pub struct Limits {
     /// Connections open at once.
     pub connections: usize,
+    /// Connections one peer may hold: past it, its own oldest idle one makes room, or
+    /// (all busy) the newcomer is turned away, whatever room others left.
+    pub per_peer: usize,
     /// How long a connection may wait between requests (or for its first one).
     pub idle: Duration,
     /// Longest life of a connection; a client simply opens the next one.
@@ -86,11 +89,16 @@ impl Budget {
     /// `None` when every open connection is busy with a request.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Ticket> {
         let mut open = self.open.lock().expect("connection budget");
-        if open.connections.len() >= self.limits.connections.max(1) {
-            let victim = shed_choice(&open.connections)?;
-            if let Some(entry) = open.connections.remove(&victim) {
-                entry.state.shed.notify_one();
-            }
+        let held = open.connections.values().filter(|e| e.peer == peer).count();
+        let victim = if held >= self.limits.per_peer.max(1) {
+            Some(shed_choice(&open.connections, Some(peer))?)
+        } else if open.connections.len() >= self.limits.connections.max(1) {
+            Some(shed_choice(&open.connections, None)?)
+        } else {
+            None
+        };
+        if let Some(entry) = victim.and_then(|v| open.connections.remove(&v)) {
+            entry.state.shed.notify_one();
         }
         let id = open.next;
         open.next += 1;
@@ -120,15 +128,16 @@ impl Budget {
 }
 
 /// The connection to close to make room: an idle one of the peer that holds the most
-/// connections, the longest idle of them. A peer that opens many connections loses its
-/// own first; one with a single connection (the kubelet, the API server) keeps it.
-fn shed_choice(connections: &HashMap<u64, Entry>) -> Option<u64> {
+/// connections (or of `only` that peer), the longest idle of them. A peer that opens many
+/// connections loses its own first; one with a few (the kubelet) keeps them.
+fn shed_choice(connections: &HashMap<u64, Entry>, only: Option<IpAddr>) -> Option<u64> {
     let mut held: HashMap<IpAddr, usize> = HashMap::new();
     for entry in connections.values() {
         *held.entry(entry.peer).or_default() += 1;
     }
     connections
         .iter()
+        .filter(|(_, e)| only.is_none_or(|peer| e.peer == peer))
         .filter(|(_, e)| e.state.busy.load(Ordering::Acquire) == 0)
         .max_by_key(|(id, e)| {
             let idle_since = e.state.active_at.load(Ordering::Acquire);
@@ -234,6 +243,7 @@ mod tests {
     fn limits(connections: usize) -> Limits {
         Limits {
             connections,
+            per_peer: connections,
             idle: Duration::from_secs(10),
             lifetime: Duration::from_secs(60),
         }
@@ -307,5 +317,22 @@ mod tests {
         assert_eq!(ticket.drive(async {}).await, End::Closed);
         drop(ticket);
         assert_eq!(budget.open(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_peer_holds_at_most_its_share_whatever_room_is_left() {
+        let budget = Budget::new(Limits {
+            per_peer: 2,
+            ..limits(8)
+        });
+        let first = budget.admit(ip(2)).unwrap();
+        let second = budget.admit(ip(2)).unwrap();
+        let _busy = second.marker().busy();
+        let _third = budget.admit(ip(2)).expect("its own idle one makes room");
+        assert_eq!(first.drive(std::future::pending::<()>()).await, End::Shed);
+        drop(first);
+        let _also_busy = _third.marker().busy();
+        assert!(budget.admit(ip(2)).is_none(), "both of its own busy: turned away");
+        assert!(budget.admit(ip(1)).is_some(), "others still get in");
     }
 }

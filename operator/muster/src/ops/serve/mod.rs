@@ -32,7 +32,8 @@ use budget::{Budget, End, Limits};
 /// What one listener lets its callers hold: Prometheus and the kubelet need a handful
 /// of connections, each request answered at once.
 const LIMITS: Limits = Limits {
-    connections: 32,
+    connections: 128,
+    per_peer: 16,
     idle: Duration::from_secs(15),
     lifetime: Duration::from_secs(60),
 };
