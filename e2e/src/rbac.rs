@@ -73,6 +73,15 @@ pub async fn service_account_kubeconfig(test: &Test, namespace: &str, account: &
     Ok(path)
 }
 
+/// A client of the cluster of `kubeconfig` (its admin) impersonating `user`.
+pub async fn impersonating(kubeconfig: &std::path::Path, user: &str) -> Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?;
+    config.auth_info.impersonate = Some(user.to_string());
+    Ok(kube::Client::try_from(config)?)
+}
+
 /// Applies rendered objects for real.
 pub async fn apply(client: &kube::Client, objects: &[&Value]) -> Result<()> {
     for object in objects {

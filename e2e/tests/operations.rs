@@ -592,15 +592,6 @@ async fn uninstalling_gives_every_device_back_in_time_and_leaves_nothing_waiting
     .await
 }
 
-/// `user`'s client: the admin of `test`'s cluster impersonating it.
-async fn impersonating(test: &Test, user: &str) -> Result<kube::Client> {
-    use kube::config::{KubeConfigOptions, Kubeconfig};
-    let kubeconfig = Kubeconfig::read_from(test.cluster.control_plane.kubeconfig())?;
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    config.auth_info.impersonate = Some(user.to_string());
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// The refusal's message, if the API server refused the request.
 fn refusal<T>(result: kube::Result<T>) -> Option<String> {
     match result {
@@ -663,7 +654,8 @@ async fn only_muster_opens_its_gate_or_gives_a_pod_the_toleration_of_its_fence()
                         }))?,
                     )
                     .await?;
-                let alice: Api<Pod> = Api::namespaced(impersonating(test, "alice").await?, &test.ns);
+                let alice = rbac::impersonating(test.cluster.control_plane.kubeconfig(), "alice").await?;
+                let alice: Api<Pod> = Api::namespaced(alice, &test.ns);
                 let pod = |name: &str, spec: serde_json::Value| -> Result<Pod> {
                     let mut spec = spec;
                     spec["containers"] = json!([{"name": "main", "image": "trainer"}]);

@@ -7,7 +7,6 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use kube::api::{Api, ListParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use muster_api::v1alpha1::Workload;
 use muster_e2e::chart;
 use muster_e2e::testing::{namespace, shared_cluster};
@@ -17,10 +16,7 @@ use serde_json::{Value, json};
 
 /// A client that acts as `user` (the admin impersonating it).
 async fn as_user(kubeconfig: &std::path::Path, user: &str) -> Result<kube::Client> {
-    let mut config =
-        kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
-    config.auth_info.impersonate = Some(user.to_string());
-    Ok(kube::Client::try_from(config)?)
+    muster_e2e::rbac::impersonating(kubeconfig, user).await
 }
 
 async fn bind(client: &kube::Client, ns: &str, user: &str, cluster_role: &str) -> Result<()> {
