@@ -1808,3 +1808,43 @@ async fn a_gang_short_of_pods_gives_kueue_its_quota_back_after_a_grace() -> Resu
     })
     .await
 }
+
+/// A gang queued in Kueue is worth no more than its pods there either: a Workload of the
+/// highest class joined by pods at default priority gets its pods' priority in Kueue
+/// (so Kueue preempts nothing for it at the class's), and muster holds it, naming the
+/// field.
+#[tokio::test]
+async fn kueue_sees_a_gang_at_no_more_than_its_pods_priority() -> Result<()> {
+    with_kueue().await?;
+    with_test("kueue-priority", &[], &[], |test| {
+        Box::pin(async move {
+            muster_e2e::scenario::priority_classes(&test.client).await?;
+            queues(test, 16, false).await?;
+            let mut workload = muster_e2e::scenario::ranked(
+                muster_e2e::scenario::workload_of_joining_pods("jumper", "main", 2),
+                muster_e2e::scenario::HIGH,
+            );
+            workload["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+            test.create(workload).await?;
+            let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(test.client.clone(), &test.ns);
+            let job = muster_e2e::scenario::job_joining("jumper", "main", 2);
+            jobs.create(&PostParams::default(), &serde_json::from_value(job)?)
+                .await?;
+            wait_kueue(test, "jumper", "Kueue's Workload", |_| true).await?;
+            let queued = kueue_workload(test, "jumper").await?;
+            ensure!(
+                queued.data["spec"]["priority"].as_i64().unwrap_or(0) == 0,
+                "Kueue sees the pods' priority, not the class's: {}",
+                queued.data["spec"]
+            );
+            test.wait_admitted_reason(
+                "jumper",
+                muster_api::conditions::REASON_PRIORITY_ABOVE_PODS,
+                Duration::from_secs(90),
+            )
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}

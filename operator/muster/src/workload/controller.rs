@@ -578,11 +578,13 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
             let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(ctx.client.clone());
             let value = classes.get_opt(class).await?.and_then(|c| c.value).unwrap_or(0);
             // Never above its pods' (muster holds such a gang): Kueue must not preempt
-            // for it at the class's priority either.
+            // for it at the class's priority either, nor before the pods exist.
             let pods = ctx.stores.pods_of(&namespace, &workload.name_any());
             let members = crate::admission::gang_priority::members(workload, pods.iter().map(AsRef::as_ref));
             let members = crate::admission::gang_priority::lowest(members);
-            Some((class.as_str(), members.map_or(value, |(lowest, _)| value.min(lowest))))
+            let charged = charged_priority(&classes, &charges).await?;
+            let bound = [Some(value), members.map(|(lowest, _)| lowest), charged];
+            Some((class.as_str(), bound.into_iter().flatten().min().unwrap_or(value)))
         }
         None => None,
     };
@@ -669,6 +671,40 @@ async fn charge_in_kueue(workload: &Workload, ctx: &Context) -> Result<Result<Op
 /// What Kueue charges each template-less group by: the owning job's pod template for the
 /// groups the job makes, the largest member for the others. `Err(None)`: a group has no
 /// member yet (the Kueue Workload waits); `Err(Some(_))`: waiting, with why.
+/// The lowest priority the pods of template-less groups will be admitted with, from the
+/// templates they are charged by (their `priorityClassName`, or the default class the
+/// API server gives a pod that names none); `None` without such groups.
+async fn charged_priority(
+    classes: &Api<k8s_openapi::api::scheduling::v1::PriorityClass>,
+    charges: &BTreeMap<String, serde_json::Value>,
+) -> Result<Option<i32>, Error> {
+    if charges.is_empty() {
+        return Ok(None);
+    }
+    let mut lowest: Option<i32> = None;
+    let mut default: Option<i32> = None;
+    for template in charges.values() {
+        let value = match template["spec"]["priorityClassName"].as_str().filter(|c| !c.is_empty()) {
+            Some(class) => classes.get_opt(class).await?.and_then(|c| c.value).unwrap_or(0),
+            None => match default {
+                Some(value) => value,
+                None => {
+                    let all = classes.list(&kube::api::ListParams::default()).await?;
+                    let value = all
+                        .items
+                        .iter()
+                        .find(|c| c.global_default == Some(true))
+                        .and_then(|c| c.value)
+                        .unwrap_or(0);
+                    *default.insert(value)
+                }
+            },
+        };
+        lowest = Some(lowest.map_or(value, |l| l.min(value)));
+    }
+    Ok(lowest)
+}
+
 async fn charges(
     workload: &Workload,
     ctx: &Context,
