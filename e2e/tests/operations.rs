@@ -948,7 +948,6 @@ async fn idle_connections_and_forged_tokens_take_no_endpoint_down() -> Result<()
                     async move { Ok((opened.load(std::sync::atomic::Ordering::Relaxed) >= 256).then_some(())) }
                 })
                 .await?;
-                tokio::time::sleep(Duration::from_secs(2)).await;
 
                 // The kubelet's probes, as it sends them: a fresh connection, 2 s to answer.
                 for round in 0..10 {
