@@ -222,7 +222,8 @@ impl Matcher {
         device_index: usize,
         node: &Node,
     ) -> Result<bool, AllocationError> {
-        let cached = crate::cluster::locked(&cluster.match_cache).get(self.set, &slice.name, device_index);
+        let version = cluster.slice_version(&slice.name);
+        let cached = crate::cluster::locked(&cluster.match_cache).get(self.set, &slice.name, version, device_index);
         let outcome = match cached {
             Some(outcome) => outcome,
             None => {
@@ -230,6 +231,7 @@ impl Matcher {
                 crate::cluster::locked(&cluster.match_cache).put(
                     self.set,
                     &slice.name,
+                    version,
                     slice.devices.len(),
                     device_index,
                     outcome.clone(),

@@ -116,11 +116,17 @@ struct HeldDevices {
 /// Whether a device matched a selector set, or the evaluation error.
 pub(crate) type MatchOutcome = Result<bool, String>;
 
-/// How a slice's devices matched selectors before; cleared when the slice changes.
+/// A slice's version, and how each of its devices matched a selector set on it.
+type LearnedMatches = (u64, Vec<Option<MatchOutcome>>);
+
+/// How a slice's devices matched selectors before, for the version of the slice they
+/// were learned on (see [`ClusterState::slice_version`]): an entry of another version
+/// is not used, and is replaced by the next one learned.
 #[derive(Default, Debug, Clone)]
 pub(crate) struct MatchCache {
-    /// Selector set → slice name → per device: matches, or the evaluation error.
-    entries: FxHashMap<usize, FxHashMap<String, Vec<Option<MatchOutcome>>>>,
+    /// Selector set → slice name → slice version and, per device: matches, or the
+    /// evaluation error.
+    entries: FxHashMap<usize, FxHashMap<String, LearnedMatches>>,
     /// Interned selector sets.
     sets: FxHashMap<Vec<String>, usize>,
 }
@@ -135,16 +141,28 @@ impl MatchCache {
         id
     }
 
-    pub(crate) fn get(&self, set: usize, slice: &str, device: usize) -> Option<Result<bool, String>> {
-        self.entries.get(&set)?.get(slice)?.get(device)?.clone()
+    pub(crate) fn get(&self, set: usize, slice: &str, version: u64, device: usize) -> Option<Result<bool, String>> {
+        let (learned_on, devices) = self.entries.get(&set)?.get(slice)?;
+        if *learned_on != version {
+            return None;
+        }
+        devices.get(device)?.clone()
     }
 
-    pub(crate) fn put(&mut self, set: usize, slice: &str, devices: usize, device: usize, result: Result<bool, String>) {
+    pub(crate) fn put(
+        &mut self,
+        set: usize,
+        slice: &str,
+        version: u64,
+        devices: usize,
+        device: usize,
+        result: Result<bool, String>,
+    ) {
         let by_slice = self.entries.entry(set).or_default();
-        if !by_slice.contains_key(slice) {
-            by_slice.insert(slice.to_string(), vec![None; devices]);
+        if by_slice.get(slice).is_none_or(|(learned_on, _)| *learned_on != version) {
+            by_slice.insert(slice.to_string(), (version, vec![None; devices]));
         }
-        if let Some(slot) = by_slice.get_mut(slice).and_then(|v| v.get_mut(device)) {
+        if let Some(slot) = by_slice.get_mut(slice).and_then(|(_, v)| v.get_mut(device)) {
             *slot = Some(result);
         }
     }
@@ -193,11 +211,14 @@ pub(crate) type RoomCache = FxHashMap<String, Vec<Option<CachedRoom>>>;
 /// Nodes grouped by the value of a label, with their ids.
 pub(crate) type NodeIndex = Vec<(String, Vec<(usize, Arc<Node>)>)>;
 
+/// Label key → the node-set version an index was built at, and the index.
+type LabelIndexes = FxHashMap<String, (u64, Arc<NodeIndex>)>;
+
 /// The cluster as the engine knows it. It is `Send + Sync` and cheap to share: a
 /// planner can work on a snapshot while the watches move on (see [`Clone`]).
 #[derive(Debug, Default)]
 pub struct ClusterState {
-    nodes: BTreeMap<String, Arc<Node>>,
+    nodes: Arc<BTreeMap<String, Arc<Node>>>,
     /// Requests of pods bound or nominated to each node.
     node_usage: FxHashMap<String, Resources>,
     pods: FxHashMap<PodKey, PodEntry>,
@@ -210,34 +231,41 @@ pub struct ClusterState {
     /// PersistentVolumes planned pods took for claims not bound yet, with how many.
     volumes_taken: FxHashMap<String, u32>,
     /// Namespace labels, for affinity terms' namespace selectors.
-    namespaces: FxHashMap<String, BTreeMap<String, String>>,
-    storage: Storage,
-    slices: BTreeMap<String, Arc<Slice>>,
-    slices_by_node: FxHashMap<String, BTreeSet<String>>,
-    shared_slices: BTreeSet<String>,
-    slices_by_pool: FxHashMap<(String, String), BTreeSet<String>>,
-    classes: BTreeMap<String, DeviceClass>,
+    namespaces: Arc<FxHashMap<String, BTreeMap<String, String>>>,
+    storage: Arc<Storage>,
+    slices: Arc<BTreeMap<String, Arc<Slice>>>,
+    slices_by_node: Arc<FxHashMap<String, BTreeSet<String>>>,
+    shared_slices: Arc<BTreeSet<String>>,
+    slices_by_pool: Arc<FxHashMap<(String, String), BTreeSet<String>>>,
+    classes: Arc<BTreeMap<String, DeviceClass>>,
     /// DeviceTaintRules by name: taints on every device they select.
-    taint_rules: BTreeMap<String, DeviceTaintRule>,
+    taint_rules: Arc<BTreeMap<String, DeviceTaintRule>>,
     claims: FxHashMap<ClaimKey, HeldDevices>,
     /// The devices those claims hold.
     devices: DeviceLedger,
-    pub(crate) match_cache: Mutex<MatchCache>,
+    /// Shared by a state and its copies: what a planner learns on a snapshot serves the
+    /// state the watches moved on, for every slice still at the version it learned on.
+    pub(crate) match_cache: Arc<Mutex<MatchCache>>,
+    /// A version per slice, given out on each change from the counter shared with the
+    /// copies (see [`Versions`]), so one number means one content of the slice in all.
+    slice_versions: Arc<FxHashMap<String, u64>>,
     /// Compiled CEL selectors by expression text.
     programs: Mutex<FxHashMap<String, Result<crate::cel::Program, String>>>,
     /// Claims assumed by plans, and the pods they placed.
     assumed: FxHashMap<PlanId, AssumedPlan>,
     versions: Versions,
     /// Dense ids for node names, so hot per-node state lives in vectors.
-    node_ids: FxHashMap<String, usize>,
+    node_ids: Arc<FxHashMap<String, usize>>,
     /// Pod shape → node id → room, see [`CachedRoom`]. Shared by a state and its copies:
     /// an entry holds the version of the node it was learned at, and versions are never
     /// given out twice among copies (see [`Versions`]), so what a planner learns on a
     /// snapshot serves the state the watches have moved on.
     pub(crate) room_cache: Arc<Mutex<RoomCache>>,
     /// Label key → value → nodes with it, for topology domains; with the node-set
-    /// version it was built at.
-    label_index: Mutex<FxHashMap<String, (u64, Arc<NodeIndex>)>>,
+    /// version it was built at. Shared by a state and its copies like the room cache: a
+    /// node-set version is never given out twice among them, so an index built on a
+    /// snapshot serves the state the watches moved on as long as its nodes are the same.
+    label_index: Arc<Mutex<LabelIndexes>>,
     node_set_version: u64,
 }
 
@@ -347,9 +375,11 @@ fn copy_of<T: Clone + Default>(cache: &Mutex<T>) -> Mutex<T> {
     })
 }
 
-/// A full copy, so that one side can change while the other plans. The selector and
-/// label caches come along when free (one in use by a planner starts empty in the
-/// copy); the room cache is shared.
+/// A copy, so that one side can change while the other plans. What seldom changes
+/// (nodes, slices, classes, storage) is shared until one side changes it; the match,
+/// label and room caches are shared for good, each entry tied to a version no two
+/// copies give out for different contents; the compiled selectors come along when free
+/// (in use by a planner, the copy starts without them).
 impl Clone for ClusterState {
     fn clone(&self) -> Self {
         ClusterState {
@@ -370,13 +400,14 @@ impl Clone for ClusterState {
             taint_rules: self.taint_rules.clone(),
             claims: self.claims.clone(),
             devices: self.devices.clone(),
-            match_cache: copy_of(&self.match_cache),
+            match_cache: self.match_cache.clone(),
+            slice_versions: self.slice_versions.clone(),
             programs: copy_of(&self.programs),
             assumed: self.assumed.clone(),
             versions: self.versions.clone(),
             node_ids: self.node_ids.clone(),
             room_cache: self.room_cache.clone(),
-            label_index: copy_of(&self.label_index),
+            label_index: self.label_index.clone(),
             node_set_version: self.node_set_version,
         }
     }
@@ -400,7 +431,7 @@ impl ClusterState {
         for class in self.classes.values() {
             empty.upsert_class(class.clone());
         }
-        for (name, rule) in &self.taint_rules {
+        for (name, rule) in self.taint_rules.iter() {
             empty.upsert_taint_rule(name, rule.clone());
         }
         empty.namespaces = self.namespaces.clone();
@@ -415,14 +446,14 @@ impl ClusterState {
             return;
         }
         self.bump_node(&node.name);
-        self.node_set_version += 1;
-        self.nodes.insert(node.name.clone(), Arc::new(node));
+        self.node_set_version = self.versions.next();
+        Arc::make_mut(&mut self.nodes).insert(node.name.clone(), Arc::new(node));
     }
 
     pub fn remove_node(&mut self, name: &str) {
         self.bump_node(name);
-        if self.nodes.remove(name).is_some() {
-            self.node_set_version += 1;
+        if Arc::make_mut(&mut self.nodes).remove(name).is_some() {
+            self.node_set_version = self.versions.next();
         }
     }
 
@@ -431,7 +462,7 @@ impl ClusterState {
             return *id;
         }
         let id = self.node_ids.len();
-        self.node_ids.insert(node.to_string(), id);
+        Arc::make_mut(&mut self.node_ids).insert(node.to_string(), id);
         self.versions.nodes.push(0);
         id
     }
@@ -663,11 +694,11 @@ impl ClusterState {
     // ---- namespaces and storage ----
 
     pub fn upsert_namespace(&mut self, name: &str, labels: BTreeMap<String, String>) {
-        self.namespaces.insert(name.to_string(), labels);
+        Arc::make_mut(&mut self.namespaces).insert(name.to_string(), labels);
     }
 
     pub fn remove_namespace(&mut self, name: &str) {
-        self.namespaces.remove(name);
+        Arc::make_mut(&mut self.namespaces).remove(name);
     }
 
     /// A namespace's labels (none for a namespace the engine does not know).
@@ -687,7 +718,7 @@ impl ClusterState {
     }
 
     pub fn storage_mut(&mut self) -> &mut Storage {
-        &mut self.storage
+        Arc::make_mut(&mut self.storage)
     }
 
     // ---- slices ----
@@ -697,41 +728,48 @@ impl ClusterState {
         match &slice.nodes {
             SliceNodes::Node(node) => {
                 self.bump_node(node);
-                self.slices_by_node
+                Arc::make_mut(&mut self.slices_by_node)
                     .entry(node.clone())
                     .or_default()
                     .insert(slice.name.clone());
             }
             _ => {
                 self.bump_shared();
-                self.shared_slices.insert(slice.name.clone());
+                Arc::make_mut(&mut self.shared_slices).insert(slice.name.clone());
             }
         }
-        self.slices_by_pool
+        Arc::make_mut(&mut self.slices_by_pool)
             .entry((slice.driver.clone(), slice.pool.clone()))
             .or_default()
             .insert(slice.name.clone());
-        self.slices.insert(slice.name.clone(), Arc::new(slice));
+        let version = self.versions.next();
+        Arc::make_mut(&mut self.slice_versions).insert(slice.name.clone(), version);
+        Arc::make_mut(&mut self.slices).insert(slice.name.clone(), Arc::new(slice));
+    }
+
+    /// The version of slice `name` as this state has it (0 for one it does not have).
+    pub(crate) fn slice_version(&self, name: &str) -> u64 {
+        self.slice_versions.get(name).copied().unwrap_or(0)
     }
 
     pub fn remove_slice(&mut self, name: &str) {
-        let Some(old) = self.slices.remove(name) else { return };
+        let Some(old) = Arc::make_mut(&mut self.slices).remove(name) else {
+            return;
+        };
         if let SliceNodes::Node(node) = &old.nodes {
-            if let Some(set) = self.slices_by_node.get_mut(node) {
+            if let Some(set) = Arc::make_mut(&mut self.slices_by_node).get_mut(node) {
                 set.remove(name);
             }
             self.bump_node(node);
         } else {
             self.bump_shared();
         }
-        self.shared_slices.remove(name);
-        if let Some(set) = self.slices_by_pool.get_mut(&(old.driver.clone(), old.pool.clone())) {
+        Arc::make_mut(&mut self.shared_slices).remove(name);
+        if let Some(set) = Arc::make_mut(&mut self.slices_by_pool).get_mut(&(old.driver.clone(), old.pool.clone())) {
             set.remove(name);
         }
-        self.match_cache
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .forget_slice(name);
+        Arc::make_mut(&mut self.slice_versions).remove(name);
+        locked(&self.match_cache).forget_slice(name);
     }
 
     pub fn slice(&self, name: &str) -> Option<&Arc<Slice>> {
@@ -777,11 +815,11 @@ impl ClusterState {
         if self.classes.get(&class.name) != Some(&class) {
             self.bump_shared();
         }
-        self.classes.insert(class.name.clone(), class);
+        Arc::make_mut(&mut self.classes).insert(class.name.clone(), class);
     }
 
     pub fn remove_class(&mut self, name: &str) {
-        if self.classes.remove(name).is_some() {
+        if Arc::make_mut(&mut self.classes).remove(name).is_some() {
             self.bump_shared();
         }
     }
@@ -790,11 +828,11 @@ impl ClusterState {
         if self.taint_rules.get(name) != Some(&rule) {
             self.bump_shared();
         }
-        self.taint_rules.insert(name.to_string(), rule);
+        Arc::make_mut(&mut self.taint_rules).insert(name.to_string(), rule);
     }
 
     pub fn remove_taint_rule(&mut self, name: &str) {
-        if self.taint_rules.remove(name).is_some() {
+        if Arc::make_mut(&mut self.taint_rules).remove(name).is_some() {
             self.bump_shared();
         }
     }
@@ -1137,6 +1175,37 @@ impl ClusterState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The match cache is shared with snapshots: what a planner learned on a slice that
+    /// changed since is not used for the slice as it is now.
+    #[test]
+    fn matches_learned_on_a_snapshot_never_serve_a_changed_slice() {
+        use crate::fixtures::{GPU, gpu, gpu_cluster, gpu_gang, node_slice};
+        use crate::placement::{Outcome, PlanOptions, plan};
+        let mut live = gpu_cluster(1, 8, 1, 1);
+        let mut class = crate::fixtures::gpu_class();
+        class
+            .selectors
+            .push(format!("device.attributes['{GPU}'].model == 'H100'"));
+        live.upsert_class(class);
+        let gang = gpu_gang("g", 1, 8, None, None);
+        let snapshot = Arc::new(live.clone());
+        assert!(matches!(
+            plan(&snapshot, &gang, &PlanOptions::default()),
+            Outcome::Placed(_)
+        ));
+        // The driver republishes the node's devices as another model.
+        live.upsert_slice(node_slice("node-00000", (0..8).map(|g| gpu(g, "A100")).collect()));
+        assert!(
+            matches!(plan(&live, &gang, &PlanOptions::default()), Outcome::Unschedulable(_)),
+            "the devices are A100s now"
+        );
+        // And the snapshot, still on the H100s, is not misled by what the live state learned.
+        assert!(matches!(
+            plan(&snapshot, &gang, &PlanOptions::default()),
+            Outcome::Placed(_)
+        ));
+    }
 
     fn result(device: &str, share: Option<&str>, consumed: &[(&str, &str)]) -> DeviceResult {
         DeviceResult {
