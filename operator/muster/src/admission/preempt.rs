@@ -16,7 +16,8 @@
 //! [`PlanId::Nomination`], rebuilt from the status after a restart, so that no other
 //! gang plans onto the freed devices; the preemptor plans without its own. A
 //! nomination is dropped when the preemptor is suspended or deleted, or when it still
-//! does not fit once its victims are gone or after [`NOMINATION_LIFETIME`].
+//! does not fit [`NOMINATION_LIFETIME`] after it was made and its victims are gone (at
+//! most [`NOMINATION_LIFETIME_WHILE_VICTIMS_LEAVE`] while they still leave).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -57,14 +58,53 @@ pub(crate) fn nomination_of(workload: &Workload) -> Option<&NominationStatus> {
     workload.status.as_ref()?.nomination.as_ref()
 }
 
-/// Whether a nomination has outlived [`NOMINATION_LIFETIME`].
-fn expired(nominated: &NominationStatus) -> bool {
+/// How long a nomination may hold its devices at most while its victims still leave:
+/// a victim stuck in its teardown (a pod that never terminates) does not hold them for
+/// good.
+pub(super) const NOMINATION_LIFETIME_WHILE_VICTIMS_LEAVE: Duration = Duration::from_secs(1800);
+
+/// Whether a nomination has lapsed: it outlived [`NOMINATION_LIFETIME`] with none of its
+/// victims still leaving, or [`NOMINATION_LIFETIME_WHILE_VICTIMS_LEAVE`] whatever they do.
+/// While a victim leaves, what it still holds is what the nomination counts on: dropping
+/// the nomination then would have the next plan evict more gangs in its victims' place.
+fn lapsed(nominated: &NominationStatus, victims_leaving: bool) -> bool {
     let age = nominated
         .since
         .as_ref()
         .map(|t| observe::now_millis() - observe::millis(t))
         .unwrap_or(i64::MAX);
-    age > NOMINATION_LIFETIME.as_millis() as i64
+    let lifetime = if victims_leaving {
+        NOMINATION_LIFETIME_WHILE_VICTIMS_LEAVE
+    } else {
+        NOMINATION_LIFETIME
+    };
+    age > lifetime.as_millis() as i64
+}
+
+/// Whether `victim`, evicted for `nominated`, is still leaving: its placement from before
+/// the nomination is not given back yet (its eviction still to land, or its teardown
+/// under way). Queued again, done, or admitted again since, it holds nothing the
+/// nomination counts on.
+fn victim_leaving(victim: &Workload, nominated: &NominationStatus) -> bool {
+    let Some(placement) = placement_of(victim) else {
+        return false;
+    };
+    let placed_before = match (placement.released_at.as_ref(), nominated.since.as_ref()) {
+        (Some(released), Some(since)) => observe::millis(released) <= observe::millis(since),
+        // Not released: being undone before its release, or a restart; it still holds.
+        _ => true,
+    };
+    placed_before
+        && matches!(
+            placement.state,
+            Some(
+                AdmissionState::Released
+                    | AdmissionState::TearingDown
+                    | AdmissionState::Restarting
+                    | AdmissionState::Suspending
+                    | AdmissionState::Finishing
+            )
+        )
 }
 
 /// A gang that holds a reservation another gang may take by preemption: a released
@@ -200,7 +240,7 @@ impl Admission {
                 Some("suspended: its nomination is dropped")
             } else if !self.kueue_object(workload).is_not_queued() {
                 Some("Kueue manages it now: Kueue's preemption decides")
-            } else if expired(nominated) {
+            } else if lapsed(nominated, self.victims_leaving(nominated)) {
                 Some("it has not fit within the nomination's lifetime")
             } else {
                 None
@@ -248,6 +288,14 @@ impl Admission {
         for plan in stale {
             self.index.update(|c| c.forget(&plan));
         }
+    }
+
+    /// Whether a victim of `nominated` is still leaving ([`victim_leaving`]).
+    fn victims_leaving(&self, nominated: &NominationStatus) -> bool {
+        nominated.victims.iter().any(|victim| {
+            self.current_workload(&ObjectKey::from(victim.as_str()))
+                .is_some_and(|w| victim_leaving(&w, nominated))
+        })
     }
 
     /// Assumes the nominated placement under the preemptor's nomination plan: its pods on
@@ -658,6 +706,61 @@ pub(super) mod tests_support {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn nominated_since(seconds_ago: i64) -> NominationStatus {
+        let since = k8s_openapi::jiff::Timestamp::from_millisecond(observe::now_millis() - seconds_ago * 1000)
+            .expect("timestamp");
+        NominationStatus {
+            since: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since)),
+            victims: vec!["ns/low".into()],
+            ..Default::default()
+        }
+    }
+
+    fn victim(state: Option<&str>, released_seconds_ago: i64) -> Workload {
+        let released_at =
+            k8s_openapi::jiff::Timestamp::from_millisecond(observe::now_millis() - released_seconds_ago * 1000)
+                .expect("timestamp");
+        let mut status = json!({});
+        if let Some(state) = state {
+            status = json!({"placement": {"state": state, "releasedAt": released_at.to_string()}});
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1",
+            "kind": "Workload",
+            "metadata": {"name": "low", "namespace": "ns"},
+            "spec": {"podGroups": []},
+            "status": status,
+        }))
+        .expect("workload")
+    }
+
+    /// Victims with a long grace period (a checkpoint) or pods hanging on a lost node
+    /// still hold what the nomination counts on after its lifetime: it lives while they
+    /// leave, else the next plan evicts more gangs in their place. Not for ever.
+    #[test]
+    fn a_nomination_lives_while_its_victims_leave() {
+        let young = nominated_since(10);
+        let old = nominated_since(NOMINATION_LIFETIME.as_secs() as i64 + 10);
+        let ancient = nominated_since(NOMINATION_LIFETIME_WHILE_VICTIMS_LEAVE.as_secs() as i64 + 10);
+        assert!(!lapsed(&young, false));
+        assert!(lapsed(&old, false));
+        assert!(!lapsed(&old, true));
+        assert!(lapsed(&ancient, true));
+    }
+
+    #[test]
+    fn a_victim_leaves_until_its_teardown_is_done() {
+        let nominated = nominated_since(400);
+        for state in ["Released", "TearingDown", "Restarting", "Suspending", "Finishing"] {
+            assert!(victim_leaving(&victim(Some(state), 1000), &nominated), "{state}");
+        }
+        // Queued again, or done: it holds nothing.
+        assert!(!victim_leaving(&victim(None, 1000), &nominated));
+        assert!(!victim_leaving(&victim(Some("Finished"), 1000), &nominated));
+        // Admitted again after the nomination: it is not what the nomination evicted.
+        assert!(!victim_leaving(&victim(Some("Released"), 100), &nominated));
+    }
 
     #[test]
     fn a_nominated_pod_never_holds_nothing() {
