@@ -545,6 +545,7 @@ async fn gangs_planned_in_one_pass_are_committed_together_on_separate_devices() 
             }
             // With the operator down the devices come free; the next one finds both gangs
             // complete and waiting in its first pass.
+            let first_log = test.operator.as_ref().map(|o| o.log_path().to_path_buf());
             if let Some(operator) = test.operator.take() {
                 operator.stop();
             }
@@ -561,17 +562,36 @@ async fn gangs_planned_in_one_pass_are_committed_together_on_separate_devices() 
                 &[
                     ("MUSTER_PAUSE_POINT", "after-plan-recorded"),
                     ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+                    // Why a gang is left out of a pass, should one be.
+                    ("MUSTER_LOG", "info,muster::admission=debug"),
                 ],
             )?;
             let operator = test.operator.as_ref().context("operator")?;
-            wait::until("both commits to pause", Duration::from_secs(60), || {
+            let paused = wait::until("both commits to pause", Duration::from_secs(60), || {
                 let paused = operator
                     .log()
                     .matches("pause point after-plan-recorded reached")
                     .count();
                 async move { Ok((paused == 2).then_some(())) }
             })
-            .await?;
+            .await;
+            if let Err(e) = paused {
+                // Where each gang stood as the first operator left it, and what it did.
+                let mut seen = Vec::new();
+                for name in ["left", "right"] {
+                    let workload = test.workloads().get(name).await?;
+                    seen.push(format!("{name}: {}", serde_json::to_string(&workload.status)?));
+                }
+                let first = first_log
+                    .and_then(|path| std::fs::read_to_string(path).ok())
+                    .unwrap_or_default();
+                let first: Vec<&str> = first.lines().rev().take(40).collect();
+                return Err(e.context(format!(
+                    "{}\nthe first operator's last lines:\n{}",
+                    seen.join("\n"),
+                    first.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )));
+            }
             std::fs::write(&go_on, b"")?;
             for name in ["left", "right"] {
                 test.wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))

@@ -172,7 +172,13 @@ impl Admission {
         // priority: room goes by priority whether a gang or a gang's extras would take it.
         let mut queue: Vec<Entry> = workloads
             .iter()
-            .filter(|w| self.admissible(w))
+            .filter(|w| match self.not_admissible(w) {
+                None => true,
+                Some(why) => {
+                    tracing::debug!(workload = %key(w), why, "gang not queued");
+                    false
+                }
+            })
             .map(|w| Entry {
                 priority: self.priority(w),
                 created: created(w),
@@ -452,6 +458,7 @@ impl Admission {
                     continue;
                 }
                 Ok(Attempt::Stale) => {
+                    tracing::debug!(workload = %name, "gang uses a claim allocated meanwhile; planned next pass");
                     // It uses a claim that a planned commit allocates, or that the index
                     // shows allocated before the cache does: planned again next pass.
                     // The gangs behind it go on (a claim's cache may lag for long).

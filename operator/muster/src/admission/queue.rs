@@ -13,7 +13,7 @@ use muster_api::v1alpha1::Workload;
 use muster_engine::key::{ClaimKey, ObjectKey};
 use muster_engine::placement::{self, Outcome, Plan, PlanOptions};
 use muster_engine::request::GangRequest;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::admission::request::{ClaimSources, RequestError, gang_request};
 use crate::ops::metrics::{self, OutcomeLabel};
@@ -286,34 +286,40 @@ impl Admission {
         }
     }
 
-    /// Waiting for admission: every object exists, not suspended, not being deleted.
-    pub(super) fn admissible(&self, workload: &Workload) -> bool {
-        if workload.metadata.deletion_timestamp.is_some() || workload.spec.suspend == Some(true) {
-            return false;
+    /// Why a gang is not waiting for admission, if it is not (every object exists, not
+    /// suspended, not being deleted): a log says it when a pass leaves the gang out.
+    pub(super) fn not_admissible(&self, workload: &Workload) -> Option<&'static str> {
+        if workload.metadata.deletion_timestamp.is_some() {
+            return Some("being deleted");
+        }
+        if workload.spec.suspend == Some(true) {
+            return Some("suspended");
         }
         if finished(workload) {
-            return false;
+            return Some("finished");
         }
         // Its job ended: the state machine finishes it, nothing is placed.
         if crate::workload::observe::job_ended(workload).is_some() {
-            return false;
+            return Some("its job ended");
         }
         if placement_of(workload).and_then(|p| p.state).is_some() {
-            return false;
+            return Some("placed");
         }
-        if self.held_by_kueue(workload)
-            || self
-                .answered_retry
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&key(workload))
+        if self.held_by_kueue(workload) {
+            return Some("held by Kueue");
+        }
+        if self
+            .answered_retry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key(workload))
         {
-            return false;
+            return Some("Kueue was answered Retry this pass");
         }
         let created = condition(workload, conditions::CREATED)
             .is_some_and(|c| c.status == "True" && c.observed_generation == workload.metadata.generation);
         if !created {
-            return false;
+            return Some("its objects are not created at its current generation");
         }
         let expected: i32 = workload
             .spec
@@ -344,7 +350,13 @@ impl Admission {
                         .iter()
                         .all(|p| crate::workload::status::is_gated(p) || membership::succeeded(p))
             });
-        gated as i32 >= expected && external_ready
+        if (gated as i32) < expected {
+            return Some("not all pods of its templates wait at the gate");
+        }
+        if !external_ready {
+            return Some("too few pods of another controller wait at the gate");
+        }
+        None
     }
 
     /// The gang's priority: its class's, never above its pods' ([`gang_priority`]). A
@@ -437,7 +449,10 @@ impl Admission {
         }
         let request = match self.request(workload) {
             Ok(request) => request,
-            Err(e) if e.is_waiting() => return Ok(Attempt::Done(Admit::DoesNotFit { reach: None })),
+            Err(e) if e.is_waiting() => {
+                debug!(workload = %key(workload), reason = %e, "gang waits for an object");
+                return Ok(Attempt::Done(Admit::DoesNotFit { reach: None }));
+            }
             Err(e) => {
                 let message = e.to_string();
                 if condition(workload, conditions::ADMITTED).map(|c| c.message.as_str()) != Some(message.as_str()) {
