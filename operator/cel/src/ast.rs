@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::functions::Func;
+use crate::names::Func;
 use crate::parser::{BinOp, CompKind};
 use crate::value::TypeName;
 

@@ -11,72 +11,16 @@ use std::sync::Arc;
 
 use crate::ast::{Comp, Const, DeviceField, Node};
 use crate::decls::{self, Overload};
-use crate::functions::{self, Func, Resolution};
+use crate::functions;
+use crate::names::{self, Func, Resolution};
 use crate::parser::{BinOp, CompKind, Expr, ExprKind, ParseError};
+use crate::typed::{TComp, TKind, TNode};
 use crate::types::{self, Mapping, Type};
 use crate::value::TypeName;
 
 pub(crate) struct Checked {
     pub root: Node,
     pub slots: usize,
-}
-
-/// A checked expression: its type, and what the cost estimator needs to know.
-pub(crate) struct TNode {
-    pub pos: usize,
-    pub ty: Type,
-    pub kind: TKind,
-}
-
-pub(crate) enum TKind {
-    Const(Const),
-    /// A comprehension or binding variable.
-    Local {
-        slot: usize,
-    },
-    Device,
-    /// A type identifier such as `int`.
-    TypeIdent(TypeName),
-    Select {
-        operand: Box<TNode>,
-        field: String,
-        optional: bool,
-    },
-    Has {
-        operand: Box<TNode>,
-        field: String,
-    },
-    Index {
-        operand: Box<TNode>,
-        index: Box<TNode>,
-        optional: bool,
-    },
-    /// Functions and operators alike; for methods the receiver is `args[0]`.
-    Call {
-        function: String,
-        member: bool,
-        overloads: Vec<&'static str>,
-        args: Vec<TNode>,
-    },
-    List(Vec<(TNode, bool)>),
-    Map(Vec<(TNode, TNode, bool)>),
-    Comprehension(Box<TComp>),
-    Bind {
-        slot: usize,
-        init: Box<TNode>,
-        body: Box<TNode>,
-    },
-}
-
-pub(crate) struct TComp {
-    pub kind: CompKind,
-    pub range: TNode,
-    pub slot1: usize,
-    pub slot2: Option<usize>,
-    pub filter: Option<TNode>,
-    pub body: TNode,
-    /// For `sortBy`: the key type, which picks the sort's cost.
-    pub aux: Type,
 }
 
 fn err<T>(pos: usize, message: impl Into<String>) -> Result<T, ParseError> {
@@ -1117,7 +1061,7 @@ fn invalid(pos: usize) -> ParseError {
 
 fn lower_call(pos: usize, function: &str, member: bool, args: Vec<TNode>) -> Result<Node, ParseError> {
     let argc = args.len() - usize::from(member);
-    let func = match functions::resolve(function, member, argc) {
+    let func = match names::resolve(function, member, argc) {
         Resolution::Found(func) => func,
         _ => return err(pos, format!("function '{function}' is declared but not implemented")),
     };

@@ -4,8 +4,8 @@
 //! are costed as cel-go expands them (accumulator, loop condition and step).
 
 use crate::ast::Const;
-use crate::check::{TComp, TKind, TNode};
 use crate::parser::CompKind;
+use crate::typed::{TComp, TKind, TNode};
 use crate::types::{self, Type};
 
 const SELECT_AND_IDENT: u64 = 1;

@@ -7,7 +7,8 @@ use std::rc::Rc;
 
 use crate::DeviceView;
 use crate::ast::{Comp, Const, DeviceField, Node};
-use crate::functions::{self, Budget, Func};
+use crate::functions::{self, Budget};
+use crate::names::{self, Func};
 use crate::parser::{BinOp, CompKind};
 use crate::value::{Error, MapEntries, Result, Shared, Table, Value, check_key, compare, key_eq};
 
@@ -383,7 +384,7 @@ impl<'a> Evaluator<'a> {
                     }
                     Ok(alt)
                 }
-                other => Err(Error::no_overload_for(functions::name(func), &[&other])),
+                other => Err(Error::no_overload_for(names::name(func), &[&other])),
             };
         }
         // Small argument lists stay on the stack.

@@ -8,8 +8,8 @@
 //! argument value, at compile time it checks the static type of the argument
 //! expression at the same position.
 
-use crate::check::{TKind, TNode};
 use crate::quote::go_quote;
+use crate::typed::{TKind, TNode};
 use crate::types::Type;
 use crate::value::{Error, Result, TypeName, Value, format_double};
 
