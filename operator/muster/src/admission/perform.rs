@@ -252,8 +252,12 @@ impl Admission {
             let nodes: BTreeMap<String, NodeHealth> = names
                 .into_iter()
                 .filter_map(|n| {
-                    let node = cluster.node(n)?;
-                    let health = reservation_health::node_health(node, groups.get(n), &tolerations);
+                    let health = reservation_health::planned_node_health(
+                        cluster.node(n),
+                        self.index.node_unreadable(n),
+                        groups.get(n),
+                        &tolerations,
+                    )?;
                     Some((n.to_string(), health))
                 })
                 .collect();

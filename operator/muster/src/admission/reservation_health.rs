@@ -142,6 +142,22 @@ pub fn groups_by_node(workload: &Workload, journal: &Journal) -> BTreeMap<String
     by_node
 }
 
+/// The health of a node the gang planned or runs on, `None` if it is gone. One whose last
+/// update could not be read (`unreadable`) is left out of the cluster state, yet it is
+/// not gone: its pods keep running and nothing new goes there, as on a cordoned node.
+pub fn planned_node_health(
+    node: Option<&Node>,
+    unreadable: bool,
+    groups: Option<&BTreeSet<String>>,
+    tolerations: &BTreeMap<String, Vec<Toleration>>,
+) -> Option<NodeHealth> {
+    match node {
+        Some(node) => Some(node_health(node, groups, tolerations)),
+        None if unreadable => Some(NodeHealth::Unschedulable),
+        None => None,
+    }
+}
+
 /// A node the gang's pods may go back onto: not cordoned, and every taint that keeps
 /// pods off (`NoSchedule`, `NoExecute`) tolerated by each group planned there.
 pub fn node_health(
@@ -245,6 +261,22 @@ mod tests {
             unschedulable: false,
             allocatable: Default::default(),
         }
+    }
+
+    /// A node update the engine cannot read leaves the node out of the state; its pods
+    /// must not be taken for lost (and deleted at once) for that.
+    #[test]
+    fn a_node_the_index_could_not_read_is_not_gone() {
+        let tolerations = BTreeMap::new();
+        assert_eq!(
+            planned_node_health(None, true, None, &tolerations),
+            Some(NodeHealth::Unschedulable)
+        );
+        assert_eq!(planned_node_health(None, false, None, &tolerations), None);
+        assert_eq!(
+            planned_node_health(Some(&node(&[])), false, None, &tolerations),
+            Some(NodeHealth::Ready)
+        );
     }
 
     #[test]

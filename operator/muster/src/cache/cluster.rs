@@ -4,7 +4,7 @@
 //! StorageClasses, CSINodes and Namespaces feed it one change at a time. No object store
 //! is kept for these kinds: the engine's compact model is the cache.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +51,9 @@ pub struct Index {
     claims_usable: std::sync::atomic::AtomicBool,
     /// What changed, for the admission loop to step only the gangs it concerns.
     pub touched: Arc<Touched>,
+    /// Nodes whose last update the engine could not read: left out of the state (no plan
+    /// goes there), yet not gone.
+    unreadable_nodes: Mutex<BTreeSet<String>>,
 }
 
 impl Default for Index {
@@ -64,6 +67,7 @@ impl Default for Index {
             claims_version: tokio::sync::watch::Sender::new(0),
             claims_usable: std::sync::atomic::AtomicBool::new(true),
             touched: Arc::default(),
+            unreadable_nodes: Mutex::default(),
         }
     }
 }
@@ -84,6 +88,15 @@ impl Index {
     /// Changes the cluster state; copies it first if a snapshot is still in use.
     pub fn update<R>(&self, change: impl FnOnce(&mut ClusterState) -> R) -> R {
         change(Arc::make_mut(&mut self.cluster()))
+    }
+
+    /// Whether node `name` exists but its last update could not be read into the state
+    /// (see [`Index::unreadable_nodes`]).
+    pub fn node_unreadable(&self, name: &str) -> bool {
+        self.unreadable_nodes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains(name)
     }
 
     /// How many changes the index has seen.
@@ -157,6 +170,8 @@ trait Indexed: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + S
     }
     /// Whether the index tracks how far the watch of this kind has come.
     const VERSIONED: bool = false;
+    /// Tells the index which objects of this kind exist but could not be read.
+    fn publish_unreadable(_unreadable: &HashSet<Self::Key>, _index: &Index) {}
 }
 
 impl Indexed for Node {
@@ -176,6 +191,15 @@ impl Indexed for Node {
     }
     fn changes(&self, cluster: &ClusterState) -> bool {
         convert::node(self).map_or(true, |node| cluster.node(&node.name) != Some(&node))
+    }
+    fn publish_unreadable(unreadable: &HashSet<String>, index: &Index) {
+        let mut nodes = index
+            .unreadable_nodes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if nodes.len() != unreadable.len() || !unreadable.iter().all(|n| nodes.contains(n)) {
+            *nodes = unreadable.iter().cloned().collect();
+        }
     }
 }
 
@@ -461,6 +485,7 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
                 known.remove(&key);
             }
         });
+        K::publish_unreadable(&unusable, &index);
         if let Some(version) = published {
             // Until every claim can be read, the commit's conflict check lists instead.
             index.claims_usable.store(unusable.is_empty(), Ordering::SeqCst);
@@ -488,5 +513,21 @@ fn apply<K: Indexed>(object: &K, cluster: &mut ClusterState, unusable: &mut Hash
         unusable.insert(key);
     } else {
         unusable.remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_that_cannot_be_read_are_published_until_they_can() {
+        let index = Index::default();
+        let unreadable: HashSet<String> = ["n1".to_string()].into();
+        <Node as Indexed>::publish_unreadable(&unreadable, &index);
+        assert!(index.node_unreadable("n1"));
+        assert!(!index.node_unreadable("n2"));
+        <Node as Indexed>::publish_unreadable(&HashSet::new(), &index);
+        assert!(!index.node_unreadable("n1"));
     }
 }
