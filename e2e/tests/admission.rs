@@ -592,6 +592,17 @@ async fn gangs_planned_in_one_pass_are_committed_together_on_separate_devices() 
                     first.into_iter().rev().collect::<Vec<_>>().join("\n")
                 )));
             }
+            // Neither gang left the queue as the operator started: its controller
+            // reconciles nothing before its caches of pods and claims are filled.
+            let log = operator.log();
+            ensure!(
+                !log.contains("its objects are not created"),
+                "a gang was taken for one whose objects are not created at the restart:\n{}",
+                log.lines()
+                    .filter(|l| l.contains("gang not queued"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
             std::fs::write(&go_on, b"")?;
             for name in ["left", "right"] {
                 test.wait_phase(name, WorkloadPhase::Running, Duration::from_secs(90))

@@ -82,13 +82,17 @@ fn lapsed(nominated: &NominationStatus, victims_leaving: bool) -> bool {
 }
 
 /// Whether `victim`, evicted for `nominated`, is still leaving: its placement from before
-/// the nomination is not given back yet (its eviction still to land, or its teardown
-/// under way). Queued again, done, or admitted again since, it holds nothing the
-/// nomination counts on.
+/// the nomination is being given back (its teardown under way). Queued again, done, or
+/// admitted again since, it holds nothing the nomination counts on; still released (its
+/// eviction not landed, or never made because it holds nothing nominated) or going back
+/// onto its own reservation, it is not leaving, and the nomination keeps its lifetime.
 fn victim_leaving(victim: &Workload, nominated: &NominationStatus) -> bool {
     let Some(placement) = placement_of(victim) else {
         return false;
     };
+    if placement.reuse_reservation {
+        return false;
+    }
     let placed_before = match (placement.released_at.as_ref(), nominated.since.as_ref()) {
         (Some(released), Some(since)) => observe::millis(released) <= observe::millis(since),
         // Not released: being undone before its release, or a restart; it still holds.
@@ -98,8 +102,7 @@ fn victim_leaving(victim: &Workload, nominated: &NominationStatus) -> bool {
         && matches!(
             placement.state,
             Some(
-                AdmissionState::Released
-                    | AdmissionState::TearingDown
+                AdmissionState::TearingDown
                     | AdmissionState::Restarting
                     | AdmissionState::Suspending
                     | AdmissionState::Finishing
@@ -752,14 +755,22 @@ mod tests {
     #[test]
     fn a_victim_leaves_until_its_teardown_is_done() {
         let nominated = nominated_since(400);
-        for state in ["Released", "TearingDown", "Restarting", "Suspending", "Finishing"] {
+        for state in ["TearingDown", "Restarting", "Suspending", "Finishing"] {
             assert!(victim_leaving(&victim(Some(state), 1000), &nominated), "{state}");
         }
+        // Not evicted (yet): the nomination keeps its own lifetime.
+        assert!(!victim_leaving(&victim(Some("Released"), 1000), &nominated));
         // Queued again, or done: it holds nothing.
         assert!(!victim_leaving(&victim(None, 1000), &nominated));
         assert!(!victim_leaving(&victim(Some("Finished"), 1000), &nominated));
-        // Admitted again after the nomination: it is not what the nomination evicted.
-        assert!(!victim_leaving(&victim(Some("Released"), 100), &nominated));
+        // Admitted again after the nomination and leaving: not what the nomination evicted.
+        assert!(!victim_leaving(&victim(Some("TearingDown"), 100), &nominated));
+        // Going back onto its own reservation: it gives nothing back.
+        let mut restarting = victim(Some("Restarting"), 1000);
+        if let Some(p) = restarting.status.as_mut().and_then(|s| s.placement.as_mut()) {
+            p.reuse_reservation = true;
+        }
+        assert!(!victim_leaving(&restarting, &nominated));
     }
 
     #[test]

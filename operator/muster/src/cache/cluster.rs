@@ -452,40 +452,44 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
                 }
             }
         }
-        index.update(|cluster| match event {
-            watcher::Event::Init => relisting = Some(HashSet::new()),
-            watcher::Event::InitApply(object) => {
-                apply(&object, cluster, &mut unusable);
-                relisting.get_or_insert_with(HashSet::new).insert(Indexed::key(&object));
-            }
-            watcher::Event::InitDone => {
-                let seen = relisting.take().unwrap_or_default();
-                for gone in known.difference(&seen) {
-                    K::remove(gone, cluster);
-                    unusable.remove(gone);
+        index.update(|cluster| {
+            match event {
+                watcher::Event::Init => relisting = Some(HashSet::new()),
+                watcher::Event::InitApply(object) => {
+                    apply(&object, cluster, &mut unusable);
+                    relisting.get_or_insert_with(HashSet::new).insert(Indexed::key(&object));
                 }
-                known = seen;
-                // What changed while the watch was down is not known one by one.
-                index.touched.everything();
-            }
-            watcher::Event::Apply(object) => {
-                let changes = object.changes(cluster);
-                apply(&object, cluster, &mut unusable);
-                let key = Indexed::key(&object);
-                if changes {
+                watcher::Event::InitDone => {
+                    let seen = relisting.take().unwrap_or_default();
+                    for gone in known.difference(&seen) {
+                        K::remove(gone, cluster);
+                        unusable.remove(gone);
+                    }
+                    known = seen;
+                    // What changed while the watch was down is not known one by one.
+                    index.touched.everything();
+                }
+                watcher::Event::Apply(object) => {
+                    let changes = object.changes(cluster);
+                    apply(&object, cluster, &mut unusable);
+                    let key = Indexed::key(&object);
+                    if changes {
+                        K::touch(&key, &index.touched);
+                    }
+                    known.insert(key);
+                }
+                watcher::Event::Delete(object) => {
+                    let key = Indexed::key(&object);
+                    K::remove(&key, cluster);
                     K::touch(&key, &index.touched);
+                    unusable.remove(&key);
+                    known.remove(&key);
                 }
-                known.insert(key);
             }
-            watcher::Event::Delete(object) => {
-                let key = Indexed::key(&object);
-                K::remove(&key, cluster);
-                K::touch(&key, &index.touched);
-                unusable.remove(&key);
-                known.remove(&key);
-            }
+            // Under the state's lock: whoever holds it never sees a node left out of the
+            // state that is not marked unreadable (it would be taken for gone).
+            K::publish_unreadable(&unusable, &index);
         });
-        K::publish_unreadable(&unusable, &index);
         if let Some(version) = published {
             // Until every claim can be read, the commit's conflict check lists instead.
             index.claims_usable.store(unusable.is_empty(), Ordering::SeqCst);

@@ -118,6 +118,11 @@ impl GangStores {
             .filter(|o| crate::kueue::made_for(o, workload))
     }
 
+    /// Whether every store has listed, without waiting.
+    pub fn is_ready(&self) -> bool {
+        futures::FutureExt::now_or_never(self.wait_until_ready()).is_some()
+    }
+
     /// Waits until every store has listed.
     pub async fn wait_until_ready(&self) {
         let kueue = async {

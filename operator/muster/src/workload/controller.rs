@@ -201,7 +201,8 @@ impl WorkloadController {
 
     /// Runs until the process is asked to stop.
     pub async fn run(self) {
-        // Reconciles read the stores: let them fill before the first one.
+        // Every Workload is reconciled once the stores have filled (a reconcile before
+        // that does nothing, see `reconcile`).
         let stores = self.context.stores.clone();
         let index = self.context.index.clone();
         // Pods are built knowing the DeviceClasses: one made before they are listed would
@@ -228,6 +229,15 @@ impl WorkloadController {
 }
 
 async fn reconcile(workload: Arc<Workload>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // The controller starts reconciling as soon as its Workloads are listed, before the
+    // pods and claims are: a reconcile then would find a gang without its pods, write
+    // Created=False and take it out of the admission queue for a moment (or try to
+    // make its pods again). Not waited for here: this controller's own streams fill
+    // those caches, and reconciles that wait could keep it from polling them; every
+    // Workload is reconciled once they are filled (`reconcile_all_on` in `run`).
+    if !ctx.stores.is_ready() || !ctx.index.is_ready() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let result = reconcile_inner(&workload, &ctx).await;
     ctx.admission.notify_one();
     if result.is_ok() {
