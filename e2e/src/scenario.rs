@@ -471,7 +471,7 @@ where
 const OPERATOR_LOG_TAIL: usize = 60;
 
 /// The last `lines` lines of `log`, without terminal colours.
-fn log_tail(log: &str, lines: usize) -> String {
+pub fn log_tail(log: &str, lines: usize) -> String {
     let all: Vec<&str> = log.lines().collect();
     all[all.len().saturating_sub(lines)..]
         .iter()

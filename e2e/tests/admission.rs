@@ -14,7 +14,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use muster_api::v1alpha1::{AdmissionState, WorkloadPhase};
 use muster_api::{conditions, labels};
 use muster_e2e::scenario::{
-    Test, allocations, assert_runs_as_planned, gang, job_joining, with_test, worker_node, workload_of_joining_pods,
+    Test, allocations, assert_runs_as_planned, gang, job_joining, log_tail, with_test, worker_node,
+    workload_of_joining_pods,
 };
 use muster_local_cluster::fleet::GPU_DRIVER;
 use muster_local_cluster::wait;
@@ -585,11 +586,10 @@ async fn gangs_planned_in_one_pass_are_committed_together_on_separate_devices() 
                 let first = first_log
                     .and_then(|path| std::fs::read_to_string(path).ok())
                     .unwrap_or_default();
-                let first: Vec<&str> = first.lines().rev().take(40).collect();
                 return Err(e.context(format!(
                     "{}\nthe first operator's last lines:\n{}",
                     seen.join("\n"),
-                    first.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    log_tail(&first, 40)
                 )));
             }
             // Neither gang left the queue as the operator started: its controller
