@@ -43,6 +43,8 @@ mod reservation_health;
 mod reserve;
 mod status;
 mod status_patch;
+#[cfg(test)]
+mod test_support;
 mod waiting;
 mod work;
 

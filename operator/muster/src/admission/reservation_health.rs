@@ -18,6 +18,7 @@ use muster_engine::cluster::{ClusterState, Node};
 use muster_engine::placement::{self, PodPlacement};
 use muster_engine::selector::{Toleration, tolerates_all};
 
+use super::request::RequestError;
 use super::{Admission, key};
 use crate::convert;
 
@@ -27,8 +28,9 @@ impl Admission {
     /// affinity and spread, host ports, volumes, taints). Asked only of a gang restarting
     /// onto its reservation whose backoff is over; `None` while its attempt's pods still
     /// show (in the gang's pods or the cluster's), since the cluster must not hold them.
-    /// A request that cannot be built or checked says nothing: the restart goes on as
-    /// before, and kube-scheduler's refusal, if any, is acted on.
+    /// A request that cannot be built or checked is a problem too (the check fails
+    /// closed): the gang is placed again, where the same error holds it with its reason,
+    /// rather than sent back onto nodes kube-scheduler may refuse.
     pub(super) fn reuse_problems(
         &self,
         workload: &Workload,
@@ -58,10 +60,9 @@ impl Admission {
         }
         let request = match self.request(workload) {
             Ok(request) => request,
-            Err(e) => {
-                tracing::debug!(workload = %key(workload), error = %e, "the reservation's pods were not checked");
-                return Some(Vec::new());
-            }
+            // The cache has not caught up with a write of this loop's: not known yet.
+            Err(RequestError::DeallocationNotSeen(_)) => return None,
+            Err(e) => return Some(vec![format!("its pods cannot be checked: {e}")]),
         };
         let cluster = self.planning_view(&key(workload), self.priority(workload));
         // The cluster's pods come from another watch than the gang's: an old pod it
@@ -86,10 +87,7 @@ impl Admission {
             .collect();
         match placement::verify(&cluster, &request, &placement, &self.settings.plan) {
             Ok(problems) => Some(problems),
-            Err(e) => {
-                tracing::debug!(workload = %key(workload), error = %e.message, "the reservation's pods could not be checked");
-                Some(Vec::new())
-            }
+            Err(e) => Some(vec![format!("its pods cannot be checked: {}", e.message)]),
         }
     }
 }
@@ -312,5 +310,31 @@ mod tests {
             node_health(&cordoned, by_node.get("n1"), &tolerations),
             NodeHealth::Unschedulable
         );
+    }
+
+    /// Issue 35: a restart onto the reservation whose pods cannot be checked (here the
+    /// claims their template names are gone) must not go back onto it unchecked: the check says
+    /// why, and the gang is placed again, where the same error holds it with the reason.
+    #[tokio::test]
+    async fn a_restart_whose_pods_cannot_be_checked_does_not_reuse_the_reservation() {
+        let index = std::sync::Arc::new(crate::cache::cluster::Index::default());
+        index.update(|c| *c = muster_engine::fixtures::gpu_cluster(1, 8, 1, 1));
+        let admission = crate::admission::test_support::unreachable(index);
+        let workload: Workload = serde_json::from_value(json!({
+            "apiVersion": "muster.dev/v1alpha1", "kind": "Workload",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u"},
+            "spec": {"podGroups": [{"name": "a", "replicas": 1, "template": {"spec": {
+                "containers": [{"name": "c", "resources": {"claims": [{"name": "gpus"}]}}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gone"}],
+            }}}]},
+        }))
+        .expect("workload");
+        let journal = journal(&[("w-a-0", "n")]);
+        let problems = admission
+            .reuse_problems(&workload, Some(&journal), &[])
+            .expect("decided");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("cannot be checked"), "{problems:?}");
+        assert!(problems[0].contains("w-a-0-gpus"), "{problems:?}");
     }
 }

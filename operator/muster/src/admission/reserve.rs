@@ -873,7 +873,6 @@ impl Admission {
 mod tests {
     use std::sync::Arc;
 
-    use kube::runtime::reflector;
     use muster_api::v1alpha1::Workload;
     use muster_engine::cluster::PlanId;
     use muster_engine::fixtures;
@@ -882,7 +881,6 @@ mod tests {
     use serde_json::json;
 
     use crate::admission::preempt::nomination_of;
-    use crate::admission::{Admission, Settings};
     use crate::cache::cluster::Index;
 
     /// Workload `ns/high` as it is once it nominated `plan`.
@@ -897,27 +895,6 @@ mod tests {
         .expect("workload")
     }
 
-    /// An admission loop whose API server does not answer: every write fails.
-    fn unreachable(index: Arc<Index>) -> Admission {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
-        let client = kube::Client::try_from(config).expect("client");
-        let notify = Arc::new(tokio::sync::Notify::new());
-        let (stores, _watches) =
-            crate::cache::gang_objects::gang_watches(&client, notify.clone(), index.touched.clone(), false);
-        Admission::new(
-            client,
-            index,
-            crate::admission::Caches {
-                workloads: reflector::store().0,
-                stores,
-                owners: Arc::default(),
-                priorities: reflector::store().0,
-            },
-            Settings::default(),
-            notify,
-        )
-    }
-
     /// Issue 22, defect 3: when a preemptor's commit fails (here its first record), its
     /// nomination must still hold the devices, or a gang planned after it in the same
     /// pass takes them, and is torn down for a conflict with the nomination the next pass
@@ -926,7 +903,7 @@ mod tests {
     async fn a_failed_plan_record_holds_the_nomination_again() {
         let index = Arc::new(Index::default());
         index.update(|c| *c = fixtures::gpu_cluster(2, 8, 2, 1));
-        let admission = unreachable(index.clone());
+        let admission = crate::admission::test_support::unreachable(index.clone());
         let request = fixtures::gpu_gang("high", 1, 8, None, None);
         let Outcome::Placed(plan) = placement::plan(&index.snapshot(), &request, &PlanOptions::default()) else {
             panic!("the gang fits");
@@ -973,7 +950,7 @@ mod tests {
     async fn a_nominated_share_of_a_device_holds_only_that_share() {
         let index = Arc::new(Index::default());
         index.update(|c| *c = fixtures::gpu_cluster(1, 1, 1, 1));
-        let admission = unreachable(index.clone());
+        let admission = crate::admission::test_support::unreachable(index.clone());
         let mut share = fixtures::device_result("nic", "node-0", "gpu-0");
         share.share_id = Some("9a4c3f3e-5b7a-4c43-9a53-0d6c7e1f2a10".into());
         share.consumed_capacity = [(
