@@ -526,6 +526,14 @@ impl Admission {
                 }
                 Effect::ResumeOwners => {
                     let marked = self.owners.of(workload);
+                    // Asked for on this process's own suspend alone: the cache does not show
+                    // the mark yet. The step stops here and is taken again, so the gang is
+                    // never queued before its owners are resumed.
+                    if marked.is_empty() {
+                        return Err(CommitError::Conflict(
+                            "the owners muster suspended are not in the cache yet".into(),
+                        ));
+                    }
                     let resumed = owners::writes::resume(&self.client, &marked, &|| self.ensure_leading()).await?;
                     self.owners.resumed_now(workload, &resumed);
                     if resumed.is_empty() {

@@ -38,6 +38,8 @@ pub struct MarkedOwner {
     /// Its `spec.suspend` is true.
     pub suspended: bool,
     pub namespace: String,
+    /// The name of the Workload its mark names.
+    pub workload: String,
     pub resource_version: Option<String>,
 }
 
@@ -77,6 +79,7 @@ impl Marked {
                 },
                 suspended: object.data["spec"]["suspend"] == true,
                 namespace: namespace.clone(),
+                workload: wanted.clone(),
                 resource_version: object.resource_version(),
             })
             .collect()
@@ -141,14 +144,22 @@ impl Marked {
             .is_some_and(|(at, _)| at.elapsed() < RESUMED_SEEN_FOR)
     }
 
-    /// Whether this process took the mark off the owner of `uid` at `version` a moment
-    /// ago: a cached copy of that version is stale (a mark put on again is a newer one).
+    /// Whether this process took the mark off the owner of `uid` at `version`, or at a
+    /// newer one, a moment ago: a cached copy of that version or an older one is stale (a
+    /// mark put on again is newer).
     fn resumed_at(&self, uid: &str, version: Option<String>) -> bool {
+        let number = |v: &Option<String>| v.as_deref().and_then(|v| v.parse::<u64>().ok());
         self.resumed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(uid)
-            .is_some_and(|(at, seen)| at.elapsed() < RESUMED_SEEN_FOR && *seen == version)
+            .is_some_and(|(at, seen)| {
+                at.elapsed() < RESUMED_SEEN_FOR
+                    && match (number(seen), number(&version)) {
+                        (Some(seen), Some(cached)) => cached <= seen,
+                        _ => *seen == version,
+                    }
+            })
     }
 
     /// Runs the watches until the process stops. Each event touches the gang its mark

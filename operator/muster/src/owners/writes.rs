@@ -106,7 +106,9 @@ async fn through_trainjob(client: &Client, namespace: &str, owner: &Owner) -> Re
 }
 
 /// Resumes what `marked` names and takes the mark off, each against the version the
-/// cache shows (so a mark a user or another gang changed meanwhile is read again first).
+/// cache shows; one that changed since (a Job's status moves with its pods while they
+/// go) is read again and resumed against that version while it still carries a mark for
+/// the same gang (a mark a user or another gang changed meanwhile is left alone).
 /// Returns those it resumed.
 pub async fn resume(
     client: &Client,
@@ -117,26 +119,45 @@ pub async fn resume(
     for owner in marked {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &owner.namespace, &owner.owner.kind.resource());
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": owner.resource_version,
-                "labels": {labels::REQUEUED: null},
-                "annotations": {labels::REQUEUED_FOR: null},
-            },
-            "spec": {"suspend": false},
-        });
-        leading();
-        match api
-            .patch(&owner.owner.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                info!(namespace = %owner.namespace, kind = %owner.owner.kind.resource().kind, name = %owner.owner.name, "resumed the owner muster suspended: its pods come back behind the gate");
-                resumed.push(owner.clone());
+        let mut version = owner.resource_version.clone();
+        for attempt in 1..=SUSPEND_ATTEMPTS {
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": version,
+                    "labels": {labels::REQUEUED: null},
+                    "annotations": {labels::REQUEUED_FOR: null},
+                },
+                "spec": {"suspend": false},
+            });
+            leading();
+            match api
+                .patch(&owner.owner.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    info!(namespace = %owner.namespace, kind = %owner.owner.kind.resource().kind, name = %owner.owner.name, "resumed the owner muster suspended: its pods come back behind the gate");
+                    resumed.push(MarkedOwner {
+                        resource_version: version,
+                        ..owner.clone()
+                    });
+                    break;
+                }
+                Err(e) if kube_ops::is_not_found(&e) => break,
+                Err(e) if kube_ops::is_conflict(&e) && attempt < SUSPEND_ATTEMPTS => {
+                    let Some(current) = api.get_opt(&owner.owner.name).await? else {
+                        break;
+                    };
+                    let same_gang =
+                        super::mark_of(&current).and_then(super::marked_workload) == Some(owner.workload.as_str());
+                    if current.uid().as_deref() != Some(owner.owner.uid.as_str()) || !same_gang {
+                        break;
+                    }
+                    version = current.resource_version();
+                }
+                // Still changing: looked at again from a fresh copy on the next step.
+                Err(e) if kube_ops::is_conflict(&e) => break,
+                Err(e) => return Err(e),
             }
-            // Gone, or changed since the cache's copy: looked at again from a fresh one.
-            Err(e) if kube_ops::is_not_found(&e) || kube_ops::is_conflict(&e) => {}
-            Err(e) => return Err(e),
         }
     }
     Ok(resumed)
