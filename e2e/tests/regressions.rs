@@ -1424,3 +1424,74 @@ async fn issue22_model_a_gang_letting_go_of_a_found_claim_takes_its_gated_pods_o
     )
     .await
 }
+
+/// Issue 35: a user who takes the `muster.dev/workload` label off a claim muster
+/// allocated hid it from its gang and from the collector (the gang's commits stopped on a
+/// missing claim, and the devices stayed allocated for good once the gang went). muster
+/// puts the label back while a journal names the claim, and gives the devices back once
+/// the gang is gone, label or not.
+#[tokio::test]
+async fn a_claim_that_lost_its_workload_label_is_labelled_again_and_never_leaks_its_devices() -> Result<()> {
+    with_test("stray-claim", &[], &[], |test| {
+        Box::pin(async move {
+            test.create(gang("kept", 2, None)).await?;
+            assert_runs_as_planned(test, "kept").await?;
+            let placement = test
+                .workloads()
+                .get("kept")
+                .await?
+                .status
+                .and_then(|s| s.placement)
+                .context("placement")?;
+            let claim = placement.claims.first().cloned().context("a claim")?;
+            let claims = test.claims();
+            let unlabel = json!({"metadata": {"labels": {labels::WORKLOAD: null}}});
+            claims
+                .patch(&claim, &PatchParams::default(), &Patch::Merge(&unlabel))
+                .await?;
+            wait::until("the label to be put back", Duration::from_secs(30), || {
+                let claims = claims.clone();
+                let claim = claim.clone();
+                async move {
+                    let current = claims.get(&claim).await?;
+                    Ok((current.labels().get(labels::WORKLOAD).map(String::as_str) == Some("kept")).then_some(()))
+                }
+            })
+            .await?;
+            test.wait_event("kept", "ClaimRelabelled", &claim).await?;
+            ensure!(restarts(test, "kept").await? == 0, "the gang ran on, untouched");
+            test.wait_phase("kept", WorkloadPhase::Running, Duration::from_secs(10))
+                .await?;
+
+            // Taken off again and the gang deleted while the operator is down, so that
+            // the next one's caches never show the claim: the devices still come back.
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            claims
+                .patch(&claim, &PatchParams::default(), &Patch::Merge(&unlabel))
+                .await?;
+            test.workloads().delete("kept", &DeleteParams::default()).await?;
+            test.start_operator(&[], &[])?;
+            wait::until("every device to be given back", Duration::from_secs(90), || {
+                let claims = claims.clone();
+                async move { Ok(allocations(&claims).await?.is_empty().then_some(())) }
+            })
+            .await?;
+            wait::until("muster's finalizer to leave the claim", Duration::from_secs(60), || {
+                let claims = claims.clone();
+                let claim = claim.clone();
+                async move {
+                    let gone_or_free = claims
+                        .get_opt(&claim)
+                        .await?
+                        .is_none_or(|c| !c.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER));
+                    Ok(gone_or_free.then_some(()))
+                }
+            })
+            .await?;
+            Ok(())
+        })
+    })
+    .await
+}

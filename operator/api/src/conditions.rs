@@ -135,6 +135,9 @@ pub const EVENT_PREEMPTED: &str = "Preempted";
 pub const EVENT_JOB_SUSPENDED: &str = "JobSuspended";
 /// Event: muster resumed the job it suspended; its pods wait behind the gate.
 pub const EVENT_JOB_RESUMED: &str = "JobResumed";
+/// Event: a claim muster allocated for the gang had lost its `muster.dev/workload` label;
+/// muster put it back, since the gang's caches find its claims by it.
+pub const EVENT_CLAIM_RELABELLED: &str = "ClaimRelabelled";
 pub const REASON_PREEMPTED: &str = "Preempted";
 /// Event: the gang evicts gangs of lower priority and holds their devices meanwhile.
 pub const EVENT_NOMINATED: &str = "Nominated";

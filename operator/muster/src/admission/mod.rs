@@ -43,6 +43,7 @@ mod reservation_health;
 mod reserve;
 mod status;
 mod status_patch;
+mod stray_claims;
 #[cfg(test)]
 mod test_support;
 mod waiting;
@@ -250,6 +251,8 @@ pub struct Admission {
     /// Which gangs hold which claims, from their journals: taken at the start of each
     /// pass and kept up with this loop's own status writes.
     holders: std::sync::Mutex<Holders>,
+    /// Claims muster allocated that lost their gang label, as last looked at.
+    stray_claims: stray_claims::StrayClaims,
     /// Where the members of gangs whose pods their controller restarts ran last.
     places: places::Places,
     /// The Workload CRD drops the loop's write count: nothing more is written.
@@ -312,6 +315,7 @@ impl Admission {
             conflicts_seen: std::sync::Mutex::default(),
             gangs: std::sync::Mutex::default(),
             holders: std::sync::Mutex::default(),
+            stray_claims: stray_claims::StrayClaims::default(),
             places: places::Places::default(),
             schema_outdated: std::sync::atomic::AtomicBool::new(false),
             work: std::sync::Mutex::default(),

@@ -63,7 +63,8 @@ impl Admission {
                 .map(|w| key(w))
                 .collect(),
         );
-        self.collect_claims().await;
+        let strays = self.relabel_stray_claims().await;
+        self.collect_claims(strays).await;
         let keys = |store: Vec<Arc<Pod>>| -> BTreeSet<ObjectKey> {
             store.iter().map(|p| convert::object_key(p.as_ref())).collect()
         };

@@ -779,8 +779,9 @@ impl Admission {
     /// The collector (see [`ownership::collect`]): claims carrying muster's finalizer that
     /// no live gang holds and that are being deleted, belong to a Workload that is gone,
     /// or are allocated while no journal names them. Each is deallocated once no pod that
-    /// may run uses it, then muster's finalizer goes.
-    pub(super) async fn collect_claims(&self) {
+    /// may run uses it, then muster's finalizer goes. `strays`: such claims that lost
+    /// their gang label, which the gang caches no longer show.
+    pub(super) async fn collect_claims(&self, strays: Vec<Arc<ResourceClaim>>) {
         let finished: Vec<String> = self
             .stores
             .pods
@@ -806,7 +807,7 @@ impl Admission {
             .collect();
         let mut fenced: BTreeSet<String> = BTreeSet::new();
         let workloads: BTreeSet<ObjectKey> = self.current_workloads().iter().map(|w| key(w)).collect();
-        for claim in self.stores.claims.state() {
+        for claim in self.stores.claims.state().into_iter().chain(strays) {
             let claim = self.own_claims.overlay(claim);
             if !ownership::muster_allocated(&claim) {
                 continue;

@@ -17,6 +17,7 @@ use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use muster_api::labels;
 use muster_engine::cluster::ClusterState;
 use muster_engine::key::{ClaimKey, ObjectKey, PodKey};
 use serde::de::DeserializeOwned;
@@ -54,6 +55,10 @@ pub struct Index {
     /// Nodes whose last update the engine could not read: left out of the state (no plan
     /// goes there), yet not gone.
     unreadable_nodes: Mutex<BTreeSet<String>>,
+    /// Claims carrying muster's allocation finalizer but no `muster.dev/workload` label
+    /// (a user took it off): the gang caches select on the label and no longer show
+    /// them, so the admission loop labels them again or collects them.
+    stray_claims: Mutex<BTreeSet<ObjectKey>>,
 }
 
 impl Default for Index {
@@ -68,6 +73,7 @@ impl Default for Index {
             claims_usable: std::sync::atomic::AtomicBool::new(true),
             touched: Arc::default(),
             unreadable_nodes: Mutex::default(),
+            stray_claims: Mutex::default(),
         }
     }
 }
@@ -146,6 +152,28 @@ impl Index {
         self.claims_usable.load(Ordering::SeqCst)
     }
 
+    /// Claims muster allocated that lost their `muster.dev/workload` label.
+    pub fn stray_claims(&self) -> Vec<ObjectKey> {
+        self.stray_claims
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn note_stray_claim(&self, key: ObjectKey, stray: bool) {
+        let mut strays = self
+            .stray_claims
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if stray {
+            strays.insert(key);
+        } else {
+            strays.remove(&key);
+        }
+    }
+
     fn mark_listed(&self) {
         if self.listed.fetch_add(1, Ordering::SeqCst) + 1 == KINDS {
             self.ready.notify_waiters();
@@ -172,6 +200,10 @@ trait Indexed: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + S
     const VERSIONED: bool = false;
     /// Tells the index which objects of this kind exist but could not be read.
     fn publish_unreadable(_unreadable: &HashSet<Self::Key>, _index: &Index) {}
+    /// Tells the index what it keeps of the object beside the state.
+    fn observe(&self, _index: &Index) {}
+    /// Tells the index the object with `key` is gone.
+    fn forget(_key: &Self::Key, _index: &Index) {}
 }
 
 impl Indexed for Node {
@@ -294,6 +326,14 @@ impl Indexed for ResourceClaim {
     }
     fn touch(key: &ClaimKey, touched: &Touched) {
         touched.claim(key.namespace(), key.name());
+    }
+    fn observe(&self, index: &Index) {
+        let finalized = self.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
+        let labelled = self.labels().contains_key(labels::WORKLOAD);
+        index.note_stray_claim(convert::object_key(self), finalized && !labelled);
+    }
+    fn forget(key: &ClaimKey, index: &Index) {
+        index.note_stray_claim(ObjectKey::new(key.namespace(), key.name()), false);
     }
 }
 
@@ -457,12 +497,14 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
                 watcher::Event::Init => relisting = Some(HashSet::new()),
                 watcher::Event::InitApply(object) => {
                     apply(&object, cluster, &mut unusable);
+                    object.observe(&index);
                     relisting.get_or_insert_with(HashSet::new).insert(Indexed::key(&object));
                 }
                 watcher::Event::InitDone => {
                     let seen = relisting.take().unwrap_or_default();
                     for gone in known.difference(&seen) {
                         K::remove(gone, cluster);
+                        K::forget(gone, &index);
                         unusable.remove(gone);
                     }
                     known = seen;
@@ -472,6 +514,7 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
                 watcher::Event::Apply(object) => {
                     let changes = object.changes(cluster);
                     apply(&object, cluster, &mut unusable);
+                    object.observe(&index);
                     let key = Indexed::key(&object);
                     if changes {
                         K::touch(&key, &index.touched);
@@ -481,6 +524,7 @@ async fn watch<K: Indexed>(api: Api<K>, index: Arc<Index>) {
                 watcher::Event::Delete(object) => {
                     let key = Indexed::key(&object);
                     K::remove(&key, cluster);
+                    K::forget(&key, &index);
                     K::touch(&key, &index.touched);
                     unusable.remove(&key);
                     known.remove(&key);

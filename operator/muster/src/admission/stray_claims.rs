@@ -1,0 +1,123 @@
+//! Claims muster allocated that lost their `muster.dev/workload` label. The gang caches
+//! select on that label, so such a claim drops out of its gang's view (the gang cannot
+//! be planned or taken apart with it) and out of the collector's (its devices would be
+//! held for good). A claim a journal names gets the label of the gang holding it back;
+//! one no journal names goes to the collector, which gives its devices back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use muster_api::{conditions, labels};
+use muster_engine::key::ObjectKey;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::{Admission, key, ownership};
+use crate::kube_ops;
+
+/// How long a stray claim is left alone after it was looked at: a claim the collector
+/// keeps (say, one not allocated) is not read again on every pass.
+const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(10);
+
+/// When each stray claim was last read.
+#[derive(Default)]
+pub(super) struct StrayClaims {
+    looked_at: Mutex<HashMap<ObjectKey, Instant>>,
+}
+
+impl StrayClaims {
+    /// Whether `claim` is due to be read, recording that it is.
+    fn due(&self, claim: &ObjectKey, strays: &[ObjectKey]) -> bool {
+        let mut looked_at = self.looked_at.lock().unwrap_or_else(PoisonError::into_inner);
+        looked_at.retain(|k, _| strays.contains(k));
+        let now = Instant::now();
+        match looked_at.get(claim) {
+            Some(at) if now.duration_since(*at) < LOOK_AGAIN_AFTER => false,
+            _ => {
+                looked_at.insert(claim.clone(), now);
+                true
+            }
+        }
+    }
+}
+
+impl Admission {
+    /// Labels each stray claim a journal names with its holder's name again, and returns
+    /// those no journal names, as read now, for the collector.
+    pub(super) async fn relabel_stray_claims(&self) -> Vec<Arc<ResourceClaim>> {
+        let strays = self.index.stray_claims();
+        let mut unheld = Vec::new();
+        for stray in &strays {
+            if !self.stray_claims.due(stray, &strays) {
+                continue;
+            }
+            match self.relabel(stray).await {
+                Ok(Some(claim)) => unheld.push(Arc::new(claim)),
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(claim = %stray, error = %e, "labelling a claim muster allocated again failed; retrying")
+                }
+            }
+        }
+        unheld
+    }
+
+    /// Reads `stray` and labels it for the gang whose journal names it (one whose
+    /// Workload is not being deleted first), against the version read. Returns the claim
+    /// when no journal names it.
+    async fn relabel(&self, stray: &ObjectKey) -> Result<Option<ResourceClaim>, kube::Error> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), stray.namespace());
+        let Some(claim) = api.get_opt(stray.name()).await? else {
+            return Ok(None);
+        };
+        if !ownership::muster_allocated(&claim) || claim.labels().contains_key(labels::WORKLOAD) {
+            return Ok(None);
+        }
+        let holder = {
+            let holders = self.holders();
+            let mut of_claim: Vec<_> = holders.of_claim(stray).cloned().collect();
+            of_claim.sort_by_key(|h| h.deleting);
+            of_claim.into_iter().next()
+        };
+        let Some(holder) = holder else {
+            return Ok(Some(claim));
+        };
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": claim.resource_version(),
+                "labels": {labels::WORKLOAD: holder.gang.name()},
+            },
+        });
+        self.ensure_leading();
+        match api
+            .patch(stray.name(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            // Changed or gone since the read: looked at again on a later pass.
+            Err(e) if kube_ops::is_conflict(&e) || kube_ops::is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        info!(claim = %stray, workload = %holder.gang, "a claim muster allocated had lost its workload label; labelled again");
+        if let Some(workload) = self.current_workloads().into_iter().find(|w| key(w) == holder.gang) {
+            let note = format!(
+                "ResourceClaim {} had lost its {} label; muster put it back, since the gang finds its claims by it",
+                stray.name(),
+                labels::WORKLOAD
+            );
+            self.event(
+                &workload,
+                EventType::Warning,
+                conditions::EVENT_CLAIM_RELABELLED,
+                "Relabel",
+                note,
+            );
+        }
+        Ok(None)
+    }
+}
