@@ -1495,3 +1495,127 @@ async fn a_claim_that_lost_its_workload_label_is_labelled_again_and_never_leaks_
     })
     .await
 }
+
+/// Issue 35, item 1: kube-scheduler's Unreserve (after a failed bind) takes a released
+/// pod out of a gang-wide claim muster allocated, and nothing listed it again: once the
+/// other pods listed there ended, kube-controller-manager would deallocate the claim
+/// under the pod still pending, and kube-scheduler allocate it itself, outside the plan.
+/// muster lists a released, unbound pod again on its own claims too.
+#[tokio::test]
+async fn a_released_pod_unreserved_from_a_claim_muster_allocated_is_listed_again() -> Result<()> {
+    let go_on = std::env::temp_dir().join(format!("muster-issue35-1-{}", std::process::id()));
+    let go_on_text = go_on.display().to_string();
+    let _ = std::fs::remove_file(&go_on);
+    let resume = go_on.clone();
+    let outcome = with_test("unreserved", &[], &[], |test| {
+        Box::pin(async move {
+            let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+                Api::namespaced(test.client.clone(), &test.ns);
+            let template = json!({
+                "metadata": {"name": "one-gpu"},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}}},
+            });
+            templates
+                .create(&PostParams::default(), &serde_json::from_value(template)?)
+                .await?;
+            if let Some(operator) = test.operator.take() {
+                operator.stop();
+            }
+            test.start_operator(
+                &[],
+                &[
+                    ("MUSTER_PAUSE_POINT", "after-reserved"),
+                    ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
+                ],
+            )?;
+            // Two pods of 16 CPUs sharing one node-local device: both on one node.
+            test.create(json!({
+                "apiVersion": "muster.dev/v1alpha1",
+                "kind": "Workload",
+                "metadata": {"name": "wide"},
+                "spec": {
+                    "resourceClaims": [{"name": "fabric", "resourceClaimTemplateName": "one-gpu", "podGroups": ["workers"]}],
+                    "podGroups": [{
+                        "name": "workers",
+                        "replicas": 2,
+                        "template": {"spec": {"containers": [{
+                            "name": "main", "image": "trainer",
+                            "resources": {"requests": {"cpu": "16"}, "claims": [{"name": "fabric"}]},
+                        }]}},
+                    }],
+                },
+            }))
+            .await?;
+            test.wait_paused("after-reserved").await?;
+            let placement = test
+                .workloads()
+                .get("wide")
+                .await?
+                .status
+                .and_then(|s| s.placement)
+                .context("placement")?;
+            let node = placement.pods.first().context("a planned pod")?.node.clone();
+            // The node's CPUs are taken meanwhile: the pods are released but not bound.
+            test.block_cpus("blocker", &node).await?;
+            std::fs::write(&resume, b"")?;
+            test.wait_unschedulable("wide-workers-1").await?;
+
+            let claims = test.claims();
+            let uid_of = |pod: Pod| pod.metadata.uid.unwrap_or_default();
+            let first = uid_of(test.pods().get("wide-workers-0").await?);
+            let second = uid_of(test.pods().get("wide-workers-1").await?);
+            let listed = |claim: &ResourceClaim| -> Vec<String> {
+                claim
+                    .status
+                    .iter()
+                    .flat_map(|s| s.reserved_for.iter().flatten())
+                    .map(|c| c.uid.clone())
+                    .collect()
+            };
+            let claim = claims.get("wide-fabric").await?;
+            ensure!(
+                listed(&claim).contains(&first) && listed(&claim).contains(&second),
+                "both released pods listed: {:?}",
+                listed(&claim)
+            );
+            // What Unreserve does: the pod's entry goes.
+            let kept: Vec<_> = claim
+                .status
+                .iter()
+                .flat_map(|s| s.reserved_for.iter().flatten())
+                .filter(|c| c.uid != second)
+                .cloned()
+                .collect();
+            claims
+                .patch_status(
+                    "wide-fabric",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"reservedFor": kept}})),
+                )
+                .await?;
+            wait::until("the pod to be listed again", Duration::from_secs(20), || {
+                let claims = claims.clone();
+                let second = second.clone();
+                async move {
+                    let claim = claims.get("wide-fabric").await?;
+                    let uids: Vec<String> = claim
+                        .status
+                        .iter()
+                        .flat_map(|s| s.reserved_for.iter().flatten())
+                        .map(|c| c.uid.clone())
+                        .collect();
+                    Ok(uids.contains(&second).then_some(()))
+                }
+            })
+            .await?;
+            test.pods().delete("blocker", &DeleteParams::default()).await?;
+            test.wait_phase("wide", WorkloadPhase::Running, Duration::from_secs(60))
+                .await?;
+            ensure!(restarts(test, "wide").await? == 0, "never taken apart");
+            Ok(())
+        })
+    })
+    .await;
+    let _ = std::fs::remove_file(&go_on);
+    outcome
+}

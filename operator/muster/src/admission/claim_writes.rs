@@ -118,6 +118,21 @@ pub fn reservation_addition(claim: &ResourceClaim, consumers: &[ResourceClaimCon
     addition(claim, consumers, tests)
 }
 
+/// Like [`reservation_addition`], for a released pod that kube-scheduler's Unreserve
+/// took out of a claim muster allocated: it also tests `reservedFor` as read, so that a
+/// cache older than the claim (which may not show an entry already there) never adds a
+/// pod twice.
+pub fn relisting(claim: &ResourceClaim, consumers: &[ResourceClaimConsumerReference]) -> Option<Value> {
+    let status = claim.status.as_ref()?;
+    let timestamp = serde_json::to_value(&status.allocation.as_ref()?.allocation_timestamp).ok()?;
+    let mut tests = vec![json!({"op": "test", "path": "/status/allocation/allocationTimestamp", "value": timestamp})];
+    // An empty list is stored as none: the addition tests that itself.
+    if let Some(listed) = status.reserved_for.as_ref().filter(|l| !l.is_empty()) {
+        tests.push(json!({"op": "test", "path": "/status/reservedFor", "value": listed}));
+    }
+    addition(claim, consumers, tests)
+}
+
 /// Like [`reservation_addition`], for a claim another allocator made (kube-scheduler,
 /// for a pod outside any gang): a gang that holds it lists its pods there from its
 /// commit on, so that kube-controller-manager does not deallocate it when the last pod
@@ -377,6 +392,38 @@ mod tests {
             None,
             "no room in reservedFor: kube-scheduler refuses the pods beyond the limit"
         );
+    }
+
+    /// Issue 35, item 1: a released pod kube-scheduler's Unreserve took out of a claim
+    /// muster allocated is listed again on condition of the allocation and of the entries
+    /// as read (a stale cache must not list it twice).
+    #[test]
+    fn a_pod_unreserved_from_a_claim_muster_allocated_is_listed_again_against_the_entries_read() {
+        let claim = found(&["w0"], true);
+        assert_eq!(
+            relisting(&claim, &[consumer("w0"), consumer("w1")]),
+            Some(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "su"},
+                {"op": "test", "path": "/status/allocation/allocationTimestamp", "value": null},
+                {"op": "test", "path": "/status/reservedFor", "value": [{"resource": "pods", "name": "w0", "uid": "w0"}]},
+                {"op": "add", "path": "/status/reservedFor/-", "value": {"resource": "pods", "name": "w1", "uid": "w1"}},
+            ]))
+        );
+        assert_eq!(relisting(&claim, &[consumer("w0")]), None, "listed");
+        let mut emptied = found(&[], true);
+        emptied.status.as_mut().expect("status").reserved_for = None;
+        assert_eq!(
+            relisting(&emptied, &[consumer("w1")]),
+            Some(json!([
+                {"op": "test", "path": "/metadata/uid", "value": "su"},
+                {"op": "test", "path": "/status/allocation/allocationTimestamp", "value": null},
+                {"op": "test", "path": "/status/reservedFor", "value": null},
+                {"op": "add", "path": "/status/reservedFor", "value": [{"resource": "pods", "name": "w1", "uid": "w1"}]},
+            ]))
+        );
+        let mut free = claim;
+        free.status.as_mut().expect("status").allocation = None;
+        assert_eq!(relisting(&free, &[consumer("w1")]), None, "not allocated");
     }
 
     #[test]

@@ -291,11 +291,13 @@ impl Admission {
         Ok(true)
     }
 
-    /// A released gang's pods that a claim another allocator made does not list (a
-    /// release that stopped before its listing, or kube-scheduler's Unreserve after a
-    /// failed bind, which takes the entry out whoever wrote it): listed now, while they
-    /// are released, alive and not bound, so that kube-controller-manager cannot
-    /// deallocate the claim under them when the last pod outside ends.
+    /// A released gang's pods that a claim of its journal does not list (a release that
+    /// stopped before its listing, or kube-scheduler's Unreserve after a failed bind,
+    /// which takes the entry out whoever wrote it): listed now, while they are released,
+    /// alive and not bound, so that kube-controller-manager cannot deallocate the claim
+    /// under them when the last pod listed (of the gang, or outside it) ends. On a claim
+    /// muster allocated, the listing tests the allocation's timestamp as read, as the
+    /// release's own does; on a found one, its devices and fence.
     pub(super) async fn relist_released_on_found(&self, workload: &Workload) -> Result<(), CommitError> {
         let named: BTreeSet<String> = super::placement_of(workload)
             .map(|p| p.claims.iter().cloned().collect())
@@ -305,7 +307,6 @@ impl Admission {
         for claim in self.gang_claims(workload) {
             let name = claim.name_any();
             if !named.contains(&name)
-                || super::ownership::muster_allocated(&claim)
                 || !super::ownership::allocated(&claim)
                 || claim.metadata.deletion_timestamp.is_some()
             {
@@ -334,7 +335,14 @@ impl Admission {
                     })
                 })
                 .collect();
-            if waiting.is_empty() || claim_writes::found_claim_listing(&claim, &waiting).is_none() {
+            if waiting.is_empty() {
+                continue;
+            }
+            if super::ownership::muster_allocated(&claim) {
+                self.relist_on_own(&api, &claim, &waiting).await?;
+                continue;
+            }
+            if claim_writes::found_claim_listing(&claim, &waiting).is_none() {
                 continue;
             }
             if let Some(listed) = self.list_on_found(&api, &claim, &waiting).await? {
@@ -342,5 +350,33 @@ impl Admission {
             }
         }
         Ok(())
+    }
+
+    /// Lists `waiting` on `claim`, a claim muster allocated, against the allocation and
+    /// the entries as read: a claim given back, allocated again or listed differently
+    /// meanwhile is left alone (the gang's next step reads it again).
+    async fn relist_on_own(
+        &self,
+        api: &Api<ResourceClaim>,
+        claim: &ResourceClaim,
+        waiting: &[ResourceClaimConsumerReference],
+    ) -> Result<(), CommitError> {
+        let Some(patch) = claim_writes::relisting(claim, waiting) else {
+            return Ok(());
+        };
+        let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+        self.ensure_leading();
+        match api
+            .patch_status(&claim.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(written) => {
+                tracing::info!(claim = %claim.name_any(), "a released pod the claim no longer listed (kube-scheduler's Unreserve) is listed again");
+                self.own_claims.remember(written);
+                Ok(())
+            }
+            Err(e) if kube_ops::is_test_failed(&e) || kube_ops::is_not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
