@@ -24,6 +24,15 @@ async fn restarts(test: &Test, name: &str) -> Result<i32> {
     Ok(test.workloads().get(name).await?.status.map_or(0, |s| s.restarts))
 }
 
+/// Restarts the test's operator so that it pauses at `point` until the file `until`
+/// exists.
+fn restart_paused(test: &mut Test, point: &str, until: &str) -> Result<()> {
+    if let Some(operator) = test.operator.take() {
+        operator.stop();
+    }
+    test.start_operator(&[], &[("MUSTER_PAUSE_POINT", point), ("MUSTER_PAUSE_UNTIL", until)])
+}
+
 /// Defect 1: an extra released long after the gang was admitted measured its schedule
 /// timeout from the gang's release, and tore the running gang down.
 #[tokio::test]
@@ -619,9 +628,8 @@ async fn issue22_1b_a_claim_labelled_for_a_deleted_workload_is_not_freed_under_i
 #[tokio::test]
 async fn issue22_1c_a_finishing_gang_keeps_a_claim_another_released_gang_holds() -> Result<()> {
     let go_on = std::env::temp_dir().join(format!("muster-issue22-1c-{}", std::process::id()));
-    let go_on_text = go_on.display().to_string();
+    let (go_on_text, resume) = (go_on.display().to_string(), go_on.clone());
     let _ = std::fs::remove_file(&go_on);
-    let resume = go_on.clone();
     let outcome = with_test("shared-finish", &[], &[], |test| {
         Box::pin(async move {
             test.claims()
@@ -633,16 +641,7 @@ async fn issue22_1c_a_finishing_gang_keeps_a_claim_another_released_gang_holds()
             let (_, node) = test.wait_pod_running("owner-workers-0").await?;
 
             // The same operator, now held after the next commit's claims are checked.
-            if let Some(operator) = test.operator.take() {
-                operator.stop();
-            }
-            test.start_operator(
-                &[],
-                &[
-                    ("MUSTER_PAUSE_POINT", "after-reserved"),
-                    ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
-                ],
-            )?;
+            restart_paused(test, "after-reserved", &go_on_text)?;
             test.create(claim_sharers("joiner", 1, "scratch", None)).await?;
             test.wait_paused("after-reserved").await?;
             // The node's CPUs are taken meanwhile: joiner's pod is released but cannot be
@@ -1504,9 +1503,8 @@ async fn a_claim_that_lost_its_workload_label_is_labelled_again_and_never_leaks_
 #[tokio::test]
 async fn a_released_pod_unreserved_from_a_claim_muster_allocated_is_listed_again() -> Result<()> {
     let go_on = std::env::temp_dir().join(format!("muster-issue35-1-{}", std::process::id()));
-    let go_on_text = go_on.display().to_string();
+    let (go_on_text, resume) = (go_on.display().to_string(), go_on.clone());
     let _ = std::fs::remove_file(&go_on);
-    let resume = go_on.clone();
     let outcome = with_test("unreserved", &[], &[], |test| {
         Box::pin(async move {
             let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
@@ -1518,16 +1516,7 @@ async fn a_released_pod_unreserved_from_a_claim_muster_allocated_is_listed_again
             templates
                 .create(&PostParams::default(), &serde_json::from_value(template)?)
                 .await?;
-            if let Some(operator) = test.operator.take() {
-                operator.stop();
-            }
-            test.start_operator(
-                &[],
-                &[
-                    ("MUSTER_PAUSE_POINT", "after-reserved"),
-                    ("MUSTER_PAUSE_UNTIL", go_on_text.as_str()),
-                ],
-            )?;
+            restart_paused(test, "after-reserved", &go_on_text)?;
             // Two pods of 16 CPUs sharing one node-local device: both on one node.
             test.create(json!({
                 "apiVersion": "muster.dev/v1alpha1",
@@ -1564,19 +1553,11 @@ async fn a_released_pod_unreserved_from_a_claim_muster_allocated_is_listed_again
             let uid_of = |pod: Pod| pod.metadata.uid.unwrap_or_default();
             let first = uid_of(test.pods().get("wide-workers-0").await?);
             let second = uid_of(test.pods().get("wide-workers-1").await?);
-            let listed = |claim: &ResourceClaim| -> Vec<String> {
-                claim
-                    .status
-                    .iter()
-                    .flat_map(|s| s.reserved_for.iter().flatten())
-                    .map(|c| c.uid.clone())
-                    .collect()
-            };
             let claim = claims.get("wide-fabric").await?;
+            let (_, listed) = listing_of(test, "wide-fabric").await?;
             ensure!(
-                listed(&claim).contains(&first) && listed(&claim).contains(&second),
-                "both released pods listed: {:?}",
-                listed(&claim)
+                listed.contains(&first) && listed.contains(&second),
+                "both released pods listed: {listed:?}"
             );
             // What Unreserve does: the pod's entry goes.
             let kept: Vec<_> = claim
@@ -1593,19 +1574,8 @@ async fn a_released_pod_unreserved_from_a_claim_muster_allocated_is_listed_again
                     &Patch::Merge(json!({"status": {"reservedFor": kept}})),
                 )
                 .await?;
-            wait::until("the pod to be listed again", Duration::from_secs(20), || {
-                let claims = claims.clone();
-                let second = second.clone();
-                async move {
-                    let claim = claims.get("wide-fabric").await?;
-                    let uids: Vec<String> = claim
-                        .status
-                        .iter()
-                        .flat_map(|s| s.reserved_for.iter().flatten())
-                        .map(|c| c.uid.clone())
-                        .collect();
-                    Ok(uids.contains(&second).then_some(()))
-                }
+            wait::until("the pod to be listed again", Duration::from_secs(20), || async {
+                Ok(listing_of(test, "wide-fabric").await?.1.contains(&second).then_some(()))
             })
             .await?;
             test.pods().delete("blocker", &DeleteParams::default()).await?;

@@ -218,6 +218,18 @@ impl Admission {
             })
             .collect();
         let claims = self.gang_claims(workload);
+        // A claim of the journal the gang's view misses while the index knows it as
+        // muster's (its label taken off and not yet put back): the step would take it for
+        // lost; it waits a while instead.
+        let namespace = workload.namespace().unwrap_or_default();
+        let hidden = journal.iter().flat_map(|j| &j.claims).any(|name| {
+            !claims.iter().any(|c| c.metadata.name.as_ref() == Some(name))
+                && self.index.muster_claim(&ObjectKey::new(&namespace, name))
+        });
+        if self.stray_claims.wait_for_hidden(&key(workload), hidden) {
+            tracing::debug!(workload = %key(workload), "a claim of the journal is hidden from the gang's caches; waiting");
+            return (journal, muster_admission::Step::idle().then_recheck_in(500));
+        }
         let mut users = claim_writes::claim_users(&pods);
         let claim_views: Vec<ClaimView> = claims
             .iter()
@@ -508,7 +520,7 @@ impl Admission {
                         .collect();
                     let suspended =
                         owners::writes::suspend(&self.client, workload, &targets, &|| self.ensure_leading()).await?;
-                    self.owners.suspended_now(workload);
+                    self.owners.suspended_now(workload, &suspended);
                     for owner in suspended {
                         let note = format!(
                             "suspended {} {} to requeue the gang: its controller takes the pods away without counting a failure, and muster resumes it once every device is given back",
@@ -526,16 +538,26 @@ impl Admission {
                 }
                 Effect::ResumeOwners => {
                     let marked = self.owners.of(workload);
-                    // Asked for on this process's own suspend alone: the cache does not show
-                    // the mark yet. The step stops here and is taken again, so the gang is
-                    // never queued before its owners are resumed.
-                    if marked.is_empty() {
+                    // An owner this process suspended that the cache does not show marked
+                    // yet, or one that kept changing: the step stops here and is taken
+                    // again, so the gang is never queued before its owners are resumed.
+                    let unseen = self
+                        .owners
+                        .own_suspended(workload)
+                        .is_some_and(|own| own.iter().any(|uid| !marked.iter().any(|m| m.owner.uid == *uid)));
+                    if unseen {
                         return Err(CommitError::Conflict(
-                            "the owners muster suspended are not in the cache yet".into(),
+                            "an owner muster suspended is not in the cache as marked yet".into(),
                         ));
                     }
-                    let resumed = owners::writes::resume(&self.client, &marked, &|| self.ensure_leading()).await?;
+                    let outcome = owners::writes::resume(&self.client, &marked, &|| self.ensure_leading()).await?;
+                    let resumed = outcome.owners;
                     self.owners.resumed_now(workload, &resumed);
+                    if outcome.still_changing {
+                        return Err(CommitError::Conflict(
+                            "an owner muster suspended kept changing while it was resumed".into(),
+                        ));
+                    }
                     if resumed.is_empty() {
                         // Nothing written (changed meanwhile): no step to take again at once.
                         write = None;

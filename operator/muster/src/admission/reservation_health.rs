@@ -22,6 +22,10 @@ use super::request::RequestError;
 use super::{Admission, key};
 use crate::convert;
 
+/// How long after its backoff a restart waits for its pods to be checkable before it
+/// gives its reservation up.
+const UNCHECKED_FOR_MS: i64 = 30_000;
+
 impl Admission {
     /// What keeps a gang restarting onto its reservation from putting its pods back on
     /// their nodes, by kube-scheduler's filters (`placement::verify`: resources, pod
@@ -29,8 +33,9 @@ impl Admission {
     /// onto its reservation whose backoff is over; `None` while its attempt's pods still
     /// show (in the gang's pods or the cluster's), since the cluster must not hold them.
     /// A request that cannot be built or checked is a problem too (the check fails
-    /// closed): the gang is placed again, where the same error holds it with its reason,
-    /// rather than sent back onto nodes kube-scheduler may refuse.
+    /// closed): at once when the Workload is wrong for good or a claim is being deleted,
+    /// else once it has stayed so for [`UNCHECKED_FOR_MS`]; then the gang is placed
+    /// again rather than sent back onto nodes kube-scheduler may refuse.
     pub(super) fn reuse_problems(
         &self,
         workload: &Workload,
@@ -52,17 +57,29 @@ impl Admission {
         // The state machine decides only once the backoff is over.
         let spec = crate::workload::observe::spec(workload);
         let attempt = crate::workload::membership::attempt(workload);
+        let now = crate::workload::observe::now_millis();
+        let mut due = journal.since;
         if let Some(backoff) = spec.restart_backoff {
-            let due = journal.since + backoff.before_restart(attempt - 1) + 1000;
-            if crate::workload::observe::now_millis() < due {
+            due += backoff.before_restart(attempt - 1) + 1000;
+            if now < due {
                 return Some(Vec::new());
             }
         }
+        // What cannot be checked yet may be a moment's gap in the caches or the cluster (a
+        // DeviceClass being made again, a claim's label put back): not known, for a
+        // while; then the check fails closed.
+        let unchecked =
+            |why: String| (now >= due + UNCHECKED_FOR_MS).then(|| vec![format!("its pods cannot be checked: {why}")]);
         let request = match self.request(workload) {
             Ok(request) => request,
-            // The cache has not caught up with a write of this loop's: not known yet.
+            // The cache has not caught up with a write of this loop's: it will.
             Err(RequestError::DeallocationNotSeen(_)) => return None,
-            Err(e) => return Some(vec![format!("its pods cannot be checked: {e}")]),
+            // The Workload is wrong for good, or kube-scheduler refuses a claim being
+            // deleted: no wait mends it.
+            Err(e) if e.is_permanent() || matches!(e, RequestError::ClaimBeingDeleted(_)) => {
+                return Some(vec![format!("its pods cannot be checked: {e}")]);
+            }
+            Err(e) => return unchecked(e.to_string()),
         };
         let cluster = self.planning_view(&key(workload), self.priority(workload));
         // The cluster's pods come from another watch than the gang's: an old pod it
@@ -87,7 +104,7 @@ impl Admission {
             .collect();
         match placement::verify(&cluster, &request, &placement, &self.settings.plan) {
             Ok(problems) => Some(problems),
-            Err(e) => Some(vec![format!("its pods cannot be checked: {}", e.message)]),
+            Err(e) => unchecked(e.message),
         }
     }
 }
@@ -313,8 +330,8 @@ mod tests {
     }
 
     /// Issue 35: a restart onto the reservation whose pods cannot be checked (here the
-    /// claims their template names are gone) must not go back onto it unchecked: the check says
-    /// why, and the gang is placed again, where the same error holds it with the reason.
+    /// claims their template names are gone) must not go back onto it unchecked: once
+    /// that lasts, the check says why, and the gang is placed again.
     #[tokio::test]
     async fn a_restart_whose_pods_cannot_be_checked_does_not_reuse_the_reservation() {
         let index = std::sync::Arc::new(crate::cache::cluster::Index::default());
@@ -329,7 +346,14 @@ mod tests {
             }}}]},
         }))
         .expect("workload");
-        let journal = journal(&[("w-a-0", "n")]);
+        let mut journal = journal(&[("w-a-0", "n")]);
+        journal.since = crate::workload::observe::now_millis();
+        assert_eq!(
+            admission.reuse_problems(&workload, Some(&journal), &[]),
+            None,
+            "a claim missing a moment (its label put back, say) is waited for"
+        );
+        journal.since -= UNCHECKED_FOR_MS;
         let problems = admission
             .reuse_problems(&workload, Some(&journal), &[])
             .expect("decided");

@@ -4,7 +4,7 @@
 //! held for good). A claim a journal names gets the label of the gang holding it back;
 //! one no journal names goes to the collector, which gives its devices back.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -24,15 +24,25 @@ use crate::kube_ops;
 /// keeps (say, one not allocated) is not read again on every pass.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(10);
 
-/// When each stray claim was last read.
+/// How many stray claims a pass reads at most.
+const STRAYS_PER_PASS: usize = 16;
+
+/// How long a gang's steps wait for a claim of its journal that its caches do not show
+/// while the index knows it as muster's (its label was taken off, or the gang's watch is
+/// ahead of the index's): without the claim, the step would take it for lost.
+const HIDDEN_FOR_AT_MOST: Duration = Duration::from_secs(60);
+
+/// When each stray claim was last read, and since when each gang misses one of its
+/// claims from its view.
 #[derive(Default)]
 pub(super) struct StrayClaims {
     looked_at: Mutex<HashMap<ObjectKey, Instant>>,
+    hidden_since: Mutex<HashMap<ObjectKey, Instant>>,
 }
 
 impl StrayClaims {
     /// Whether `claim` is due to be read, recording that it is.
-    fn due(&self, claim: &ObjectKey, strays: &[ObjectKey]) -> bool {
+    fn due(&self, claim: &ObjectKey, strays: &BTreeSet<ObjectKey>) -> bool {
         let mut looked_at = self.looked_at.lock().unwrap_or_else(PoisonError::into_inner);
         looked_at.retain(|k, _| strays.contains(k));
         let now = Instant::now();
@@ -46,16 +56,37 @@ impl StrayClaims {
     }
 }
 
+impl StrayClaims {
+    /// Whether `gang`'s step waits because `hidden` (claims of its journal its view
+    /// misses while the index knows them as muster's) is not empty; never for longer
+    /// than [`HIDDEN_FOR_AT_MOST`] on end.
+    pub(super) fn wait_for_hidden(&self, gang: &ObjectKey, hidden: bool) -> bool {
+        let mut since = self.hidden_since.lock().unwrap_or_else(PoisonError::into_inner);
+        if !hidden {
+            since.remove(gang);
+            return false;
+        }
+        // A gang gone while it waited is not stepped again to clear its entry.
+        since.retain(|_, at| at.elapsed() < 10 * HIDDEN_FOR_AT_MOST);
+        let first = *since.entry(gang.clone()).or_insert_with(Instant::now);
+        first.elapsed() < HIDDEN_FOR_AT_MOST
+    }
+}
+
 impl Admission {
     /// Labels each stray claim a journal names with its holder's name again, and returns
     /// those no journal names, as read now, for the collector.
     pub(super) async fn relabel_stray_claims(&self) -> Vec<Arc<ResourceClaim>> {
-        let strays = self.index.stray_claims();
+        let strays: BTreeSet<ObjectKey> = self.index.stray_claims().into_iter().collect();
         let mut unheld = Vec::new();
+        let mut read = 0;
         for stray in &strays {
-            if !self.stray_claims.due(stray, &strays) {
+            // A label taken off many claims at once is mended over a few passes, not in
+            // one that holds every gang's step up.
+            if read == STRAYS_PER_PASS || !self.stray_claims.due(stray, &strays) {
                 continue;
             }
+            read += 1;
             match self.relabel(stray).await {
                 Ok(Some(claim)) => unheld.push(Arc::new(claim)),
                 Ok(None) => {}

@@ -4,7 +4,7 @@
 //! StorageClasses, CSINodes and Namespaces feed it one change at a time. No object store
 //! is kept for these kinds: the engine's compact model is the cache.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -55,10 +55,11 @@ pub struct Index {
     /// Nodes whose last update the engine could not read: left out of the state (no plan
     /// goes there), yet not gone.
     unreadable_nodes: Mutex<BTreeSet<String>>,
-    /// Claims carrying muster's allocation finalizer but no `muster.dev/workload` label
-    /// (a user took it off): the gang caches select on the label and no longer show
-    /// them, so the admission loop labels them again or collects them.
-    stray_claims: Mutex<BTreeSet<ObjectKey>>,
+    /// Claims carrying muster's allocation finalizer, and whether they carry the
+    /// `muster.dev/workload` label: the gang caches select on the label, so one a user
+    /// took it off (a stray) drops out of them, and the admission loop labels it again or
+    /// collects it.
+    muster_claims: Mutex<BTreeMap<ObjectKey, bool>>,
 }
 
 impl Default for Index {
@@ -73,7 +74,7 @@ impl Default for Index {
             claims_usable: std::sync::atomic::AtomicBool::new(true),
             touched: Arc::default(),
             unreadable_nodes: Mutex::default(),
-            stray_claims: Mutex::default(),
+            muster_claims: Mutex::default(),
         }
     }
 }
@@ -154,23 +155,39 @@ impl Index {
 
     /// Claims muster allocated that lost their `muster.dev/workload` label.
     pub fn stray_claims(&self) -> Vec<ObjectKey> {
-        self.stray_claims
+        let claims = self
+            .muster_claims
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        claims
             .iter()
-            .cloned()
+            .filter(|(_, labelled)| !**labelled)
+            .map(|(key, _)| key.clone())
             .collect()
     }
 
-    fn note_stray_claim(&self, key: ObjectKey, stray: bool) {
-        let mut strays = self
-            .stray_claims
+    /// Whether the claim carries muster's allocation finalizer, as the index saw it last
+    /// (labelled or not).
+    pub fn muster_claim(&self, key: &ObjectKey) -> bool {
+        self.muster_claims
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains_key(key)
+    }
+
+    /// `labelled`: `None` once the claim is gone or carries no finalizer of muster's.
+    fn note_muster_claim(&self, key: ObjectKey, labelled: Option<bool>) {
+        let mut claims = self
+            .muster_claims
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if stray {
-            strays.insert(key);
-        } else {
-            strays.remove(&key);
+        match labelled {
+            Some(labelled) => {
+                claims.insert(key, labelled);
+            }
+            None => {
+                claims.remove(&key);
+            }
         }
     }
 
@@ -330,10 +347,10 @@ impl Indexed for ResourceClaim {
     fn observe(&self, index: &Index) {
         let finalized = self.finalizers().iter().any(|f| f == labels::CLAIM_FINALIZER);
         let labelled = self.labels().contains_key(labels::WORKLOAD);
-        index.note_stray_claim(convert::object_key(self), finalized && !labelled);
+        index.note_muster_claim(convert::object_key(self), finalized.then_some(labelled));
     }
     fn forget(key: &ClaimKey, index: &Index) {
-        index.note_stray_claim(ObjectKey::new(key.namespace(), key.name()), false);
+        index.note_muster_claim(ObjectKey::new(key.namespace(), key.name()), None);
     }
 }
 

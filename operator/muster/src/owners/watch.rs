@@ -48,8 +48,8 @@ pub struct MarkedOwner {
 #[derive(Default)]
 pub struct Marked {
     stores: RwLock<Vec<(OwnerKind, Store<DynamicObject>)>>,
-    /// Workload uid → when this process suspended its owners.
-    own: Mutex<HashMap<String, Instant>>,
+    /// Workload uid → when this process suspended its owners, and their uids.
+    own: Mutex<HashMap<String, (Instant, Vec<String>)>>,
     /// Owner uid → when this process resumed it, and the version of it that showed the
     /// mark it took off (the cache may show that version a while longer).
     resumed: Mutex<HashMap<String, (Instant, Option<String>)>>,
@@ -106,19 +106,29 @@ impl Marked {
     }
 
     fn own_suspend(&self, workload: &Workload) -> bool {
-        let uid = workload.uid().unwrap_or_default();
-        let mut own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
-        own.retain(|_, at| at.elapsed() < OWN_SUSPEND_SEEN_FOR);
-        own.contains_key(&uid)
+        self.own_suspended(workload).is_some()
     }
 
-    /// This process suspended `workload`'s owners.
-    pub fn suspended_now(&self, workload: &Workload) {
+    /// The uids of the owners of `workload` this process suspended a moment ago (the
+    /// watches may not show them marked yet).
+    pub fn own_suspended(&self, workload: &Workload) -> Option<Vec<String>> {
         let uid = workload.uid().unwrap_or_default();
+        let mut own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
+        own.retain(|_, (at, _)| at.elapsed() < OWN_SUSPEND_SEEN_FOR);
+        own.get(&uid).map(|(_, owners)| owners.clone())
+    }
+
+    /// This process suspended `owners` of `workload` (some, or nothing is recorded).
+    pub fn suspended_now(&self, workload: &Workload, owners: &[super::Owner]) {
+        if owners.is_empty() {
+            return;
+        }
+        let uid = workload.uid().unwrap_or_default();
+        let uids = owners.iter().map(|o| o.uid.clone()).collect();
         self.own
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(uid, Instant::now());
+            .insert(uid, (Instant::now(), uids));
     }
 
     /// This process resumed `owners` of `workload`.

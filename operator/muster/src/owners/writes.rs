@@ -105,17 +105,26 @@ async fn through_trainjob(client: &Client, namespace: &str, owner: &Owner) -> Re
         }))
 }
 
+/// What a resume did.
+#[derive(Debug, Default)]
+pub struct Resumed {
+    pub owners: Vec<MarkedOwner>,
+    /// An owner changed under every attempt: it is still to be resumed.
+    pub still_changing: bool,
+}
+
 /// Resumes what `marked` names and takes the mark off, each against the version the
 /// cache shows; one that changed since (a Job's status moves with its pods while they
 /// go) is read again and resumed against that version while it still carries a mark for
 /// the same gang (a mark a user or another gang changed meanwhile is left alone).
-/// Returns those it resumed.
+/// Returns those it resumed, and whether one kept changing under every attempt (it is
+/// still to be resumed).
 pub async fn resume(
     client: &Client,
     marked: &[MarkedOwner],
     leading: &(dyn Fn() + Sync),
-) -> Result<Vec<MarkedOwner>, kube::Error> {
-    let mut resumed = Vec::new();
+) -> Result<Resumed, kube::Error> {
+    let mut resumed = Resumed::default();
     for owner in marked {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &owner.namespace, &owner.owner.kind.resource());
@@ -136,7 +145,7 @@ pub async fn resume(
             {
                 Ok(_) => {
                     info!(namespace = %owner.namespace, kind = %owner.owner.kind.resource().kind, name = %owner.owner.name, "resumed the owner muster suspended: its pods come back behind the gate");
-                    resumed.push(MarkedOwner {
+                    resumed.owners.push(MarkedOwner {
                         resource_version: version,
                         ..owner.clone()
                     });
@@ -155,7 +164,10 @@ pub async fn resume(
                     version = current.resource_version();
                 }
                 // Still changing: looked at again from a fresh copy on the next step.
-                Err(e) if kube_ops::is_conflict(&e) => break,
+                Err(e) if kube_ops::is_conflict(&e) => {
+                    resumed.still_changing = true;
+                    break;
+                }
                 Err(e) => return Err(e),
             }
         }
