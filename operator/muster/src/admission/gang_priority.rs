@@ -5,9 +5,26 @@
 //! of its pods (`spec.priority`): a Workload naming a higher class than its pods would
 //! let a tenant jump the queue and preempt others with pods of default priority.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use muster_api::labels;
 use muster_api::v1alpha1::Workload;
+
+/// The PriorityClass named `name`, or, with no name, the one marked global default, as
+/// the API server's Priority admission resolves a pod's.
+pub fn class<'c>(classes: &'c [Arc<PriorityClass>], name: Option<&str>) -> Option<&'c Arc<PriorityClass>> {
+    match name {
+        Some(name) => classes.iter().find(|p| p.metadata.name.as_deref() == Some(name)),
+        None => classes.iter().find(|p| p.global_default == Some(true)),
+    }
+}
+
+/// A class's value; no class, 0.
+pub fn value(class: Option<&Arc<PriorityClass>>) -> i32 {
+    class.map_or(0, |p| p.value.unwrap_or(0))
+}
 
 /// The pods whose priority bounds the gang's: live pods of its groups (a pod with the
 /// Workload's label alone is not, nor a failed or leaving pod of an earlier attempt).
@@ -73,6 +90,29 @@ mod tests {
     fn pod(name: &str, priority: Option<i32>) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"containers": [], "priority": priority}}))
             .unwrap()
+    }
+
+    #[test]
+    fn a_class_is_resolved_by_name_or_else_as_the_global_default() {
+        let class = |name: &str, value: i32, default: bool| -> Arc<PriorityClass> {
+            Arc::new(
+                serde_json::from_value(json!({"metadata": {"name": name}, "value": value, "globalDefault": default}))
+                    .unwrap(),
+            )
+        };
+        let classes = [class("high", 1000, false), class("normal", 10, true)];
+        assert_eq!(value(class_of(&classes, Some("high"))), 1000);
+        assert_eq!(value(class_of(&classes, None)), 10, "the global default");
+        assert_eq!(
+            class_of(&classes, Some("gone")),
+            None,
+            "a missing class is not the default"
+        );
+        assert_eq!(value(class_of(&classes[..1], None)), 0, "no default: 0");
+    }
+
+    fn class_of<'c>(classes: &'c [Arc<PriorityClass>], name: Option<&str>) -> Option<&'c Arc<PriorityClass>> {
+        super::class(classes, name)
     }
 
     #[test]

@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use muster_admission::{Condition, ConditionType, Reason, Record, State};
@@ -165,10 +164,7 @@ impl Admission {
     /// The preemption policy of the gang's PriorityClass.
     fn preemption_policy(&self, workload: &Workload) -> PreemptionPolicy {
         let classes = self.priorities.state();
-        let class: Option<&Arc<PriorityClass>> = match &workload.spec.priority_class_name {
-            Some(name) => classes.iter().find(|p| p.metadata.name.as_deref() == Some(name)),
-            None => classes.iter().find(|p| p.global_default == Some(true)),
-        };
+        let class = super::gang_priority::class(&classes, workload.spec.priority_class_name.as_deref());
         match class.and_then(|c| c.preemption_policy.as_deref()) {
             Some("Never") => PreemptionPolicy::Never,
             _ => PreemptionPolicy::PreemptLowerPriority,

@@ -372,22 +372,12 @@ impl Admission {
     /// The gang's priority, or why the class it names is above its pods'.
     pub(super) fn checked_priority(&self, workload: &Workload) -> Result<i32, gang_priority::AboveMembers> {
         let classes = self.priorities.state();
-        let value_of = |class: &str| {
-            classes
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(class))
-                .map_or(0, |p| p.value.unwrap_or(0))
-        };
-        // The global default class, if one is marked default.
-        let default = classes
-            .iter()
-            .find(|p| p.global_default == Some(true))
-            .map_or(0, |p| p.value.unwrap_or(0));
+        let default = gang_priority::value(gang_priority::class(&classes, None));
         let class = workload
             .spec
             .priority_class_name
             .as_deref()
-            .map(|class| (class, value_of(class)));
+            .map(|name| (name, gang_priority::value(gang_priority::class(&classes, Some(name)))));
         let namespace = workload.namespace().unwrap_or_default();
         let gangs = self.gangs();
         let pods = gangs.pods(&namespace, &workload.name_any());
