@@ -110,17 +110,22 @@ impl Test {
             name: name.to_string(),
         };
         test.start_operator(operator_args, env)?;
-        let templates: Api<ResourceClaimTemplate> = Api::namespaced(test.client.clone(), &test.ns);
-        templates
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": "eight-gpus"},
-                    "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": GPU_DRIVER, "count": 8}}]}}},
-                }))?,
-            )
-            .await?;
+        test.create_claim_template("eight-gpus", "gpus", 8).await?;
         Ok(test)
+    }
+
+    /// A ResourceClaimTemplate `name` of the test's namespace: one request `request` of
+    /// `gpus` GPUs of the test driver.
+    pub async fn create_claim_template(&self, name: &str, request: &str, gpus: u32) -> Result<()> {
+        let templates: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), &self.ns);
+        let template = json!({
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": GPU_DRIVER, "count": gpus}}]}}},
+        });
+        templates
+            .create(&PostParams::default(), &serde_json::from_value(template)?)
+            .await?;
+        Ok(())
     }
 
     pub fn start_operator(&mut self, args: &[&str], env: &[(&str, &str)]) -> Result<()> {

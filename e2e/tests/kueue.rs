@@ -825,16 +825,8 @@ async fn a_shared_claim_is_charged_once_in_kueues_quota() -> Result<()> {
     with_kueue().await?;
     with_test("kueue-shared", &[], &[], |test| {
         Box::pin(async move {
-            let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
-                Api::namespaced(test.client.clone(), &test.ns);
             for (name, count) in [("one-gpu", 1), ("two-gpus", 2)] {
-                let template = json!({
-                    "metadata": {"name": name},
-                    "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": count}}]}}},
-                });
-                templates
-                    .create(&PostParams::default(), &serde_json::from_value(template)?)
-                    .await?;
+                test.create_claim_template(name, "gpu", count).await?;
             }
             queues(test, 4, false).await?;
             let mut workload = queued_gang("shared", 2, None);
@@ -1014,15 +1006,7 @@ async fn an_existing_claim_the_gang_names_is_charged_once_in_kueues_quota() -> R
     with_kueue().await?;
     with_test("kueue-named", &[], &[], |test| {
         Box::pin(async move {
-            let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
-                Api::namespaced(test.client.clone(), &test.ns);
-            let template = json!({
-                "metadata": {"name": "two-gpus"},
-                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": 2}}]}}},
-            });
-            templates
-                .create(&PostParams::default(), &serde_json::from_value(template)?)
-                .await?;
+            test.create_claim_template("two-gpus", "gpu", 2).await?;
             let claim = json!({
                 "metadata": {"name": "existing-gpu"},
                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": 1}}]}},

@@ -924,15 +924,7 @@ async fn a_claim_is_written_once_to_reserve_and_given_back_when_its_pod_succeeds
 async fn a_shared_claim_some_of_whose_pods_ended_is_not_rewritten_in_a_loop() -> Result<()> {
     with_test("mixed-consumers", &[], &[], |test| {
         Box::pin(async move {
-            let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
-                Api::namespaced(test.client.clone(), &test.ns);
-            let template = json!({
-                "metadata": {"name": "one-gpu"},
-                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}}},
-            });
-            templates
-                .create(&PostParams::default(), &serde_json::from_value(template)?)
-                .await?;
+            test.create_claim_template("one-gpu", "gpu", 1).await?;
             // Two pods sharing one node-local device, and a launcher that keeps the gang
             // running once both are done.
             let mut workload = gang("mixed", 0, None);

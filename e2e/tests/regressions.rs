@@ -1507,15 +1507,7 @@ async fn a_released_pod_unreserved_from_a_claim_muster_allocated_is_listed_again
     let _ = std::fs::remove_file(&go_on);
     let outcome = with_test("unreserved", &[], &[], |test| {
         Box::pin(async move {
-            let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
-                Api::namespaced(test.client.clone(), &test.ns);
-            let template = json!({
-                "metadata": {"name": "one-gpu"},
-                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": 1}}]}}},
-            });
-            templates
-                .create(&PostParams::default(), &serde_json::from_value(template)?)
-                .await?;
+            test.create_claim_template("one-gpu", "gpu", 1).await?;
             restart_paused(test, "after-reserved", &go_on_text)?;
             // Two pods of 16 CPUs sharing one node-local device: both on one node.
             test.create(json!({
