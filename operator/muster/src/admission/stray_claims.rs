@@ -38,7 +38,13 @@ const HIDDEN_FOR_AT_MOST: Duration = Duration::from_secs(60);
 pub(super) struct StrayClaims {
     looked_at: Mutex<HashMap<ObjectKey, Instant>>,
     hidden_since: Mutex<HashMap<ObjectKey, Instant>>,
+    /// Claims labelled again, with how often and when first within [`TOLD_ONCE_PER`].
+    relabelled: Mutex<HashMap<ObjectKey, (u32, Instant)>>,
 }
+
+/// A claim whose label keeps being taken off is labelled again each time, but its gang
+/// is told so (an event) once in this long.
+const TOLD_ONCE_PER: Duration = Duration::from_secs(3600);
 
 impl StrayClaims {
     /// Whether `claim` is due to be read, recording that it is.
@@ -57,6 +63,16 @@ impl StrayClaims {
 }
 
 impl StrayClaims {
+    /// Counts a relabelling of `claim`; returns how many there were within
+    /// [`TOLD_ONCE_PER`], this one included.
+    fn relabelled(&self, claim: &ObjectKey) -> u32 {
+        let mut relabelled = self.relabelled.lock().unwrap_or_else(PoisonError::into_inner);
+        relabelled.retain(|_, (_, first)| first.elapsed() < TOLD_ONCE_PER);
+        let entry = relabelled.entry(claim.clone()).or_insert((0, Instant::now()));
+        entry.0 += 1;
+        entry.0
+    }
+
     /// Whether `gang`'s step waits because `hidden` (claims of its journal its view
     /// misses while the index knows them as muster's) is not empty; never for longer
     /// than [`HIDDEN_FOR_AT_MOST`] on end.
@@ -134,10 +150,14 @@ impl Admission {
             Err(e) if kube_ops::is_conflict(&e) || kube_ops::is_not_found(&e) => return Ok(None),
             Err(e) => return Err(e),
         }
-        info!(claim = %stray, workload = %holder.gang, "a claim muster allocated had lost its workload label; labelled again");
-        if let Some(workload) = self.current_workloads().into_iter().find(|w| key(w) == holder.gang) {
+        let times = self.stray_claims.relabelled(stray);
+        info!(claim = %stray, workload = %holder.gang, times, "a claim muster allocated had lost its workload label; labelled again");
+        // Told once an hour, however often the label is taken off.
+        if times == 1
+            && let Some(workload) = self.current_workloads().into_iter().find(|w| key(w) == holder.gang)
+        {
             let note = format!(
-                "ResourceClaim {} had lost its {} label; muster put it back, since the gang finds its claims by it",
+                "ResourceClaim {} had lost its {} label; muster put it back, since the gang finds its claims by it (and does each time, telling once an hour)",
                 stray.name(),
                 labels::WORKLOAD
             );
@@ -150,5 +170,32 @@ impl Admission {
             );
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_relabelled_again_and_again_is_told_once_and_counted() {
+        let strays = StrayClaims::default();
+        let claim = ObjectKey::new("ns", "c");
+        assert_eq!(strays.relabelled(&claim), 1, "told");
+        assert_eq!(strays.relabelled(&claim), 2, "not told again");
+        assert_eq!(
+            strays.relabelled(&ObjectKey::new("ns", "d")),
+            1,
+            "another claim is told"
+        );
+    }
+
+    #[test]
+    fn a_gang_waits_for_a_hidden_claim_only_while_it_is_hidden() {
+        let strays = StrayClaims::default();
+        let gang = ObjectKey::new("ns", "g");
+        assert!(strays.wait_for_hidden(&gang, true));
+        assert!(!strays.wait_for_hidden(&gang, false), "seen again");
+        assert!(strays.hidden_since.lock().unwrap().is_empty(), "forgotten");
     }
 }
