@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use muster_api::v1alpha1::WorkloadPhase;
 use muster_e2e::scenario::{Test, with_test};
 use muster_e2e::storage::{local_volume, static_class};
@@ -594,4 +595,173 @@ async fn refused_gang(name: &str, crash: Option<&'static str>) -> Result<()> {
         })
     })
     .await
+}
+
+/// Issue 36, item 1: the pods are planned as the API server stored them. Each case gives
+/// every worker 40 more CPUs than its template asks for, so that only one fits a node of
+/// 64; the template alone (one GPU, one CPU) would pack four onto one node, and
+/// kube-scheduler would refuse three of them.
+async fn planned_as_stored(test: &Test, name: &str, spec: Value) -> Result<()> {
+    one_gpu_template(test).await?;
+    let rack_0 = json!({RACK_LABEL: "rack-0000"});
+    let mut spec = spec;
+    spec["nodeSelector"] = rack_0;
+    test.create(workers(name, 4, json!({}), spec)).await?;
+    let workload = test
+        .wait_phase(name, WorkloadPhase::Running, Duration::from_secs(120))
+        .await?;
+    let placed = nodes_of(test, name).await?;
+    let distinct: BTreeSet<&String> = placed.values().collect();
+    ensure!(distinct.len() == 4, "workers share a node: {placed:?}");
+    let status = workload.status.unwrap_or_default();
+    ensure!(
+        status.restarts == 0 && status.scheduler_refusals.is_empty(),
+        "kube-scheduler refused a pod before the gang ran: restarts {}, refusals {:?}",
+        status.restarts,
+        status.scheduler_refusals
+    );
+    Ok(())
+}
+
+/// A GPU container that asks for no CPU, in a namespace whose LimitRange gives each
+/// container 40 CPUs.
+#[tokio::test]
+async fn a_limit_ranges_default_requests_are_planned() -> Result<()> {
+    with_test("limit-range", &[], &[], |test| {
+        Box::pin(async move {
+            let ranges: Api<LimitRange> = Api::namespaced(test.client.clone(), &test.ns);
+            ranges
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": "defaults"},
+                        "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "40"}, "default": {"cpu": "40"}}]},
+                    }))?,
+                )
+                .await?;
+            planned_as_stored(
+                test,
+                "defaulted",
+                json!({"containers": [{
+                    "name": "main",
+                    "image": "trainer",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }]}),
+            )
+            .await
+        })
+    })
+    .await
+}
+
+/// A RuntimeClass whose overhead is 40 CPUs.
+#[tokio::test]
+async fn a_runtime_classs_overhead_is_planned() -> Result<()> {
+    with_test("runtime-class", &[], &[], |test| {
+        Box::pin(async move {
+            let class = format!("{}-sandbox", test.ns);
+            let classes: Api<RuntimeClass> = Api::all(test.client.clone());
+            classes
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": class},
+                        "handler": "sandbox",
+                        "overhead": {"podFixed": {"cpu": "40"}},
+                    }))?,
+                )
+                .await?;
+            let outcome = planned_as_stored(test, "sandboxed", json!({"runtimeClassName": class})).await;
+            classes.delete(&class, &DeleteParams::default()).await?;
+            outcome
+        })
+    })
+    .await
+}
+
+/// A sidecar of 40 CPUs that admission injects into every pod of the namespace (a
+/// MutatingAdmissionPolicy here; a mutating webhook does the same to the stored pod).
+#[tokio::test]
+async fn a_sidecar_injected_at_admission_is_planned() -> Result<()> {
+    with_test("injected-sidecar", &[], &[], |test| {
+        Box::pin(async move {
+            let name = format!("{}-sidecar", test.ns);
+            let policies = admission_api(test, "MutatingAdmissionPolicy", "mutatingadmissionpolicies");
+            let bindings = admission_api(
+                test,
+                "MutatingAdmissionPolicyBinding",
+                "mutatingadmissionpolicybindings",
+            );
+            let policy = json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                    }]},
+                    "failurePolicy": "Fail",
+                    "reinvocationPolicy": "Never",
+                    "mutations": [{
+                        "patchType": "ApplyConfiguration",
+                        "applyConfiguration": {"expression": "Object{spec: Object.spec{initContainers: [\
+                            Object.spec.initContainers{name: \"mesh\", image: \"mesh\", restartPolicy: \"Always\", \
+                            resources: Object.spec.initContainers.resources{requests: {\"cpu\": \"40\"}}}]}}"},
+                    }],
+                },
+            });
+            let binding = json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": test.ns}}},
+                },
+            });
+            policies
+                .create(&PostParams::default(), &serde_json::from_value(policy)?)
+                .await?;
+            bindings
+                .create(&PostParams::default(), &serde_json::from_value(binding)?)
+                .await?;
+            // The policy applies once the API server has loaded it: wait until a pod
+            // made now gets its sidecar.
+            wait::until("the sidecar policy to apply", Duration::from_secs(30), || async {
+                let probe: Pod = serde_json::from_value(json!({
+                    "metadata": {"generateName": "probe-"},
+                    "spec": {"containers": [{"name": "main", "image": "probe"}]},
+                }))?;
+                let made = test
+                    .pods()
+                    .create(
+                        &PostParams {
+                            dry_run: true,
+                            ..PostParams::default()
+                        },
+                        &probe,
+                    )
+                    .await?;
+                let injected = made.spec.and_then(|s| s.init_containers).is_some_and(|c| !c.is_empty());
+                Ok(injected.then_some(()))
+            })
+            .await?;
+            let outcome = planned_as_stored(test, "injected", json!({})).await;
+            bindings.delete(&name, &DeleteParams::default()).await?;
+            policies.delete(&name, &DeleteParams::default()).await?;
+            outcome
+        })
+    })
+    .await
+}
+
+fn admission_api(test: &Test, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "admissionregistration.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::all_with(test.client.clone(), &resource)
 }

@@ -541,6 +541,17 @@ async fn invalid_workloads_are_refused_with_clear_messages() -> Result<()> {
         "spec.podGroups[1].replicas",
     )
     .await?;
+    // Issue 36, item 4: a gated pod may not name its node.
+    expect_refused(
+        &api,
+        with(
+            base.clone(),
+            "/spec/podGroups/1/template/spec/nodeName",
+            json!("node-00000"),
+        ),
+        "template.spec.nodeName may not be set",
+    )
+    .await?;
     expect_refused(
         &api,
         with(base.clone(), "/spec/podGroups/1/replicas", json!(10_001)),

@@ -200,6 +200,9 @@ pub struct TopologySlice {
     pub size: i32,
 }
 
+/// Why a template may not name its node.
+pub const NODE_NAME_MESSAGE: &str = "template.spec.nodeName may not be set: the API server refuses it on a pod at a scheduling gate, and muster's pods wait at one until the gang is placed (use a nodeSelector or node affinity)";
+
 /// A group of identical pods within the gang.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -208,6 +211,7 @@ pub struct TopologySlice {
     validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || self.replicas % self.topology.slice.size == 0").message("topology.slice.size must divide replicas"),
     validation = Rule::new("!has(self.topology) || !has(self.topology.slice) || !has(self.minCount) || self.minCount == self.replicas").message("a group with slices starts whole: minCount, if set, must equal replicas"),
     validation = Rule::new("!has(self.members) || !has(self.template)").message("members is for groups without a template: muster makes a template's pods itself"),
+    validation = Rule::new("!has(self.template) || !has(self.template.spec) || !has(self.template.spec.nodeName) || self.template.spec.nodeName == ''").message(NODE_NAME_MESSAGE),
 )]
 pub struct PodGroup {
     /// Name of the group, a DNS label. Pods are named `<workload>-<name>-<index>`.

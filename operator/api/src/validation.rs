@@ -4,7 +4,7 @@
 
 use crate::v1alpha1::{
     ExitCodeOperator, FailurePolicy, GroupTopology, MAX_POD_GROUPS, MAX_PODS, MAX_REPLICAS, MAX_SHARED_CLAIMS,
-    MAX_WORKLOAD_AND_GROUP_NAME, Topology, Workload,
+    MAX_WORKLOAD_AND_GROUP_NAME, NODE_NAME_MESSAGE, Topology, Workload,
 };
 
 fn is_dns_label(name: &str) -> bool {
@@ -59,6 +59,15 @@ pub fn validate(workload: &Workload) -> Result<(), Vec<String>> {
         }
         if let Some(topology) = &group.topology {
             problems.extend(group_topology_problems(&at, group.replicas, group.min_count, topology));
+        }
+        if group
+            .template
+            .as_ref()
+            .and_then(|t| t.spec.as_ref())
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| !n.is_empty())
+        {
+            problems.push(format!("{at}: {NODE_NAME_MESSAGE}"));
         }
         if group.members.is_some() && group.template.is_some() {
             problems.push(format!(
@@ -312,6 +321,19 @@ mod tests {
                 "{expected:?} not in {problems:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_template_that_names_its_node_is_refused_with_the_field() {
+        let pinned = workload(
+            "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 1, template: {spec: {nodeName: n1, containers: [{name: c}]}}}\n",
+        );
+        let problems = validate(&pinned).unwrap_err();
+        assert_eq!(problems, [format!("spec.podGroups[0]: {NODE_NAME_MESSAGE}")]);
+        let empty = workload(
+            "kind: Workload\nmetadata: {name: w}\nspec:\n  podGroups:\n  - {name: a, replicas: 1, template: {spec: {nodeName: '', containers: [{name: c}]}}}\n",
+        );
+        assert_eq!(validate(&empty), Ok(()));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
@@ -53,6 +54,10 @@ pub struct Objects {
     pub workloads: Vec<Workload>,
     /// PriorityClasses: what a Workload's `priorityClassName` is worth.
     pub priority_classes: Vec<PriorityClass>,
+    /// LimitRanges and RuntimeClasses: the defaults and overhead the API server gives a
+    /// pod it stores, for pods planned before they exist.
+    pub limit_ranges: Vec<LimitRange>,
+    pub runtime_classes: Vec<RuntimeClass>,
     /// PersistentVolumeClaims, PersistentVolumes, StorageClasses (with whether each is
     /// the default) and CSINodes, as the engine models them.
     pub volume_claims: Vec<Pvc>,
@@ -234,6 +239,8 @@ impl Objects {
             "ResourceClaim" => self.claims.push(source.typed()?),
             "ResourceClaimTemplate" => self.templates.push(source.typed()?),
             "PriorityClass" => self.priority_classes.push(source.typed()?),
+            "LimitRange" => self.limit_ranges.push(source.typed()?),
+            "RuntimeClass" => self.runtime_classes.push(source.typed()?),
             "PersistentVolumeClaim" => {
                 let claim: PersistentVolumeClaim = source.typed()?;
                 self.volume_claims
@@ -308,6 +315,8 @@ impl Objects {
         self.templates.extend(other.templates);
         self.workloads.extend(other.workloads);
         self.priority_classes.extend(other.priority_classes);
+        self.limit_ranges.extend(other.limit_ranges);
+        self.runtime_classes.extend(other.runtime_classes);
         self.volume_claims.extend(other.volume_claims);
         self.volumes.extend(other.volumes);
         self.storage_classes.extend(other.storage_classes);

@@ -393,6 +393,23 @@ fn a_claim_that_binds_at_once_makes_the_gang_wait() {
 }
 
 #[test]
+fn a_claim_that_names_its_volume_before_the_binding_completes_says_so() {
+    let mut cluster = gpu_cluster(2, 0, 2, 1);
+    cluster.storage_mut().upsert_class(local_class("local", true));
+    let mut claim = volume_claim("ns", "prebound", "local", "1Gi");
+    claim.volume_name = Some("pv-7".into());
+    cluster.storage_mut().upsert_claim(claim.clone());
+    let mut gang = workers(1, PodRules::default());
+    gang.groups[0].pods[0].volumes.push(claim.key.clone());
+    let why = reasons(&plan_of(&cluster, &gang));
+    assert!(
+        why.contains("it names PersistentVolume pv-7, but kube-controller-manager has not completed the binding"),
+        "{why}"
+    );
+    assert!(!why.contains("binds at once"), "{why}");
+}
+
+#[test]
 fn a_read_write_once_pod_claim_in_use_refuses_the_pod() {
     let mut cluster = gpu_cluster(2, 0, 2, 1);
     cluster.storage_mut().upsert_class(local_class("local", true));

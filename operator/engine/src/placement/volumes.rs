@@ -328,8 +328,16 @@ impl<'a> GangVolumes<'a> {
                         volumes.bound.push((claim, volume));
                         continue;
                     }
+                    if let Some(volume) = &claim.volume_name {
+                        return Err(format!(
+                            "pod {} waits for its PersistentVolumeClaim {key} to be bound: it names PersistentVolume \
+                             {volume}, but kube-controller-manager has not completed the binding yet (no \
+                             pv.kubernetes.io/bind-completed annotation)",
+                            pod.key
+                        ));
+                    }
                     let late = storage.binds_late(claim).map_err(|e| format!("pod {}: {e}", pod.key))?;
-                    if !late || claim.volume_name.is_some() {
+                    if !late {
                         return Err(format!(
                             "pod {} waits for its PersistentVolumeClaim {key} to be bound (its StorageClass {:?} binds at once, not for the first pod)",
                             pod.key, claim.class

@@ -17,6 +17,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::admission::request::{ClaimSources, RequestError, gang_request};
 use crate::ops::metrics::{self, OutcomeLabel};
+use crate::workload::admitted::PodDefaults;
 use crate::workload::extended::ExtendedResources;
 use crate::workload::membership;
 use crate::workload::observe::{condition, finished};
@@ -408,7 +409,9 @@ impl Admission {
         let pods = self.gang_pods(workload);
         let mut extended = ExtendedResources::of_cluster(&self.index.snapshot());
         extended.record_existing(pods.iter().map(AsRef::as_ref), claims.iter().map(AsRef::as_ref));
-        let mut request = gang_request(workload, &extended, &sources, &pods)?;
+        // The pods exist, as the API server stored them, before a gang is planned: no
+        // defaults of its own to apply.
+        let mut request = gang_request(workload, &extended, &sources, &pods, &PodDefaults::default())?;
         // muster's pods or claims tolerate the fence that keeps others off the devices.
         self.settings.fencing.apply(&mut request);
         self.apply_kueue_assignment(workload, &mut request);

@@ -16,6 +16,7 @@ use muster_engine::request::{
 };
 
 use crate::convert::{self, ConvertError};
+use crate::workload::admitted::{AdmissionError, PodDefaults};
 use crate::workload::extended::{self, ExtendedResources};
 use crate::workload::gang::{self, ClaimSource};
 use crate::workload::membership;
@@ -47,6 +48,12 @@ pub enum RequestError {
     UnlikePods { group: String, first: String, pod: String },
     #[error("ResourceClaim {0} was deallocated when a commit was undone; waiting to see it free")]
     DeallocationNotSeen(String),
+    #[error("pod {pod}: the API server would refuse it: {source}")]
+    Admission {
+        pod: String,
+        #[source]
+        source: AdmissionError,
+    },
 }
 
 impl RequestError {
@@ -171,16 +178,20 @@ impl ClaimSources<'_> {
     }
 }
 
-/// The gang request for `workload`. The pods of a group without a template come from
-/// another controller: `external` holds the Workload's pods, from which those groups
-/// take their members ([`membership::external_members`]). `extended` says which
-/// extended resources the pods get through their own claims.
+/// The gang request for `workload`, planned from its pods as the API server stored them:
+/// `stored` holds the Workload's pods. The pods of a group without a template come from
+/// another controller ([`membership::external_members`]); those of a group with one are
+/// muster's, planned as stored (with the defaults, overhead and injected containers
+/// admission gave them) or, where one is not stored yet, as built with `defaults`.
+/// `extended` says which extended resources the pods get through their own claims.
 pub fn gang_request(
     workload: &Workload,
     extended: &ExtendedResources,
     sources: &ClaimSources<'_>,
-    external: &[Arc<Pod>],
+    stored: &[Arc<Pod>],
+    defaults: &PodDefaults,
 ) -> Result<GangRequest, RequestError> {
+    let external = stored;
     let gang = gang::build(workload, extended)?;
     let namespace = workload.metadata.namespace.clone().unwrap_or_default();
     let name = workload.metadata.name.clone().unwrap_or_default();
@@ -210,6 +221,7 @@ pub fn gang_request(
         // Another controller's pods as they were before muster released them: a
         // replacement at the gate is alike the released pods of its group.
         let unreleased: Vec<Pod>;
+        let own: Vec<Pod>;
         // A member that succeeded counts toward minCount and is not placed again: its
         // controller does not run that index again (a Job's gang requeued after some of
         // its pods completed).
@@ -224,10 +236,13 @@ pub fn gang_request(
                 .collect();
             unreleased.iter().collect()
         } else {
-            gang.pods
+            own = gang
+                .pods
                 .iter()
                 .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(labels::POD_GROUP)) == Some(&group.name))
-                .collect()
+                .map(|built| as_stored(built, external, &namespace, defaults))
+                .collect::<Result<_, _>>()?;
+            own.iter().collect()
         };
         let need = usize::try_from(group.min_count())
             .unwrap_or(0)
@@ -349,6 +364,31 @@ pub fn gang_request(
     })
 }
 
+/// The pod `built` as the API server stored it: the stored pod of that name and attempt
+/// (as before its release), else `built` with the admission `defaults`. The stored one is
+/// what kube-scheduler sees: LimitRange defaults, a RuntimeClass's overhead, containers a
+/// mutating webhook injected.
+fn as_stored(built: &Pod, stored: &[Arc<Pod>], namespace: &str, defaults: &PodDefaults) -> Result<Pod, RequestError> {
+    let name = built.metadata.name.as_deref().unwrap_or_default();
+    let attempt = built.metadata.labels.as_ref().and_then(|l| l.get(labels::ATTEMPT));
+    let found = stored.iter().find(|p| {
+        p.metadata.name.as_deref() == Some(name)
+            && p.metadata.deletion_timestamp.is_none()
+            && p.metadata.labels.as_ref().and_then(|l| l.get(labels::ATTEMPT)) == attempt
+    });
+    if let Some(pod) = found {
+        return Ok(crate::admission::release::as_before_release(pod));
+    }
+    let mut pod = built.clone();
+    defaults
+        .apply(namespace, &mut pod)
+        .map_err(|source| RequestError::Admission {
+            pod: format!("{namespace}/{name}"),
+            source,
+        })?;
+    Ok(pod)
+}
+
 /// The claim kube-controller-manager generated for a pod's claim entry.
 fn generated<'p>(pod: &'p Pod, claim: &str) -> Result<&'p str, RequestError> {
     membership::generated_claim(pod, claim).ok_or_else(|| RequestError::ClaimNotGenerated {
@@ -451,7 +491,14 @@ spec:
     fn workload_becomes_groups_with_own_and_shared_claims() {
         let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&objects.templates, &objects.claims);
-        let request = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap();
+        let request = gang_request(
+            &objects.workloads[0],
+            &ExtendedResources::default(),
+            &sources,
+            &[],
+            &PodDefaults::default(),
+        )
+        .unwrap();
         assert_eq!(request.name, "team/llama");
         assert_eq!(request.topology.required.as_deref(), Some("example.com/rack"));
         let names: Vec<_> = request
@@ -476,10 +523,24 @@ spec:
     fn missing_templates_and_claims_are_named() {
         let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
         let sources = ClaimSources::new(&[], &objects.claims);
-        let e = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap_err();
+        let e = gang_request(
+            &objects.workloads[0],
+            &ExtendedResources::default(),
+            &sources,
+            &[],
+            &PodDefaults::default(),
+        )
+        .unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaimTemplate team/eight-gpus does not exist");
         let sources = ClaimSources::new(&objects.templates, &[]);
-        let e = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap_err();
+        let e = gang_request(
+            &objects.workloads[0],
+            &ExtendedResources::default(),
+            &sources,
+            &[],
+            &PodDefaults::default(),
+        )
+        .unwrap_err();
         assert_eq!(e.to_string(), "ResourceClaim team/scratch does not exist");
     }
 
@@ -496,8 +557,80 @@ spec:
             ));
         }
         let sources = ClaimSources::new(&objects.templates, &claims);
-        let e = gang_request(&objects.workloads[0], &ExtendedResources::default(), &sources, &[]).unwrap_err();
+        let e = gang_request(
+            &objects.workloads[0],
+            &ExtendedResources::default(),
+            &sources,
+            &[],
+            &PodDefaults::default(),
+        )
+        .unwrap_err();
         assert_eq!(e, RequestError::ClaimBeingDeleted("team/scratch".into()));
         assert!(e.is_waiting() && !e.is_permanent(), "it goes, and may be made again");
+    }
+
+    #[test]
+    fn a_groups_pods_are_planned_as_stored_else_as_admission_would_store_them() {
+        let objects = crate::snapshot::Objects::parse("files.yaml", FILES).unwrap();
+        let sources = ClaimSources::new(&objects.templates, &objects.claims);
+        let workload = &objects.workloads[0];
+        let built = gang::build(workload, &ExtendedResources::default()).unwrap();
+        // The launcher as stored: a webhook added a sidecar of 1 CPU.
+        let mut launcher = built
+            .pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some("llama-launcher-0"))
+            .unwrap()
+            .clone();
+        launcher.metadata.namespace = Some("team".into());
+        let sidecar: k8s_openapi::api::core::v1::Container =
+            serde_json::from_value(serde_json::json!({"name": "mesh", "restartPolicy": "Always",
+                "resources": {"requests": {"cpu": "1"}}}))
+            .unwrap();
+        launcher.spec.as_mut().unwrap().init_containers = Some(vec![sidecar]);
+        let mut deleting = launcher.clone();
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        let mut older = launcher.clone();
+        older
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::ATTEMPT.into(), "7".into());
+        let limit_range: k8s_openapi::api::core::v1::LimitRange = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "defaults", "namespace": "team"},
+            "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "3", "memory": "1Gi"}}]},
+        }))
+        .unwrap();
+        let defaults = PodDefaults::new([limit_range], [], false);
+        let cpu_of = |request: &GangRequest, group: usize| request.groups[group].shape.requests.cpu_millis;
+
+        let stored = [Arc::new(launcher)];
+        let request = gang_request(workload, &ExtendedResources::default(), &sources, &stored, &defaults).unwrap();
+        assert_eq!(cpu_of(&request, 0), 3_000, "the stored launcher with its sidecar");
+        // The workers are not stored: built, their memory defaulted, their CPU their own.
+        assert_eq!(cpu_of(&request, 1), 16_000);
+        assert_eq!(request.groups[1].shape.requests.memory, 64 << 30);
+
+        // A stored pod that is going, or of another attempt, is not the one to plan.
+        for other in [deleting, older] {
+            let request = gang_request(
+                workload,
+                &ExtendedResources::default(),
+                &sources,
+                &[Arc::new(other)],
+                &defaults,
+            )
+            .unwrap();
+            assert_eq!(cpu_of(&request, 0), 2_000, "the launcher as built");
+        }
+        let request = gang_request(workload, &ExtendedResources::default(), &sources, &[], &defaults).unwrap();
+        assert_eq!(
+            request.groups[0].shape.requests.memory,
+            1 << 30,
+            "the LimitRange's default"
+        );
     }
 }

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use muster_api::Workload;
 use muster_engine::cluster::{ClusterState, PlanId};
 use muster_engine::key::{ClaimKey, ObjectKey};
 use muster_engine::placement::{self, Outcome, PlanOptions};
@@ -24,6 +25,7 @@ use crate::admission::preemption_scope::PreemptionScope;
 use crate::admission::request::{ClaimSources, gang_request};
 use crate::convert;
 use crate::snapshot::Objects;
+use crate::workload::admitted::PodDefaults;
 use crate::workload::extended::ExtendedResources;
 
 /// The report `muster plan -o json` prints.
@@ -43,6 +45,10 @@ pub struct WorkloadReport {
     /// to fit, if the engine proves it would fit then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preemption: Option<PreemptionReport>,
+    /// What the plan may have missed about its pods (defaults of objects the snapshot
+    /// does not hold).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -129,6 +135,19 @@ pub fn plan(
     let sources = ClaimSources::new(&templates, &claims);
     let mut classes = std::mem::take(&mut snapshot.priority_classes);
     classes.extend(workloads.priority_classes.iter().cloned());
+    // What the API server's admission would give pods not stored yet.
+    let runtime_classes: Vec<_> = std::mem::take(&mut snapshot.runtime_classes)
+        .into_iter()
+        .chain(workloads.runtime_classes.iter().cloned())
+        .collect();
+    let runtime_classes_known = !runtime_classes.is_empty();
+    let defaults = PodDefaults::new(
+        std::mem::take(&mut snapshot.limit_ranges)
+            .into_iter()
+            .chain(workloads.limit_ranges.iter().cloned()),
+        runtime_classes,
+        runtime_classes_known,
+    );
 
     let mut report = Report { workloads: Vec::new() };
     let mut details = Details::default();
@@ -158,7 +177,8 @@ pub fn plan(
             .collect();
         let mut extended = ExtendedResources::of_cluster(&cluster);
         extended.record_existing(external.iter().map(AsRef::as_ref), []);
-        let mut request = match gang_request(&workload, &extended, &sources, &external) {
+        let warnings = missing_defaults(&workload, &external, &defaults);
+        let mut request = match gang_request(&workload, &extended, &sources, &external, &defaults) {
             Ok(request) => request,
             Err(e) => {
                 report.workloads.push(WorkloadReport {
@@ -167,6 +187,7 @@ pub fn plan(
                     reason: Some(e.to_string()),
                     pods: vec![],
                     preemption: None,
+                    warnings,
                 });
                 continue;
             }
@@ -202,6 +223,7 @@ pub fn plan(
                     reason: Some(reason),
                     pods: vec![],
                     preemption,
+                    warnings,
                 })
             }
             Outcome::Placed(plan) => {
@@ -290,6 +312,7 @@ pub fn plan(
                     reason: None,
                     pods,
                     preemption: None,
+                    warnings,
                 });
             }
         }
@@ -410,9 +433,65 @@ fn would_preempt(
 }
 
 /// The report for people: per Workload, the placement or the reasons.
+/// Warnings for pods planned before they exist, in a namespace the given objects hold no
+/// LimitRange of: a container that leaves its CPU or memory request out may get one
+/// from a LimitRange the plan does not know.
+fn missing_defaults(workload: &Workload, stored: &[Arc<Pod>], defaults: &PodDefaults) -> Vec<String> {
+    let namespace = workload.metadata.namespace.as_deref().unwrap_or_default();
+    if defaults.has_limit_ranges(namespace) {
+        return Vec::new();
+    }
+    let stored_group = |group: &str| {
+        stored.iter().any(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(muster_api::labels::POD_GROUP))
+                .map(String::as_str)
+                == Some(group)
+        })
+    };
+    let mut warnings = Vec::new();
+    for group in &workload.spec.pod_groups {
+        let Some(spec) = group.template.as_ref().and_then(|t| t.spec.as_ref()) else {
+            continue;
+        };
+        if stored_group(&group.name) {
+            continue;
+        }
+        let unset = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .find(|c| {
+                let resources = c.resources.as_ref();
+                let set = |key: &str| {
+                    resources.is_some_and(|r| {
+                        r.requests.as_ref().is_some_and(|l| l.contains_key(key))
+                            || r.limits.as_ref().is_some_and(|l| l.contains_key(key))
+                    })
+                };
+                !set("cpu") || !set("memory")
+            });
+        let pod_level = spec.resources.as_ref().and_then(|r| r.requests.as_ref()).is_some();
+        if let (Some(container), false) = (unset, pod_level) {
+            warnings.push(format!(
+                "pod group {}: container {} sets no CPU or memory request, and no LimitRange of namespace \
+                 {namespace} was given: if it has one, its defaults are not planned (add `kubectl get \
+                 limitranges -n {namespace} -o yaml` to the snapshot)",
+                group.name, container.name
+            ));
+        }
+    }
+    warnings
+}
+
 pub fn human(report: &Report, details: &Details) -> String {
     let mut out = String::new();
     for workload in &report.workloads {
+        for warning in &workload.warnings {
+            let _ = writeln!(out, "{}: warning: {warning}", workload.name);
+        }
         if !workload.feasible {
             let _ = writeln!(out, "{}: does not fit", workload.name);
             for reason in workload.reason.iter().flat_map(|r| r.split("; ")) {
@@ -586,6 +665,76 @@ spec:
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["workloads"][0]["pods"][0]["devices"][0]["device"], "gpu-0");
         assert_eq!(json["workloads"][0]["reason"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn limit_ranges_and_runtime_classes_of_the_snapshot_shape_pods_not_made_yet() {
+        // Two pods of one GPU each: alone they share n1; with 20 CPUs from a LimitRange
+        // (or a RuntimeClass's overhead) each, they need a node each.
+        let workload = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.example.com}}]}}}
+---
+apiVersion: muster.dev/v1alpha1
+kind: Workload
+metadata: {name: pair}
+spec:
+  podGroups:
+  - name: w
+    replicas: 2
+    template: {spec: {RUNTIME containers: [{name: c}], resourceClaims: [{name: gpu, resourceClaimTemplateName: one}]}}
+"#;
+        let limit_range = r#"
+apiVersion: v1
+kind: LimitRange
+metadata: {name: defaults, namespace: default}
+spec: {limits: [{type: Container, defaultRequest: {cpu: "20"}}]}
+"#;
+        let runtime_class = r#"
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: sandbox}
+handler: sandbox
+overhead: {podFixed: {cpu: "20"}}
+"#;
+        let nodes_of = |extra: &str, runtime: &str| {
+            let snapshot = Objects::parse("snap.yaml", &format!("{SNAPSHOT}---\n{extra}")).unwrap();
+            let workloads = Objects::parse("w.yaml", &workload.replace("RUNTIME", runtime)).unwrap();
+            let (report, _) = plan(
+                snapshot,
+                &workloads,
+                "default",
+                Fencing::Taint,
+                PreemptionScope::Cluster,
+            )
+            .unwrap();
+            let pair = report.workloads[0].clone();
+            let nodes: std::collections::BTreeSet<String> = pair.pods.iter().map(|p| p.node.clone()).collect();
+            (pair, nodes.len())
+        };
+        let (pair, nodes) = nodes_of("", "");
+        assert_eq!(nodes, 1);
+        assert!(
+            pair.warnings[0].contains("no LimitRange of namespace default was given"),
+            "{:?}",
+            pair.warnings
+        );
+        let (pair, nodes) = nodes_of(limit_range, "");
+        assert_eq!((nodes, pair.warnings.len()), (2, 0), "{pair:?}");
+        let (_, nodes) = nodes_of(runtime_class, "runtimeClassName: sandbox,");
+        assert_eq!(nodes, 2);
+        let (pair, _) = nodes_of(runtime_class, "runtimeClassName: kata,");
+        assert!(!pair.feasible);
+        assert!(
+            pair.reason
+                .as_deref()
+                .unwrap()
+                .contains("RuntimeClass \"kata\" not found"),
+            "{:?}",
+            pair.reason
+        );
     }
 
     /// The Kueue Workload standing for `workload`, admitted with `assignment` for podSet

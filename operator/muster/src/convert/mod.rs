@@ -81,7 +81,11 @@ pub fn node(node: &Node) -> Result<model::Node, ConvertError> {
 }
 
 /// Converts a resource list: CPU in milli-cores, everything else in units (rounded up).
-fn resource_list(object: &str, field: &str, list: &BTreeMap<String, KubeQuantity>) -> Result<Resources, ConvertError> {
+pub(crate) fn resource_list(
+    object: &str,
+    field: &str,
+    list: &BTreeMap<String, KubeQuantity>,
+) -> Result<Resources, ConvertError> {
     let mut resources = Resources::default();
     for (name, value) in list {
         let q = quantity(object, &format!("{field}.{name}"), value)?;

@@ -2,6 +2,7 @@
 //! headless Service, which pods make up its groups, how they find each other, and the
 //! status it reports.
 
+pub mod admitted;
 pub mod charge;
 pub mod controller;
 pub mod extended;

@@ -2,7 +2,8 @@
 //! `why` plans with the very code the offline planner and the operator use.
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Node, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, ListParams};
@@ -70,6 +71,17 @@ async fn taint_rules(client: &kube::Client) -> Result<Vec<k8s_openapi::api::reso
 }
 
 /// The ResourceClaimTemplates of a namespace: the gang's claims are made from them.
+/// The namespace's LimitRanges and the cluster's RuntimeClasses: the defaults and
+/// overhead the API server gives the gang's pods not made yet. Either is left out where
+/// the caller may not read it (the plan then warns of LimitRanges it could not see).
+pub(super) async fn pod_defaults(client: &kube::Client, namespace: &str) -> (Vec<LimitRange>, Vec<RuntimeClass>) {
+    let (ranges, classes) = tokio::join!(
+        list(Api::<LimitRange>::namespaced(client.clone(), namespace), "limitranges"),
+        list(Api::<RuntimeClass>::all(client.clone()), "runtimeclasses"),
+    );
+    (ranges.unwrap_or_default(), classes.unwrap_or_default())
+}
+
 pub(super) async fn templates(client: &kube::Client, namespace: &str) -> Result<Vec<ResourceClaimTemplate>> {
     list(Api::namespaced(client.clone(), namespace), "resourceclaimtemplates").await
 }

@@ -38,8 +38,11 @@ pub(super) async fn run(args: &WhyArgs) -> Result<String> {
     let plan = if gang.is_pending() {
         let (cluster, templates) = tokio::try_join!(live::cluster(&client), live::templates(&client, &namespace))?;
         let (kueue_workloads, kueue_flavors) = kueue_decision(&client, &namespace, &workload).await;
+        let (limit_ranges, runtime_classes) = live::pod_defaults(&client, &namespace).await;
         let mut asked = Objects {
             templates,
+            limit_ranges,
+            runtime_classes,
             kueue_workloads,
             kueue_flavors,
             ..Objects::default()
