@@ -30,7 +30,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -63,6 +64,8 @@ const CASE_LABEL: &str = "e2e.muster.dev/case";
 /// before the verdict is read.
 const KEEP_FINALIZER: &str = "e2e.muster.dev/keep";
 
+#[path = "differential/admitted.rs"]
+mod admitted;
 #[path = "differential/scene.rs"]
 mod scene;
 
@@ -109,6 +112,8 @@ struct Case {
     claim: Option<Value>,
     pod: Value,
     scene: scene::Scene,
+    /// The LimitRange and RuntimeClass the pod under test is stored with.
+    admission: admitted::Admission,
 }
 
 fn labels(prefix: &str) -> Value {
@@ -309,7 +314,7 @@ fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &str)
         }
     }
 
-    let scene = scene::generate(seed, number, nodes, main, other);
+    let mut scene = scene::generate(seed, number, nodes, main, other);
     let claim = scene.with_claim.then_some(claim);
     let mut pod = pod_object(
         &prefix,
@@ -325,6 +330,14 @@ fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &str)
     if !scene.ports.is_empty() {
         pod["spec"]["containers"][0]["ports"] = json!(scene.ports);
     }
+    let admission = admitted::generate(
+        seed,
+        number,
+        &prefix,
+        &mut pod,
+        &mut scene.residents,
+        &mut scene.features,
+    );
     Case {
         number,
         prefix,
@@ -334,6 +347,7 @@ fn generate(seed: u64, number: usize, nodes: &[String], main: &str, other: &str)
         claim,
         pod,
         scene,
+        admission,
     }
 }
 
@@ -629,6 +643,27 @@ fn pod_object(prefix: &str, name: &str, claim: Option<&str>) -> Value {
         pod["spec"]["resourceClaims"] = json!([{"name": "dev", "resourceClaimName": claim}]);
     }
     pod
+}
+
+/// What admission defaults of a pod: its containers' resources, overhead, node selector
+/// and tolerations, as text to compare.
+fn admitted_fields(pod: &Pod) -> String {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let resources: Vec<Value> = spec
+        .containers
+        .iter()
+        .map(|c| {
+            let r = c.resources.clone().unwrap_or_default();
+            json!({"requests": r.requests.unwrap_or_default(), "limits": r.limits.unwrap_or_default()})
+        })
+        .collect();
+    json!({
+        "resources": resources,
+        "overhead": spec.overhead.unwrap_or_default(),
+        "nodeSelector": spec.node_selector.unwrap_or_default(),
+        "tolerations": spec.tolerations.unwrap_or_default().len(),
+    })
+    .to_string()
 }
 
 // ---- verdicts ----
@@ -946,6 +981,8 @@ struct Harness {
     all_claims: Api<ResourceClaim>,
     slices: Api<ResourceSlice>,
     classes: Api<DeviceClass>,
+    limit_ranges: Api<LimitRange>,
+    runtime_classes: Api<RuntimeClass>,
 }
 
 impl Harness {
@@ -980,6 +1017,8 @@ impl Harness {
             all_claims: Api::all(client.clone()),
             slices: Api::all(client.clone()),
             classes: Api::all(client.clone()),
+            limit_ranges: Api::namespaced(client.clone(), &ns),
+            runtime_classes: Api::all(client.clone()),
             client,
             ns,
             other_ns,
@@ -1064,6 +1103,8 @@ impl Harness {
         }
         self.slices.delete_collection(&now, &all).await?;
         self.classes.delete_collection(&now, &all).await?;
+        self.limit_ranges.delete_collection(&now, &all).await?;
+        self.runtime_classes.delete_collection(&now, &all).await?;
         for pods in [self.pods.clone(), self.other_pods.clone()] {
             wait::until("the pods of the last case to be gone", Duration::from_secs(60), || {
                 let pods = pods.clone();
@@ -1077,6 +1118,56 @@ impl Harness {
         self.volume_claims.delete_collection(&now, &all).await?;
         self.volumes.delete_collection(&now, &all).await?;
         Ok(())
+    }
+
+    /// Creates the case's LimitRange and RuntimeClass, and applies muster's admission
+    /// defaults to `pod`. A difference from what the API server would store (a dry run
+    /// of the pod, once admission sees the new objects) is a disagreement.
+    async fn admit(&self, case: &Case, pod: &mut Pod) -> Result<Option<String>> {
+        let admission = &case.admission;
+        if admission.limit_range.is_none() && admission.runtime_class.is_none() {
+            return Ok(None);
+        }
+        let limit_range: Option<LimitRange> = admission.limit_range.clone().map(serde_json::from_value).transpose()?;
+        let runtime_class: Option<RuntimeClass> = admission
+            .runtime_class
+            .clone()
+            .map(serde_json::from_value)
+            .transpose()?;
+        if let Some(range) = &limit_range {
+            self.limit_ranges.create(&PostParams::default(), range).await?;
+        }
+        if let Some(class) = &runtime_class {
+            self.runtime_classes.create(&PostParams::default(), class).await?;
+        }
+        let mut limit_range = limit_range;
+        if let Some(range) = &mut limit_range {
+            range.metadata.namespace = Some(self.ns.clone());
+        }
+        let defaults = muster::workload::admitted::PodDefaults::new(limit_range, runtime_class, true);
+        defaults.apply(&self.ns, pod)?;
+        let expected = admitted_fields(pod);
+        // Admission reads LimitRanges and RuntimeClasses from caches: wait until a dry
+        // run of the pod shows they are there (the overhead set, a default request).
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let given: Pod = serde_json::from_value(case.pod.clone())?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stored = self.pods.create(&dry_run, &given).await?;
+            let got = admitted_fields(&stored);
+            if got == expected {
+                return Ok(None);
+            }
+            if Instant::now() > deadline {
+                return Ok(Some(format!(
+                    "admission stores {got}, muster's defaults give {expected}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     async fn create_pod(&self, pod: &Value) -> Result<()> {
@@ -1357,12 +1448,18 @@ impl Harness {
         let pod: Pod = serde_json::from_value(case.pod.clone())?;
         let mut pod_in_ns = pod.clone();
         pod_in_ns.metadata.namespace = Some(self.ns.clone());
+        // The pod as admission will store it, by muster's reckoning.
+        let mut problems = Vec::new();
+        if let Some(problem) = self.admit(case, &mut pod_in_ns).await? {
+            problems.push(problem);
+        }
         let views = engine_views(&objects, claim.as_ref(), &pod_in_ns, &self.nodes)?;
 
         // ... then kube-scheduler gets the pod.
         self.create_pod(&case.pod).await?;
         let scheduler = self.verdict(pod.metadata.name.as_deref().unwrap_or_default()).await?;
-        let (problems, notes) = compare(&scheduler, &views);
+        let (compared, notes) = compare(&scheduler, &views);
+        problems.extend(compared);
         Ok(Report {
             scheduler,
             views,
@@ -1404,6 +1501,12 @@ impl Harness {
         }
         for volume in self.volumes.list(&selector).await?.items {
             add("PersistentVolume", "v1", serde_json::to_value(volume)?);
+        }
+        for range in self.limit_ranges.list(&selector).await?.items {
+            add("LimitRange", "v1", serde_json::to_value(range)?);
+        }
+        for class in self.runtime_classes.list(&selector).await?.items {
+            add("RuntimeClass", "node.k8s.io/v1", serde_json::to_value(class)?);
         }
         for claim in self.volume_claims.list(&selector).await?.items {
             add("PersistentVolumeClaim", "v1", serde_json::to_value(claim)?);
@@ -1653,6 +1756,10 @@ fn cases_are_reproducible_and_cover_every_feature() {
         "unbound immediate claim",
         "ReadWriteOncePod in use",
         "attach limits",
+        "LimitRange defaults",
+        "RuntimeClass overhead",
+        "RuntimeClass scheduling",
+        "residents using CPU",
     ];
     let missing: Vec<_> = expected.iter().filter(|f| !scenes.contains_key(**f)).collect();
     assert!(

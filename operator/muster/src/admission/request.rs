@@ -509,7 +509,8 @@ spec:
         assert_eq!(names, [("launcher", 1, 1), ("workers", 3, 2)]);
         let workers = &request.groups[1];
         assert_eq!(workers.shape.requests.cpu_millis, 16_000);
-        assert_eq!(workers.shape.tolerations.len(), 1);
+        // Its own, and the two the API server adds (DefaultTolerationSeconds).
+        assert_eq!(workers.shape.tolerations.len(), 3);
         assert_eq!(workers.shape.claims.len(), 1, "one claim per pod");
         let keys: Vec<_> = workers.pods[2].claims.iter().map(|c| c.key.as_str()).collect();
         assert_eq!(keys, ["team/llama-workers-2-gpus"]);

@@ -1,12 +1,12 @@
 //! What the API server's admission makes of a pod muster builds before it stores it:
-//! the LimitRanger plugin's default requests and limits, and the RuntimeClass plugin's
-//! overhead and scheduling. The operator plans from the pods as stored (they exist,
+//! the LimitRanger plugin's default requests and limits, the DefaultTolerationSeconds
+//! plugin's tolerations, and the RuntimeClass plugin's overhead and scheduling. The operator plans from the pods as stored (they exist,
 //! gated, before the plan); `muster plan` and `kubectl muster why` plan pods that may
 //! not exist yet, and apply the same defaults from the objects they were given.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, LimitRange, Pod};
+use k8s_openapi::api::core::v1::{Container, LimitRange, Pod, PodSpec, Toleration};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -85,6 +85,7 @@ impl PodDefaults {
                 merge_defaults(container, &requests, &limits);
             }
         }
+        add_default_tolerations(spec);
         let Some(class_name) = spec.runtime_class_name.clone().filter(|n| !n.is_empty()) else {
             return Ok(());
         };
@@ -130,6 +131,31 @@ impl PodDefaults {
         Ok(())
     }
 }
+
+/// The DefaultTolerationSeconds plugin: a pod that does not tolerate a node being not
+/// ready or unreachable (`NoExecute`) does so for 300 s.
+fn add_default_tolerations(spec: &mut PodSpec) {
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    for key in [NOT_READY, UNREACHABLE] {
+        let tolerated = tolerations.iter().any(|t| {
+            let t_key = t.key.as_deref().unwrap_or_default();
+            let effect = t.effect.as_deref().unwrap_or_default();
+            (t_key == key || t_key.is_empty()) && (effect == "NoExecute" || effect.is_empty())
+        });
+        if !tolerated {
+            tolerations.push(Toleration {
+                key: Some(key.into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoExecute".into()),
+                toleration_seconds: Some(300),
+                value: None,
+            });
+        }
+    }
+}
+
+const NOT_READY: &str = "node.kubernetes.io/not-ready";
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 
 type ResourceList = BTreeMap<String, Quantity>;
 
@@ -307,7 +333,8 @@ mod tests {
             Some("yes")
         );
         assert_eq!(spec.node_selector.as_ref().unwrap().len(), 2);
-        assert_eq!(spec.tolerations.as_ref().unwrap().len(), 1);
+        // The two of DefaultTolerationSeconds, then the class's.
+        assert_eq!(spec.tolerations.as_ref().unwrap().len(), 3);
 
         let mut clash = pod(json!({"runtimeClassName": "kata", "nodeSelector": {"sandbox": "no"}, "containers": []}));
         assert!(matches!(
