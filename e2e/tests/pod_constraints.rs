@@ -765,3 +765,80 @@ fn admission_api(test: &Test, kind: &str, plural: &str) -> Api<DynamicObject> {
     };
     Api::all_with(test.client.clone(), &resource)
 }
+
+/// Issue 36, item 3: workers that must share a rack with `job=<name>` pods, labelled so
+/// themselves, beside a launcher labelled the same. kube-scheduler lets the first worker
+/// go anywhere only while no such pod is bound: a launcher bound first in another rack
+/// would keep the workers off their rack for good. The launcher fits tightest in
+/// rack-0000 (busy pods fill it) while the workers may only go to rack-0001: the plan
+/// puts the launcher with them, and every pod is taken at first try whichever binds
+/// first.
+#[tokio::test]
+async fn a_self_affine_group_and_the_pods_it_selects_share_a_domain_in_any_bind_order() -> Result<()> {
+    with_test("bind-order", &[], &[], |test| {
+        Box::pin(async move {
+            one_gpu_template(test).await?;
+            let pods = test.pods();
+            let racks = test.cluster.nodes.iter().map(|n| (n.name.clone(), n.rack.clone()));
+            let rack_0: Vec<String> = racks.filter(|(_, r)| r == "rack-0000").map(|(n, _)| n).collect();
+            for node in &rack_0 {
+                pods.create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": format!("busy-{node}")},
+                        "spec": {
+                            "nodeName": node,
+                            "terminationGracePeriodSeconds": 0,
+                            "containers": [{"name": "main", "image": "busy", "resources": {"requests": {"cpu": "60"}}}],
+                        },
+                    }))?,
+                )
+                .await?;
+            }
+            let job = json!({"job": "together"});
+            let mut gang = workers(
+                "together",
+                2,
+                job.clone(),
+                json!({
+                    "nodeSelector": {RACK_LABEL: "rack-0001"},
+                    "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                        "topologyKey": RACK_LABEL,
+                        "labelSelector": {"matchLabels": job},
+                    }]}},
+                }),
+            );
+            gang["spec"]["podGroups"]
+                .as_array_mut()
+                .context("groups")?
+                .push(json!({
+                    "name": "launcher",
+                    "replicas": 1,
+                    "template": {
+                        "metadata": {"labels": job},
+                        "spec": {"containers": [{"name": "main", "image": "launcher", "resources": {"requests": {"cpu": "2"}}}]},
+                    },
+                }));
+            test.create(gang).await?;
+            let workload = test
+                .wait_phase("together", WorkloadPhase::Running, Duration::from_secs(120))
+                .await?;
+            for (pod, node) in nodes_of(test, "together").await? {
+                let rack = label_of(test, &node, RACK_LABEL).await?;
+                ensure!(rack == "rack-0001", "{pod} is on {node} in {rack}");
+            }
+            let status = workload.status.unwrap_or_default();
+            ensure!(
+                status.restarts == 0 && status.scheduler_refusals.is_empty(),
+                "kube-scheduler refused a pod: restarts {}, refusals {:?}",
+                status.restarts,
+                status.scheduler_refusals
+            );
+            for node in &rack_0 {
+                pods.delete(&format!("busy-{node}"), &DeleteParams::default()).await?;
+            }
+            Ok(())
+        })
+    })
+    .await
+}

@@ -168,6 +168,90 @@ fn the_launcher_goes_to_the_rack_of_the_workers() {
     assert!(worker_racks.contains(&rack_of(&launcher.node)), "{:?}", plan.pods);
 }
 
+/// Whether kube-scheduler takes every pod of `plan` on its node when they bind in
+/// `order`, for a required affinity on `key` that `affine` pods have and `matching`
+/// pods match (the affine ones among them): a pod of such a term may go anywhere only
+/// while no pod it selects is bound, else it needs one in its domain.
+fn binds_in_order(cluster: &ClusterState, plan: &Plan, order: &[usize], affine: &str, key: &str) -> bool {
+    let domain = |i: usize| cluster.node(&plan.pods[i].node).unwrap().labels.get(key).cloned();
+    let mut bound: Vec<usize> = Vec::new();
+    for &i in order {
+        if plan.pods[i].group == affine && !bound.is_empty() && !bound.iter().any(|b| domain(*b) == domain(i)) {
+            return false;
+        }
+        bound.push(i);
+    }
+    true
+}
+
+fn orders(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![vec![]];
+    }
+    let mut all = Vec::new();
+    for order in orders(n - 1) {
+        for at in 0..=order.len() {
+            let mut next = order.clone();
+            next.insert(at, n - 1);
+            all.push(next);
+        }
+    }
+    all
+}
+
+/// Issue 36, item 3: workers "in the rack of job=x", labelled job=x themselves, and a
+/// launcher labelled job=x too. kube-scheduler lets the first worker go anywhere only
+/// while no job=x pod is bound: the launcher must share the workers' rack, or a launcher
+/// bound first would keep the workers off their planned rack for good.
+#[test]
+fn pods_a_self_matching_affinity_selects_share_its_domain_in_any_bind_order() {
+    let mut cluster = gpu_cluster(8, 8, 4, 2);
+    // The launcher fits tightest in rack-0000, where the workers may not go.
+    for node in ["node-00000", "node-00001", "node-00002", "node-00003"] {
+        let mut busy = labelled(&[("app", "busy")]);
+        busy.labels.insert("on".into(), node.into());
+        cluster.place_pod(
+            &PodKey::new("ns", &format!("busy-{node}")),
+            PodEntry {
+                node: node.into(),
+                requests: gpu_pod(0, 60, 1).requests,
+                traits: Arc::new(busy),
+            },
+        );
+    }
+    let job = [("job", "x")];
+    let mut gang = gpu_gang("job", 2, 8, None, None);
+    gang.groups[0].shape.rules.labels = [("job".to_string(), "x".to_string())].into();
+    gang.groups[0].shape.rules.affinity = vec![term(RACK, &job)];
+    gang.groups[0].shape.node_selector = [(RACK.to_string(), "rack-0001".to_string())].into();
+    let mut launcher = gpu_pod(0, 2, 4);
+    launcher.rules.labels = [("job".to_string(), "x".to_string())].into();
+    gang.groups
+        .push(GroupRequest::uniform("launcher", "ns", 1, 1, launcher));
+    let plan = placed(&plan_of(&cluster, &gang)).clone();
+    let racks: BTreeSet<String> = plan
+        .pods
+        .iter()
+        .map(|p| cluster.node(&p.node).unwrap().labels[RACK].clone())
+        .collect();
+    assert_eq!(racks, BTreeSet::from(["rack-0001".to_string()]), "{:?}", plan.pods);
+    let affine = &gang.groups[0].name;
+    for order in orders(plan.pods.len()) {
+        assert!(
+            binds_in_order(&cluster, &plan, &order, affine, RACK),
+            "refused in order {order:?}"
+        );
+    }
+    // The check itself tells a bad plan: the launcher in rack-0000.
+    let mut apart = plan.clone();
+    let launcher = apart.pods.iter_mut().find(|p| p.group == "launcher").unwrap();
+    launcher.node = "node-00000".into();
+    let launcher_at = apart.pods.iter().position(|p| p.group == "launcher").unwrap();
+    let mut first = vec![launcher_at];
+    first.extend((0..apart.pods.len()).filter(|i| *i != launcher_at));
+    assert!(!binds_in_order(&cluster, &apart, &first, affine, RACK));
+}
+
 #[test]
 fn affinity_to_a_running_pod_picks_its_domain_and_nothing_else() {
     let mut cluster = gpu_cluster(8, 0, 2, 4);

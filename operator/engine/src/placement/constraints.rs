@@ -140,6 +140,10 @@ struct GroupRules<'a> {
     hints: Vec<Hint>,
     /// Pods of the group with nodes of their own to avoid.
     avoiding: bool,
+    /// Other groups whose affinity selects this group's pods and lets their first pod go
+    /// anywhere (no running pod matches it): this group's pods join the domain of the
+    /// pods it selects, so that the gang binds in any order (see [`Constraints::admit`]).
+    joins: Vec<usize>,
 }
 
 /// The gang's constraints for one planning call.
@@ -429,7 +433,20 @@ impl<'a> Constraints<'a> {
                 port_bound: rules.host_ports.first().map(|p| Arc::from(format!("host port {p}"))),
                 hints,
                 avoiding: group.pods.iter().any(|p| avoid.pod_nodes.contains_key(&p.key)),
+                joins: Vec::new(),
             });
+        }
+        for x in 0..groups.len() {
+            let joins: Vec<usize> = (0..groups.len())
+                .filter(|g| *g != x)
+                .filter(|g| {
+                    groups[*g]
+                        .affinity
+                        .as_ref()
+                        .is_some_and(|a| a.self_match && !a.any_running && a.groups.contains(&x))
+                })
+                .collect();
+            groups[x].joins = joins;
         }
         let assigned = Assigned::new(gang);
         let active = volumes.any
@@ -443,6 +460,7 @@ impl<'a> Constraints<'a> {
                     || !r.spread.is_empty()
                     || !r.port_clash.is_empty()
                     || !r.hints.is_empty()
+                    || !r.joins.is_empty()
                     || !r.shape.rules.host_ports.is_empty()
             })
             || cluster.pods_with_anti_affinity().next().is_some();
@@ -711,6 +729,31 @@ impl<'a> Constraints<'a> {
             if !met && (affinity.any_running || gang_placed || !affinity.self_match) {
                 let key = &self.keys[affinity.terms[0].0];
                 return Err(refuse(format!("pod affinity on {key}: no matching pod there"), false));
+            }
+        }
+        // kube-scheduler lets the first pod of a self-matching affinity go anywhere only
+        // while no pod it selects exists: were this pod bound first elsewhere, the
+        // other group's pods would be refused for good. So the pods such an affinity
+        // selects share its domain, whichever binds first.
+        for g in &rules.joins {
+            let Some(affinity) = &self.groups[*g].affinity else {
+                continue;
+            };
+            if !affinity.groups.iter().any(|h| occupancy.placed[*h] > 0) {
+                continue;
+            }
+            for (key, _) in &affinity.terms {
+                let here: u32 = affinity.groups.iter().map(|h| count(*key, *h)).sum();
+                if here == 0 {
+                    return Err(refuse(
+                        format!(
+                            "pod affinity of group {}'s pods on {}: the pods it selects share one domain, so that \
+                             kube-scheduler takes them in any order",
+                            self.gang.groups[*g].name, self.keys[*key]
+                        ),
+                        false,
+                    ));
+                }
             }
         }
         if let Some(on_node) = occupancy.by_node.get(&node.name)
