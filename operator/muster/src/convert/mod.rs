@@ -108,10 +108,79 @@ pub(crate) fn resource_list(
 /// plus overhead; pod-level requests replace CPU and memory when set. Requests missing
 /// where limits are set default to the limits, as the API server does.
 pub fn pod_requests(object: &str, spec: &PodSpec) -> Result<Resources, ConvertError> {
-    let container_requests = |c: &core::Container| -> Result<Resources, ConvertError> {
+    let containers = containers_requests(object, spec, |c| {
         let resources = c.resources.clone().unwrap_or_default();
         let mut list = resources.limits.unwrap_or_default();
         list.extend(resources.requests.unwrap_or_default());
+        Some(list)
+    })?;
+    with_pod_level(object, spec, containers)
+}
+
+/// What a pod on a node holds there, as kube-scheduler counts it: while a resize is
+/// under way, the larger of what its spec asks, what the kubelet allocated and what
+/// the containers run with (only the latter two when the resize is infeasible).
+pub fn pod_requests_in_use(object: &str, pod: &Pod) -> Result<Resources, ConvertError> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let statuses: Vec<&core::ContainerStatus> = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .collect();
+    if statuses
+        .iter()
+        .all(|s| s.allocated_resources.is_none() && s.resources.as_ref().and_then(|r| r.requests.as_ref()).is_none())
+    {
+        return pod_requests(object, &spec);
+    }
+    let infeasible = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "PodResizePending" && c.reason.as_deref() == Some("Infeasible"));
+    let status_of = |c: &core::Container| statuses.iter().find(|s| s.name == c.name).copied();
+    let spec_list = |c: &core::Container| {
+        let resources = c.resources.clone().unwrap_or_default();
+        let mut list = resources.limits.unwrap_or_default();
+        list.extend(resources.requests.unwrap_or_default());
+        list
+    };
+    let allocated = |c: &core::Container| match status_of(c).and_then(|s| s.allocated_resources.clone()) {
+        Some(list) => Some(list),
+        None if infeasible => None,
+        None => Some(spec_list(c)),
+    };
+    let actuated = |c: &core::Container| {
+        let status = status_of(c);
+        match status.and_then(|s| s.resources.as_ref()?.requests.clone()) {
+            Some(list) => Some(list),
+            None => allocated(c),
+        }
+    };
+    let mut containers = max_of(
+        &containers_requests(object, &spec, allocated)?,
+        &containers_requests(object, &spec, actuated)?,
+    );
+    if !infeasible {
+        containers = max_of(
+            &containers,
+            &containers_requests(object, &spec, |c| Some(spec_list(c)))?,
+        );
+    }
+    with_pod_level(object, &spec, containers)
+}
+
+/// The containers' requests as kube-scheduler adds them up, each container's from
+/// `requests_of` (`None`: nothing).
+fn containers_requests(
+    object: &str,
+    spec: &PodSpec,
+    requests_of: impl Fn(&core::Container) -> Option<BTreeMap<String, KubeQuantity>>,
+) -> Result<Resources, ConvertError> {
+    let container_requests = |c: &core::Container| -> Result<Resources, ConvertError> {
+        let list = requests_of(c).unwrap_or_default();
         resource_list(object, &format!("container {}", c.name), &list)
     };
     let mut total = Resources::default();
@@ -133,7 +202,12 @@ pub fn pod_requests(object: &str, spec: &PodSpec) -> Result<Resources, ConvertEr
         };
         init_peak = max_of(&init_peak, &phase);
     }
-    total = max_of(&total, &init_peak);
+    Ok(max_of(&total, &init_peak))
+}
+
+/// `containers` with pod-level requests in their place, and the overhead.
+fn with_pod_level(object: &str, spec: &PodSpec, containers: Resources) -> Result<Resources, ConvertError> {
+    let mut total = containers;
     if let Some(level) = spec.resources.as_ref().and_then(|r| r.requests.clone()) {
         let level = resource_list(object, "spec.resources.requests", &level)?;
         if level.cpu_millis > 0 {
@@ -806,14 +880,14 @@ pub fn pod_shape(object: &str, pod: &Pod) -> Result<muster_engine::request::PodS
 
 /// A pod bound or nominated to a node as the engine keeps it; `None` for a pod on no node.
 pub fn pod_entry(pod: &Pod) -> Result<Option<muster_engine::cluster::PodEntry>, ConvertError> {
-    let (Some(node), Some(spec)) = (pod_node(pod), pod.spec.as_ref()) else {
+    let (Some(node), Some(_)) = (pod_node(pod), pod.spec.as_ref()) else {
         return Ok(None);
     };
     let object = format!("Pod {}", pod_key(pod));
     let traits = scheduling::pod_traits(pod)?;
     Ok(Some(muster_engine::cluster::PodEntry {
         node,
-        requests: pod_requests(&object, spec)?,
+        requests: pod_requests_in_use(&object, pod)?,
         traits: if traits.is_empty() {
             Default::default()
         } else {

@@ -37,6 +37,37 @@ fn pod_level_requests_replace_cpu_and_memory() {
 }
 
 #[test]
+fn a_resizing_pod_holds_the_larger_of_its_spec_and_what_it_was_given() {
+    let pod = |spec_cpu: &str, allocated: &str, running: &str, condition: Option<&str>| -> Pod {
+        let mut status = json!({"containerStatuses": [{
+            "name": "a", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
+            "allocatedResources": {"cpu": allocated},
+            "resources": {"requests": {"cpu": running}},
+        }]});
+        if let Some(reason) = condition {
+            status["conditions"] = json!([{"type": "PodResizePending", "status": "True", "reason": reason}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "a", "resources": {"requests": {"cpu": spec_cpu}}}]},
+            "status": status,
+        }))
+        .unwrap()
+    };
+    let cpu = |pod: &Pod| pod_requests_in_use("Pod ns/p", pod).unwrap().cpu_millis;
+    // Shrinking from 4 to 2: 4 until the kubelet has done it.
+    assert_eq!(cpu(&pod("2", "4", "4", None)), 4000);
+    // Growing from 2 to 8, deferred: the spec's 8 counts already.
+    assert_eq!(cpu(&pod("8", "2", "2", Some("Deferred"))), 8000);
+    // Infeasible: what it runs with, not the spec.
+    assert_eq!(cpu(&pod("8", "2", "3", Some("Infeasible"))), 3000);
+    // Done: all agree.
+    assert_eq!(cpu(&pod("2", "2", "2", None)), 2000);
+    let entry = pod_entry(&pod("2", "4", "4", None)).unwrap().unwrap();
+    assert_eq!(entry.requests.cpu_millis, 4000, "what the node holds for it");
+}
+
+#[test]
 fn bad_quantities_name_the_object_and_field() {
     let spec = pod_spec(json!({"containers": [{"name": "a", "resources": {"requests": {"cpu": "lots"}}}]}));
     let e = pod_requests("Pod ns/p", &spec).unwrap_err();
